@@ -1,0 +1,46 @@
+# einpage: `make demo` runs the main job, `make test` runs the tests.
+# Both work on a fresh machine: they create .venv, install the project with the
+# extras they need, and install Debian's graphviz (for `dot`) when it is missing.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test test-gpu lint dot clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# One stamp per set of extras, remade when the package metadata changes.
+$(VENV)/.core: setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.dev: setup.cfg pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,test]'
+	touch $@ $(VENV)/.core
+
+dot:
+	@command -v dot >/dev/null 2>&1 || { \
+	  echo "installing Debian's graphviz (for dot)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz >/dev/null; }
+
+demo: $(VENV)/.core dot
+	$(BIN)/einpage demo
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+
+test: $(VENV)/.dev dot lint
+	$(BIN)/python -m pytest; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
+	exit $$rc
+
+# GPU tests only (they skip cleanly without CuPy or a GPU).
+test-gpu: $(VENV)/.dev
+	$(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'
+	$(BIN)/python -m pytest tests/gpu
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache
