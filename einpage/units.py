@@ -64,5 +64,7 @@ def parse_bytes(size: int | str) -> int:
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         valid = "B, KiB, MiB, GiB, TiB, KB, MB, GB, TB"
-        raise BudgetFormatError(f"cannot parse size {size!r}: expected a number and a unit ({valid})")
+        raise BudgetFormatError(
+            f"cannot parse size {size!r}: expected a number and a unit ({valid})"
+        )
     return int(round(float(match.group(1)) * _UNITS[unit]))

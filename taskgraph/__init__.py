@@ -1,0 +1,41 @@
+"""taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator."""
+
+# einpage.errors must be imported before any taskgraph module (see einpage/__init__.py).
+import einpage.errors  # noqa: F401  isort: skip
+from taskgraph import dtypes, expr
+from taskgraph.builder import GraphBuilder
+from taskgraph.einsum import EinsumSpec
+from taskgraph.evaluate import evaluate, evaluate_task
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import (
+    OP_KINDS,
+    Concat,
+    Einsum,
+    Fill,
+    Gather,
+    Input,
+    Op,
+    Slice,
+    Task,
+    View,
+)
+
+__all__ = [
+    "TaskGraph",
+    "Task",
+    "Op",
+    "Input",
+    "Einsum",
+    "Fill",
+    "Gather",
+    "View",
+    "Slice",
+    "Concat",
+    "OP_KINDS",
+    "GraphBuilder",
+    "EinsumSpec",
+    "evaluate",
+    "evaluate_task",
+    "dtypes",
+    "expr",
+]

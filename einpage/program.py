@@ -1,0 +1,412 @@
+"""`Program`: the builder users write tensor programs with, and `Tensor`, its handles.
+
+A program is a list of generalized einsums (and a few structural ops) over named
+inputs. `Program.build()` returns the `TaskGraph` the planner and the evaluator use.
+
+>>> prog = Program("tiny")
+>>> x = prog.input("x", (4, 8))
+>>> w = prog.input("w", (8, 2), role="weight")
+>>> y = prog.einsum("bd,df->bf", x, w)
+>>> y
+<Tensor %2 : f32[4,2] = einsum["bd,df->bf"](%0, %1)>
+>>> prog.output(y, "y")
+>>> prog.build()
+<TaskGraph 'tiny' tasks=3 inputs=2 outputs=1 flops=128 FLOP inputs_size=192 B>
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import opt_einsum
+
+from einpage.errors import ProgramError, ShapeError, SpecError
+from taskgraph import dtypes
+from taskgraph.builder import GraphBuilder
+from taskgraph.einsum import EinsumSpec, normalize
+from taskgraph.expr import parse as parse_join
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import (
+    AGGS,
+    LOCATIONS,
+    ROLES,
+    Concat,
+    Einsum,
+    Fill,
+    Gather,
+    Input,
+    Op,
+    Slice,
+    Task,
+    View,
+    check_shape,
+)
+
+__all__ = ["Program", "Tensor", "PATH_OPTIMIZERS"]
+
+PATH_OPTIMIZERS = tuple(opt_einsum.paths._PATH_OPTIONS)
+"""Names accepted by `Program.einsum(..., optimize=...)` (opt_einsum's path optimizers)."""
+
+
+def _ops() -> Any:
+    """The op library, imported on first use (it imports this module)."""
+    from einpage import ops
+
+    return ops
+
+
+class Tensor:
+    """A handle on one tensor of a `Program`: its task id, shape and dtype.
+
+    Arithmetic operators build einsums (`a + b`, `a * 2`, `a @ b`, `-a`), with NumPy
+    broadcasting; `a[1:3, :]` slices; see `einpage.ops` for the rest.
+    """
+
+    __slots__ = ("program", "id", "shape", "dtype")
+
+    def __init__(self, program: Program, task_id: int, shape: tuple[int, ...], dtype: str):
+        self.program = program
+        self.id = task_id
+        self.shape = shape
+        self.dtype = dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return self.task.size
+
+    @property
+    def nbytes(self) -> int:
+        return self.task.nbytes
+
+    @property
+    def task(self) -> Task:
+        """The TaskGraph task that produces this tensor (ids as built, before pruning)."""
+        return self.program._builder.tasks[self.id]
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.task.line()}>"
+
+    # Operators delegate to the op library.
+    def __add__(self, other: Any) -> Tensor:
+        return _ops().add(self, other)
+
+    def __radd__(self, other: Any) -> Tensor:
+        return _ops().add(other, self)
+
+    def __sub__(self, other: Any) -> Tensor:
+        return _ops().sub(self, other)
+
+    def __rsub__(self, other: Any) -> Tensor:
+        return _ops().sub(other, self)
+
+    def __mul__(self, other: Any) -> Tensor:
+        return _ops().mul(self, other)
+
+    def __rmul__(self, other: Any) -> Tensor:
+        return _ops().mul(other, self)
+
+    def __truediv__(self, other: Any) -> Tensor:
+        return _ops().div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Tensor:
+        return _ops().div(other, self)
+
+    def __neg__(self) -> Tensor:
+        return _ops().neg(self)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return _ops().matmul(self, other)
+
+    def __getitem__(self, key: Any) -> Tensor:
+        return _ops().getitem(self, key)
+
+    def __bool__(self) -> bool:
+        raise ProgramError("a Tensor has no truth value: it is a symbolic handle, not data")
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802  (NumPy's name)
+        return _ops().transpose(self)
+
+    def reshape(self, *shape: Any) -> Tensor:
+        return _ops().reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def astype(self, dtype: Any) -> Tensor:
+        return _ops().cast(self, dtype)
+
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops().reduce_sum(self, axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops().reduce_max(self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        return _ops().mean(self, axis, keepdims)
+
+
+class Program:
+    """Builds a tensor program: inputs, generalized einsums, structural ops, outputs."""
+
+    def __init__(self, name: str = "program"):
+        self._builder = GraphBuilder(name)
+        self._scopes: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._builder.name
+
+    def __repr__(self) -> str:
+        b = self._builder
+        return (
+            f"<Program {self.name!r} tasks={len(b.tasks)} inputs={len(b.input_names)} "
+            f"outputs={len(b.outputs)}>"
+        )
+
+    # -- scopes ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Name the tasks built inside, e.g. `with prog.scope("layers.0"):` (scopes nest with
+        dots); renderers and reports group tasks by scope."""
+        if not isinstance(name, str) or not name:
+            raise ProgramError(f"scope name must be a non-empty string, got {name!r}")
+        self._scopes.append(name)
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+
+    @property
+    def current_scope(self) -> str:
+        return ".".join(self._scopes)
+
+    # -- building blocks ---------------------------------------------------------
+
+    def _add(
+        self,
+        op: Op,
+        inputs: Sequence[Tensor],
+        shape: Any = None,
+        dtype: Any = None,
+        label: str = "",
+    ) -> Tensor:
+        ids = tuple(self._own(t).id for t in inputs)
+        task_id = self._builder.add(op, ids, shape, dtype, self.current_scope, label)
+        task = self._builder.tasks[task_id]
+        return Tensor(self, task_id, task.shape, task.dtype)
+
+    def _own(self, tensor: Any) -> Tensor:
+        if not isinstance(tensor, Tensor):
+            raise ProgramError(f"expected a Tensor of this program, got {type(tensor).__name__}")
+        if tensor.program is not self:
+            raise ProgramError(
+                f"{tensor!r} belongs to program {tensor.program.name!r}, not {self.name!r}"
+            )
+        return tensor
+
+    def input(
+        self,
+        name: str,
+        shape: Sequence[int],
+        dtype: Any = "float32",
+        role: str = "activation",
+        location: str | None = None,
+    ) -> Tensor:
+        """Declare an input. `role` is "activation" or "weight"; `location` is where it starts
+        ("host" or "device"), by default the host for weights and the device for activations."""
+        if role not in ROLES:
+            raise ProgramError(f"input {name!r}: role must be one of {ROLES}, got {role!r}")
+        if location is None:
+            location = "host" if role == "weight" else "device"
+        if location not in LOCATIONS:
+            raise ProgramError(
+                f"input {name!r}: location must be one of {LOCATIONS}, got {location!r}"
+            )
+        if name in self._builder.input_names:
+            raise ProgramError(f"an input named {name!r} already exists")
+        shape = check_shape(shape, f"input {name!r}")
+        return self._add(Input(name, role, location), (), shape, dtypes.canonical(dtype))
+
+    def output(self, tensor: Tensor, name: str) -> None:
+        """Mark `tensor` as the output `name`."""
+        if name in self._builder.outputs:
+            raise ProgramError(f"an output named {name!r} already exists")
+        self._builder.output(self._own(tensor).id, name)
+
+    def einsum(
+        self,
+        spec: str,
+        *operands: Tensor,
+        join: str | None = None,
+        agg: str = "sum",
+        dtype: Any = None,
+        optimize: str = "greedy",
+        memory_limit: int | None = None,
+        label: str = "",
+    ) -> Tensor:
+        """A generalized einsum: `out[O] = agg over reduced indices of join(a[I0], b[I1], ...)`.
+
+        `spec` follows NumPy (`"ij,jk->ik"`, implicit output, `...`); `join` is a scalar
+        expression over `a, b, c, ...` (default: their product); `agg` is one of sum, max,
+        min, prod. `dtype` casts the result. A plain einsum of three or more operands is
+        split into pairwise steps along an opt_einsum path (`optimize`, `memory_limit`).
+        """
+        if not operands:
+            raise SpecError(f"einsum {spec!r} needs at least one operand")
+        tensors = [self._own(t) for t in operands]
+        if agg not in AGGS:
+            raise SpecError(f"unknown agg {agg!r}; valid: {', '.join(AGGS)}")
+        normalized = normalize(spec, [t.shape for t in tensors])
+        tensors = [
+            self._drop_axes(t, drop) if drop else t
+            for t, drop in zip(tensors, normalized.squeeze, strict=True)
+        ]
+        parsed = None if join is None else parse_join(join, len(tensors))
+        if parsed is None and agg == "sum" and len(tensors) >= 3:
+            return self._contract_path(
+                normalized.spec, tensors, dtype, optimize, memory_limit, label
+            )
+        return self._add(Einsum(normalized.spec, parsed, agg), tensors, None, dtype, label)
+
+    def _drop_axes(self, tensor: Tensor, axes: Sequence[int]) -> Tensor:
+        shape = tuple(d for i, d in enumerate(tensor.shape) if i not in axes)
+        return self._add(View(), (tensor,), shape)
+
+    def _contract_path(
+        self,
+        spec: EinsumSpec,
+        tensors: list[Tensor],
+        dtype: Any,
+        optimize: str,
+        memory_limit: int | None,
+        label: str,
+    ) -> Tensor:
+        if optimize not in PATH_OPTIMIZERS:
+            raise ProgramError(
+                f"unknown optimize={optimize!r}; valid: {', '.join(PATH_OPTIMIZERS)}"
+            )
+        try:
+            _, info = opt_einsum.contract_path(
+                str(spec),
+                *[t.shape for t in tensors],
+                shapes=True,
+                optimize=optimize,
+                memory_limit=memory_limit,
+            )
+        except (RuntimeError, ValueError) as err:
+            raise ProgramError(
+                f"einsum {str(spec)!r}: opt_einsum found no path with "
+                f"optimize={optimize!r}, memory_limit={memory_limit}: {err}"
+            ) from None
+        current = list(tensors)
+        steps = info.contraction_list
+        result = current[0]
+        for number, step in enumerate(steps):
+            contract_inds, einsum_str = step[0], step[2]
+            taken = [current.pop(i) for i in contract_inds]
+            last = number == len(steps) - 1
+            result = self._pairwise(
+                EinsumSpec.parse(einsum_str), taken, dtype if last else None, label if last else ""
+            )
+            current.append(result)
+        return result
+
+    def _pairwise(self, spec: EinsumSpec, tensors: list[Tensor], dtype: Any, label: str) -> Tensor:
+        """Add one path step as plain einsums of at most two operands (left to right)."""
+        terms, tensors = list(spec.inputs), list(tensors)
+        while len(terms) > 2:
+            needed = "".join(terms[2:]) + spec.output
+            kept = "".join(c for c in dict.fromkeys(terms[0] + terms[1]) if c in needed)
+            step = EinsumSpec((terms[0], terms[1]), kept)
+            tensors[:2] = [self._add(Einsum(step), tensors[:2])]
+            terms[:2] = [kept]
+        return self._add(Einsum(EinsumSpec(tuple(terms), spec.output)), tensors, None, dtype, label)
+
+    def fill(
+        self,
+        shape: Sequence[int],
+        value: float,
+        dtype: Any = "float32",
+        pattern: str = "full",
+        label: str = "",
+    ) -> Tensor:
+        """A constant tensor: all `value`, or with `pattern="causal"` a causal mask over the
+        last two axes (`value` where key > query, 0 elsewhere)."""
+        return self._add(
+            Fill(float(value), pattern),
+            (),
+            check_shape(shape, "fill"),
+            dtypes.canonical(dtype),
+            label,
+        )
+
+    def gather(self, table: Tensor, ids: Tensor, label: str = "") -> Tensor:
+        """Rows of `table` picked by the integer tensor `ids`: shape ids.shape + table.shape[1:]."""
+        return self._add(Gather(), (table, ids), label=label)
+
+    def view(self, tensor: Tensor, shape: Sequence[int], label: str = "") -> Tensor:
+        """The same elements with another shape (no copy); one dimension may be -1."""
+        tensor = self._own(tensor)
+        shape = list(shape)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"view: at most one dimension may be -1, got {tuple(shape)}")
+        if -1 in shape:
+            known = 1
+            for d in shape:
+                known *= d if d != -1 else 1
+            if known <= 0 or tensor.size % known:
+                raise ShapeError(f"view: cannot view shape {tensor.shape} as {tuple(shape)}")
+            shape[shape.index(-1)] = tensor.size // known
+        return self._add(View(), (tensor,), check_shape(shape, "view"), label=label)
+
+    def slice(
+        self, tensor: Tensor, starts: Sequence[int], shape: Sequence[int], label: str = ""
+    ) -> Tensor:
+        """The box `tensor[starts[i] : starts[i] + shape[i], ...]`, copied."""
+        return self._add(Slice(tuple(starts)), (tensor,), check_shape(shape, "slice"), label=label)
+
+    def concat(self, tensors: Sequence[Tensor], axis: int = 0, label: str = "") -> Tensor:
+        """The tensors joined along `axis`."""
+        tensors = [self._own(t) for t in tensors]
+        if not tensors:
+            raise ProgramError("concat needs at least one tensor")
+        ndim = tensors[0].ndim
+        if not -ndim <= axis < ndim:
+            raise ShapeError(f"concat: axis {axis} is out of range for rank {ndim}")
+        return self._add(Concat(axis % ndim), tensors, label=label)
+
+    # -- result ------------------------------------------------------------------
+
+    def build(self, prune: bool = True) -> TaskGraph:
+        """The TaskGraph of this program. With `prune`, tasks that no output depends on are
+        dropped (inputs are always kept) and ids renumbered densely."""
+        graph = self._builder.build()
+        if not graph.outputs:
+            raise ProgramError(f"program {self.name!r} has no outputs; call prog.output(t, name)")
+        if not prune:
+            return graph
+        live = set(graph.outputs.values()) | set(graph.inputs.values())
+        for task in reversed(graph.tasks):
+            if task.id in live:
+                live.update(task.inputs)
+        builder = GraphBuilder(self.name)
+        new_id: dict[int, int] = {}
+        for task in graph.tasks:
+            if task.id in live:
+                new_id[task.id] = builder.add(
+                    task.op,
+                    [new_id[i] for i in task.inputs],
+                    task.shape,
+                    task.dtype,
+                    task.scope,
+                    task.label,
+                )
+        for name, task_id in graph.outputs.items():
+            builder.output(new_id[task_id], name)
+        return builder.build()

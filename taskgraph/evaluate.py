@@ -1,0 +1,155 @@
+"""The reference evaluator: runs a TaskGraph with NumPy, task by task.
+
+This is the ground truth every later stage is checked against. It favours being
+obviously right over speed: a generalized einsum is evaluated by broadcasting every
+operand over the full iteration space, applying the join, and aggregating.
+
+Precision: each task is computed in its own dtype, except that float16 tasks are
+computed in float32 and rounded to float16 when stored (as GPU kernels accumulate).
+`evaluate(..., dtype="float64")` instead computes and keeps every float tensor in
+float64, for checking lower-precision results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from einpage.errors import InputError
+from taskgraph import dtypes
+from taskgraph.expr import evaluate as evaluate_join
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
+
+__all__ = ["evaluate", "evaluate_task", "compute_dtype"]
+
+_AGGREGATE: dict[str, Callable[..., np.ndarray]] = {
+    "sum": np.sum,
+    "max": np.max,
+    "min": np.min,
+    "prod": np.prod,
+}
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype a task of `dtype` is computed in: float16 is widened to float32."""
+    return "float32" if dtype == "float16" else dtype
+
+
+def evaluate(
+    tg: TaskGraph, inputs: Mapping[str, Any], dtype: str | None = None
+) -> dict[str, np.ndarray]:
+    """Evaluate `tg` on `inputs` (name -> array) and return its outputs (name -> ndarray).
+
+    `dtype="float64"` computes every float tensor in float64 (outputs too). Inputs are
+    checked first: missing or extra names, shapes and dtypes raise `InputError`.
+    """
+    tg.check_inputs(inputs)
+    wide = None if dtype is None else dtypes.canonical(dtype)
+    if wide is not None and not dtypes.is_float(wide):
+        raise InputError(f"evaluate: dtype must be a float type, got {wide}")
+    remaining = [len(users) for users in tg.consumers]
+    values: dict[int, np.ndarray] = {}
+    for task in tg.tasks:
+        if isinstance(task.op, Input):
+            value = np.asarray(inputs[task.op.name])
+            if wide is not None and dtypes.is_float(task.dtype):
+                value = value.astype(wide)
+        else:
+            value = evaluate_task(task, [values[i] for i in task.inputs], wide)
+        values[task.id] = value
+        for i in dict.fromkeys(task.inputs):
+            remaining[i] -= 1
+            if remaining[i] == 0 and i not in tg.output_ids:
+                del values[i]
+    return {name: np.array(values[i], copy=True) for name, i in tg.outputs.items()}
+
+
+def evaluate_task(
+    task: Task, operands: Sequence[np.ndarray], wide: str | None = None
+) -> np.ndarray:
+    """Compute one non-input task from its operand arrays with NumPy.
+
+    The result has the task's shape and dtype (or `wide` for float tasks when given).
+    Shared by the reference evaluator and the NumPy runtime backend.
+    """
+    out_dtype = wide if wide is not None and dtypes.is_float(task.dtype) else task.dtype
+    result = _KERNELS[type(task.op)](task, operands, compute_dtype(out_dtype))
+    return np.asarray(result).astype(out_dtype, copy=False)
+
+
+def _einsum(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    op: Einsum = task.op  # type: ignore[assignment]
+    spec = op.spec
+    arrays = [np.asarray(a) for a in operands]
+    if dtypes.is_float(work):
+        arrays = [a.astype(work, copy=False) for a in arrays]
+    if op.is_plain:
+        return np.einsum(str(spec), *arrays, optimize=len(arrays) > 1)
+    # Broadcast each operand over the iteration space, ordered output then reduced indices.
+    order = spec.indices
+    sizes = spec.index_sizes([a.shape for a in arrays])
+    full_shape = tuple(sizes[c] for c in order)
+    aligned = []
+    for term, array in zip(spec.inputs, arrays, strict=True):
+        present = [c for c in order if c in term]
+        moved = np.transpose(array, [term.index(c) for c in present])
+        aligned.append(moved.reshape([sizes[c] if c in term else 1 for c in order]))
+    with np.errstate(all="ignore"):
+        value = np.asarray(evaluate_join(op.join_expr, aligned, np))
+        value = np.broadcast_to(value, full_shape)
+        if dtypes.is_float(work):
+            value = value.astype(work, copy=False)
+        reduced_axes = tuple(range(len(spec.output), len(order)))
+        if reduced_axes:
+            value = _AGGREGATE[op.agg](value, axis=reduced_axes)
+    return value
+
+
+def _fill(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    op: Fill = task.op  # type: ignore[assignment]
+    if op.pattern == "full":
+        return np.full(task.shape, op.value, dtype=work)
+    origin = op.origin or (0,) * len(task.shape)
+    rows = origin[-2] + np.arange(task.shape[-2])
+    cols = origin[-1] + np.arange(task.shape[-1])
+    mask = np.where(cols[None, :] > rows[:, None], op.value, 0.0).astype(work)
+    return np.broadcast_to(mask, task.shape)
+
+
+def _gather(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    table, ids = operands
+    rows = table.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+        bad = ids.min() if ids.min() < 0 else ids.max()
+        raise InputError(
+            f"gather %{task.id}: id {int(bad)} is out of range for a table of {rows} rows"
+        )
+    return np.take(table, ids, axis=0)
+
+
+def _view(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    return np.reshape(operands[0], task.shape)
+
+
+def _slice(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    op: Slice = task.op  # type: ignore[assignment]
+    box = tuple(slice(s, s + n) for s, n in zip(op.starts, task.shape, strict=True))
+    return operands[0][box]
+
+
+def _concat(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+    op: Concat = task.op  # type: ignore[assignment]
+    return np.concatenate(list(operands), axis=op.axis)
+
+
+_KERNELS: dict[type, Callable[[Task, Sequence[np.ndarray], str], np.ndarray]] = {
+    Einsum: _einsum,
+    Fill: _fill,
+    Gather: _gather,
+    View: _view,
+    Slice: _slice,
+    Concat: _concat,
+}

@@ -1,0 +1,156 @@
+"""The TaskGraph: a DAG of tasks in topological order, plus named outputs.
+
+A TaskGraph is immutable: passes build a new one (with `GraphBuilder`). It prints
+itself one task per line, serializes to JSON (`taskgraph.serialize`), and is the
+input of the planner and of the reference evaluator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from einpage.errors import InputError
+from einpage.units import format_bytes, format_count
+from taskgraph.nodes import Input, Task, View
+
+__all__ = ["TaskGraph"]
+
+
+@dataclass(frozen=True, eq=False)
+class TaskGraph:
+    """Tasks (id == position, inputs before users) and the output names mapped to task ids.
+
+    Build one with `Program.build()` or `GraphBuilder`; the constructor trusts its
+    arguments (the builder validates).
+    """
+
+    tasks: tuple[Task, ...]
+    outputs: Mapping[str, int]
+    name: str = "program"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", MappingProxyType(dict(self.outputs)))
+
+    # -- container ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self.tasks)
+
+    def __getitem__(self, task_id: int) -> Task:
+        return self.tasks[task_id]
+
+    # -- queries -----------------------------------------------------------------
+
+    @cached_property
+    def inputs(self) -> Mapping[str, int]:
+        """Input names mapped to their task ids, in program order."""
+        return MappingProxyType({t.op.name: t.id for t in self.tasks if isinstance(t.op, Input)})
+
+    @cached_property
+    def consumers(self) -> tuple[tuple[int, ...], ...]:
+        """For each task, the ids of the tasks that read it (in order, without repeats)."""
+        users: list[list[int]] = [[] for _ in self.tasks]
+        for task in self.tasks:
+            for i in dict.fromkeys(task.inputs):
+                users[i].append(task.id)
+        return tuple(tuple(u) for u in users)
+
+    @cached_property
+    def output_ids(self) -> frozenset[int]:
+        """Ids of tasks that are program outputs."""
+        return frozenset(self.outputs.values())
+
+    def storage_root(self, task_id: int) -> int:
+        """The task whose bytes `task_id` occupies: itself, or for a view its base (recursively)."""
+        task = self.tasks[task_id]
+        while isinstance(task.op, View):
+            task = self.tasks[task.inputs[0]]
+        return task.id
+
+    @property
+    def total_flops(self) -> int:
+        return sum(t.flops for t in self.tasks)
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of all inputs (weights and activations)."""
+        return sum(self.tasks[i].nbytes for i in self.inputs.values())
+
+    def check_inputs(self, arrays: Mapping[str, Any]) -> None:
+        """Raise `InputError` unless `arrays` has exactly this graph's inputs with their shapes
+        and dtypes (the message names the first offending input)."""
+        if not isinstance(arrays, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of name to array, got {type(arrays).__name__}"
+            )
+        missing = [name for name in self.inputs if name not in arrays]
+        extra = [name for name in arrays if name not in self.inputs]
+        if missing:
+            raise InputError(f"missing input(s): {', '.join(map(repr, missing))}")
+        if extra:
+            known = ", ".join(map(repr, self.inputs))
+            raise InputError(f"unknown input(s) {', '.join(map(repr, extra))}; inputs are {known}")
+        for name, task_id in self.inputs.items():
+            task = self.tasks[task_id]
+            value = arrays[name]
+            shape, dtype = tuple(getattr(value, "shape", ())), getattr(value, "dtype", None)
+            if shape != task.shape:
+                raise InputError(f"input {name!r}: expected shape {task.shape}, got {shape}")
+            if dtype is None or np.dtype(dtype).name != task.dtype:
+                raise InputError(f"input {name!r}: expected dtype {task.dtype}, got {dtype}")
+
+    # -- printing ----------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return (
+            f"<TaskGraph {self.name!r} tasks={len(self.tasks)} inputs={len(self.inputs)} "
+            f"outputs={len(self.outputs)} flops={format_count(self.total_flops, 'FLOP')} "
+            f"inputs_size={format_bytes(self.input_bytes)}>"
+        )
+
+    def lines(self) -> list[str]:
+        """The listing: one line per task (with size, FLOPs and scope), then the outputs."""
+        width = max((len(t.line()) for t in self.tasks), default=0)
+        out = []
+        for task in self.tasks:
+            notes = [format_bytes(task.nbytes)]
+            if task.flops and task.kind not in ("input", "view"):
+                notes.append(format_count(task.flops, "FLOP"))
+            if task.scope:
+                notes.append(task.scope)
+            if task.label:
+                notes.append(repr(task.label))
+            out.append(f"  {task.line():<{width}}  # {'  '.join(notes)}")
+        out.extend(f'  output "{name}" = %{task_id}' for name, task_id in self.outputs.items())
+        return out
+
+    def __str__(self) -> str:
+        header = (
+            f"TaskGraph {self.name!r}: {len(self.tasks)} tasks, "
+            f"{format_count(self.total_flops, 'FLOP')}, inputs {format_bytes(self.input_bytes)}"
+        )
+        return "\n".join([header, *self.lines()])
+
+    # -- serialization -----------------------------------------------------------
+
+    def to_json(self, indent: int | None = None) -> str:
+        """The graph as JSON (schema in `taskgraph.serialize`)."""
+        from taskgraph.serialize import taskgraph_to_json
+
+        return taskgraph_to_json(self, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> TaskGraph:
+        """Load and validate a graph written by `to_json`; raises `SerializationError`."""
+        from taskgraph.serialize import taskgraph_from_json
+
+        return taskgraph_from_json(text)

@@ -1,0 +1,482 @@
+"""TaskGraph nodes: a closed set of op kinds and the `Task` record that carries one.
+
+Op kinds (each an immutable record with the attributes of that kind):
+
+* `Input`   – a program input (an activation or a weight), with where it starts.
+* `Einsum`  – the one compute op: a generalized einsum (spec, join, agg).
+* `Fill`    – a constant tensor: all `value`, or a causal mask pattern.
+* `Gather`  – rows of a table picked by integer ids (an embedding lookup).
+* `View`    – the same bytes with another shape (a reshape of a contiguous tensor).
+* `Slice`   – a box-shaped region copied out of a tensor.
+* `Concat`  – tensors joined along one axis.
+
+Every op knows how to check its operands and infer its output shape (`infer`), how
+many FLOPs it costs (`flops`), how to describe itself on one line, and its JSON form.
+
+FLOP convention: an einsum costs, per point of its iteration space (the product of
+all index sizes), one FLOP per arithmetic operation of its join (a plain einsum of k
+operands has k-1 multiplications) plus one for the aggregation when an index is
+reduced, and at least one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
+an elementwise op 1 per element. Data-movement ops (fill, gather, slice, concat)
+count 1 per output element; a view costs nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+from einpage.errors import DTypeError, GraphError, ShapeError, SpecError
+from taskgraph import dtypes
+from taskgraph.einsum import EinsumSpec
+from taskgraph.expr import Expr, default_join
+from taskgraph.expr import parse as parse_join
+
+__all__ = [
+    "Shape",
+    "Operand",
+    "Op",
+    "Input",
+    "Einsum",
+    "Fill",
+    "Gather",
+    "View",
+    "Slice",
+    "Concat",
+    "OP_KINDS",
+    "AGGS",
+    "ROLES",
+    "LOCATIONS",
+    "Task",
+]
+
+Shape = tuple[int, ...]
+AGGS = ("sum", "max", "min", "prod")
+"""Aggregations over reduced einsum indices."""
+ROLES = ("activation", "weight")
+LOCATIONS = ("host", "device")
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """What an op needs to know of an operand: its shape and dtype."""
+
+    shape: Shape
+    dtype: str
+
+
+def check_shape(shape: Any, what: str) -> Shape:
+    """Return `shape` as a tuple of positive ints, or raise `ShapeError` naming `what`."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what}: shape must be a sequence of ints, got {shape!r}") from None
+    for dim in dims:
+        if isinstance(dim, bool) or not isinstance(dim, int) and not hasattr(dim, "__index__"):
+            raise ShapeError(f"{what}: shape {shape!r} has a non-integer dimension {dim!r}")
+        if int(dim) <= 0:
+            raise ShapeError(f"{what}: shape {tuple(shape)} has a non-positive dimension {dim}")
+    return tuple(int(d) for d in dims)
+
+
+def _given_shape(op: Op, shape: Shape | None) -> Shape:
+    if shape is None:
+        raise GraphError(f"{op.kind} needs an explicit output shape")
+    return check_shape(shape, op.kind)
+
+
+def _expect_arity(op: Op, operands: Sequence[Operand], count: int) -> None:
+    if len(operands) != count:
+        raise GraphError(f"{op.kind} takes {count} operand(s), got {len(operands)}")
+
+
+class Op:
+    """Base of the op records; subclasses are frozen slotted dataclasses."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        """Check the operands and return the output (shape, dtype).
+
+        `shape` and `dtype` are what the caller asks for, or None: ops whose shape is
+        not implied by their operands (input, fill, view, slice) need `shape`; for the
+        others the builder checks that a requested shape matches the inferred one.
+        """
+        raise NotImplementedError
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        """FLOPs of one execution (see the module docstring for the convention)."""
+        return math.prod(shape)
+
+    def describe(self) -> str:
+        """The op and its attributes as shown in a TaskGraph line, e.g. `einsum["ij,jk->ik"]`."""
+        return self.kind
+
+    def attributes(self) -> dict[str, Any]:
+        """The op's attributes as JSON-ready values (the `kind` is stored beside them)."""
+        return {}
+
+
+@dataclass(frozen=True, slots=True)
+class Input(Op):
+    """A program input. `location` is where it starts: weights on the host by default."""
+
+    kind: ClassVar[str] = "input"
+    name: str
+    role: str = "activation"
+    location: str = "device"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise GraphError(f"input name must be a non-empty string, got {self.name!r}")
+        if self.role not in ROLES:
+            raise GraphError(f"input {self.name!r}: role must be one of {ROLES}, got {self.role!r}")
+        if self.location not in LOCATIONS:
+            raise GraphError(
+                f"input {self.name!r}: location must be one of {LOCATIONS}, got {self.location!r}"
+            )
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 0)
+        return _given_shape(self, shape), dtypes.canonical(dtype or "float32")
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        return 0
+
+    def describe(self) -> str:
+        return f'input["{self.name}", {self.role}, {self.location}]'
+
+    def attributes(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "location": self.location}
+
+
+@dataclass(frozen=True, slots=True)
+class Einsum(Op):
+    """`out[O] = agg over reduced indices of join(in0[I0], in1[I1], ...)`.
+
+    `join` is None for the plain product `a * b * ...`; `agg` applies only when some
+    index is reduced.
+    """
+
+    kind: ClassVar[str] = "einsum"
+    spec: EinsumSpec
+    join: Expr | None = None
+    agg: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.agg not in AGGS:
+            raise SpecError(f"unknown agg {self.agg!r}; valid: {', '.join(AGGS)}")
+        if self.join is not None:
+            used = self.join.variables()
+            if used and max(used) >= len(self.spec.inputs):
+                raise SpecError(
+                    f"join {str(self.join)!r} reads operand {max(used)} but spec "
+                    f"{str(self.spec)!r} has {len(self.spec.inputs)} operand(s)"
+                )
+
+    @property
+    def is_plain(self) -> bool:
+        """A plain einsum: product join and sum aggregation (a contraction)."""
+        return self.join is None and self.agg == "sum"
+
+    @property
+    def join_expr(self) -> Expr:
+        """The join as an expression tree (the product when `join` is None)."""
+        return self.join if self.join is not None else default_join(len(self.spec.inputs))
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        out_shape = self.spec.output_shape([o.shape for o in operands])
+        for position, operand in enumerate(operands[1:], start=1):
+            if operand.dtype != operands[0].dtype:
+                raise DTypeError(
+                    f"einsum {str(self.spec)!r}: operand {position} is {operand.dtype} but "
+                    f"operand 0 is {operands[0].dtype}; cast explicitly (e.g. ops.cast)"
+                )
+        return out_shape, dtypes.canonical(dtype or operands[0].dtype)
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        points = self.spec.iteration_size([o.shape for o in operands])
+        per_point = self.join_expr.count_ops() + (1 if self.spec.reduced else 0)
+        return points * max(1, per_point)
+
+    def describe(self) -> str:
+        extra = ""
+        if self.join is not None:
+            extra += f', join="{self.join}"'
+        if self.agg != "sum" and self.spec.reduced:
+            extra += f", agg={self.agg}"
+        return f'einsum["{self.spec}"{extra}]'
+
+    def attributes(self) -> dict[str, Any]:
+        return {
+            "spec": str(self.spec),
+            "join": None if self.join is None else str(self.join),
+            "agg": self.agg,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Fill(Op):
+    """A constant tensor. `pattern="full"`: every element is `value`.
+
+    `pattern="causal"`: over the last two axes (query q, key k), `value` where k > q
+    and 0 elsewhere – the additive causal attention mask (use `value=-inf`).
+    `origin` is the global position of element [0, ..., 0] (all zeros by default), so
+    a block of a larger mask computes its own part.
+    """
+
+    kind: ClassVar[str] = "fill"
+    value: float
+    pattern: str = "full"
+    origin: tuple[int, ...] = field(default=())
+
+    PATTERNS: ClassVar[tuple[str, ...]] = ("full", "causal")
+
+    def __post_init__(self) -> None:
+        if self.pattern not in self.PATTERNS:
+            raise GraphError(f"unknown fill pattern {self.pattern!r}; valid: {self.PATTERNS}")
+        if isinstance(self.value, bool) or not isinstance(self.value, int | float):
+            raise GraphError(f"fill value must be a number, got {self.value!r}")
+        origin = tuple(self.origin)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in origin):
+            raise GraphError(f"fill origin must be non-negative ints, got {self.origin!r}")
+        object.__setattr__(self, "value", float(self.value))
+        object.__setattr__(self, "origin", origin)
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 0)
+        out_shape = _given_shape(self, shape)
+        out_dtype = dtypes.canonical(dtype or "float32")
+        if not dtypes.is_float(out_dtype):
+            raise DTypeError(f"fill: dtype must be a float type, got {out_dtype}")
+        if self.origin and len(self.origin) != len(out_shape):
+            raise ShapeError(f"fill: origin {self.origin} does not match rank {len(out_shape)}")
+        if self.pattern == "causal" and len(out_shape) < 2:
+            raise ShapeError(f"fill: a causal mask needs rank >= 2, got shape {out_shape}")
+        return out_shape, out_dtype
+
+    def describe(self) -> str:
+        origin = f", origin={list(self.origin)}" if any(self.origin) else ""
+        return f"fill[{self.pattern}, {self.value}{origin}]"
+
+    def attributes(self) -> dict[str, Any]:
+        return {
+            "value": _json_float(self.value),
+            "pattern": self.pattern,
+            "origin": list(self.origin),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Gather(Op):
+    """`out[i..., rest...] = table[ids[i...], rest...]`: rows of `table` (operand 0) by `ids`."""
+
+    kind: ClassVar[str] = "gather"
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 2)
+        table, ids = operands
+        if ids.dtype not in dtypes.INT_DTYPES:
+            raise DTypeError(f"gather: ids must be an integer dtype, got {ids.dtype}")
+        if not table.shape:
+            raise ShapeError("gather: the table must have at least one dimension")
+        return ids.shape + table.shape[1:], table.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class View(Op):
+    """The operand's bytes reinterpreted with another shape of the same element count."""
+
+    kind: ClassVar[str] = "view"
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 1)
+        out_shape = _given_shape(self, shape)
+        if math.prod(out_shape) != math.prod(operands[0].shape):
+            raise ShapeError(
+                f"view: cannot view shape {operands[0].shape} ({math.prod(operands[0].shape)} "
+                f"elements) as {out_shape} ({math.prod(out_shape)} elements)"
+            )
+        return out_shape, operands[0].dtype
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class Slice(Op):
+    """`out = in[starts[0]:starts[0]+shape[0], ...]`: a box of the operand, copied."""
+
+    kind: ClassVar[str] = "slice"
+    starts: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        starts = tuple(self.starts)
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in starts):
+            raise GraphError(f"slice: starts must be ints, got {self.starts!r}")
+        object.__setattr__(self, "starts", starts)
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 1)
+        out_shape = _given_shape(self, shape)
+        source = operands[0].shape
+        if len(self.starts) != len(source) or len(out_shape) != len(source):
+            raise ShapeError(
+                f"slice: starts {list(self.starts)} and shape {out_shape} must both have the "
+                f"operand's rank {len(source)}"
+            )
+        for axis, (start, size, dim) in enumerate(zip(self.starts, out_shape, source, strict=True)):
+            if start < 0 or start + size > dim:
+                raise ShapeError(
+                    f"slice: axis {axis} range [{start}, {start + size}) is outside the "
+                    f"operand's extent {dim}"
+                )
+        return out_shape, operands[0].dtype
+
+    def describe(self) -> str:
+        return f"slice{list(self.starts)}"
+
+    def attributes(self) -> dict[str, Any]:
+        return {"starts": list(self.starts)}
+
+
+@dataclass(frozen=True, slots=True)
+class Concat(Op):
+    """The operands joined along `axis`; all other dimensions must agree."""
+
+    kind: ClassVar[str] = "concat"
+    axis: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.axis, int) or isinstance(self.axis, bool):
+            raise GraphError(f"concat: axis must be an int, got {self.axis!r}")
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        if not operands:
+            raise GraphError("concat needs at least one operand")
+        first = operands[0]
+        if not 0 <= self.axis < len(first.shape):
+            raise ShapeError(
+                f"concat: axis {self.axis} is out of range for rank {len(first.shape)}"
+            )
+        for position, operand in enumerate(operands[1:], start=1):
+            if operand.dtype != first.dtype:
+                raise DTypeError(
+                    f"concat: operand {position} is {operand.dtype} but operand 0 is {first.dtype}"
+                )
+            other = tuple(d for i, d in enumerate(operand.shape) if i != self.axis)
+            mine = tuple(d for i, d in enumerate(first.shape) if i != self.axis)
+            if len(operand.shape) != len(first.shape) or other != mine:
+                raise ShapeError(
+                    f"concat along axis {self.axis}: operand {position} has shape "
+                    f"{operand.shape}, incompatible with operand 0's {first.shape}"
+                )
+        total = sum(o.shape[self.axis] for o in operands)
+        return first.shape[: self.axis] + (total,) + first.shape[self.axis + 1 :], first.dtype
+
+    def describe(self) -> str:
+        return f"concat[axis={self.axis}]"
+
+    def attributes(self) -> dict[str, Any]:
+        return {"axis": self.axis}
+
+
+OP_KINDS: dict[str, type[Op]] = {
+    cls.kind: cls for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat)
+}
+"""Every op kind by name."""
+
+
+def _json_float(value: float) -> float | str:
+    """Floats for JSON: infinities and NaN as the strings "inf", "-inf", "nan"."""
+    if math.isfinite(value):
+        return float(value)
+    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+
+
+def op_from_attributes(kind: str, attrs: dict[str, Any]) -> Op:
+    """Rebuild an op from its kind and JSON attributes (validated by the op itself)."""
+    if kind not in OP_KINDS:
+        raise GraphError(f"unknown op kind {kind!r}; valid: {', '.join(OP_KINDS)}")
+    expected = {f.name for f in fields(OP_KINDS[kind])}
+    if set(attrs) != expected:
+        raise GraphError(
+            f"{kind} attributes must be exactly {sorted(expected)}, got {sorted(attrs)}"
+        )
+    if kind == "einsum":
+        spec = EinsumSpec.parse(attrs["spec"])
+        join = attrs["join"]
+        parsed = None if join is None else parse_join(join, len(spec.inputs))
+        return Einsum(spec, parsed, attrs["agg"])
+    if kind == "fill":
+        value = attrs["value"]
+        if isinstance(value, str) and value not in ("inf", "-inf", "nan"):
+            raise GraphError(f"fill value must be a number or 'inf'/'-inf'/'nan', got {value!r}")
+        return Fill(float(value), attrs["pattern"], tuple(attrs["origin"]))
+    return OP_KINDS[kind](**attrs)
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One TaskGraph node: an op applied to earlier tasks' outputs.
+
+    `id` is dense and equals the task's position; `inputs` are ids of earlier tasks
+    (so insertion order is a topological order). `scope` is the name scope the task
+    was built in (e.g. `"layers.3.attn"`), `label` a short human hint (e.g. `"q"`).
+    """
+
+    id: int
+    op: Op
+    inputs: tuple[int, ...]
+    shape: Shape
+    dtype: str
+    flops: int = 0
+    scope: str = ""
+    label: str = ""
+
+    @property
+    def kind(self) -> str:
+        return self.op.kind
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the output tensor."""
+        return self.size * dtypes.itemsize(self.dtype)
+
+    @property
+    def type_str(self) -> str:
+        """`f32[64,512]`: dtype and shape as shown in listings."""
+        return f"{dtypes.short(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+    def line(self) -> str:
+        """One readable line: `%7 : f16[8,32,64,64] = einsum["bhqe,bhke->bhqk"](%5, %6)`."""
+        args = ", ".join(f"%{i}" for i in self.inputs)
+        call = f"({args})" if self.inputs or self.kind not in ("input", "fill") else ""
+        return f"%{self.id} : {self.type_str} = {self.op.describe()}{call}"
+
+    def __repr__(self) -> str:
+        return f"<Task {self.line()}>"
