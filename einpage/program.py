@@ -353,7 +353,7 @@ class Program:
     def view(self, tensor: Tensor, shape: Sequence[int], label: str = "") -> Tensor:
         """The same elements with another shape (no copy); one dimension may be -1."""
         tensor = self._own(tensor)
-        shape = list(shape)
+        shape = [shape] if isinstance(shape, int) else list(shape)
         if shape.count(-1) > 1:
             raise ShapeError(f"view: at most one dimension may be -1, got {tuple(shape)}")
         if -1 in shape:

@@ -1,0 +1,331 @@
+"""The verifier: checks any MemGraph, however it was made, and names the first violation.
+
+It replays the nodes in insertion order, tracking device allocations, tensor
+residencies and host storages, and checks:
+
+* structure: ids are positions, dependencies point to earlier nodes, each kind has
+  its fields, regions are aligned and inside the budget;
+* residency: every apply's operands are resident, written, and read at the regions
+  the plan says; outputs are written into freshly allocated regions; regions live at
+  the same time never overlap (so the peak never exceeds the budget); every reload
+  reads a storage that an input or an offload wrote; every compute task is applied
+  exactly once and every program output is produced;
+* dependencies (so that any execution honouring only the dependencies is safe, not
+  just insertion order), where "after" means reachable through `deps`:
+  - read-after-write: a writer of a region (apply, reload, device input) comes after
+    the region's alloc; a reader (apply, offload, device output) comes after the
+    writer of the data it reads; a reload comes after the input or offload that
+    wrote its storage, as does a host output;
+  - write-after-read: an alloc comes after the latest free of every byte it
+    overlaps; a free comes after its alloc, the writer, every reader and every
+    offload of the residency it releases.
+
+This module shares no code with the planner.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from einpage.errors import VerificationError
+from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind, Region
+from taskgraph.nodes import Input, View
+
+__all__ = ["verify", "VerifyReport"]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What a successful verification saw."""
+
+    nodes: int
+    peak_bytes: int
+    dependencies_checked: int
+
+
+@dataclass
+class _Residency:
+    """A tensor's stay on the device: from its alloc to its free."""
+
+    alloc: int
+    region: Region
+    writer: int | None = None
+    users: list[int] = field(default_factory=list)  # readers and offloads
+
+
+def verify(mg: MemGraph) -> VerifyReport:
+    """Check every invariant of `mg`; raise `VerificationError` naming the first violation."""
+    return _Verifier(mg).run()
+
+
+class _Verifier:
+    def __init__(self, mg: MemGraph):
+        self.mg = mg
+        self.tg = mg.taskgraph
+        self.node: MemNode | None = None
+        self.live: dict[int, _Residency] = {}  # tensor -> residency
+        self.intervals: list[tuple[int, int, int]] = []  # sorted (offset, end, tensor) live
+        self.live_bytes = 0
+        self.peak = 0
+        self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
+        self.storage_tensor: dict[int, int] = {}
+        self.storage_writer: dict[int, int] = {}
+        self.applied: set[int] = set()
+        self.inputs_seen: set[str] = set()
+        self.outputs_seen: set[str] = set()
+        self.checked = 0
+
+    # -- reporting ---------------------------------------------------------------
+
+    def fail(self, message: str) -> VerificationError:
+        node = self.node
+        if node is None:
+            return VerificationError(message)
+        lo, hi = max(0, node.id - 2), min(len(self.mg.nodes), node.id + 3)
+        context = "\n".join(
+            f"{'>' if n.id == node.id else ' '} {n.line()}" for n in self.mg.nodes[lo:hi]
+        )
+        return VerificationError(f"n{node.id} ({node.kind}): {message}\n{context}", node.id)
+
+    def after(self, earlier: int | None, what: str) -> None:
+        """Require the current node to come after node `earlier` through dependencies."""
+        if earlier is None:
+            return
+        self.checked += 1
+        node = self.node
+        if earlier in node.deps or self._reaches(node.id, earlier):
+            return
+        raise self.fail(f"missing dependency on n{earlier} ({what})")
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Whether `target` is an ancestor of `start` through deps (ids only decrease)."""
+        stack, seen = [start], {start}
+        nodes = self.mg.nodes
+        while stack:
+            for dep in nodes[stack.pop()].deps:
+                if dep == target:
+                    return True
+                if dep > target and dep not in seen:
+                    seen.add(dep)
+                    stack.append(dep)
+        return False
+
+    # -- the replay --------------------------------------------------------------
+
+    def run(self) -> VerifyReport:
+        handlers = {
+            NodeKind.INPUT: self.on_input,
+            NodeKind.ALLOC: self.on_alloc,
+            NodeKind.APPLY: self.on_apply,
+            NodeKind.OFFLOAD: self.on_offload,
+            NodeKind.RELOAD: self.on_reload,
+            NodeKind.FREE: self.on_free,
+            NodeKind.OUTPUT: self.on_output,
+        }
+        for position, node in enumerate(self.mg.nodes):
+            self.node = node
+            self.check_structure(node, position)
+            handlers[node.kind](node)
+        self.node = None
+        self.check_complete()
+        return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
+
+    def check_structure(self, node: MemNode, position: int) -> None:
+        if node.id != position:
+            raise self.fail(f"id {node.id} does not match its position {position}")
+        if any(not 0 <= d < node.id for d in node.deps):
+            raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
+        if node.tensor is None or not 0 <= node.tensor < len(self.tg):
+            raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
+        if isinstance(self.tg[node.tensor].op, View):
+            raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
+        for region in (node.region, *node.reads):
+            if region is None:
+                continue
+            if region.offset < 0 or region.size <= 0 or region.end > self.mg.budget:
+                raise self.fail(f"region {region} is outside the arena of {self.mg.budget} bytes")
+        needs_region = node.kind not in (NodeKind.INPUT, NodeKind.OUTPUT)
+        if needs_region and node.region is None:
+            raise self.fail("has no region")
+        if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD) and node.storage is None:
+            raise self.fail("has no host storage")
+
+    def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
+        """The live, written residency of `tensor`, which must be at `region`."""
+        residency = self.live.get(tensor)
+        if residency is None:
+            raise self.fail(f"{what} is not resident on the device")
+        if residency.writer is None:
+            raise self.fail(f"{what} is allocated but its data was never written")
+        if region is not None and region != residency.region:
+            raise self.fail(f"{what} is resident at {residency.region}, not {region}")
+        return residency
+
+    def write(self, tensor: int, region: Region, what: str) -> None:
+        """The current node writes `tensor` into its freshly allocated `region`."""
+        residency = self.live.get(tensor)
+        if residency is None or residency.region != region:
+            raise self.fail(f"{what} %{tensor} into {region}, which is not allocated for it")
+        if residency.writer is not None:
+            raise self.fail(f"%{tensor} at {region} was already written by n{residency.writer}")
+        self.after(residency.alloc, f"the alloc of {region}")
+        residency.writer = self.node.id
+
+    def on_input(self, node: MemNode) -> None:
+        task = self.tg[node.tensor]
+        if not isinstance(task.op, Input) or task.op.name != node.name:
+            raise self.fail(f'%{node.tensor} is not the input named "{node.name}"')
+        if node.name in self.inputs_seen:
+            raise self.fail(f'input "{node.name}" appears twice')
+        self.inputs_seen.add(node.name)
+        if (node.storage is None) == (node.region is None):
+            raise self.fail("an input goes to exactly one of host storage and a device region")
+        if node.storage is not None:
+            self.bind_storage(node.storage, node.tensor)
+            self.storage_writer[node.storage] = node.id
+        else:
+            self.write(node.tensor, node.region, "input")
+
+    def bind_storage(self, storage: int, tensor: int) -> None:
+        owner = self.storage_tensor.setdefault(storage, tensor)
+        if owner != tensor:
+            raise self.fail(f"host#{storage} holds %{owner}, not %{tensor}")
+
+    def on_alloc(self, node: MemNode) -> None:
+        region, tensor = node.region, node.tensor
+        if region.offset % self.mg.alignment:
+            raise self.fail(f"offset {region.offset:#x} is not aligned to {self.mg.alignment}")
+        if region.size < self.tg[tensor].nbytes:
+            raise self.fail(
+                f"region of {region.size} bytes is smaller than %{tensor} "
+                f"({self.tg[tensor].nbytes} bytes)"
+            )
+        if tensor in self.live:
+            raise self.fail(f"%{tensor} is already resident at {self.live[tensor].region}")
+        i = bisect.bisect_left(self.intervals, (region.offset,))
+        for offset, end, other in self.intervals[max(0, i - 1) : i + 1]:
+            if offset < region.end and region.offset < end:
+                raise self.fail(f"{region} overlaps %{other} at {Region(offset, end - offset)}")
+        for free_node in self.frees_overlapping(region):
+            self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
+        bisect.insort(self.intervals, (region.offset, region.end, tensor))
+        self.live[tensor] = _Residency(node.id, region)
+        self.live_bytes += region.size
+        self.peak = max(self.peak, self.live_bytes)
+        if self.live_bytes > self.mg.budget:
+            raise self.fail(f"{self.live_bytes} bytes live exceed the budget of {self.mg.budget}")
+
+    def _first_freed_at(self, offset: int) -> int:
+        """Index of the first freed range that may contain bytes at or after `offset`."""
+        i = bisect.bisect_left(self.freed, (offset,))
+        return i - 1 if i > 0 and self.freed[i - 1][1] > offset else i
+
+    def frees_overlapping(self, region: Region) -> list[int]:
+        """The latest free of each freed byte range that `region` overlaps."""
+        found = []
+        i = self._first_freed_at(region.offset)
+        while i < len(self.freed) and self.freed[i][0] < region.end:
+            found.append(self.freed[i][2])
+            i += 1
+        return found
+
+    def record_free(self, region: Region, free_node: int) -> None:
+        """Remember that `free_node` is now the latest free of every byte of `region`."""
+        start = stop = self._first_freed_at(region.offset)
+        while stop < len(self.freed) and self.freed[stop][0] < region.end:
+            stop += 1
+        pieces = []
+        if start < stop and self.freed[start][0] < region.offset:
+            offset, _, node = self.freed[start]
+            pieces.append((offset, region.offset, node))
+        pieces.append((region.offset, region.end, free_node))
+        if start < stop and self.freed[stop - 1][1] > region.end:
+            _, end, node = self.freed[stop - 1]
+            pieces.append((region.end, end, node))
+        self.freed[start:stop] = pieces
+
+    def on_apply(self, node: MemNode) -> None:
+        task = self.tg[node.tensor]
+        if isinstance(task.op, Input):
+            raise self.fail(f"%{node.tensor} is an input; inputs are not computed")
+        if node.tensor in self.applied:
+            raise self.fail(f"%{node.tensor} is computed a second time")
+        if len(node.reads) != len(task.inputs):
+            raise self.fail(
+                f"reads {len(node.reads)} regions but task %{task.id} has "
+                f"{len(task.inputs)} operand(s)"
+            )
+        for operand, region in zip(task.inputs, node.reads, strict=True):
+            base = self.tg.storage_root(operand)
+            what = f"operand %{operand}" + (f" (a view of %{base})" if base != operand else "")
+            residency = self.resident(base, region, what)
+            self.after(residency.writer, f"the write of %{base}")
+            residency.users.append(node.id)
+        self.write(node.tensor, node.region, "apply writes")
+        self.applied.add(node.tensor)
+
+    def on_offload(self, node: MemNode) -> None:
+        residency = self.resident(node.tensor, node.region, f"offloaded %{node.tensor}")
+        self.after(residency.writer, f"the write of %{node.tensor}")
+        residency.users.append(node.id)
+        self.bind_storage(node.storage, node.tensor)
+        self.storage_writer[node.storage] = node.id
+
+    def on_reload(self, node: MemNode) -> None:
+        writer = self.storage_writer.get(node.storage)
+        if writer is None:
+            raise self.fail(f"host#{node.storage} holds no data yet (no input or offload wrote it)")
+        if self.storage_tensor[node.storage] != node.tensor:
+            raise self.fail(
+                f"host#{node.storage} holds %{self.storage_tensor[node.storage]}, "
+                f"not %{node.tensor}"
+            )
+        self.after(writer, f"the write of host#{node.storage}")
+        self.write(node.tensor, node.region, "reload")
+
+    def on_free(self, node: MemNode) -> None:
+        residency = self.live.get(node.tensor)
+        if residency is None or residency.region != node.region:
+            raise self.fail(f"frees {node.region}, which does not hold %{node.tensor}")
+        self.after(residency.alloc, "the alloc it releases")
+        self.after(residency.writer, f"the write of %{node.tensor}")
+        for user in residency.users:
+            self.after(user, f"n{user}, which reads %{node.tensor} there")
+        del self.live[node.tensor]
+        self.intervals.remove((node.region.offset, node.region.end, node.tensor))
+        self.live_bytes -= node.region.size
+        self.record_free(node.region, node.id)
+
+    def on_output(self, node: MemNode) -> None:
+        if node.name not in self.tg.outputs:
+            raise self.fail(f'"{node.name}" is not an output of the TaskGraph')
+        if node.name in self.outputs_seen:
+            raise self.fail(f'output "{node.name}" appears twice')
+        self.outputs_seen.add(node.name)
+        base = self.tg.storage_root(self.tg.outputs[node.name])
+        if node.tensor != base:
+            raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
+        if (node.storage is None) == (node.region is None):
+            raise self.fail("an output is in exactly one of host storage and a device region")
+        if node.region is not None:
+            residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
+            self.after(residency.writer, f"the write of %{base}")
+            residency.users.append(node.id)
+            return
+        if self.storage_tensor.get(node.storage) != base or node.storage not in self.storage_writer:
+            raise self.fail(f"host#{node.storage} does not hold %{base}")
+        self.after(self.storage_writer[node.storage], f"the write of host#{node.storage}")
+
+    def check_complete(self) -> None:
+        missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]
+        if missing_inputs:
+            raise self.fail(f"input(s) {missing_inputs} never appear")
+        computed = [t.id for t in self.tg if not isinstance(t.op, Input | View)]
+        missing = [t for t in computed if t not in self.applied]
+        if missing:
+            raise self.fail(f"task(s) {['%' + str(t) for t in missing[:5]]} are never computed")
+        missing_outputs = [name for name in self.tg.outputs if name not in self.outputs_seen]
+        if missing_outputs:
+            raise self.fail(f"output(s) {missing_outputs} are never produced")
