@@ -104,7 +104,9 @@ def scaled(join: str, factor: float) -> str:
     return join if factor == 1.0 else f"({join}) * {float(factor)!r}"
 
 
-def weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Any:
+def weight_input(
+    prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str
+) -> Callable[[str], Tensor]:
     """A function `weight(name)` declaring the weight input `name` with its shape."""
 
     def weight(name: str) -> Tensor:

@@ -262,6 +262,7 @@ def weights_from_state_dict(
     """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
     (`GPT2LMHeadModel`, `GPT2Model`; torch tensors or NumPy arrays).
 
+    Arrays that need no conversion may share memory with the state dict's tensors.
     Raises `ConfigMismatchError` when the checkpoint's vocabulary, hidden size, positions
     or layer count differ from `cfg`, and `WeightError` for a missing or mis-shaped weight.
     """

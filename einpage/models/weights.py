@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einpage.errors import DTypeError
 from einpage.models.checkpoint import Part, Source
 from einpage.models.errors import ConfigMismatchError, WeightError
 from taskgraph import dtypes
@@ -88,14 +89,16 @@ def check_layer_count(
 
 def load_weights(specs: Sequence[WeightSpec], source: Source, dtype: str) -> dict[str, np.ndarray]:
     """Read and convert every weight of `specs` from `source` (a checkpoint source, see
-    `einpage.models.checkpoint`), as contiguous arrays of `dtype`.
+    `einpage.models.checkpoint`), as contiguous arrays of `dtype`. Where no conversion
+    is needed (same dtype, no transpose) an array may share memory with the source's
+    tensor, so a model already in memory is not copied a second time.
 
     Raises `WeightError` for a missing key or a shape that differs from `source_shape`
     (all are checked before any tensor is read).
     """
     dtype = dtypes.canonical(dtype)
     if not dtypes.is_float(dtype):
-        raise WeightError(f"weights must be a float dtype, got {dtype}", name="", key="")
+        raise DTypeError(f"weights must have a float dtype, got {dtype}")
     keys = set(source.keys())
     where = source.where
     for spec in specs:

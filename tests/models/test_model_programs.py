@@ -6,12 +6,14 @@ from their configs in about a second.
 
 from __future__ import annotations
 
+import doctest
 import time
 
 import numpy as np
 import pytest
 
 import taskgraph
+from einpage import models
 from einpage.errors import EinpageError, ProgramError
 from einpage.models import gpt2, llama
 from einpage.models.errors import ConfigError
@@ -253,3 +255,9 @@ def test_prefill_program_argument_errors(args, words):
 def test_gpt2_seq_longer_than_its_positions():
     with pytest.raises(ProgramError, match="seq=33 exceeds the model's 32 positions"):
         gpt2.prefill_program(gpt2.PRESETS["tiny"], 1, 33)
+
+
+@pytest.mark.parametrize("module", [models, llama, gpt2], ids=lambda m: m.__name__)
+def test_docstring_examples_run(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
