@@ -1,0 +1,298 @@
+"""Reading tensors from Hugging Face checkpoints: in-memory state dicts and safetensors on disk.
+
+A *source* is what the weight loaders read from. It lists its keys, tells a tensor's
+shape without reading it, and reads one tensor (optionally only a range of its last
+axis) as a NumPy array in the dtype it is stored in:
+
+* `StateDictSource` wraps a `model.state_dict()` (torch tensors or NumPy arrays);
+* `SafetensorsSource` opens a checkpoint directory lazily with
+  `safetensors.safe_open(..., framework="numpy")` and reads only the tensors asked
+  for. A sharded checkpoint is described by `model.safetensors.index.json`; that file
+  comes from disk, so it is validated (shape of the JSON, shard names that stay inside
+  the directory, shards that exist) before anything is read. NumPy has no bfloat16:
+  bfloat16 tensors are read from the file's bytes and widened to float32 exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from einpage.models.errors import CheckpointError
+
+__all__ = [
+    "Source",
+    "StateDictSource",
+    "SafetensorsSource",
+    "open_source",
+    "read_hf_config",
+    "to_numpy",
+    "INDEX_FILE",
+    "SINGLE_FILE",
+    "CONFIG_FILE",
+]
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+Part = tuple[int, int] | None
+"""A range `[start, stop)` of a tensor's last axis, or None for the whole tensor."""
+
+
+class Source(Protocol):
+    """What weight loaders read: keys, shapes without reading, and tensors."""
+
+    where: str  # for messages: "the state dict", "checkpoint '/path'"
+
+    def keys(self) -> list[str]: ...
+
+    def shape(self, key: str) -> tuple[int, ...]: ...
+
+    def read(self, key: str, part: Part = None) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A NumPy array with the data of `value` (a NumPy array or a torch tensor; bfloat16
+    torch tensors are widened to float32, which is exact). Torch is never imported."""
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.float()
+        return tensor.numpy()
+    return np.asarray(value)
+
+
+def _take(array: np.ndarray, part: Part) -> np.ndarray:
+    return array if part is None else array[..., part[0] : part[1]]
+
+
+class StateDictSource:
+    """Tensors of an in-memory state dict (name -> torch tensor or NumPy array)."""
+
+    def __init__(self, state_dict: Mapping[str, Any]):
+        if not isinstance(state_dict, Mapping):
+            raise CheckpointError(
+                f"a state dict must be a mapping of name to tensor, got {type(state_dict).__name__}"
+            )
+        self._tensors = state_dict
+        self.where = "the state dict"
+
+    def keys(self) -> list[str]:
+        return list(self._tensors)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._tensors[key].shape)
+
+    def read(self, key: str, part: Part = None) -> np.ndarray:
+        return _take(to_numpy(self._tensors[key]), part)
+
+    def close(self) -> None:
+        """Nothing to release (present so every source is used the same way)."""
+
+    def __enter__(self) -> StateDictSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SafetensorsSource:
+    """Tensors of a safetensors checkpoint: a directory (single file or sharded) or one file.
+
+    Files are opened on first use and memory-mapped by safetensors; `read` copies only
+    the tensor (or the part of it) that is asked for. Use as a context manager, or call
+    `close()`, to release the files.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self.where = f"checkpoint {str(self.path)!r}"
+        self._files = _checkpoint_files(self.path)  # key -> the file that holds it
+        self._handles: dict[Path, Any] = {}  # open files
+        self._held: dict[Path, set[str]] = {}  # file -> the keys it really holds
+
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def _handle(self, key: str) -> Any:
+        """The open file that holds `key` (opened on first use)."""
+        from safetensors import safe_open
+
+        file = self._files[key]
+        if file not in self._handles:
+            try:
+                handle = safe_open(str(file), framework="numpy")
+            except Exception as err:  # safetensors raises its own error types
+                raise CheckpointError(
+                    f"cannot open safetensors file {str(file)!r}: {err}"
+                ) from None
+            self._handles[file] = handle
+            self._held[file] = set(handle.keys())
+        if key not in self._held[file]:
+            raise CheckpointError(
+                f"{INDEX_FILE} in {str(self.path)!r} maps {key!r} to {file.name!r}, "
+                f"but that file has no tensor {key!r}"
+            )
+        return self._handles[file]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in self._handle(key).get_slice(key).get_shape())
+
+    def read(self, key: str, part: Part = None) -> np.ndarray:
+        handle = self._handle(key)
+        tensor = handle.get_slice(key)
+        if tensor.get_dtype() == "BF16":
+            return _take(_read_bf16(self._files[key], key), part)
+        if part is None:
+            return handle.get_tensor(key)
+        return tensor[..., part[0] : part[1]]
+
+    def close(self) -> None:
+        # safe_open handles release their memory map when dropped.
+        self._handles.clear()
+        self._held.clear()
+
+    def __enter__(self) -> SafetensorsSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_source(source: Any) -> StateDictSource | SafetensorsSource:
+    """A source for a state dict (a mapping) or a checkpoint path (str or PathLike)."""
+    if isinstance(source, StateDictSource | SafetensorsSource):
+        return source
+    if isinstance(source, str | os.PathLike):
+        return SafetensorsSource(source)
+    return StateDictSource(source)
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The `config.json` beside a checkpoint as a dict, or None when there is none."""
+    path = Path(path)
+    file = path / CONFIG_FILE if path.is_dir() else path.parent / CONFIG_FILE
+    if not file.is_file():
+        return None
+    data = _load_json(file)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(file)!r}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _load_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"cannot read {str(file)!r}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(
+            f"{str(file)!r} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
+        ) from None
+
+
+def _checkpoint_files(path: Path) -> dict[str, Path]:
+    """Every tensor key of the checkpoint at `path`, mapped to the file that holds it.
+
+    A directory with `model.safetensors` is read as one file (as `from_pretrained`
+    prefers it); otherwise `model.safetensors.index.json` lists the shards.
+    """
+    if path.is_file():
+        return dict.fromkeys(_file_keys(path), path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {str(path)!r} does not exist")
+    single, index = path / SINGLE_FILE, path / INDEX_FILE
+    if single.is_file():
+        return dict.fromkeys(_file_keys(single), single)
+    if index.is_file():
+        return _index_files(index)
+    present = sorted(p.name for p in path.iterdir())[:10]
+    raise CheckpointError(
+        f"checkpoint directory {str(path)!r} has neither {SINGLE_FILE} nor {INDEX_FILE} "
+        f"(it holds: {', '.join(present) or 'nothing'})"
+    )
+
+
+def _file_keys(file: Path) -> list[str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="numpy") as handle:
+            return list(handle.keys())
+    except Exception as err:  # safetensors raises its own error types
+        raise CheckpointError(f"cannot open safetensors file {str(file)!r}: {err}") from None
+
+
+def _index_files(index: Path) -> dict[str, Path]:
+    """Validate a sharded checkpoint's index and map each key to its shard's path."""
+    data = _load_json(index)
+    where = str(index)
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where!r}: expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data.get("metadata", {}), dict | type(None)):
+        raise CheckpointError(f"{where!r}: 'metadata' must be an object")
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(
+            f"{where!r}: 'weight_map' must be an object mapping tensor names to shard files, "
+            f"got {type(weight_map).__name__}"
+        )
+    if not weight_map:
+        raise CheckpointError(f"{where!r}: 'weight_map' is empty")
+    files: dict[str, Path] = {}
+    for key, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise CheckpointError(
+                f"{where!r}: weight_map[{key!r}] must be a file name, got {shard!r}"
+            )
+        plain = shard not in ("", ".", "..") and "/" not in shard and "\\" not in shard
+        if not plain or not shard.endswith(".safetensors"):
+            raise CheckpointError(
+                f"{where!r}: weight_map[{key!r}] = {shard!r} is not the name of a .safetensors "
+                "file in the checkpoint directory (paths are not allowed)"
+            )
+        file = index.parent / shard
+        if not file.is_file():
+            raise CheckpointError(
+                f"{where!r}: weight_map[{key!r}] names shard {shard!r}, which does not exist"
+            )
+        files[key] = file
+    return files
+
+
+_HEADER_LIMIT = 100 * 2**20  # safetensors caps headers at 100 MB
+
+
+def _read_bf16(file: Path, key: str) -> np.ndarray:
+    """Read the bfloat16 tensor `key` of a safetensors file as float32 (exact), from the
+    file's header and bytes (NumPy, and so safetensors' NumPy framework, lacks bfloat16)."""
+    try:
+        with open(file, "rb") as f:
+            header_size = int.from_bytes(f.read(8), "little")
+            if not 0 < header_size <= _HEADER_LIMIT:
+                raise CheckpointError(f"{str(file)!r}: bad safetensors header size {header_size}")
+            entry = json.loads(f.read(header_size))[key]
+            begin, end = (int(x) for x in entry["data_offsets"])
+            shape = tuple(int(d) for d in entry["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            if entry["dtype"] != "BF16" or end - begin != 2 * count:
+                raise CheckpointError(f"{str(file)!r}: the header of {key!r} is inconsistent")
+            f.seek(8 + header_size + begin)
+            raw = np.fromfile(f, dtype="<u2", count=count)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(
+            f"cannot read bfloat16 tensor {key!r} from {str(file)!r}: {err}"
+        ) from None
+    if raw.size != count:
+        raise CheckpointError(f"{str(file)!r}: tensor {key!r} is truncated")
+    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)

@@ -1,0 +1,389 @@
+"""GPT-2 as an einsum program: config, presets, prefill program, weights.
+
+`prefill_program(cfg, batch, seq)` is the forward pass of Hugging Face
+`GPT2LMHeadModel` over a prompt (tested equal to 1e-4 of the logit scale in float32),
+with the same API as `einpage.models.llama`.
+
+Inputs of the program
+---------------------
+* `tokens`: int64 [batch, seq].
+* Positions are derived, not an input: they are always 0..seq-1 (a prefill from the
+  start of the context), so the position embeddings are the first `seq` rows of
+  `pos_embed` – one slice task instead of a gather and a position-id input.
+* the weights (role "weight"). As in LLaMA, every matrix keeps its wide axis (heads,
+  MLP features, vocabulary) first and the hidden axis `d` last:
+
+  =========================  ==================  ==========================================
+  input                      shape               Hugging Face tensor (`transformer.` ...)
+  =========================  ==================  ==========================================
+  `embed`                    [vocab, d]          `wte.weight` (also the tied LM head)
+  `pos_embed`                [positions, d]      `wpe.weight`
+  `layers.{i}.attn.norm`     [d]                 `h.{i}.ln_1.weight`
+  `layers.{i}.attn.norm_bias` [d]                `h.{i}.ln_1.bias`
+  `layers.{i}.attn.wq/wk/wv` [heads, e, d]       `h.{i}.attn.c_attn.weight` [d, 3d]: columns
+                                                 [0, d), [d, 2d), [2d, 3d), transposed
+  `layers.{i}.attn.bq/bk/bv` [heads, e]          `h.{i}.attn.c_attn.bias` [3d], same thirds
+  `layers.{i}.attn.wo`       [heads, e, d]       `h.{i}.attn.c_proj.weight` [d, d] (a view)
+  `layers.{i}.attn.bo`       [d]                 `h.{i}.attn.c_proj.bias`
+  `layers.{i}.mlp.norm`      [d]                 `h.{i}.ln_2.weight` (and `norm_bias`)
+  `layers.{i}.mlp.w_fc`      [ffn, d]            `h.{i}.mlp.c_fc.weight` [d, ffn], transposed
+  `layers.{i}.mlp.b_fc`      [ffn]               `h.{i}.mlp.c_fc.bias`
+  `layers.{i}.mlp.w_proj`    [ffn, d]            `h.{i}.mlp.c_proj.weight` (a view)
+  `layers.{i}.mlp.b_proj`    [d]                 `h.{i}.mlp.c_proj.bias`
+  `norm`, `norm_bias`        [d]                 `ln_f.weight`, `ln_f.bias`
+  =========================  ==================  ==========================================
+
+  The fused QKV projection (`Conv1D`, stored [in, out]) is split when loading, not
+  sliced in the program: the split is paid once, on the host, and reads only the
+  columns each part needs; in the program Q, K and V are then three independent
+  weights the planner can page separately, with no slice task per layer and no fused
+  [b, s, 3d] activation that must live until its last third is used.
+
+The einsums of one layer (h heads, e head_dim, m MLP features)
+---------------------------------------------------------------
+* LayerNorm: `bsd->bs` (mean), `bsd,bs->bs` (variance), `bsd,bs,bs,d,d->bsd`.
+* projections `bsd,hed->bhse`; the bias add `bhse,he->bhse` for Q also applies the
+  1/sqrt(head_dim) attention scale (`(a + b) * scale`), so scaling costs no task.
+* attention: `bhqe,bhke->bhqk`, causal mask, softmax over k, `bhqk,bhke->bhqe`;
+  output projection `bhse,hed->bsd`; bias and residual in one task
+  (`bsd,bsd,d->bsd`, `a + b + c`).
+* MLP: `bsd,md->bsm`, bias and GELU (tanh approximation, HF "gelu_new") in one task
+  (`gelu(a + b)`), `bsm,md->bsd`, bias and residual.
+* head: final LayerNorm, `bsd,vd->bsv` against the tied embedding (or `bd,vd->bv`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from einpage import ops
+from einpage.errors import ProgramError
+from einpage.models.checkpoint import open_source, read_hf_config, to_numpy
+from einpage.models.common import (
+    causal_attention,
+    check_positive_float,
+    check_positive_int,
+    check_prefill_args,
+    check_same_config,
+    hf_getter,
+    last_position,
+    weight_input,
+)
+from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
+from einpage.models.weights import WeightSpec, check_layer_count, load_weights, resolve_prefix
+from einpage.program import Program, Tensor
+from taskgraph import dtypes
+
+__all__ = [
+    "GPT2Config",
+    "PRESETS",
+    "prefill_program",
+    "prefill_inputs",
+    "weight_specs",
+    "weight_shapes",
+    "weights_from_state_dict",
+    "weights_from_safetensors",
+]
+
+_OWNER = "GPT2Config"
+_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+"""Hugging Face names of the tanh-approximated GELU (the same function)."""
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    """The shape of a GPT-2 model. `intermediate_size` defaults to 4 * hidden_size;
+    `max_positions` is the number of learned positions (the longest prompt).
+
+    >>> PRESETS["124m"].num_parameters()
+    124439808
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = 50257
+    max_positions: int = 1024
+    intermediate_size: int | None = None
+    layer_norm_eps: float = 1e-5
+    name: str = field(default="gpt2", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.intermediate_size is None:
+            check_positive_int(_OWNER, "hidden_size", self.hidden_size)
+            object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "vocab_size",
+            "max_positions",
+            "intermediate_size",
+        ):
+            check_positive_int(_OWNER, name, getattr(self, name))
+        check_positive_float(_OWNER, "layer_norm_eps", self.layer_norm_eps)
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"{_OWNER}: num_heads={self.num_heads} does not divide "
+                f"hidden_size={self.hidden_size}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Features per attention head: hidden_size / num_heads."""
+        return self.hidden_size // self.num_heads
+
+    def num_parameters(self) -> int:
+        """Number of parameters (the tied LM head counted once)."""
+        return sum(math.prod(shape) for shape in weight_shapes(self).values())
+
+    @classmethod
+    def from_hf(cls, config: Any, name: str = "gpt2") -> GPT2Config:
+        """The config of a Hugging Face `transformers.GPT2Config` (or its `config.json` as a
+        dict). Settings this program does not implement raise `UnsupportedConfigError`:
+        cross-attention, an untied LM head, activations other than the tanh GELU,
+        unscaled or layer-scaled attention."""
+        get = hf_getter(config)
+        model_type = get("model_type", "gpt2")
+        if model_type != "gpt2":
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: model_type {model_type!r} is not 'gpt2'"
+            )
+        act = get("activation_function", "gelu_new")
+        if act not in _ACTIVATIONS:
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: activation_function={act!r} is not supported; "
+                f"valid: {', '.join(_ACTIVATIONS)} (the tanh-approximated GELU)"
+            )
+        required = {
+            "add_cross_attention": False,
+            "scale_attn_weights": True,
+            "scale_attn_by_inverse_layer_idx": False,
+            "tie_word_embeddings": True,
+        }
+        for flag, value in required.items():
+            if bool(get(flag, value)) != value:
+                raise UnsupportedConfigError(
+                    f"{_OWNER}.from_hf: {flag}={not value} is not supported (only {value})"
+                )
+        # reorder_and_upcast_attn changes only where mixed-precision training rounds:
+        # the function is the same, so it is accepted.
+        return cls(
+            hidden_size=get("n_embd", None),
+            num_layers=get("n_layer", None),
+            num_heads=get("n_head", None),
+            vocab_size=get("vocab_size", None),
+            max_positions=get("n_positions", None),
+            intermediate_size=get("n_inner", None),
+            layer_norm_eps=get("layer_norm_epsilon", 1e-5),
+            name=name,
+        )
+
+
+PRESETS: dict[str, GPT2Config] = {
+    # The four released GPT-2 models (Radford et al. 2019), vocabulary 50257, 1024 positions.
+    "124m": GPT2Config(768, 12, 12, name="gpt2-124m"),
+    "355m": GPT2Config(1024, 24, 16, name="gpt2-355m"),
+    "774m": GPT2Config(1280, 36, 20, name="gpt2-774m"),
+    "1.5b": GPT2Config(1600, 48, 25, name="gpt2-1.5b"),
+    # A small shape for tests and examples.
+    "tiny": GPT2Config(64, 2, 4, vocab_size=256, max_positions=32, name="gpt2-tiny"),
+}
+"""GPT-2 shapes by size ("124m", "355m", "774m", "1.5b") and a small one ("tiny")."""
+
+
+# -- weights --------------------------------------------------------------------
+
+
+def weight_specs(cfg: GPT2Config, prefix: str = "transformer.") -> list[WeightSpec]:
+    """Every weight of the program and the Hugging Face tensor it comes from (the keys of
+    `GPT2LMHeadModel`; `prefix=""` for `GPT2Model` and the original checkpoints)."""
+    d, h, e, v = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.vocab_size
+    m = cfg.intermediate_size
+    assert m is not None  # set by __post_init__
+    specs = [
+        WeightSpec("embed", (v, d), f"{prefix}wte.weight", (v, d)),
+        WeightSpec(
+            "pos_embed", (cfg.max_positions, d), f"{prefix}wpe.weight", (cfg.max_positions, d)
+        ),
+    ]
+    for i in range(cfg.num_layers):
+        ours, hf = f"layers.{i}.", f"{prefix}h.{i}."
+        specs += [
+            WeightSpec(ours + "attn.norm", (d,), hf + "ln_1.weight", (d,)),
+            WeightSpec(ours + "attn.norm_bias", (d,), hf + "ln_1.bias", (d,)),
+        ]
+        for third, part in enumerate("qkv"):
+            columns = (third * d, (third + 1) * d)
+            specs += [
+                WeightSpec(
+                    ours + f"attn.w{part}",
+                    (h, e, d),
+                    hf + "attn.c_attn.weight",
+                    (d, 3 * d),
+                    part=columns,
+                    transpose=True,
+                ),
+                WeightSpec(
+                    ours + f"attn.b{part}", (h, e), hf + "attn.c_attn.bias", (3 * d,), part=columns
+                ),
+            ]
+        specs += [
+            WeightSpec(ours + "attn.wo", (h, e, d), hf + "attn.c_proj.weight", (d, d)),
+            WeightSpec(ours + "attn.bo", (d,), hf + "attn.c_proj.bias", (d,)),
+            WeightSpec(ours + "mlp.norm", (d,), hf + "ln_2.weight", (d,)),
+            WeightSpec(ours + "mlp.norm_bias", (d,), hf + "ln_2.bias", (d,)),
+            WeightSpec(ours + "mlp.w_fc", (m, d), hf + "mlp.c_fc.weight", (d, m), transpose=True),
+            WeightSpec(ours + "mlp.b_fc", (m,), hf + "mlp.c_fc.bias", (m,)),
+            WeightSpec(ours + "mlp.w_proj", (m, d), hf + "mlp.c_proj.weight", (m, d)),
+            WeightSpec(ours + "mlp.b_proj", (d,), hf + "mlp.c_proj.bias", (d,)),
+        ]
+    specs += [
+        WeightSpec("norm", (d,), f"{prefix}ln_f.weight", (d,)),
+        WeightSpec("norm_bias", (d,), f"{prefix}ln_f.bias", (d,)),
+    ]
+    return specs
+
+
+def weight_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every weight input's name and shape, in program order."""
+    return {spec.name: spec.shape for spec in weight_specs(cfg)}
+
+
+def weights_from_state_dict(
+    cfg: GPT2Config, state_dict: Mapping[str, Any], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
+    (`GPT2LMHeadModel`, `GPT2Model`; torch tensors or NumPy arrays).
+
+    Arrays that need no conversion may share memory with the state dict's tensors.
+    Raises `ConfigMismatchError` when the checkpoint's vocabulary, hidden size, positions
+    or layer count differ from `cfg`, and `WeightError` for a missing or mis-shaped weight.
+    """
+    return _load(cfg, open_source(state_dict), dtype)
+
+
+def weights_from_safetensors(
+    cfg: GPT2Config, path: str | os.PathLike[str], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The program's weights from a safetensors checkpoint directory or file, reading only
+    the tensors (and the QKV columns) the program uses. A `config.json` beside the
+    weights must describe the same model as `cfg` (`ConfigMismatchError` otherwise)."""
+    on_disk = read_hf_config(path)
+    if on_disk is not None:
+        check_same_config(cfg, GPT2Config.from_hf(on_disk), path)
+    with open_source(path) as source:
+        return _load(cfg, source, dtype)
+
+
+def _load(cfg: GPT2Config, source: Any, dtype: Any) -> dict[str, np.ndarray]:
+    keys = source.keys()
+    prefix = resolve_prefix(keys, "wte.weight", ("transformer.", ""), source.where)
+    for key, expected, names in (
+        (f"{prefix}wte.weight", (cfg.vocab_size, cfg.hidden_size), "vocab_size, hidden_size"),
+        (f"{prefix}wpe.weight", (cfg.max_positions, cfg.hidden_size), "max_positions, hidden_size"),
+    ):
+        if key in keys and source.shape(key) != expected:
+            raise ConfigMismatchError(
+                f"the config has ({names}) = {expected}, but {key!r} in {source.where} has "
+                f"shape {source.shape(key)}"
+            )
+    check_layer_count(keys, f"{prefix}h.", cfg.num_layers, "num_layers", source.where)
+    if "lm_head.weight" in keys:
+        head, embed = source.read("lm_head.weight"), source.read(f"{prefix}wte.weight")
+        if head.shape != embed.shape or not np.array_equal(head, embed):
+            raise UnsupportedConfigError(
+                f"{source.where} has an 'lm_head.weight' that differs from the embedding; "
+                "only GPT-2 with a tied LM head is supported"
+            )
+    return load_weights(weight_specs(cfg, prefix), source, dtypes.canonical(dtype))
+
+
+def prefill_inputs(
+    cfg: GPT2Config, tokens: Any, weights: Mapping[str, np.ndarray], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """Every input of `prefill_program(cfg, *tokens.shape, dtype)`: the tokens as int64 and
+    the weights (as given). `dtype` is accepted for symmetry with LLaMA."""
+    dtypes.canonical(dtype)
+    ids = to_numpy(tokens)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(
+            f"prefill_inputs: tokens must be an integer array [batch, seq], got "
+            f"{ids.dtype}{list(ids.shape)}"
+        )
+    return {"tokens": ids.astype(np.int64), **weights}
+
+
+# -- the program ----------------------------------------------------------------------
+
+
+def prefill_program(
+    cfg: GPT2Config, batch: int, seq: int, dtype: Any = "float32", logits: str = "all"
+) -> Program:
+    """The prefill forward pass of `cfg` over `batch` prompts of `seq` tokens (positions
+    0..seq-1, so `seq` <= max_positions).
+
+    Output "logits": [batch, seq, vocab] (`logits="all"`) or [batch, vocab] for the last
+    position (`logits="last"`). Tasks are scoped `embed`, `layers.{i}.attn`,
+    `layers.{i}.mlp` and `head`.
+    """
+    dtype = check_prefill_args(batch, seq, dtype, logits)
+    if seq > cfg.max_positions:
+        raise ProgramError(
+            f"prefill_program: seq={seq} exceeds the model's {cfg.max_positions} positions"
+        )
+    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
+    weight = weight_input(prog, weight_shapes(cfg), dtype)
+    tokens = prog.input("tokens", (batch, seq), "int64")
+    with prog.scope("embed"):
+        embed = weight("embed")
+        positions = weight("pos_embed")
+        if seq < cfg.max_positions:
+            positions = prog.slice(positions, (0, 0), (seq, cfg.hidden_size), label="positions")
+        x = prog.gather(embed, tokens, label="tokens")
+        x = prog.einsum("bsd,sd->bsd", x, positions, join="a + b", label="x")
+    for i in range(cfg.num_layers):
+        with prog.scope(f"layers.{i}"):
+            with prog.scope("attn"):
+                x = _attention(cfg, x, weight, f"layers.{i}.attn.")
+            with prog.scope("mlp"):
+                x = _mlp(cfg, x, weight, f"layers.{i}.mlp.")
+    with prog.scope("head"):
+        if logits == "last":
+            x = last_position(x)
+        h = ops.layernorm(x, weight("norm"), weight("norm_bias"), cfg.layer_norm_eps)
+        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
+        prog.output(prog.einsum(spec, h, embed, label="logits"), "logits")
+    return prog
+
+
+def _attention(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
+    prog = x.program
+    h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    heads = {}
+    for part, join in (("q", f"(a + b) * {scale!r}"), ("k", "a + b"), ("v", "a + b")):
+        y = prog.einsum("bsd,hed->bhse", h, weight(prefix + "w" + part), label=part)
+        heads[part] = prog.einsum(
+            "bhse,he->bhse", y, weight(prefix + "b" + part), join=join, label=part + ".bias"
+        )
+    out = causal_attention(heads["q"], heads["k"], heads["v"])
+    o = prog.einsum("bhse,hed->bsd", out, weight(prefix + "wo"), label="o")
+    bias = weight(prefix + "bo")
+    return prog.einsum("bsd,bsd,d->bsd", x, o, bias, join="a + b + c", label="residual")
+
+
+def _mlp(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
+    prog = x.program
+    h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
+    fc = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_fc"), label="fc")
+    act = prog.einsum("bsm,m->bsm", fc, weight(prefix + "b_fc"), join="gelu(a + b)", label="gelu")
+    proj = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_proj"), label="proj")
+    bias = weight(prefix + "b_proj")
+    return prog.einsum("bsd,bsd,d->bsd", x, proj, bias, join="a + b + c", label="residual")

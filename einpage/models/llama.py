@@ -1,0 +1,507 @@
+"""LLaMA (LLaMA-1 and Llama-2, with grouped-query attention) as an einsum program.
+
+`prefill_program(cfg, batch, seq)` builds the forward pass over a prompt – the prefill
+of LLM inference – as an `einpage.Program` whose output "logits" equals Hugging Face
+`LlamaForCausalLM` (tested to 1e-4 of the logit scale in float32). `PRESETS` holds the
+published shapes; a preset program builds in well under a second and needs no weights, so
+the 7B..70B models can be planned from their shapes alone.
+
+Inputs of the program
+---------------------
+* `tokens`: int64 [batch, seq], the token ids.
+* `rope.cos`, `rope.sin`: [seq, head_dim] in the program dtype, the rotary tables for
+  positions 0..seq-1 in Hugging Face's layout (each row is `cat(freqs, freqs)`); make
+  them with `rope_tables`. `prefill_inputs` assembles all inputs.
+* the weights (role "weight"), named and laid out as below. Every weight keeps its
+  *wide* axis (vocabulary, heads, MLP features) first and the hidden axis `d` last.
+  That is Hugging Face's [out, in] layout for the embedding, Q/K/V, gate/up and the LM
+  head (loaded as views, no copy); `wo` and `w_down` are transposed once at load. With
+  one rule every einsum reads `d` as the last, contiguous axis, and a block of heads
+  or of MLP features – the split that runs a layer block by block – is one contiguous
+  slab of each weight.
+
+  ======================  ======================  =============================================
+  input                   shape                   Hugging Face tensor
+  ======================  ======================  =============================================
+  `embed`                 [vocab, d]              `model.embed_tokens.weight`
+  `layers.{i}.attn.norm`  [d]                     `model.layers.{i}.input_layernorm.weight`
+  `layers.{i}.attn.wq`    [kv_heads, group, e, d] `...self_attn.q_proj.weight` [heads*e, d]
+  `layers.{i}.attn.wk`    [kv_heads, e, d]        `...self_attn.k_proj.weight` [kv_heads*e, d]
+  `layers.{i}.attn.wv`    [kv_heads, e, d]        `...self_attn.v_proj.weight` [kv_heads*e, d]
+  `layers.{i}.attn.wo`    [kv_heads, group, e, d] `...self_attn.o_proj.weight` [d, heads*e], ᵀ
+  `layers.{i}.mlp.norm`   [d]                     `...post_attention_layernorm.weight`
+  `layers.{i}.mlp.w_gate` [ffn, d]                `...mlp.gate_proj.weight`
+  `layers.{i}.mlp.w_up`   [ffn, d]                `...mlp.up_proj.weight`
+  `layers.{i}.mlp.w_down` [ffn, d]                `...mlp.down_proj.weight` [d, ffn], ᵀ
+  `norm`                  [d]                     `model.norm.weight`
+  `lm_head`               [vocab, d]              `lm_head.weight` (absent when tied: the
+                                                  program reads `embed` instead)
+  ======================  ======================  =============================================
+
+  Query head `n` of Hugging Face is (kv-head `n // group`, member `n % group`), the
+  order in which `repeat_kv` shares a K/V head, so `[heads*e, d]` is viewed as
+  `[kv_heads, group, e, d]` without moving data.
+
+The einsums of one layer (b batch, s/q/k positions, d hidden, g kv-heads, r group,
+e head_dim, t/u halves of e and c a feature within a half, m MLP features)
+-----------------------------------------------------------------------------------
+* RMSNorm: `bsd->bs` (mean square), `bsd,bs,d->bsd` (`a * rsqrt(b + eps) * c`).
+* projections: `bsd,gred->bgrse` (Q), `bsd,ged->bgse` (K, V): heads come out in the
+  layout attention reads, no transpose task.
+* rotary embedding, rotate-half convention: q viewed as [b,g,r,s,2,e/2] (a free view),
+  then `bgrsuc,stuc->bgrstc` with a per-position 2x2 rotation table
+  `rot[s,t,u,c] = [[cos, -sin], [sin, cos]]` that pairs feature c with c + e/2 exactly
+  like `q * cos + rotate_half(q) * sin`. The table is made once per program from the
+  cos/sin inputs (one einsum); the query's copy also carries the 1/sqrt(head_dim)
+  attention scale, so scaling costs no task per layer.
+* attention: `bgrqe,bgke->bgrqk`, causal mask (`qk`), softmax over k (`bgrqk->bgrq`
+  max, `exp(a - b)` sum, normalize), `bgrqk,bgke->bgrqe`; then `bgrse,gred->bsd` (O)
+  and the residual add.
+* SwiGLU MLP: `bsd,md->bsm` (gate, up), `silu(a) * b`, `bsm,md->bsd` (down), residual.
+* head: final RMSNorm, `bsd,vd->bsv` (or `bd,vd->bv` for the last position only).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from einpage import ops
+from einpage.models.checkpoint import open_source, read_hf_config, to_numpy
+from einpage.models.common import (
+    causal_attention,
+    check_positive_float,
+    check_positive_int,
+    check_prefill_args,
+    check_same_config,
+    hf_getter,
+    last_position,
+    scaled,
+    weight_input,
+)
+from einpage.models.errors import (
+    ConfigError,
+    ConfigMismatchError,
+    UnsupportedConfigError,
+)
+from einpage.models.weights import (
+    WeightSpec,
+    check_layer_count,
+    load_weights,
+    resolve_prefix,
+)
+from einpage.program import Program, Tensor
+from taskgraph import dtypes
+
+__all__ = [
+    "LlamaConfig",
+    "PRESETS",
+    "prefill_program",
+    "prefill_inputs",
+    "rope_tables",
+    "weight_specs",
+    "weight_shapes",
+    "weights_from_state_dict",
+    "weights_from_safetensors",
+]
+
+_OWNER = "LlamaConfig"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The shape of a LLaMA model.
+
+    `num_kv_heads` < `num_heads` is grouped-query attention (Llama-2-70B: 64 query
+    heads share 8 K/V heads); equal is multi-head attention. `name` only labels
+    programs and is ignored by `==`.
+
+    >>> cfg = PRESETS["7b"]
+    >>> cfg.head_dim, cfg.group_size, cfg.num_parameters()
+    (128, 1, 6738415616)
+    """
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int = 32000
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = False
+    name: str = field(default="llama", compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "intermediate_size",
+            "vocab_size",
+        ):
+            check_positive_int(_OWNER, name, getattr(self, name))
+        check_positive_float(_OWNER, "rope_theta", self.rope_theta)
+        check_positive_float(_OWNER, "rms_norm_eps", self.rms_norm_eps)
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(
+                f"{_OWNER}: tie_embeddings must be a bool, got {self.tie_embeddings!r}"
+            )
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"{_OWNER}: num_heads={self.num_heads} does not divide "
+                f"hidden_size={self.hidden_size}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"{_OWNER}: num_kv_heads={self.num_kv_heads} does not divide "
+                f"num_heads={self.num_heads} (each K/V head serves a whole group of query heads)"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(
+                f"{_OWNER}: head_dim={self.head_dim} (hidden_size / num_heads) must be even "
+                "for the rotary embedding"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Features per attention head: hidden_size / num_heads."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per K/V head (1 without grouped-query attention)."""
+        return self.num_heads // self.num_kv_heads
+
+    def num_parameters(self) -> int:
+        """Number of parameters (a tied LM head counted once)."""
+        return sum(math.prod(shape) for shape in weight_shapes(self).values())
+
+    @classmethod
+    def from_hf(cls, config: Any, name: str = "llama") -> LlamaConfig:
+        """The config of a Hugging Face `transformers.LlamaConfig` (or its `config.json` as
+        a dict). Settings this program does not implement raise `UnsupportedConfigError`:
+        RoPE scaling, attention or MLP biases, an activation other than SiLU, a head_dim
+        other than hidden_size / num_heads."""
+        get = hf_getter(config)
+        model_type = get("model_type", "llama")
+        if model_type != "llama":
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: model_type {model_type!r} is not 'llama'"
+            )
+        act = get("hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: hidden_act={act!r} is not supported "
+                "(the SwiGLU MLP uses 'silu')"
+            )
+        for flag in ("attention_bias", "mlp_bias"):
+            if get(flag, False):
+                raise UnsupportedConfigError(f"{_OWNER}.from_hf: {flag}=True is not supported")
+        hidden, heads = get("hidden_size", None), get("num_attention_heads", None)
+        kv_heads = get("num_key_value_heads", None)
+        head_dim = get("head_dim", None)
+        known = isinstance(hidden, int) and isinstance(heads, int) and heads > 0
+        if head_dim is not None and known and head_dim != hidden // heads:
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: head_dim={head_dim} differs from hidden_size / "
+                f"num_attention_heads = {hidden} / {heads}; only the default is supported"
+            )
+        return cls(
+            hidden_size=hidden,
+            num_layers=get("num_hidden_layers", None),
+            num_heads=heads,
+            num_kv_heads=heads if kv_heads is None else kv_heads,
+            intermediate_size=get("intermediate_size", None),
+            vocab_size=get("vocab_size", None),
+            rope_theta=_rope_theta(get),
+            rms_norm_eps=get("rms_norm_eps", 1e-6),
+            tie_embeddings=bool(get("tie_word_embeddings", False)),
+            name=name,
+        )
+
+
+def _rope_theta(get: Any) -> float:
+    """RoPE's base from a HF config; only the default (unscaled) RoPE is supported.
+
+    transformers >= 5 keeps it in `rope_parameters` (`{"rope_type": "default",
+    "rope_theta": ...}`); older versions in `rope_theta` with `rope_scaling` None.
+    """
+    params = get("rope_parameters", None)
+    if params is None:
+        params = get("rope_scaling", None)
+    theta = get("rope_theta", 10000.0)
+    if params is None:
+        return theta
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{_OWNER}.from_hf: rope parameters must be a dict, got {params!r}")
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+    if rope_type != "default" or extra:
+        raise UnsupportedConfigError(
+            f"{_OWNER}.from_hf: RoPE scaling is not supported (rope parameters {dict(params)}); "
+            "only the default rotary embedding is"
+        )
+    return params.get("rope_theta", theta)
+
+
+PRESETS: dict[str, LlamaConfig] = {
+    # LLaMA-1 (Touvron et al. 2023, table 2), vocabulary 32000, eps 1e-6, theta 10000.
+    "7b": LlamaConfig(4096, 32, 32, 32, 11008, name="llama-7b"),
+    "13b": LlamaConfig(5120, 40, 40, 40, 13824, name="llama-13b"),
+    "65b": LlamaConfig(8192, 80, 64, 64, 22016, name="llama-65b"),
+    # Llama-2-70B: grouped-query attention with 8 K/V heads, eps 1e-5.
+    "70b": LlamaConfig(8192, 80, 64, 8, 28672, rms_norm_eps=1e-5, name="llama2-70b"),
+    # Small shapes for tests and examples.
+    "tiny": LlamaConfig(64, 2, 4, 4, 128, vocab_size=256, name="llama-tiny"),
+    "tiny-gqa": LlamaConfig(64, 2, 8, 2, 160, vocab_size=256, name="llama-tiny-gqa"),
+}
+"""Published LLaMA shapes ("7b", "13b", "65b", "70b") and small ones ("tiny", "tiny-gqa")."""
+
+
+# -- weights --------------------------------------------------------------------
+
+
+def weight_specs(cfg: LlamaConfig, prefix: str = "model.") -> list[WeightSpec]:
+    """Every weight of the program and the Hugging Face tensor it comes from (the keys of
+    `LlamaForCausalLM`; `prefix=""` for a bare `LlamaModel`)."""
+    d, e, m, v = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
+    g, r = cfg.num_kv_heads, cfg.group_size
+    specs = [WeightSpec("embed", (v, d), f"{prefix}embed_tokens.weight", (v, d))]
+    for i in range(cfg.num_layers):
+        ours, hf = f"layers.{i}.", f"{prefix}layers.{i}."
+        specs += [
+            WeightSpec(ours + "attn.norm", (d,), hf + "input_layernorm.weight", (d,)),
+            WeightSpec(
+                ours + "attn.wq", (g, r, e, d), hf + "self_attn.q_proj.weight", (g * r * e, d)
+            ),
+            WeightSpec(ours + "attn.wk", (g, e, d), hf + "self_attn.k_proj.weight", (g * e, d)),
+            WeightSpec(ours + "attn.wv", (g, e, d), hf + "self_attn.v_proj.weight", (g * e, d)),
+            WeightSpec(
+                ours + "attn.wo",
+                (g, r, e, d),
+                hf + "self_attn.o_proj.weight",
+                (d, g * r * e),
+                transpose=True,
+            ),
+            WeightSpec(ours + "mlp.norm", (d,), hf + "post_attention_layernorm.weight", (d,)),
+            WeightSpec(ours + "mlp.w_gate", (m, d), hf + "mlp.gate_proj.weight", (m, d)),
+            WeightSpec(ours + "mlp.w_up", (m, d), hf + "mlp.up_proj.weight", (m, d)),
+            WeightSpec(
+                ours + "mlp.w_down", (m, d), hf + "mlp.down_proj.weight", (d, m), transpose=True
+            ),
+        ]
+    specs.append(WeightSpec("norm", (d,), f"{prefix}norm.weight", (d,)))
+    if not cfg.tie_embeddings:
+        specs.append(WeightSpec("lm_head", (v, d), "lm_head.weight", (v, d)))
+    return specs
+
+
+def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight input's name and shape, in program order."""
+    return {spec.name: spec.shape for spec in weight_specs(cfg)}
+
+
+def weights_from_state_dict(
+    cfg: LlamaConfig, state_dict: Mapping[str, Any], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
+    (`LlamaForCausalLM` or `LlamaModel`; torch tensors or NumPy arrays).
+
+    Arrays that need no conversion may share memory with the state dict's tensors.
+    Raises `ConfigMismatchError` when the checkpoint's vocabulary, hidden size or layer
+    count differ from `cfg`, and `WeightError` for a missing or mis-shaped weight.
+    """
+    return _load(cfg, open_source(state_dict), dtype)
+
+
+def weights_from_safetensors(
+    cfg: LlamaConfig, path: str | os.PathLike[str], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The program's weights from a safetensors checkpoint directory (`save_pretrained`:
+    `model.safetensors`, or shards listed in `model.safetensors.index.json`) or file,
+    reading only the tensors the program uses. A `config.json` beside the weights must
+    describe the same model as `cfg` (`ConfigMismatchError` otherwise)."""
+    on_disk = read_hf_config(path)
+    if on_disk is not None:
+        check_same_config(cfg, LlamaConfig.from_hf(on_disk), path)
+    with open_source(path) as source:
+        return _load(cfg, source, dtype)
+
+
+def _load(cfg: LlamaConfig, source: Any, dtype: Any) -> dict[str, np.ndarray]:
+    keys = source.keys()
+    prefix = resolve_prefix(keys, "embed_tokens.weight", ("model.", ""), source.where)
+    embed_key = f"{prefix}embed_tokens.weight"
+    vocab, width = (source.shape(embed_key) + (0, 0))[:2]
+    if (vocab, width) != (cfg.vocab_size, cfg.hidden_size):
+        raise ConfigMismatchError(
+            f"the config has vocab_size={cfg.vocab_size}, hidden_size={cfg.hidden_size}, but "
+            f"{embed_key!r} in {source.where} has shape {source.shape(embed_key)}"
+        )
+    check_layer_count(keys, f"{prefix}layers.", cfg.num_layers, "num_layers", source.where)
+    if cfg.tie_embeddings and "lm_head.weight" in keys:
+        head, embed = source.read("lm_head.weight"), source.read(embed_key)
+        if head.shape != embed.shape or not np.array_equal(head, embed):
+            raise ConfigMismatchError(
+                f"the config ties the LM head to the embedding, but {source.where} has an "
+                "'lm_head.weight' that differs from it (set tie_embeddings=False)"
+            )
+    return load_weights(weight_specs(cfg, prefix), source, dtypes.canonical(dtype))
+
+
+# -- rotary tables and inputs ------------------------------------------------------
+
+
+def rope_tables(
+    cfg: LlamaConfig, seq: int, dtype: Any = "float32"
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `rope.cos` and `rope.sin` inputs for positions 0..seq-1: [seq, head_dim] each.
+
+    Computed as Hugging Face's `LlamaRotaryEmbedding` does, in float32 with the same
+    operations: `inv_freq = 1 / theta ** (arange(0, e, 2) / e)`, angles
+    `position * inv_freq`, duplicated to `cat(freqs, freqs)`, then cos and sin, cast to
+    `dtype`. The power and the cos/sin are rounded correctly from float64: the angles
+    then equal torch's bit for bit, and cos/sin are within one float32 ulp of torch's
+    (whose vectorized float32 cos/sin are not correctly rounded).
+    """
+    if isinstance(seq, bool) or not isinstance(seq, int) or seq <= 0:
+        raise ConfigError(f"rope_tables: seq must be a positive int, got {seq!r}")
+    e = cfg.head_dim
+    exponents = np.arange(0, e, 2, dtype=np.int64).astype(np.float32) / np.float32(e)
+    powers = (float(cfg.rope_theta) ** exponents.astype(np.float64)).astype(np.float32)
+    inv_freq = np.float32(1.0) / powers
+    positions = np.arange(seq, dtype=np.int64).astype(np.float32)
+    freqs = positions[:, None] * inv_freq[None, :]
+    angles = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
+    name = dtypes.canonical(dtype)
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    return cos.astype(name), sin.astype(name)
+
+
+def prefill_inputs(
+    cfg: LlamaConfig, tokens: Any, weights: Mapping[str, np.ndarray], dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """Every input of `prefill_program(cfg, *tokens.shape, dtype)`: the tokens as int64,
+    the RoPE tables and the weights (as given)."""
+    ids = to_numpy(tokens)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(
+            f"prefill_inputs: tokens must be an integer array [batch, seq], got "
+            f"{ids.dtype}{list(ids.shape)}"
+        )
+    cos, sin = rope_tables(cfg, ids.shape[1], dtype)
+    return {"tokens": ids.astype(np.int64), "rope.cos": cos, "rope.sin": sin, **weights}
+
+
+# -- the program ----------------------------------------------------------------------
+
+
+def prefill_program(
+    cfg: LlamaConfig, batch: int, seq: int, dtype: Any = "float32", logits: str = "all"
+) -> Program:
+    """The prefill forward pass of `cfg` over `batch` prompts of `seq` tokens.
+
+    Output "logits": [batch, seq, vocab] (`logits="all"`) or the last position's
+    [batch, vocab] (`logits="last"`, what choosing the next token needs). Inputs and
+    einsums are described in the module docstring; tasks are scoped `rope`, `embed`,
+    `layers.{i}.attn`, `layers.{i}.mlp` and `head`.
+
+    >>> tg = prefill_program(PRESETS["7b"], 1, 2048, "float16").build()
+    >>> len(tg), len(tg.inputs), tg.tasks[tg.outputs["logits"]].shape
+    (1167, 294, (1, 2048, 32000))
+    """
+    dtype = check_prefill_args(batch, seq, dtype, logits)
+    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
+    weight = weight_input(prog, weight_shapes(cfg), dtype)
+    tokens = prog.input("tokens", (batch, seq), "int64")
+    with prog.scope("rope"):
+        cos = prog.input("rope.cos", (seq, cfg.head_dim), dtype)
+        sin = prog.input("rope.sin", (seq, cfg.head_dim), dtype)
+        rot_q, rot_k = _rotation_tables(cos, sin, 1.0 / math.sqrt(cfg.head_dim))
+    with prog.scope("embed"):
+        embed = weight("embed")
+        x = prog.gather(embed, tokens, label="x")
+    for i in range(cfg.num_layers):
+        with prog.scope(f"layers.{i}"):
+            with prog.scope("attn"):
+                x = _attention(cfg, x, rot_q, rot_k, weight, f"layers.{i}.attn.")
+            with prog.scope("mlp"):
+                x = _mlp(cfg, x, weight, f"layers.{i}.mlp.")
+    with prog.scope("head"):
+        if logits == "last":
+            x = last_position(x)
+        h = ops.rmsnorm(x, weight("norm"), cfg.rms_norm_eps)
+        table = embed if cfg.tie_embeddings else weight("lm_head")
+        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
+        prog.output(prog.einsum(spec, h, table, label="logits"), "logits")
+    return prog
+
+
+def _rotation_tables(cos: Tensor, sin: Tensor, q_scale: float) -> tuple[Tensor, Tensor]:
+    """The rotation tables for queries and keys, from the [seq, e] cos/sin inputs.
+
+    `rot[s, t, u, c]` is the 2x2 matrix [[cos, -sin], [sin, cos]] that rotates the pair
+    (feature c, feature c + e/2) at position s; the queries' table is also multiplied
+    by `q_scale`. The identity δ and J = [[0, -1], [1, 0]] come from one causal fill
+    `up[t, u] = (u > t)`: δ = 1 - up[t,u] - up[u,t] and J = up[u,t] - up[t,u].
+    """
+    prog = cos.program
+    seq, e = cos.shape
+    halves = (seq, 2, e // 2)
+    cos3, sin3 = prog.view(cos, halves), prog.view(sin, halves)
+    up = prog.fill((2, 2), 1.0, cos.dtype, pattern="causal", label="up")
+    rotation = "a * (1 - c - d) + b * (d - c)"
+    tables = []
+    for factor, label in ((q_scale, "rot_q"), (1.0, "rot_k")):
+        tables.append(
+            prog.einsum(
+                "stc,stc,tu,ut->stuc",
+                cos3,
+                sin3,
+                up,
+                up,
+                join=scaled(rotation, factor),
+                label=label,
+            )
+        )
+    return tables[0], tables[1]
+
+
+def _rotate(x: Tensor, rot: Tensor) -> Tensor:
+    """The rotary embedding of x ([..., s, e], heads first) with a table from `_rotation_tables`."""
+    prog = x.program
+    *lead, seq, e = x.shape
+    halves = prog.view(x, (*lead, seq, 2, e // 2))
+    heads = "bgr"[: len(lead)]
+    out = prog.einsum(f"{heads}suc,stuc->{heads}stc", halves, rot, label="rope")
+    return prog.view(out, x.shape)
+
+
+def _attention(
+    cfg: LlamaConfig, x: Tensor, rot_q: Tensor, rot_k: Tensor, weight: Any, prefix: str
+) -> Tensor:
+    prog = x.program
+    h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
+    q = prog.einsum("bsd,gred->bgrse", h, weight(prefix + "wq"), label="q")
+    k = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wk"), label="k")
+    v = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wv"), label="v")
+    out = causal_attention(_rotate(q, rot_q), _rotate(k, rot_k), v)
+    o = prog.einsum("bgrse,gred->bsd", out, weight(prefix + "wo"), label="o")
+    return prog.einsum("bsd,bsd->bsd", x, o, join="a + b", label="residual")
+
+
+def _mlp(cfg: LlamaConfig, x: Tensor, weight: Any, prefix: str) -> Tensor:
+    prog = x.program
+    h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
+    gate = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_gate"), label="gate")
+    up = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_up"), label="up")
+    act = prog.einsum("bsm,bsm->bsm", gate, up, join="silu(a) * b", label="swiglu")
+    down = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_down"), label="down")
+    return prog.einsum("bsd,bsd->bsd", x, down, join="a + b", label="residual")
