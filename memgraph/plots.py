@@ -124,10 +124,7 @@ def _tensor_kinds(mg: MemGraph) -> list[str]:
 
 
 def residencies(mg: MemGraph) -> list[Residency]:
-    """Every residency of the plan, in order of their allocs.
-
-    >>> # e.g. [Residency(tensor=0, region=Region(offset=0, size=1024), alloc=0, free=8, ...)]
-    """
+    """Every residency of the plan, in order of their allocs (one per alloc node)."""
     kinds = _tensor_kinds(mg)
     last_reload: dict[int, int] = {}
     for node in mg.nodes:
@@ -210,21 +207,45 @@ def live_bytes(
     x: str = "node",
     times: Mapping[int, float | tuple[float, float]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The device bytes allocated, as a step curve (xs, ys) for `drawstyle="steps-post"`:
-    an alloc counts from its node's start, a free releases at its node's end."""
+    """The device bytes allocated, as a step curve (xs, ys) for `drawstyle="steps-post"`.
+
+    An alloc counts from its node's start, a free releases at its node's end; the
+    events at one position (e.g. the frees and allocs between two applies) are
+    folded into the level they end at, or a higher one an alloc reached on the way,
+    so `ys.max()` is the plan's peak.
+    """
     start, end = step_positions(mg, x, times)
-    events: list[tuple[float, int, int]] = []
+    if not len(start):
+        return np.zeros(1), np.zeros(1)
+    at: list[float] = []
+    order: list[int] = []
+    delta: list[int] = []
     for node in mg.nodes:
         if node.kind is NodeKind.ALLOC:
-            events.append((start[node.id], node.id, node.region.size))
+            at.append(start[node.id])
+            delta.append(node.region.size)
         elif node.kind is NodeKind.FREE:
-            events.append((end[node.id], node.id, -node.region.size))
-    events.sort(key=lambda e: (e[0], e[1]))
-    first = float(start[0]) if len(start) else 0.0
-    last = float(end.max()) if len(end) else 0.0
-    xs = np.array([first] + [e[0] for e in events] + [last], dtype=float)
-    ys = np.cumsum([0] + [e[2] for e in events] + [0]).astype(float)
-    return xs, ys
+            at.append(end[node.id])
+            delta.append(-node.region.size)
+        else:
+            continue
+        order.append(node.id)
+    first, last = float(start[0]), float(end.max())
+    if not at:
+        return np.array([first, last]), np.zeros(2)
+    sort = np.lexsort((np.array(order), np.array(at)))
+    positions = np.array(at, dtype=float)[sort]
+    steps = np.array(delta, dtype=np.int64)[sort]
+    levels = np.cumsum(steps).astype(float)
+    xs, index = np.unique(positions, return_index=True)
+    # A position's value: the level its events end at, or a higher one an alloc reached
+    # on the way (a free never makes a new high).
+    after_alloc = np.where(steps > 0, levels, -np.inf)
+    final = levels[np.append(index[1:], len(levels)) - 1]
+    ys = np.maximum(np.maximum.reduceat(after_alloc, index), final)
+    if xs[0] > first:
+        xs, ys = np.concatenate([[first], xs]), np.concatenate([[0.0], ys])
+    return np.concatenate([xs, [max(last, xs[-1])]]), np.concatenate([ys, [levels[-1]]])
 
 
 # -- shared plotting helpers ----------------------------------------------------------
@@ -407,6 +428,7 @@ def _transfer_markers(
             marker=style["marker"],
             c=style["color"],
             s=28 if len(xy) < 500 else 8,
+            alpha=1.0 if len(xy) < 500 else 0.6,
             linewidths=1.0,
             zorder=4,
             gid=f"transfers:{name}",

@@ -127,9 +127,10 @@ def html_label(lines: Iterable[Line]) -> Html:
 def legend_cluster(
     nodes: Sequence[tuple[str, Mapping[str, object]]],
     edges: Sequence[tuple[str, Mapping[str, object]]],
+    per_row: int = 4,
 ) -> str:
-    """A `cluster_legend` subgraph: a sample node per (description, node attributes), in a
-    row, and a sample edge per (description, edge attributes)."""
+    """A `cluster_legend` subgraph: a sample node per (description, node attributes), in
+    rows of `per_row`, and a sample edge per (description, edge attributes)."""
     out = [
         "subgraph cluster_legend {",
         '  label="legend"; style="rounded"; color="#999999"; fontname="Helvetica-Bold";',
@@ -146,9 +147,13 @@ def legend_cluster(
         out.append(f'  {src} [shape=point, width=0.05, color="#999999"];')
         out.append(f"  {dst} [shape=plaintext, label={quote(text)}, fontsize=10];")
         out.append(f"  {src} -> {dst}{_attrs(attrs)};")
-    if len(names) > 1:
-        out.append(f"  {{rank=same; {'; '.join(names)};}}")
-        out.append(f"  {' -> '.join(names)} [style=invis];")
+    rows = [names[k : k + per_row] for k in range(0, len(names), per_row)]
+    for row in rows:
+        if len(row) > 1:
+            out.append(f"  {{rank=same; {'; '.join(row)};}}")
+            out.append(f"  {' -> '.join(row)} [style=invis];")
+    for upper, lower in zip(rows[:-1], rows[1:], strict=True):
+        out.append(f"  {upper[0]} -> {lower[0]} [style=invis];")
     out.append("}")
     return "\n".join(out)
 
