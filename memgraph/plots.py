@@ -386,7 +386,9 @@ def memory_map(
     if annotate if annotate is not None else len(stays) <= 80:
         _annotate(ax, stays, start, end, plan_end, top, xscale, yscale)
 
-    ax.set_xlim(float(start[0]) / xscale if len(start) else 0.0, plan_end / xscale)
+    lo = float(start[0]) if len(start) else 0.0
+    margin = 0.01 * (plan_end - lo)
+    ax.set_xlim((lo - margin) / xscale, (plan_end + margin) / xscale)
     ax.set_ylim(0, top * 1.04 / yscale)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(f"arena offset ({yunit})")
@@ -527,9 +529,10 @@ def live_bytes_timeline(
             cy / yscale,
             drawstyle="steps-post",
             color=color,
-            linewidth=1.6 if k == 0 else 1.2,
+            linewidth=1.6 if k == 0 else 1.3,
+            linestyle="-" if k == 0 else (0, (4, 2 + k)),
             label=f"{name} (peak {format_bytes(peak)})",
-            zorder=3 if k == 0 else 2,
+            zorder=3 + k,  # comparisons dashed on top: equal curves stay visible
         )
         if k == 0:
             ax.fill_between(cx / xscale, cy / yscale, step="post", color=color, alpha=0.15)

@@ -16,7 +16,7 @@ by the kinds at its ends (`classify_dep`) and drawn in that class's style:
 Nodes sit in clusters by the scope of their tensor's task. `collapse=True` folds each
 alloc into the node that first writes its region and each free into the last node it
 waits for, so the picture shows compute and transfers with memory reuse as dashed
-edges between them.
+edges between them (those a path of other edges already implies left out).
 """
 
 from __future__ import annotations
@@ -207,6 +207,7 @@ def memgraph_dot(
     select: Iterable[int] | Callable[[MemNode], bool] | None = None,
     scope: str | None = None,
     collapse: bool = False,
+    prune: bool | None = None,
     max_nodes: int | None = DEFAULT_MAX_NODES,
     clusters: bool | int = True,
     legend: bool = True,
@@ -216,7 +217,10 @@ def memgraph_dot(
 
     `select`: node ids (e.g. `range(100, 160)`) or a predicate on a MemNode; `scope`:
     keep nodes whose tensor's task is in this scope (or nested in it). `collapse`:
-    fold alloc and free nodes into the nodes they serve. Of the selected nodes the
+    fold alloc and free nodes into the nodes they serve. `prune`: leave out memory,
+    alloc and order edges already implied by a path of other drawn edges (the
+    picture keeps the same partial order; by default only when collapsing, so an
+    uncollapsed picture shows every dependency). Of the selected nodes the
     first `max_nodes` are drawn (None: all) and a note node lists the rest;
     dependencies from outside the selection end in grey stubs. `clusters`: box nodes
     by their task's scope (an int limits the depth). `legend`: node kinds and edge
@@ -282,6 +286,8 @@ def memgraph_dot(
             old = edges.get((src, dst))
             if old is None or _PRIORITY[cls] < _PRIORITY[old]:
                 edges[(src, dst)] = cls
+    if collapse if prune is None else prune:
+        edges = _prune_implied(edges)
     classes_drawn: dict[DepKind, None] = {}
     for (src, dst), cls in sorted(edges.items(), key=lambda item: (item[0][1], item[0][0])):
         if src not in shown and f"n{src}" not in graph:
@@ -303,6 +309,29 @@ def memgraph_dot(
         ]
         graph.add_raw(legend_cluster(nodes, edge_samples))
     return graph.source()
+
+
+def _prune_implied(edges: dict[tuple[int, int], DepKind]) -> dict[tuple[int, int], DepKind]:
+    """`edges` without the non-data edges u -> v that another path u -> ... -> v implies.
+
+    Edges go from lower to higher ids, so one sweep in id order gives every node's
+    ancestors (as a bitset over node ids).
+    """
+    preds: dict[int, list[int]] = {}
+    for src, dst in edges:
+        preds.setdefault(dst, []).append(src)
+    ancestors: dict[int, int] = {}
+    for dst in sorted(preds):
+        reach = 0
+        for src in preds[dst]:
+            reach |= ancestors.get(src, 0) | (1 << src)
+        ancestors[dst] = reach
+    kept = {}
+    for (src, dst), cls in edges.items():
+        others = (p for p in preds[dst] if p != src)
+        if cls is DepKind.DATA or not any(ancestors.get(p, 0) >> src & 1 for p in others):
+            kept[(src, dst)] = cls
+    return kept
 
 
 def _add_note(

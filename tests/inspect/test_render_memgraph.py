@@ -122,8 +122,35 @@ def test_collapse_folds_allocs_and_frees(plan):
     edges = dot_edges(text)
     assert all(int(s[1:]) < int(d[1:]) for s, d in edges)  # forward, no self-loops
     assert all(s in nodes and d in nodes for s, d in edges)
-    assert any('color="#cb181d"' in a for a in edges.values())  # region reuse stays visible
     assert not any('color="#9e9e9e"' in a for a in edges.values())  # no alloc edges left
+    unpruned = dot_edges(memgraph_dot(plan, collapse=True, prune=False, max_nodes=None))
+    assert any('color="#cb181d"' in a for a in unpruned.values())  # region reuse edges
+
+
+def _reaches(edges, src, dst):
+    stack, seen = [src], {src}
+    while stack:
+        here = stack.pop()
+        if here == dst:
+            return True
+        for s, d in edges:
+            if s == here and d not in seen:
+                seen.add(d)
+                stack.append(d)
+    return False
+
+
+@pytest.mark.parametrize("collapse", [False, True])
+def test_pruning_keeps_the_partial_order_and_all_data_edges(plan, collapse):
+    full = dot_edges(memgraph_dot(plan, collapse=collapse, prune=False, max_nodes=None))
+    pruned = dot_edges(memgraph_dot(plan, collapse=collapse, prune=True, max_nodes=None))
+    assert set(pruned) < set(full)
+    data = DEP_STYLES[DepKind.DATA][1]["color"]
+    assert {k for k, a in full.items() if data in a} <= set(pruned)
+    for src, dst in set(full) - set(pruned):
+        assert _reaches(pruned, src, dst), (src, dst)
+    default = dot_edges(memgraph_dot(plan, collapse=collapse, max_nodes=None))
+    assert default == (pruned if collapse else full)
 
 
 def test_scope_selection_and_clusters():
@@ -182,3 +209,14 @@ def test_render_svg_and_png(tmp_path, plan, collapse):
 def test_repr_svg(plan):
     svg = plan._repr_svg_()
     assert "<svg" in svg and "n0 alloc" in svg
+
+
+def test_collapsed_picture_keeps_the_region_reuse_that_orders_a_prefetch():
+    from einpage.demo import mlp_program
+
+    mg = reference_plan(mlp_program(layers=3).build(), offload=frozenset({5, 10}))
+    edges = dot_edges(memgraph_dot(mg, collapse=True))
+    memory = [(int(s[1:]), int(d[1:])) for (s, d), a in edges.items() if "#cb181d" in a]
+    assert memory
+    # e.g. the reload of w2 waits for the apply that last read w1's region
+    assert any(mg[s].kind is K.APPLY and mg[d].kind is K.RELOAD for s, d in memory)
