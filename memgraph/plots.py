@@ -123,46 +123,46 @@ def _tensor_kinds(mg: MemGraph) -> list[str]:
     return kinds
 
 
+@dataclass
+class _Stay:
+    """A residency being replayed (mutable until its free)."""
+
+    alloc: int
+    region: Region
+    source: str = "none"
+    offload: int | None = None
+
+    def done(self, tensor: int, free: int | None, kind: str, dropped: bool) -> Residency:
+        return Residency(
+            tensor, self.region, self.alloc, free, kind, self.source, self.offload, dropped
+        )
+
+
+_WRITERS = {NodeKind.APPLY: "apply", NodeKind.RELOAD: "reload", NodeKind.INPUT: "input"}
+
+
 def residencies(mg: MemGraph) -> list[Residency]:
     """Every residency of the plan, in order of their allocs (one per alloc node)."""
     kinds = _tensor_kinds(mg)
-    last_reload: dict[int, int] = {}
-    for node in mg.nodes:
-        if node.kind is NodeKind.RELOAD:
-            last_reload[node.tensor] = node.id
-    open_: dict[int, dict[str, Any]] = {}
-    done: list[tuple[int, Residency]] = []
-    writers = {NodeKind.APPLY: "apply", NodeKind.RELOAD: "reload", NodeKind.INPUT: "input"}
+    last_reload = {n.tensor: n.id for n in mg.nodes if n.kind is NodeKind.RELOAD}
+    open_: dict[int, _Stay] = {}
+    done: list[Residency] = []
     for node in mg.nodes:
         kind, tensor = node.kind, node.tensor
         if kind is NodeKind.ALLOC:
-            open_[tensor] = {"alloc": node.id, "region": node.region, "source": "none"}
-        elif kind in writers and tensor in open_ and node.region is not None:
-            open_[tensor]["source"] = writers[kind]
-        elif kind is NodeKind.OFFLOAD and tensor in open_:
-            open_[tensor]["offload"] = node.id
-        elif kind is NodeKind.FREE and tensor in open_:
+            open_[tensor] = _Stay(node.id, node.region)
+        elif tensor not in open_:
+            continue
+        elif kind in _WRITERS and node.region is not None:
+            open_[tensor].source = _WRITERS[kind]
+        elif kind is NodeKind.OFFLOAD:
+            open_[tensor].offload = node.id
+        elif kind is NodeKind.FREE:
             stay = open_.pop(tensor)
-            dropped = "offload" not in stay and last_reload.get(tensor, -1) > node.id
-            done.append((stay["alloc"], _residency(tensor, stay, node.id, kinds, dropped)))
-    for tensor, stay in open_.items():
-        done.append((stay["alloc"], _residency(tensor, stay, None, kinds, False)))
-    return [r for _, r in sorted(done, key=lambda item: item[0])]
-
-
-def _residency(
-    tensor: int, stay: dict[str, Any], free: int | None, kinds: list[str], dropped: bool
-) -> Residency:
-    return Residency(
-        tensor=tensor,
-        region=stay["region"],
-        alloc=stay["alloc"],
-        free=free,
-        kind=kinds[tensor],
-        source=stay["source"],
-        offload=stay.get("offload"),
-        dropped=dropped,
-    )
+            dropped = stay.offload is None and last_reload.get(tensor, -1) > node.id
+            done.append(stay.done(tensor, node.id, kinds[tensor], dropped))
+    done.extend(stay.done(t, None, kinds[t], False) for t, stay in open_.items())
+    return sorted(done, key=lambda r: r.alloc)
 
 
 def step_positions(
@@ -583,13 +583,13 @@ def _lane(name: Any) -> str:
 
 def to_chrome_trace(events: Iterable[StreamEvent], pid: int = 0) -> dict[str, Any]:
     """Events as a Chrome trace (`chrome://tracing`, Perfetto): complete events
-    (`"ph": "X"`, `ts`/`dur` in microseconds) with the stream as `tid` and a
-    thread-name record per stream; `args.node` keeps the MemGraph node id."""
+    (`"ph": "X"`, `ts`/`dur` in microseconds) on one numbered thread per stream,
+    named by a `thread_name` record; `args.node` keeps the MemGraph node id."""
     events = list(events)
-    lanes = _ordered_lanes(e.stream for e in events)
+    tids = {lane: k for k, lane in enumerate(_ordered_lanes(e.stream for e in events), 1)}
     trace: list[dict[str, Any]] = [
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": lane, "args": {"name": lane}}
-        for lane in lanes
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
+        for lane, tid in tids.items()
     ]
     for e in events:
         record: dict[str, Any] = {
@@ -598,7 +598,7 @@ def to_chrome_trace(events: Iterable[StreamEvent], pid: int = 0) -> dict[str, An
             "ts": e.start * 1e6,
             "dur": (e.end - e.start) * 1e6,
             "pid": pid,
-            "tid": e.stream,
+            "tid": tids[e.stream],
         }
         if e.node is not None:
             record["args"] = {"node": e.node}
@@ -662,12 +662,13 @@ def _ordered_lanes(streams: Iterable[str]) -> list[str]:
 def _as_events(events: Any) -> list[StreamEvent]:
     if isinstance(events, str | os.PathLike | Mapping):
         return read_chrome_trace(events)
+    events = list(events)
+    if events and isinstance(events[0], Mapping):
+        return read_chrome_trace(events)
     out = []
     for e in events:
         if isinstance(e, StreamEvent):
             out.append(e)
-        elif isinstance(e, Mapping) and "ph" in e:
-            return read_chrome_trace(list(events))
         else:
             stream, s, t, *rest = e
             out.append(StreamEvent(_lane(stream), float(s), float(t), str(rest[0]) if rest else ""))

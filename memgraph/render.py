@@ -280,9 +280,9 @@ def memgraph_dot(
             src = folding.rep(dep)
             if src == dst:
                 continue
-            cls = classify_dep(mg.nodes[dep], dst_node)
-            if collapse and mg.nodes[dep].kind is NodeKind.ALLOC:
+            if dep in folded and mg.nodes[dep].kind is NodeKind.ALLOC:
                 continue  # an alloc folded into its writer: the writer owns the region
+            cls = classify_dep(mg.nodes[dep], dst_node)
             old = edges.get((src, dst))
             if old is None or _PRIORITY[cls] < _PRIORITY[old]:
                 edges[(src, dst)] = cls
@@ -311,25 +311,34 @@ def memgraph_dot(
     return graph.source()
 
 
+PRUNE_LIMIT = 20_000
+"""Above this many drawn nodes `prune` is skipped (its ancestor sets grow quadratically)."""
+
+
 def _prune_implied(edges: dict[tuple[int, int], DepKind]) -> dict[tuple[int, int], DepKind]:
     """`edges` without the non-data edges u -> v that another path u -> ... -> v implies.
 
     Edges go from lower to higher ids, so one sweep in id order gives every node's
-    ancestors (as a bitset over node ids).
+    ancestors (a bitset over the nodes' positions in that order).
     """
+    ids = sorted({i for edge in edges for i in edge})
+    if len(ids) > PRUNE_LIMIT:
+        return edges
+    position = {node: k for k, node in enumerate(ids)}
     preds: dict[int, list[int]] = {}
     for src, dst in edges:
         preds.setdefault(dst, []).append(src)
     ancestors: dict[int, int] = {}
-    for dst in sorted(preds):
+    for dst in ids:
         reach = 0
-        for src in preds[dst]:
-            reach |= ancestors.get(src, 0) | (1 << src)
+        for src in preds.get(dst, ()):
+            reach |= ancestors[src] | (1 << position[src])
         ancestors[dst] = reach
     kept = {}
     for (src, dst), cls in edges.items():
+        bit = 1 << position[src]
         others = (p for p in preds[dst] if p != src)
-        if cls is DepKind.DATA or not any(ancestors.get(p, 0) >> src & 1 for p in others):
+        if cls is DepKind.DATA or not any(ancestors[p] & bit for p in others):
             kept[(src, dst)] = cls
     return kept
 

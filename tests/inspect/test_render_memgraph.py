@@ -220,3 +220,14 @@ def test_collapsed_picture_keeps_the_region_reuse_that_orders_a_prefetch():
     assert memory
     # e.g. the reload of w2 waits for the apply that last read w1's region
     assert any(mg[s].kind is K.APPLY and mg[d].kind is K.RELOAD for s, d in memory)
+
+
+def test_collapse_keeps_allocs_and_frees_it_cannot_fold():
+    from memgraph import MemGraphBuilder
+
+    tg = mlp_graph()
+    b = MemGraphBuilder(tg, budget=4096)
+    alloc = b.alloc(0, Region(0, 1024))
+    b.free(0, Region(0, 1024), deps=[alloc])  # nothing wrote the region: nothing to fold into
+    edges = dot_edges(memgraph_dot(b.build(), collapse=True))
+    assert set(edges) == {("n0", "n1")}

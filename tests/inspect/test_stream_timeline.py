@@ -65,7 +65,11 @@ def test_chrome_trace_round_trip():
         StreamEvent("d2h", 1e-3, 1.5e-3, "offload %3"),
     ]
     trace = to_chrome_trace(events)
-    assert [r["ph"] for r in trace["traceEvents"]].count("M") == 3
+    records = trace["traceEvents"]
+    assert [r["ph"] for r in records].count("M") == 3
+    assert all(isinstance(r["tid"], int) for r in records)  # viewers want numeric threads
+    names = {r["tid"]: r["args"]["name"] for r in records if r["ph"] == "M"}
+    assert names == {1: "compute", 2: "h2d", 3: "d2h"}
     again = read_chrome_trace(json.loads(json.dumps(trace)))
     assert [(e.stream, e.label, e.node) for e in again] == [
         (e.stream, e.label, e.node) for e in events
@@ -109,5 +113,7 @@ def test_stream_timeline_from_tuples_and_events(tmp_path):
     assert {c.get_gid() for c in ax.collections} == {"stream:compute", "stream:h2d"}
     assert "compute busy 3 s (100%)" in ax.get_title()  # overlaps counted once
     assert (tmp_path / "t.svg").stat().st_size > 0
-    same = stream_timeline([StreamEvent("compute", 0.0, 2.0, "a")])
+    same = stream_timeline(iter([StreamEvent("compute", 0.0, 2.0, "a")]))
     assert same.axes[0].get_xlabel() == "time (s)"
+    records = stream_timeline(CHROME_TRACE["traceEvents"])
+    assert len(records.axes[0].collections) == 4
