@@ -8,9 +8,11 @@ concurrent execution on separate streams (`memgraph.verify` checks both).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -168,6 +170,39 @@ class MemGraph:
             f"{format_bytes(s.reload_bytes)} ({s.reload_count})"
         )
         return "\n".join([header, *self.lines()])
+
+    # -- pictures (memgraph.render, memgraph.plots) ---------------------------------
+
+    def to_dot(self, **options: Any) -> str:
+        """The plan as DOT text; options as `memgraph.render.memgraph_dot`."""
+        from memgraph.render import memgraph_dot
+
+        return memgraph_dot(self, **options)
+
+    def render(self, path: str | os.PathLike[str], **options: Any) -> Path:
+        """Draw the plan to `path` (svg, png, pdf or dot by suffix); see `memgraph.render`."""
+        from memgraph.render import render_memgraph
+
+        return render_memgraph(self, path, **options)
+
+    def _repr_svg_(self) -> str | None:
+        from memgraph.render import memgraph_repr_svg
+
+        return memgraph_repr_svg(self)
+
+    def memory_map(self, path: str | os.PathLike[str] | None = None, **options: Any) -> Any:
+        """The memory map figure (`memgraph.plots.memory_map`), saved to `path` if given."""
+        from memgraph.plots import memory_map
+
+        return memory_map(self, path, **options)
+
+    def live_bytes_timeline(
+        self, path: str | os.PathLike[str] | None = None, **options: Any
+    ) -> Any:
+        """Live device bytes against step (`memgraph.plots.live_bytes_timeline`)."""
+        from memgraph.plots import live_bytes_timeline
+
+        return live_bytes_timeline(self, path, **options)
 
     # -- serialization -----------------------------------------------------------
 

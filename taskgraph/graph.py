@@ -7,9 +7,11 @@ input of the planner and of the reference evaluator.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -139,6 +141,25 @@ class TaskGraph:
             f"{format_count(self.total_flops, 'FLOP')}, inputs {format_bytes(self.input_bytes)}"
         )
         return "\n".join([header, *self.lines()])
+
+    # -- pictures (taskgraph.render) ----------------------------------------------
+
+    def to_dot(self, **options: Any) -> str:
+        """The graph as DOT text; options as `taskgraph.render.taskgraph_dot`."""
+        from taskgraph.render import taskgraph_dot
+
+        return taskgraph_dot(self, **options)
+
+    def render(self, path: str | os.PathLike[str], **options: Any) -> Path:
+        """Draw the graph to `path` (svg, png, pdf or dot by suffix); see `taskgraph.render`."""
+        from taskgraph.render import render_taskgraph
+
+        return render_taskgraph(self, path, **options)
+
+    def _repr_svg_(self) -> str | None:
+        from taskgraph.render import taskgraph_repr_svg
+
+        return taskgraph_repr_svg(self)
 
     # -- serialization -----------------------------------------------------------
 

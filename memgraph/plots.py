@@ -1,0 +1,773 @@
+"""Pictures of memory plans (matplotlib): the memory map, live bytes, and stream timelines.
+
+* `memory_map(mg)`: arena offset against plan step, one rectangle per residency of a
+  tensor (alloc to free), coloured by kind (weight, activation, output), with
+  offloads, reloads and drops marked and the budget drawn. It shows fragmentation
+  and eviction at a glance.
+* `live_bytes_timeline(mg, compare=...)`: device bytes allocated against step, with
+  other plans (e.g. a no-offload baseline) or curves beside it, and the budget.
+* `stream_timeline(events)`: compute / H2D / D2H lanes from `StreamEvent`s, which a
+  simulator can make directly and a runtime can write and read as a Chrome trace
+  (`to_chrome_trace`, `read_chrome_trace`).
+
+The step axis (`x=`) is the node index ("node"), the number of applies done
+("apply"), or simulated/measured time (`times=`, node id -> time in seconds, or
+(start, end)). Each plotting function returns the matplotlib `Figure` (made without
+pyplot, so notebooks show it once and scripts leak nothing) and saves it when given
+`path` (png, svg or pdf by suffix). matplotlib is imported on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from einpage.units import format_bytes
+from memgraph.graph import MemGraph
+from memgraph.nodes import NodeKind, Region
+from taskgraph.dot import RenderError
+from taskgraph.nodes import Input
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "Residency",
+    "residencies",
+    "step_positions",
+    "live_bytes",
+    "memory_map",
+    "live_bytes_timeline",
+    "StreamEvent",
+    "read_chrome_trace",
+    "to_chrome_trace",
+    "stream_timeline",
+    "TENSOR_KINDS",
+    "PLOT_FORMATS",
+]
+
+PLOT_FORMATS = ("png", "svg", "pdf")
+"""Formats a plot can be saved in, by file suffix."""
+
+TENSOR_KINDS: dict[str, tuple[str, ...]] = {
+    "weight": ("#f28e2b", "#f5a65b", "#e07b14"),
+    "activation": ("#4e79a7", "#7196c0", "#3b6590"),
+    "output": ("#59a14f", "#7dbb73", "#468a3d"),
+}
+"""Residency colours by tensor kind: the legend colour, then shades for neighbours."""
+
+_MARKERS: dict[str, dict[str, Any]] = {
+    "offload": {"marker": "v", "color": "#d62728", "label": "offload (device to host)"},
+    "reload": {"marker": "^", "color": "#17becf", "label": "reload (host to device)"},
+    "drop": {"marker": "x", "color": "#7f7f7f", "label": "drop (host copy kept)"},
+}
+_STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759"}
+_STREAM_ORDER = ("compute", "h2d", "d2h")
+_STREAM_ALIASES = {
+    "htod": "h2d",
+    "hosttodevice": "h2d",
+    "copyh2d": "h2d",
+    "memcpyhtod": "h2d",
+    "dtoh": "d2h",
+    "devicetohost": "d2h",
+    "copyd2h": "d2h",
+    "memcpydtoh": "d2h",
+    "kernel": "compute",
+    "kernels": "compute",
+}
+
+
+# -- what a plan holds, step by step --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """One stay of a tensor on the device: from its alloc to its free (or the plan's end).
+
+    `kind` is "weight", "activation" or "output" (read from the TaskGraph); `source`
+    how its data got there ("apply", "reload", "input", or "none" when nothing wrote
+    it); `offload` is the id of an offload node during the stay, if any; `dropped`
+    says the free discarded it with no transfer while it is reloaded later (a host
+    copy already existed).
+    """
+
+    tensor: int
+    region: Region
+    alloc: int
+    free: int | None
+    kind: str
+    source: str
+    offload: int | None = None
+    dropped: bool = False
+
+
+def _tensor_kinds(mg: MemGraph) -> list[str]:
+    tg = mg.taskgraph
+    outputs = {tg.storage_root(i) for i in tg.output_ids}
+    kinds = []
+    for task in tg:
+        if isinstance(task.op, Input) and task.op.role == "weight":
+            kinds.append("weight")
+        elif task.id in outputs:
+            kinds.append("output")
+        else:
+            kinds.append("activation")
+    return kinds
+
+
+@dataclass
+class _Stay:
+    """A residency being replayed (mutable until its free)."""
+
+    alloc: int
+    region: Region
+    source: str = "none"
+    offload: int | None = None
+
+    def done(self, tensor: int, free: int | None, kind: str, dropped: bool) -> Residency:
+        return Residency(
+            tensor, self.region, self.alloc, free, kind, self.source, self.offload, dropped
+        )
+
+
+_WRITERS = {NodeKind.APPLY: "apply", NodeKind.RELOAD: "reload", NodeKind.INPUT: "input"}
+
+
+def residencies(mg: MemGraph) -> list[Residency]:
+    """Every residency of the plan, in order of their allocs (one per alloc node)."""
+    kinds = _tensor_kinds(mg)
+    last_reload = {n.tensor: n.id for n in mg.nodes if n.kind is NodeKind.RELOAD}
+    open_: dict[int, _Stay] = {}
+    done: list[Residency] = []
+    for node in mg.nodes:
+        kind, tensor = node.kind, node.tensor
+        if kind is NodeKind.ALLOC:
+            open_[tensor] = _Stay(node.id, node.region)
+        elif tensor not in open_:
+            continue
+        elif kind in _WRITERS and node.region is not None:
+            open_[tensor].source = _WRITERS[kind]
+        elif kind is NodeKind.OFFLOAD:
+            open_[tensor].offload = node.id
+        elif kind is NodeKind.FREE:
+            stay = open_.pop(tensor)
+            dropped = stay.offload is None and last_reload.get(tensor, -1) > node.id
+            done.append(stay.done(tensor, node.id, kinds[tensor], dropped))
+    done.extend(stay.done(t, None, kinds[t], False) for t, stay in open_.items())
+    return sorted(done, key=lambda r: r.alloc)
+
+
+def step_positions(
+    mg: MemGraph,
+    x: str = "node",
+    times: Mapping[int, float | tuple[float, float]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every node on the step axis.
+
+    `x="node"`: node i spans [i, i + 1). `x="apply"`: a node starts at the number of
+    applies before it and an apply lasts 1, so allocs and frees between two applies
+    share a position. `times`: node id -> time, or -> (start, end), e.g. from the
+    simulator; nodes missing from it take the end of the node before them.
+    """
+    n = len(mg.nodes)
+    if times is not None:
+        start, end = np.zeros(n), np.zeros(n)
+        last = 0.0
+        for i in range(n):
+            value = times.get(i)
+            if value is None:
+                s = e = last
+            elif isinstance(value, tuple | list):
+                s, e = float(value[0]), float(value[1])
+            else:
+                s = e = float(value)
+            start[i], end[i] = s, e
+            last = max(last, e)
+        return start, end
+    if x == "node":
+        start = np.arange(n, dtype=float)
+        return start, start + 1
+    if x == "apply":
+        is_apply = np.fromiter((nd.kind is NodeKind.APPLY for nd in mg.nodes), bool, n)
+        done = np.cumsum(is_apply) - is_apply
+        return done.astype(float), (done + is_apply).astype(float)
+    raise RenderError(f"x must be 'node' or 'apply' (or pass times=...), got {x!r}")
+
+
+def live_bytes(
+    mg: MemGraph,
+    x: str = "node",
+    times: Mapping[int, float | tuple[float, float]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The device bytes allocated, as a step curve (xs, ys) for `drawstyle="steps-post"`.
+
+    An alloc counts from its node's start, a free releases at its node's end; the
+    events at one position (e.g. the frees and allocs between two applies) are
+    folded into the level they end at, or a higher one an alloc reached on the way,
+    so `ys.max()` is the plan's peak.
+    """
+    start, end = step_positions(mg, x, times)
+    if not len(start):
+        return np.zeros(1), np.zeros(1)
+    at: list[float] = []
+    order: list[int] = []
+    delta: list[int] = []
+    for node in mg.nodes:
+        if node.kind is NodeKind.ALLOC:
+            at.append(start[node.id])
+            delta.append(node.region.size)
+        elif node.kind is NodeKind.FREE:
+            at.append(end[node.id])
+            delta.append(-node.region.size)
+        else:
+            continue
+        order.append(node.id)
+    first, last = float(start[0]), float(end.max())
+    if not at:
+        return np.array([first, last]), np.zeros(2)
+    sort = np.lexsort((np.array(order), np.array(at)))
+    positions = np.array(at, dtype=float)[sort]
+    steps = np.array(delta, dtype=np.int64)[sort]
+    levels = np.cumsum(steps).astype(float)
+    xs, index = np.unique(positions, return_index=True)
+    # A position's value: the level its events end at, or a higher one an alloc reached
+    # on the way (a free never makes a new high).
+    after_alloc = np.where(steps > 0, levels, -np.inf)
+    final = levels[np.append(index[1:], len(levels)) - 1]
+    ys = np.maximum(np.maximum.reduceat(after_alloc, index), final)
+    if xs[0] > first:
+        xs, ys = np.concatenate([[first], xs]), np.concatenate([[0.0], ys])
+    return np.concatenate([xs, [max(last, xs[-1])]]), np.concatenate([ys, [levels[-1]]])
+
+
+# -- shared plotting helpers ----------------------------------------------------------
+
+
+def _byte_unit(n: float) -> tuple[float, str]:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= 2 * scale:
+            return float(scale), unit
+    return 1.0, "B"
+
+
+def _time_unit(seconds: float) -> tuple[float, str]:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= 2 * scale:
+            return scale, unit
+    return 1e-9, "ns"
+
+
+def _figure(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=100, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _save(fig: Figure, path: str | os.PathLike[str] | None) -> None:
+    if path is None:
+        return
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in PLOT_FORMATS:
+        raise RenderError(
+            f"cannot save a plot to {str(path)!r}: unknown format {suffix!r}; "
+            f"use a suffix among {', '.join('.' + f for f in PLOT_FORMATS)}"
+        )
+    fig.savefig(path, format=suffix)
+
+
+def _x_axis(mg: MemGraph, x: str, times: Any) -> tuple[str, float]:
+    """The x-axis label and the factor that scales positions to its unit."""
+    if times is not None:
+        _, end = step_positions(mg, x, times)
+        scale, unit = _time_unit(float(end.max()) if len(end) else 0.0)
+        return f"time ({unit})", scale
+    return ("plan step (node index)" if x == "node" else "plan step (applies done)"), 1.0
+
+
+def _stats_line(mg: MemGraph) -> str:
+    s = mg.stats
+    pct = 100.0 * s.peak_bytes / s.budget if s.budget else 0.0
+    return (
+        f"budget {format_bytes(s.budget)} · peak {format_bytes(s.peak_bytes)} ({pct:.0f}%) · "
+        f"offloaded {format_bytes(s.offload_bytes)} ({s.offload_count}) · "
+        f"reloaded {format_bytes(s.reload_bytes)} ({s.reload_count}) · "
+        f"dropped {format_bytes(s.drop_bytes)} ({s.drop_count}) · {s.node_count} nodes"
+    )
+
+
+# -- the memory map -------------------------------------------------------------------
+
+
+def memory_map(
+    mg: MemGraph,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    x: str = "node",
+    times: Mapping[int, float | tuple[float, float]] | None = None,
+    ax: Axes | None = None,
+    figsize: tuple[float, float] = (12.0, 6.0),
+    title: str | None = None,
+    transfers: bool = True,
+    annotate: bool | None = None,
+) -> Figure:
+    """The arena over the plan: offset (y) against step (x), one rectangle per residency.
+
+    Rectangles are coloured by tensor kind (weight, activation, output); offloads (▼),
+    reloads (▲) and drops (×) are marked at their step when `transfers`; the budget
+    is a dashed line. `annotate` writes tensor ids into rectangles large enough (by
+    default when there are at most 80 residencies). The rectangles are one
+    `PolyCollection` per kind (gid `"residencies:<kind>"`), so plans with tens of
+    thousands of nodes draw quickly.
+    """
+    from matplotlib.collections import PolyCollection
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    fig, ax = _figure(ax, figsize)
+    stays = residencies(mg)
+    start, end = step_positions(mg, x, times)
+    plan_end = float(end.max()) if len(end) else 1.0
+    top = max(mg.budget, mg.stats.high_water, 1)
+    yscale, yunit = _byte_unit(top)
+    xlabel, xscale = _x_axis(mg, x, times)
+
+    for kind, shades in TENSOR_KINDS.items():
+        mine = [r for r in stays if r.kind == kind]
+        if not mine:
+            continue
+        x0 = np.array([start[r.alloc] for r in mine]) / xscale
+        x1 = np.array([end[r.free] if r.free is not None else plan_end for r in mine]) / xscale
+        y0 = np.array([r.region.offset for r in mine], dtype=float) / yscale
+        y1 = np.array([r.region.end for r in mine], dtype=float) / yscale
+        verts = np.stack(
+            [
+                np.stack([x0, y0], 1),
+                np.stack([x0, y1], 1),
+                np.stack([x1, y1], 1),
+                np.stack([x1, y0], 1),
+            ],
+            axis=1,
+        )
+        colors = [shades[r.tensor % len(shades)] for r in mine]
+        edge = 0.4 if len(stays) <= 2000 else 0.0
+        ax.add_collection(
+            PolyCollection(
+                verts,
+                facecolors=colors,
+                edgecolors="white",
+                linewidths=edge,
+                gid=f"residencies:{kind}",
+                zorder=2,
+            )
+        )
+
+    handles: list[Any] = [
+        Patch(facecolor=shades[0], label=kind)
+        for kind, shades in TENSOR_KINDS.items()
+        if any(r.kind == kind for r in stays)
+    ]
+    if transfers:
+        handles += _transfer_markers(ax, mg, stays, start, end, xscale, yscale)
+    ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2, zorder=3)
+    handles.append(
+        Line2D([], [], color="#d62728", linestyle="--", label=f"budget {format_bytes(mg.budget)}")
+    )
+    if annotate if annotate is not None else len(stays) <= 80:
+        _annotate(ax, stays, start, end, plan_end, top, xscale, yscale)
+
+    lo = float(start[0]) if len(start) else 0.0
+    margin = 0.01 * (plan_end - lo)
+    ax.set_xlim((lo - margin) / xscale, (plan_end + margin) / xscale)
+    ax.set_ylim(0, top * 1.04 / yscale)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"arena offset ({yunit})")
+    ax.grid(True, axis="y", color="#dddddd", linewidth=0.6, zorder=0)
+    ax.set_title(title or f"{mg.taskgraph.name}: memory map\n{_stats_line(mg)}", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _save(fig, path)
+    return fig
+
+
+def _transfer_markers(
+    ax: Axes,
+    mg: MemGraph,
+    stays: list[Residency],
+    start: np.ndarray,
+    end: np.ndarray,
+    xscale: float,
+    yscale: float,
+) -> list[Any]:
+    from matplotlib.lines import Line2D
+
+    points: dict[str, list[tuple[float, float]]] = {name: [] for name in _MARKERS}
+    for node in mg.nodes:
+        if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD):
+            mid = (start[node.id] + end[node.id]) / 2
+            centre = (node.region.offset + node.region.size / 2) if node.region else 0
+            points[node.kind.value].append((mid, centre))
+    for stay in stays:
+        if stay.dropped and stay.free is not None:
+            points["drop"].append((end[stay.free], stay.region.offset + stay.region.size / 2))
+    handles = []
+    for name, style in _MARKERS.items():
+        if not points[name]:
+            continue
+        xy = np.array(points[name], dtype=float)
+        ax.scatter(
+            xy[:, 0] / xscale,
+            xy[:, 1] / yscale,
+            marker=style["marker"],
+            c=style["color"],
+            s=28 if len(xy) < 500 else 8,
+            alpha=1.0 if len(xy) < 500 else 0.6,
+            linewidths=1.0,
+            zorder=4,
+            gid=f"transfers:{name}",
+        )
+        handles.append(
+            Line2D(
+                [],
+                [],
+                linestyle="",
+                marker=style["marker"],
+                color=style["color"],
+                label=f"{style['label']}: {len(xy)}",
+            )
+        )
+    return handles
+
+
+def _annotate(
+    ax: Axes,
+    stays: list[Residency],
+    start: np.ndarray,
+    end: np.ndarray,
+    plan_end: float,
+    top: int,
+    xscale: float,
+    yscale: float,
+) -> None:
+    span = plan_end - float(start[0]) if len(start) else 1.0
+    for r in stays:
+        x1 = end[r.free] if r.free is not None else plan_end
+        width, height = x1 - start[r.alloc], r.region.size
+        if width >= 0.04 * span and height >= 0.05 * top:
+            ax.text(
+                (start[r.alloc] + x1) / 2 / xscale,
+                (r.region.offset + height / 2) / yscale,
+                f"%{r.tensor}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+                clip_on=True,
+                zorder=5,
+            )
+
+
+# -- live bytes -----------------------------------------------------------------------
+
+
+Curve = tuple[Sequence[float], Sequence[float]]
+
+
+def live_bytes_timeline(
+    mg: MemGraph,
+    path: str | os.PathLike[str] | None = None,
+    *,
+    compare: Mapping[str, MemGraph | Curve] | None = None,
+    label: str | None = None,
+    x: str = "apply",
+    times: Mapping[int, float | tuple[float, float]] | None = None,
+    ax: Axes | None = None,
+    figsize: tuple[float, float] = (12.0, 4.5),
+    title: str | None = None,
+) -> Figure:
+    """Device bytes allocated against step for `mg`, other plans or curves beside it.
+
+    `compare` maps a legend label to another plan of the same program (drawn on the
+    same `x`; `x="apply"`, the default, lines plans with different node counts up)
+    or to a curve `(xs, ys)` in bytes, e.g. a no-offload baseline. `times` applies to
+    `mg` only. The budget of `mg` is a dashed line; the peak is marked.
+    """
+    from matplotlib.lines import Line2D
+
+    fig, ax = _figure(ax, figsize)
+    curves: list[tuple[str, np.ndarray, np.ndarray]] = []
+    xs, ys = live_bytes(mg, x, times)
+    curves.append((label or mg.info.get("planner", "this plan"), xs, ys))
+    for name, other in (compare or {}).items():
+        if isinstance(other, MemGraph):
+            cx, cy = live_bytes(other, x)
+        else:
+            cx, cy = np.asarray(other[0], dtype=float), np.asarray(other[1], dtype=float)
+            if cx.shape != cy.shape:
+                raise RenderError(
+                    f"compare[{name!r}]: xs and ys differ in length ({cx.shape} vs {cy.shape})"
+                )
+        curves.append((str(name), cx, cy))
+    top = max([mg.budget, 1] + [float(c[2].max()) for c in curves if len(c[2])])
+    yscale, yunit = _byte_unit(top)
+    xlabel, xscale = _x_axis(mg, x, times)
+    colors = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#9c755f", "#76b7b2"]
+    for k, (name, cx, cy) in enumerate(curves):
+        color = colors[k % len(colors)]
+        peak = float(cy.max()) if len(cy) else 0.0
+        ax.plot(
+            cx / xscale,
+            cy / yscale,
+            drawstyle="steps-post",
+            color=color,
+            linewidth=1.6 if k == 0 else 1.3,
+            linestyle="-" if k == 0 else (0, (4, 2 + k)),
+            label=f"{name} (peak {format_bytes(peak)})",
+            zorder=3 + k,  # comparisons dashed on top: equal curves stay visible
+        )
+        if k == 0:
+            ax.fill_between(cx / xscale, cy / yscale, step="post", color=color, alpha=0.15)
+        if len(cy):
+            at = int(np.argmax(cy))
+            ax.plot([cx[at] / xscale], [peak / yscale], "o", color=color, markersize=4)
+    ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2)
+    handles, _ = ax.get_legend_handles_labels()
+    handles.append(
+        Line2D([], [], color="#d62728", linestyle="--", label=f"budget {format_bytes(mg.budget)}")
+    )
+    ax.set_ylim(0, top * 1.08 / yscale)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"device bytes allocated ({yunit})")
+    ax.grid(True, color="#e5e5e5", linewidth=0.6)
+    ax.set_title(title or f"{mg.taskgraph.name}: live device bytes\n{_stats_line(mg)}", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _save(fig, path)
+    return fig
+
+
+# -- streams --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """Work on one stream: `stream` ("compute", "h2d", "d2h", or any other lane name)
+    busy from `start` to `end` seconds, doing `label` (for MemGraph node `node`)."""
+
+    stream: str
+    start: float
+    end: float
+    label: str = ""
+    node: int | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def _lane(name: Any) -> str:
+    text = str(name)
+    key = "".join(c for c in text.lower() if c.isalnum())
+    if key in _STREAM_ORDER:
+        return key
+    return _STREAM_ALIASES.get(key, text)
+
+
+def to_chrome_trace(events: Iterable[StreamEvent], pid: int = 0) -> dict[str, Any]:
+    """Events as a Chrome trace (`chrome://tracing`, Perfetto): complete events
+    (`"ph": "X"`, `ts`/`dur` in microseconds) on one numbered thread per stream,
+    named by a `thread_name` record; `args.node` keeps the MemGraph node id."""
+    events = list(events)
+    tids = {lane: k for k, lane in enumerate(_ordered_lanes(e.stream for e in events), 1)}
+    trace: list[dict[str, Any]] = [
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
+        for lane, tid in tids.items()
+    ]
+    for e in events:
+        record: dict[str, Any] = {
+            "name": e.label or e.stream,
+            "ph": "X",
+            "ts": e.start * 1e6,
+            "dur": (e.end - e.start) * 1e6,
+            "pid": pid,
+            "tid": tids[e.stream],
+        }
+        if e.node is not None:
+            record["args"] = {"node": e.node}
+        trace.append(record)
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def read_chrome_trace(
+    trace: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> list[StreamEvent]:
+    """StreamEvents from a Chrome trace: a JSON file path, or the loaded object
+    (`{"traceEvents": [...]}` or a bare list).
+
+    Complete events (`"ph": "X"`) become events; `ts` and `dur` are microseconds. The
+    lane is `args.stream` if given, else the thread name a `thread_name` metadata
+    record gives the event's `tid`, else the `tid` itself; common names are
+    normalised (`HtoD` -> `h2d`, `DtoH` -> `d2h`, `kernel` -> `compute`).
+    """
+    if isinstance(trace, str | os.PathLike):
+        try:
+            trace = json.loads(Path(trace).read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise RenderError(f"{trace}: not a JSON trace ({err})") from None
+    records = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    if not isinstance(records, Sequence):
+        raise RenderError("a Chrome trace must be a list of events or have 'traceEvents'")
+    names: dict[tuple[Any, Any], str] = {}
+    for r in records:
+        if r.get("ph") == "M" and r.get("name") == "thread_name":
+            names[(r.get("pid"), r.get("tid"))] = str(r.get("args", {}).get("name", ""))
+    events = []
+    for k, r in enumerate(records):
+        if r.get("ph") != "X":
+            continue
+        try:
+            ts, dur = float(r["ts"]), float(r.get("dur", 0.0))
+        except (KeyError, TypeError, ValueError):
+            raise RenderError(
+                f"trace event {k}: a complete event needs numeric 'ts' and 'dur'"
+            ) from None
+        args = r.get("args") or {}
+        lane = args.get("stream") or names.get((r.get("pid"), r.get("tid"))) or r.get("tid", "?")
+        node = args.get("node")
+        events.append(
+            StreamEvent(
+                stream=_lane(lane),
+                start=ts * 1e-6,
+                end=(ts + dur) * 1e-6,
+                label=str(r.get("name", "")),
+                node=int(node) if isinstance(node, int) else None,
+            )
+        )
+    return events
+
+
+def _ordered_lanes(streams: Iterable[str]) -> list[str]:
+    seen = set(streams)
+    return [s for s in _STREAM_ORDER if s in seen] + sorted(seen - set(_STREAM_ORDER))
+
+
+def _as_events(events: Any) -> list[StreamEvent]:
+    if isinstance(events, str | os.PathLike | Mapping):
+        return read_chrome_trace(events)
+    events = list(events)
+    if events and isinstance(events[0], Mapping):
+        return read_chrome_trace(events)
+    out = []
+    for e in events:
+        if isinstance(e, StreamEvent):
+            out.append(e)
+        else:
+            stream, s, t, *rest = e
+            out.append(StreamEvent(_lane(stream), float(s), float(t), str(rest[0]) if rest else ""))
+    return out
+
+
+def stream_timeline(
+    events: Iterable[StreamEvent | tuple[str, float, float, str]]
+    | str
+    | os.PathLike[str]
+    | Mapping[str, Any],
+    path: str | os.PathLike[str] | None = None,
+    *,
+    ax: Axes | None = None,
+    figsize: tuple[float, float] = (12.0, 3.5),
+    title: str | None = None,
+    labels: bool | None = None,
+) -> Figure:
+    """Compute / H2D / D2H lanes (and any other streams) from events.
+
+    `events`: StreamEvents, `(stream, start, end, label)` tuples (seconds), or a Chrome
+    trace (a path or the loaded JSON). Time starts at the earliest event. `labels`
+    writes event labels into bars wide enough (default: up to 300 events). The title
+    gives the makespan and each stream's busy time.
+    """
+    fig, ax = _figure(ax, figsize)
+    events = _as_events(events)
+    lanes = _ordered_lanes(e.stream for e in events)
+    t0 = min((e.start for e in events), default=0.0)
+    span = max((e.end for e in events), default=0.0) - t0
+    scale, unit = _time_unit(span)
+    busy = {}
+    for row, lane in enumerate(lanes):
+        mine = [e for e in events if e.stream == lane]
+        bars = [((e.start - t0) / scale, max(e.duration, 0.0) / scale) for e in mine]
+        color = _STREAM_COLORS.get(lane, "#9c9c9c")
+        ax.broken_barh(
+            bars,
+            (row - 0.4, 0.8),
+            facecolors=color,
+            edgecolors="white",
+            linewidths=0.3 if len(mine) < 2000 else 0.0,
+            gid=f"stream:{lane}",
+        )
+        busy[lane] = _busy(mine)
+        if labels if labels is not None else len(events) <= 300:
+            _bar_labels(ax, fig, mine, t0, scale, span / scale, row)
+    ax.set_yticks(range(len(lanes)), [_LANE_TITLES.get(s, s) for s in lanes])
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_xlim(0, span / scale if span > 0 else 1.0)
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(True, axis="x", color="#e5e5e5", linewidth=0.6)
+    ax.set_axisbelow(True)
+    parts = [f"makespan {span / scale:.3g} {unit}"] + [
+        f"{lane} busy {busy[lane] / scale:.3g} {unit} ({100 * busy[lane] / span:.0f}%)"
+        if span > 0
+        else f"{lane} busy 0"
+        for lane in lanes
+    ]
+    ax.set_title(title or "streams: " + " · ".join(parts), fontsize=10)
+    _save(fig, path)
+    return fig
+
+
+_LANE_TITLES = {"compute": "compute", "h2d": "H2D (reload)", "d2h": "D2H (offload)"}
+
+
+def _busy(events: list[StreamEvent]) -> float:
+    """Time a lane is busy (overlapping events counted once)."""
+    total, reach = 0.0, -math.inf
+    for e in sorted(events, key=lambda e: e.start):
+        if e.end > reach:
+            total += e.end - max(e.start, reach)
+            reach = e.end
+    return total
+
+
+def _bar_labels(
+    ax: Axes,
+    fig: Figure,
+    events: list[StreamEvent],
+    t0: float,
+    scale: float,
+    span: float,
+    row: int,
+) -> None:
+    width_pt = fig.get_figwidth() * 72 * 0.85
+    for e in events:
+        if not e.label or span <= 0:
+            continue
+        bar_pt = e.duration / scale / span * width_pt
+        if bar_pt >= 4.2 * len(e.label) + 4:
+            ax.text(
+                (e.start - t0 + e.duration / 2) / scale,
+                row,
+                e.label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+                clip_on=True,
+            )

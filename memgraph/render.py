@@ -1,0 +1,386 @@
+"""MemGraph pictures: DOT text (pure Python) and SVG/PNG/PDF through Graphviz.
+
+Nodes are shaped and coloured by kind and labelled with the node id, the tensor, the
+task's op (the einsum spec, join and agg for applies), type and size, the device
+region `[offset, +size)` and the host storage id. Every dependency edge is classified
+by the kinds at its ends (`classify_dep`) and drawn in that class's style:
+
+* data (read-after-write), solid black: a reader waits for whatever put its data
+  where it reads it (apply -> apply, reload -> apply, apply -> offload,
+  offload -> reload through host storage, input -> reload, ... -> output);
+* memory (write-after-read), dashed red: a free waits for the readers, writer and
+  offload of the residency it ends; an alloc waits for the free of bytes it reuses;
+* alloc, dotted grey: a writer (or a free) waits for the alloc of its region;
+* order, dotted blue: any other edge a planner added.
+
+Nodes sit in clusters by the scope of their tensor's task. `collapse=True` folds each
+alloc into the node that first writes its region and each free into the last node it
+waits for, so the picture shows compute and transfers with memory reuse as dashed
+edges between them (those a path of other edges already implies left out).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from einpage.units import format_bytes
+from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind
+from taskgraph.dot import (
+    DotGraph,
+    Line,
+    Selection,
+    clip,
+    describe_ids,
+    html_label,
+    legend_cluster,
+    render_source,
+    repr_svg,
+    select_ids,
+    svg_source,
+)
+from taskgraph.render import (
+    DEFAULT_MAX_NODES,
+    GRAPH_ATTRS,
+    NOTE_ATTRS,
+    REPR_MAX_NODES,
+    STUB_ATTRS,
+    NodeStyle,
+    op_lines,
+)
+
+__all__ = [
+    "DepKind",
+    "classify_dep",
+    "memgraph_dot",
+    "render_memgraph",
+    "memgraph_svg",
+    "memgraph_repr_svg",
+    "MEM_STYLES",
+    "DEP_STYLES",
+]
+
+
+class DepKind(str, enum.Enum):
+    """The class of a MemGraph dependency edge, from the kinds of the nodes at its ends."""
+
+    DATA = "data"  # read-after-write: a reader waits for the writer of its data
+    MEMORY = "memory"  # write-after-read: a free waits for users; an alloc for a free
+    ALLOC = "alloc"  # a writer (or free) waits for the alloc of its region
+    ORDER = "order"  # any other edge (an ordering the planner chose)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_PRODUCERS = frozenset({NodeKind.INPUT, NodeKind.APPLY, NodeKind.RELOAD, NodeKind.OFFLOAD})
+_READERS = frozenset({NodeKind.APPLY, NodeKind.OFFLOAD, NodeKind.RELOAD, NodeKind.OUTPUT})
+
+
+def classify_dep(src: MemNode, dst: MemNode) -> DepKind:
+    """The class of the edge "`dst` depends on `src`".
+
+    >>> from memgraph.nodes import Region
+    >>> alloc = MemNode(0, NodeKind.ALLOC, tensor=1, region=Region(0, 256))
+    >>> apply = MemNode(1, NodeKind.APPLY, (0,), tensor=1, region=Region(0, 256))
+    >>> free = MemNode(2, NodeKind.FREE, (0, 1), tensor=1, region=Region(0, 256))
+    >>> [str(classify_dep(a, b)) for a, b in [(alloc, apply), (apply, free), (free, alloc)]]
+    ['alloc', 'memory', 'memory']
+    """
+    if src.kind is NodeKind.ALLOC:
+        return DepKind.ALLOC
+    if src.kind is NodeKind.FREE or dst.kind is NodeKind.FREE:
+        return DepKind.MEMORY
+    if src.kind in _PRODUCERS and dst.kind in _READERS:
+        return DepKind.DATA
+    return DepKind.ORDER
+
+
+DEP_STYLES: dict[DepKind, tuple[str, dict[str, object]]] = {
+    DepKind.DATA: (
+        "data: read-after-write",
+        {"color": "#222222", "penwidth": 1.3},
+    ),
+    DepKind.MEMORY: (
+        "memory: write-after-read",
+        {"color": "#cb181d", "style": "dashed", "arrowhead": "empty"},
+    ),
+    DepKind.ALLOC: (
+        "region allocated before use",
+        {"color": "#9e9e9e", "style": "dotted", "arrowhead": "vee"},
+    ),
+    DepKind.ORDER: (
+        "other ordering",
+        {"color": "#4292c6", "style": "dotted"},
+    ),
+}
+"""Edge styles by class: (legend text, Graphviz edge attributes)."""
+
+_PRIORITY = {DepKind.DATA: 0, DepKind.MEMORY: 1, DepKind.ALLOC: 2, DepKind.ORDER: 3}
+
+MEM_STYLES: dict[str, NodeStyle] = {
+    "input_host": NodeStyle("input on host", "cylinder", "#fdd49e"),
+    "input_device": NodeStyle("input on device", "invhouse", "#c7e9c0"),
+    "alloc": NodeStyle("alloc", "box", "#eeeeee"),
+    "apply": NodeStyle("apply (compute)", "box", "#c6dbef", "rounded,filled"),
+    "offload": NodeStyle("offload (device to host)", "invhouse", "#fcae91"),
+    "reload": NodeStyle("reload (host to device)", "house", "#a1d99b"),
+    "free": NodeStyle("free", "box", "#ffffff", "dashed"),
+    "output": NodeStyle("output", "box", "#fff2ae", "rounded,filled,bold"),
+}
+"""Node styles by kind; inputs are split by where they start."""
+
+
+def style_kind(node: MemNode) -> str:
+    """The style key of a node: its kind, with inputs split into host and device."""
+    if node.kind is NodeKind.INPUT:
+        return "input_host" if node.storage is not None else "input_device"
+    return node.kind.value
+
+
+def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
+    """The label of a node: id, kind and tensor; what it does; where its bytes are."""
+    kind = node.kind
+    task = mg.taskgraph[node.tensor] if node.tensor is not None else None
+    tensor = f"%{node.tensor}" if node.tensor is not None else ""
+    name = f' "{node.name}"' if node.name else ""
+    title = f"n{node.id} {kind}{name} {tensor}".rstrip()
+    if task is not None and task.label and kind is NodeKind.APPLY:
+        title += f" · {clip(task.label, 24)}"
+    lines = [Line(title, "title")]
+    if kind is NodeKind.APPLY and task is not None:
+        is_einsum = task.kind == "einsum"
+        lines.extend(op_lines(task) if is_einsum else [Line(clip(task.op.describe()), "mono")])
+    if task is not None and kind in (NodeKind.APPLY, NodeKind.INPUT, NodeKind.OUTPUT):
+        lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
+    host = f"host#{node.storage}" if node.storage is not None else ""
+    region = str(node.region) if node.region is not None else ""
+    where = {
+        NodeKind.OFFLOAD: f"{region} → {host}",
+        NodeKind.RELOAD: f"{host} → {region}",
+        NodeKind.APPLY: f"→ {region}",
+    }.get(kind, host or region)
+    if where:
+        lines.append(Line(where, "mono"))
+    return lines
+
+
+@dataclass(frozen=True, slots=True)
+class _Folding:
+    """Where collapsed alloc and free nodes went: node id -> the id that stands for it."""
+
+    into: dict[int, int]
+    frees_at: dict[int, list[int]]  # representative -> tensors it frees
+
+    def rep(self, node_id: int) -> int:
+        return self.into.get(node_id, node_id)
+
+
+def _fold(mg: MemGraph) -> _Folding:
+    """Fold each alloc into its residency's first writer, each free into its latest dep
+    that is neither an alloc nor a free."""
+    writers = (NodeKind.APPLY, NodeKind.RELOAD, NodeKind.INPUT)
+    into: dict[int, int] = {}
+    frees_at: dict[int, list[int]] = {}
+    for node in mg.nodes:
+        for dep in node.deps:
+            src = mg.nodes[dep]
+            if src.kind is NodeKind.ALLOC and dep not in into and node.kind in writers:
+                into[dep] = node.id
+        if node.kind is NodeKind.FREE:
+            users = [
+                d for d in node.deps if mg.nodes[d].kind not in (NodeKind.ALLOC, NodeKind.FREE)
+            ]
+            if users:
+                into[node.id] = max(users)
+                frees_at.setdefault(max(users), []).append(node.tensor)
+    return _Folding(into, frees_at)
+
+
+def memgraph_dot(
+    mg: MemGraph,
+    *,
+    select: Iterable[int] | Callable[[MemNode], bool] | None = None,
+    scope: str | None = None,
+    collapse: bool = False,
+    prune: bool | None = None,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
+    clusters: bool | int = True,
+    legend: bool = True,
+    rankdir: str = "TB",
+) -> str:
+    """The DOT text of a MemGraph (pure Python, deterministic).
+
+    `select`: node ids (e.g. `range(100, 160)`) or a predicate on a MemNode; `scope`:
+    keep nodes whose tensor's task is in this scope (or nested in it). `collapse`:
+    fold alloc and free nodes into the nodes they serve. `prune`: leave out memory,
+    alloc and order edges already implied by a path of other drawn edges (the
+    picture keeps the same partial order; by default only when collapsing, so an
+    uncollapsed picture shows every dependency). Of the selected nodes the
+    first `max_nodes` are drawn (None: all) and a note node lists the rest;
+    dependencies from outside the selection end in grey stubs. `clusters`: box nodes
+    by their task's scope (an int limits the depth). `legend`: node kinds and edge
+    classes drawn. `rankdir`: "TB" or "LR".
+    """
+    tg = mg.taskgraph
+    folding = _fold(mg) if collapse else _Folding({}, {})
+    folded = set(folding.into)
+
+    def scope_of(i: int) -> str:
+        tensor = mg.nodes[i].tensor
+        return tg[tensor].scope if tensor is not None else ""
+
+    predicate = (lambda i: select(mg.nodes[i])) if callable(select) else None
+    chosen = select_ids(
+        len(mg), predicate or select, scope, scope_of, max_nodes, "node", hidden=folded
+    )
+    shown = set(chosen.shown)
+
+    graph = DotGraph(
+        f"{tg.name} plan",
+        graph_attrs={
+            **GRAPH_ATTRS,
+            "rankdir": rankdir,
+            "tooltip": f"MemGraph {tg.name}: {len(mg)} nodes",
+        },
+        node_attrs={"fontname": "Helvetica", "fontsize": 10, "margin": "0.08,0.04"},
+        edge_attrs={"arrowsize": 0.7},
+        clusters=clusters,
+    )
+    kinds_drawn: dict[str, None] = {}
+    for i in chosen.shown:
+        node = mg.nodes[i]
+        kind = style_kind(node)
+        kinds_drawn[kind] = None
+        lines = node_lines(mg, node)
+        freed = folding.frees_at.get(i)
+        if freed:
+            lines.append(Line(clip("then frees " + ", ".join(f"%{t}" for t in freed)), "note"))
+        graph.add_node(
+            f"n{i}",
+            scope_of(i),
+            label=html_label(lines),
+            tooltip=node.line(),
+            **MEM_STYLES[kind].attrs(),
+        )
+
+    edges: dict[tuple[int, int], DepKind] = {}
+    for i in range(len(mg)):
+        dst_node = mg.nodes[i]
+        if collapse and dst_node.kind is NodeKind.FREE and i in folded:
+            continue  # a folded free's own waits are implied by where it was folded
+        dst = folding.rep(i)
+        if dst not in shown:
+            continue
+        for dep in dst_node.deps:
+            src = folding.rep(dep)
+            if src == dst:
+                continue
+            if dep in folded and mg.nodes[dep].kind is NodeKind.ALLOC:
+                continue  # an alloc folded into its writer: the writer owns the region
+            cls = classify_dep(mg.nodes[dep], dst_node)
+            old = edges.get((src, dst))
+            if old is None or _PRIORITY[cls] < _PRIORITY[old]:
+                edges[(src, dst)] = cls
+    if collapse if prune is None else prune:
+        edges = _prune_implied(edges)
+    classes_drawn: dict[DepKind, None] = {}
+    for (src, dst), cls in sorted(edges.items(), key=lambda item: (item[0][1], item[0][0])):
+        if src not in shown and f"n{src}" not in graph:
+            node = mg.nodes[src]
+            graph.add_node(
+                f"n{src}",
+                label=clip(f"n{src} {node.kind} %{node.tensor}"),
+                tooltip="outside the selection: " + node.line(),
+                **STUB_ATTRS,
+            )
+        classes_drawn[cls] = None
+        graph.add_edge(f"n{src}", f"n{dst}", **DEP_STYLES[cls][1])
+    if chosen.omitted:
+        _add_note(graph, mg, chosen, max_nodes, folding)
+    if legend and kinds_drawn:
+        nodes = [(s.legend, s.attrs()) for k, s in MEM_STYLES.items() if k in kinds_drawn]
+        edge_samples = [
+            (text, attrs) for cls, (text, attrs) in DEP_STYLES.items() if cls in classes_drawn
+        ]
+        graph.add_raw(legend_cluster(nodes, edge_samples))
+    return graph.source()
+
+
+PRUNE_LIMIT = 20_000
+"""Above this many drawn nodes `prune` is skipped (its ancestor sets grow quadratically)."""
+
+
+def _prune_implied(edges: dict[tuple[int, int], DepKind]) -> dict[tuple[int, int], DepKind]:
+    """`edges` without the non-data edges u -> v that another path u -> ... -> v implies.
+
+    Edges go from lower to higher ids, so one sweep in id order gives every node's
+    ancestors (a bitset over the nodes' positions in that order).
+    """
+    ids = sorted({i for edge in edges for i in edge})
+    if len(ids) > PRUNE_LIMIT:
+        return edges
+    position = {node: k for k, node in enumerate(ids)}
+    preds: dict[int, list[int]] = {}
+    for src, dst in edges:
+        preds.setdefault(dst, []).append(src)
+    ancestors: dict[int, int] = {}
+    for dst in ids:
+        reach = 0
+        for src in preds.get(dst, ()):
+            reach |= ancestors[src] | (1 << position[src])
+        ancestors[dst] = reach
+    kept = {}
+    for (src, dst), cls in edges.items():
+        bit = 1 << position[src]
+        others = (p for p in preds[dst] if p != src)
+        if cls is DepKind.DATA or not any(ancestors[p] & bit for p in others):
+            kept[(src, dst)] = cls
+    return kept
+
+
+def _add_note(
+    graph: DotGraph,
+    mg: MemGraph,
+    chosen: Selection,
+    max_nodes: int | None,
+    folding: _Folding,
+) -> None:
+    omitted = chosen.omitted
+    text = (
+        f"{len(omitted)} more node(s) not shown: {describe_ids(omitted, 'n')}\n"
+        f"(max_nodes={max_nodes}; pass select=range(...), scope=..., collapse=True "
+        "or a larger max_nodes)"
+    )
+    graph.add_node("omitted", label=text, tooltip=text, **NOTE_ATTRS)
+    left_out = set(omitted)
+    users: set[int] = set()
+    for i in omitted:
+        users.update(folding.rep(d) for d in mg.nodes[i].deps)
+    for i in chosen.shown:
+        if i in users and i not in left_out:
+            graph.add_edge(f"n{i}", "omitted", style="dotted", color="#b8860b")
+
+
+def render_memgraph(mg: MemGraph, path: str | os.PathLike[str], **options: object) -> Path:
+    """Draw the plan `mg` to `path`; the suffix picks the format (svg, png, pdf, or dot/gv
+    for the DOT text). Options are those of `memgraph_dot`. Without Graphviz's `dot`
+    program, raises `GraphvizNotFoundError` after writing the `.dot` source beside
+    `path`."""
+    return render_source(memgraph_dot(mg, **options), path)
+
+
+def memgraph_svg(mg: MemGraph, **options: object) -> str:
+    """`mg` as SVG text (needs `dot`); capped at `REPR_MAX_NODES` nodes unless told."""
+    options.setdefault("max_nodes", REPR_MAX_NODES)
+    return svg_source(memgraph_dot(mg, **options))
+
+
+def memgraph_repr_svg(mg: MemGraph) -> str | None:
+    """What a notebook shows: SVG capped at `REPR_MAX_NODES` nodes, or None (then the
+    text repr) with a warning when Graphviz is missing or too slow."""
+    return repr_svg(lambda: memgraph_dot(mg, max_nodes=REPR_MAX_NODES))
