@@ -177,6 +177,9 @@ class FitStrategy:
     def choose(self, nbytes: int, by_size: list[tuple[int, int]]) -> int | None:
         raise NotImplementedError
 
+    def check(self, blocks: list[tuple[int, int, int]]) -> None:
+        """Raise AssertionError unless the index holds exactly these `(offset, size, age)`."""
+
 
 class BestFit(FitStrategy):
     """The smallest free block that fits; ties by lowest offset. O(log n)."""
@@ -230,6 +233,15 @@ class FreedEarliest(FitStrategy):
         _age, offset, _size = best
         return offset
 
+    def check(self, blocks: list[tuple[int, int, int]]) -> None:
+        expected = sorted((age, offset, size) for offset, size, age in blocks)
+        held = sorted(entry for bucket in self._buckets for entry in bucket)
+        if held != expected:
+            raise AssertionError(f"freed_earliest index is stale: {held} != {expected}")
+        for k, bucket in enumerate(self._buckets):
+            if bucket != sorted(bucket) or any(size.bit_length() != k for _a, _o, size in bucket):
+                raise AssertionError(f"freed_earliest bucket {k} is unsorted or misfiled")
+
 
 STRATEGIES: dict[str, type[FitStrategy]] = {
     BestFit.name: BestFit,
@@ -247,6 +259,12 @@ def get_strategy(name: str) -> type[FitStrategy]:
 
 
 # --------------------------------------------------------------------------- allocator
+
+
+def _bytes(n: int) -> str:
+    """`1.5 MiB (1572864 B)`, or just `512 B` below a KiB."""
+    text = format_bytes(n)
+    return text if n < 1024 else f"{text} ({n} B)"
 
 
 def _region(offset: int, size: int) -> str:
@@ -405,9 +423,8 @@ class Allocator:
             rounded = self.round_up(nbytes)
             raise AllocationError(
                 f"cannot allocate {format_bytes(rounded)} ({nbytes} B requested, {rounded} B"
-                f" after rounding up to {self._alignment} B): {format_bytes(self.bytes_free)}"
-                f" ({self.bytes_free} B) free in {self.num_free} blocks, largest free block"
-                f" {format_bytes(self.largest_free)} ({self.largest_free} B)"
+                f" after rounding up to {self._alignment} B): {_bytes(self.bytes_free)} free"
+                f" in {self.num_free} blocks, largest free block {_bytes(self.largest_free)}"
             )
         return block
 
@@ -576,6 +593,7 @@ class Allocator:
             if self._strategy.uses_age:
                 require(self._free_age[block.offset] == age, f"stale age of block {block.offset}")
         require(next(covered, None) is None, "pieces outside free memory")
+        self._strategy.check([(b.offset, b.size, self._free_age[b.offset]) for b in free])
 
     # ----------------------------------------------------------------------- internals
 
