@@ -65,11 +65,12 @@ Block(offset=0, size=512, deps=(7,))
 from __future__ import annotations
 
 import itertools
+import operator
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from einpage.errors import AllocationError
 from einpage.units import format_bytes, parse_bytes
@@ -151,6 +152,204 @@ class Checkpoint:
     depth: int
 
 
+@dataclass(frozen=True, slots=True)
+class _FreeBlock:
+    """A maximal free block. `age` is the largest freeing id among its pieces (`_NEVER`
+    for memory never used); it is kept exact only for strategies with `uses_age`."""
+
+    offset: int
+    size: int
+    age: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+class _Piece(NamedTuple):
+    """Provenance of the free range `[start, end)`: freed by node `by` (`_NEVER`: never used).
+
+    A named tuple, not a dataclass, so that pieces order by start in a `_SortedList` and
+    `_PIECE_BY` reads `by` at C speed for the per-sublist maxima.
+    """
+
+    start: int
+    end: int
+    by: int
+
+
+_PIECE_BY = operator.itemgetter(2)  # _Piece.by
+_AFTER = float("inf")  # (x, _AFTER) sorts after every piece starting at x
+
+
+# --------------------------------------------------------------------------- sorted list
+
+
+class _SortedList:
+    """A sorted list kept as sublists of at most `2 * load` items plus their maxima.
+
+    The classic Python answer to "bisect.insort on a big list moves O(n) pointers"
+    (sortedcontainers' design): an insert or delete bisects the maxima, then moves at
+    most `2 * load` items in one sublist, so the cost stays flat from 1k to 100k items.
+
+    With `top` (a C-speed function of an item, such as `operator.itemgetter(2)`), each
+    sublist also caches the largest `top(item)`, so `top_in(low, high)` finds the
+    largest `top` over a range in O(load + n / load) without a Python-level loop.
+    """
+
+    __slots__ = ("_lists", "_maxes", "_tops", "_top", "_load", "_len")
+    default_load = 256
+
+    def __init__(self, load: int | None = None, top: Callable[[Any], Any] | None = None):
+        self._lists: list[list[Any]] = []
+        self._maxes: list[Any] = []
+        self._tops: list[Any] = []  # max(map(top, sublist)) per sublist, when `top` is set
+        self._top = top
+        self._load = load or self.default_load
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.chain.from_iterable(self._lists)
+
+    def add(self, value: Any) -> None:
+        lists, maxes, top = self._lists, self._maxes, self._top
+        self._len += 1
+        if not maxes:
+            lists.append([value])
+            maxes.append(value)
+            if top:
+                self._tops.append(top(value))
+            return
+        i = bisect_left(maxes, value)
+        if i == len(maxes):
+            i -= 1
+            lists[i].append(value)
+            maxes[i] = value
+        else:
+            insort(lists[i], value)
+        if top and top(value) > self._tops[i]:
+            self._tops[i] = top(value)
+        if len(lists[i]) > 2 * self._load:
+            self._split(i)
+
+    def remove(self, value: Any) -> None:
+        lists, maxes, top, tops = self._lists, self._maxes, self._top, self._tops
+        i = bisect_left(maxes, value)
+        sub = lists[i] if i < len(maxes) else []
+        j = bisect_left(sub, value)
+        if j == len(sub) or sub[j] != value:
+            raise AssertionError(f"_SortedList.remove: {value!r} is not present")
+        del sub[j]
+        self._len -= 1
+        if not sub:
+            del lists[i]
+            del maxes[i]
+            if top:
+                del tops[i]
+            return
+        maxes[i] = sub[-1]
+        if top and top(value) == tops[i]:
+            tops[i] = max(map(top, sub))
+        if 2 * len(sub) <= self._load and len(lists) > 1:
+            k = i if i + 1 < len(lists) else i - 1  # merge sublists k and k + 1
+            lists[k].extend(lists[k + 1])
+            maxes[k] = lists[k][-1]
+            del lists[k + 1]
+            del maxes[k + 1]
+            if top:
+                tops[k] = max(tops[k], tops[k + 1])
+                del tops[k + 1]
+            if len(lists[k]) > 2 * self._load:
+                self._split(k)
+
+    def _split(self, i: int) -> None:
+        sub = self._lists[i]
+        half = sub[self._load :]
+        del sub[self._load :]
+        self._maxes[i] = sub[-1]
+        self._lists.insert(i + 1, half)
+        self._maxes.insert(i + 1, half[-1])
+        if self._top:
+            self._tops[i] = max(map(self._top, sub))
+            self._tops.insert(i + 1, max(map(self._top, half)))
+
+    def ceil(self, value: Any) -> Any:
+        """The smallest item >= value, or None."""
+        i = bisect_left(self._maxes, value)
+        if i == len(self._maxes):
+            return None
+        sub = self._lists[i]
+        return sub[bisect_left(sub, value)]
+
+    def floor(self, value: Any) -> Any:
+        """The largest item <= value, or None."""
+        i = bisect_left(self._maxes, value)
+        if i < len(self._maxes):
+            sub = self._lists[i]
+            j = bisect_right(sub, value)
+            if j:
+                return sub[j - 1]
+        return self._maxes[i - 1] if i else None
+
+    def irange(self, low: Any, high: Any) -> list[Any]:
+        """The items x with low <= x < high, in order."""
+        lists = self._lists
+        i = bisect_left(self._maxes, low)
+        if i == len(lists):
+            return []
+        sub = lists[i]
+        j, k = bisect_left(sub, low), bisect_left(sub, high)
+        found = sub[j:k]
+        while k == len(sub) and i + 1 < len(lists):
+            i += 1
+            sub = lists[i]
+            k = bisect_left(sub, high)
+            found.extend(sub[:k])
+        return found
+
+    def top_in(self, low: Any, high: Any) -> Any:
+        """The largest `top(x)` over the items x with low <= x < high (None if there are none)."""
+        lists, maxes, top = self._lists, self._maxes, self._top
+        i = bisect_left(maxes, low)  # the first sublist holding an item >= low
+        m = bisect_left(maxes, high)  # the first sublist holding an item >= high
+        if i == m:  # the range lies inside sublist i (or past the end)
+            if i == len(lists):
+                return None
+            sub = lists[i]
+            return max(map(top, sub[bisect_left(sub, low) : bisect_left(sub, high)]), default=None)
+        # sublist i: its tail; sublists i+1 .. m-1: whole; sublist m: its head
+        sub = lists[i]
+        best = max(map(top, sub[bisect_left(sub, low) :]))  # non-empty: maxes[i] >= low
+        if m > i + 1:
+            best = max(best, max(self._tops[i + 1 : m]))
+        if m < len(lists):
+            sub = lists[m]
+            head = sub[: bisect_left(sub, high)]
+            if head:
+                best = max(best, max(map(top, head)))
+        return best
+
+    def first(self) -> Any:
+        return self._lists[0][0] if self._lists else None
+
+    def last(self) -> Any:
+        return self._maxes[-1] if self._maxes else None
+
+    def check(self) -> None:
+        """Raise AssertionError unless the structure is consistent."""
+        items = list(self)
+        if items != sorted(items) or len(items) != self._len:
+            raise AssertionError("_SortedList out of order or miscounted")
+        for sub, biggest in zip(self._lists, self._maxes, strict=True):
+            if not sub or sub[-1] != biggest or len(sub) > 2 * self._load:
+                raise AssertionError("_SortedList sublist empty, oversized or with a stale max")
+        if self._top and self._tops != [max(map(self._top, sub)) for sub in self._lists]:
+            raise AssertionError("_SortedList per-sublist tops are stale")
+
+
 # --------------------------------------------------------------------------- strategies
 
 
@@ -159,10 +358,12 @@ class FitStrategy:
 
     The allocator reports every free block that appears (`add`) or disappears
     (`remove`) with its offset, size and age (the largest freeing node id among its
-    pieces, -1 for memory never used; exact only when `uses_age` is set). `choose`
-    gets the rounded request and the allocator's list of `(size, offset)` of all free
-    blocks, sorted, and returns the offset of the chosen free block, or None when no
-    block fits.
+    pieces, -1 for memory never used; kept exact only when `uses_age` is set, as it
+    costs a range query over the pieces whenever a split takes a block's newest piece),
+    and asks `choose(nbytes, by_size)` for the offset of the free block to use, or None
+    when none fits. `by_size` is the
+    allocator's own index of `(size, offset)` over all free blocks, sorted, with
+    `ceil(key)` (smallest item >= key) and `last()`.
     """
 
     name: ClassVar[str]
@@ -174,7 +375,7 @@ class FitStrategy:
     def remove(self, offset: int, size: int, age: int) -> None:
         """A free block disappeared (it was taken, split or coalesced)."""
 
-    def choose(self, nbytes: int, by_size: list[tuple[int, int]]) -> int | None:
+    def choose(self, nbytes: int, by_size: _SortedList) -> int | None:
         raise NotImplementedError
 
     def check(self, blocks: list[tuple[int, int, int]]) -> None:
@@ -186,41 +387,42 @@ class BestFit(FitStrategy):
 
     name = "best_fit"
 
-    def choose(self, nbytes: int, by_size: list[tuple[int, int]]) -> int | None:
-        i = bisect_left(by_size, (nbytes, -1))
-        if i == len(by_size):
+    def choose(self, nbytes: int, by_size: _SortedList) -> int | None:
+        found = by_size.ceil((nbytes, -1))
+        if found is None:
             return None
-        _size, offset = by_size[i]
+        _size, offset = found
         return offset
 
 
 class FreedEarliest(FitStrategy):
     """Among the blocks that fit, the one freed earliest; ties by lowest offset.
 
-    Blocks live in buckets by `size.bit_length()`, each a list of `(age, offset, size)`
-    kept sorted. A block in a higher bucket than the request always fits; in the
-    request's own bucket it may not, so that bucket is scanned in age order, but only
-    while its entries are older than the best block found in the higher buckets.
+    Blocks live in buckets by `size.bit_length()`, each a sorted list of
+    `(age, offset, size)`. A block in a higher bucket than the request's always fits;
+    in the request's own bucket it may not, so that bucket is scanned in age order,
+    but only while its entries are older than the best block of the higher buckets.
     """
 
     name = "freed_earliest"
     uses_age = True
 
     def __init__(self) -> None:
-        self._buckets: list[list[tuple[int, int, int]]] = [[] for _ in range(65)]
+        self._buckets = [_SortedList() for _ in range(65)]
 
     def add(self, offset: int, size: int, age: int) -> None:
-        insort(self._buckets[size.bit_length()], (age, offset, size))
+        self._buckets[size.bit_length()].add((age, offset, size))
 
     def remove(self, offset: int, size: int, age: int) -> None:
-        bucket = self._buckets[size.bit_length()]
-        del bucket[bisect_left(bucket, (age, offset, size))]
+        self._buckets[size.bit_length()].remove((age, offset, size))
 
-    def choose(self, nbytes: int, by_size: list[tuple[int, int]]) -> int | None:
-        if not by_size or by_size[-1][0] < nbytes:
+    def choose(self, nbytes: int, by_size: _SortedList) -> int | None:
+        largest = by_size.last()
+        if largest is None or largest < (nbytes, -1):
             return None
         k = nbytes.bit_length()
-        best = min((bucket[0] for bucket in self._buckets[k + 1 :] if bucket), default=None)
+        above = (bucket.first() for bucket in self._buckets[k + 1 :] if len(bucket))
+        best = min(above, default=None)
         for entry in self._buckets[k]:
             if best is not None and entry >= best:
                 break
@@ -239,8 +441,9 @@ class FreedEarliest(FitStrategy):
         if held != expected:
             raise AssertionError(f"freed_earliest index is stale: {held} != {expected}")
         for k, bucket in enumerate(self._buckets):
-            if bucket != sorted(bucket) or any(size.bit_length() != k for _a, _o, size in bucket):
-                raise AssertionError(f"freed_earliest bucket {k} is unsorted or misfiled")
+            bucket.check()
+            if any(size.bit_length() != k for _age, _offset, size in bucket):
+                raise AssertionError(f"freed_earliest bucket {k} holds a misfiled block")
 
 
 STRATEGIES: dict[str, type[FitStrategy]] = {
@@ -283,9 +486,10 @@ class Allocator:
     Parameters: `size` (bytes, or a string like `"16MiB"`; rounded down to the
     alignment), `alignment` (bytes, default 256), `strategy` (a name in `STRATEGIES`).
 
-    State: free blocks (maximal, sorted by offset, plus a `(size, offset)` index),
-    provenance pieces tiling the free memory (parallel lists sorted by offset), live
-    blocks (sorted offsets plus offset -> size), and the undo log of open checkpoints.
+    State: free blocks (`_FreeBlock` records by offset and by end, plus sorted indexes
+    of offsets and of `(size, offset)`), provenance pieces tiling the free memory
+    (`_Piece` records by start, plus a sorted index of starts), live blocks (offset ->
+    size, plus a sorted index of offsets), and the undo log of the open checkpoints.
     """
 
     def __init__(
@@ -307,23 +511,23 @@ class Allocator:
         self._alignment = alignment
         self._strategy_name = strategy
         self._strategy = get_strategy(strategy)()
-        # Free blocks: maximal (no two adjacent), sorted by offset.
-        self._free_starts: list[int] = []
-        self._free_size: dict[int, int] = {}
-        self._free_age: dict[int, int] = {}
-        self._by_size: list[tuple[int, int]] = []
-        # Provenance pieces tile the free memory exactly; adjacent pieces differ in freed_by.
-        self._piece_starts: list[int] = [0]
-        self._piece_ends: list[int] = [usable]
-        self._piece_by: list[int] = [_NEVER]
+        # Free blocks: maximal (no two adjacent).
+        self._free: dict[int, _FreeBlock] = {}
+        self._free_by_end: dict[int, int] = {}
+        self._free_starts = _SortedList()
+        self._by_size = _SortedList()
+        # Provenance pieces tile the free memory; adjacent pieces differ in `by`.
+        self._pieces: dict[int, _Piece] = {}  # by start
+        self._piece_index = _SortedList(top=_PIECE_BY)  # sorted by start, max `by` per sublist
         # Live blocks.
-        self._live_starts: list[int] = []
         self._live_size: dict[int, int] = {}
+        self._live_starts = _SortedList()
         self._bytes_live = 0
-        # Undo log: (function, arguments) that reverse one primitive edit each.
-        self._log: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        # Undo log of (function, argument) pairs that each reverse one primitive edit.
+        self._log: list[tuple[Callable[[Allocator, Any], Any], Any]] = []
         self._marks: list[tuple[int, int]] = []  # (checkpoint serial, log length)
-        self._raw_add_free(0, usable, _NEVER)
+        self._raw_add_piece(_Piece(0, usable, _NEVER))
+        self._raw_add_free(_FreeBlock(0, usable, _NEVER))
 
     # ----------------------------------------------------------------------- queries
 
@@ -352,15 +556,19 @@ class Allocator:
     @property
     def largest_free(self) -> int:
         """The size of the largest free block (0 when the arena is full)."""
-        return self._by_size[-1][0] if self._by_size else 0
+        largest = self._by_size.last()
+        if largest is None:
+            return 0
+        size, _offset = largest
+        return size
 
     @property
     def num_live(self) -> int:
-        return len(self._live_starts)
+        return len(self._live_size)
 
     @property
     def num_free(self) -> int:
-        return len(self._free_starts)
+        return len(self._free)
 
     def round_up(self, nbytes: int) -> int:
         """`nbytes` rounded up to a multiple of the alignment: what a request really takes."""
@@ -373,28 +581,21 @@ class Allocator:
 
     def free_intervals(self) -> list[Interval]:
         """Free blocks sorted by offset; they are maximal (no two are adjacent)."""
-        sizes = self._free_size
-        return [Interval(offset, sizes[offset]) for offset in self._free_starts]
+        blocks = self._free
+        return [Interval(offset, blocks[offset].size) for offset in self._free_starts]
 
     def free_pieces(self) -> list[Piece]:
         """Provenance of all free memory, sorted by offset: who freed each free range."""
         return [
-            Piece(start, end - start, None if by == _NEVER else by)
-            for start, end, by in zip(
-                self._piece_starts, self._piece_ends, self._piece_by, strict=True
-            )
+            Piece(p.start, p.end - p.start, None if p.by == _NEVER else p.by)
+            for p in self._piece_index
         ]
 
     def is_free(self, offset: int, nbytes: int) -> bool:
         """Whether `allocate_at(offset, nbytes)` would succeed (aligned, inside, all free)."""
         if offset < 0 or offset % self._alignment or nbytes <= 0:
             return False
-        end = offset + self.round_up(nbytes)
-        j = bisect_right(self._free_starts, offset) - 1
-        if j < 0:
-            return False
-        start = self._free_starts[j]
-        return start + self._free_size[start] >= end
+        return self._free_block_holding(offset, offset + self.round_up(nbytes)) is not None
 
     def __repr__(self) -> str:
         return (
@@ -414,7 +615,7 @@ class Allocator:
         start = self._strategy.choose(nbytes, self._by_size)
         if start is None:
             return None
-        return self._take(start, start, nbytes)
+        return self._take(self._free[start], start, nbytes)
 
     def allocate(self, nbytes: int) -> Block:
         """Allocate `nbytes` (rounded up); `AllocationError` with the numbers when nothing fits."""
@@ -441,16 +642,14 @@ class Allocator:
             raise AllocationError(
                 f"allocate_at {_region(offset, nbytes)} is outside the arena [0, {self._size})"
             )
-        j = bisect_right(self._free_starts, offset) - 1
-        if j >= 0:
-            start = self._free_starts[j]
-            if start + self._free_size[start] >= offset + nbytes:
-                return self._take(start, offset, nbytes)
-        blocker = self._first_live_overlapping(offset, offset + nbytes)
-        raise AllocationError(
-            f"allocate_at {_region(offset, nbytes)} is not free: it overlaps the live block"
-            f" {_region(blocker.offset, blocker.size)}"
-        )
+        holder = self._free_block_holding(offset, offset + nbytes)
+        if holder is None:
+            blocker = self._first_live_overlapping(offset, offset + nbytes)
+            raise AllocationError(
+                f"allocate_at {_region(offset, nbytes)} is not free: it overlaps the live block"
+                f" {_region(blocker.offset, blocker.size)}"
+            )
+        return self._take(holder, offset, nbytes)
 
     def free(self, offset: int, freed_by: int | None) -> None:
         """Release the live block starting at `offset`; `freed_by` is the free node's id.
@@ -466,30 +665,28 @@ class Allocator:
         end = offset + size
         by = _NEVER if freed_by is None else freed_by
 
-        # Provenance: one new piece, merged with neighbours freed by the same node.
-        starts, ends, bys = self._piece_starts, self._piece_ends, self._piece_by
-        lo = hi = bisect_left(starts, offset)
+        # Provenance: one new piece, merged with neighbouring pieces freed by the same node.
         piece_start, piece_end = offset, end
-        if lo > 0 and ends[lo - 1] == offset and bys[lo - 1] == by:
-            lo -= 1
-            piece_start = starts[lo]
-        if hi < len(starts) and starts[hi] == end and bys[hi] == by:
-            piece_end = ends[hi]
-            hi += 1
-        self._splice(lo, hi, [piece_start], [piece_end], [by])
+        left = self._piece_index.floor((offset,))  # the last piece starting before offset
+        if left is not None and left.end == offset and left.by == by:
+            self._remove_piece(left.start)
+            piece_start = left.start
+        right = self._pieces.get(end)
+        if right is not None and right.by == by:
+            self._remove_piece(end)
+            piece_end = right.end
+        self._add_piece(_Piece(piece_start, piece_end, by))
 
         # Free blocks: coalesce with the free neighbours on either side.
-        block_start, block_end, age = offset, end, by
-        j = bisect_left(self._free_starts, offset)
-        if j > 0:
-            left = self._free_starts[j - 1]
-            if left + self._free_size[left] == offset:
-                _size, left_age = self._remove_free(left)
-                block_start, age = left, max(age, left_age)
-        if end in self._free_size:
-            right_size, right_age = self._remove_free(end)
-            block_end, age = end + right_size, max(age, right_age)
-        self._add_free(block_start, block_end - block_start, age)
+        start, age = offset, by
+        left_start = self._free_by_end.get(offset)
+        if left_start is not None:
+            left_block = self._remove_free(left_start)
+            start, age = left_block.offset, max(age, left_block.age)
+        if end in self._free:
+            right_block = self._remove_free(end)
+            end, age = right_block.end, max(age, right_block.age)
+        self._add_free(_FreeBlock(start, end - start, age))
 
     # ----------------------------------------------------------------------- checkpoints
 
@@ -506,8 +703,8 @@ class Allocator:
         del self._marks[depth:]
         log = self._log
         while len(log) > mark:
-            undo, args = log.pop()
-            undo(*args)
+            undo, argument = log.pop()
+            undo(self, argument)
         if not self._marks:
             log.clear()
 
@@ -552,13 +749,16 @@ class Allocator:
                 raise AssertionError(f"allocator invariant broken: {message}")
 
         alignment, size = self._alignment, self._size
-        free = self.free_intervals()
+        for index in (self._free_starts, self._by_size, self._live_starts):
+            index.check()
+        require(list(self._free_starts) == sorted(self._free), "free offsets index stale")
+        require(list(self._live_starts) == sorted(self._live_size), "live offsets index stale")
+        blocks = [self._free[offset] for offset in self._free_starts]
+        require(list(self._by_size) == sorted((b.size, b.offset) for b in blocks), "size index")
+        require(self._free_by_end == {b.end: b.offset for b in blocks}, "free end index stale")
         live = self.live()
-        require(self._free_starts == sorted(self._free_size), "free starts unsorted")
-        require(self._live_starts == sorted(self._live_size), "live starts unsorted")
-        require(self._by_size == sorted((b.size, b.offset) for b in free), "size index stale")
         regions = sorted(
-            [(b.offset, b.end, True) for b in free] + [(b.offset, b.end, False) for b in live]
+            [(b.offset, b.end, True) for b in blocks] + [(b.offset, b.end, False) for b in live]
         )
         cursor, previous_free = 0, False
         for start, end, is_free in regions:
@@ -571,29 +771,30 @@ class Allocator:
             cursor, previous_free = end, is_free
         require(cursor == size, f"regions end at {cursor}, arena is {size}")
         require(self._bytes_live == sum(b.size for b in live), "bytes_live stale")
-        pieces = self.free_pieces()
+        self._piece_index.check()
+        pieces = list(self._piece_index)
+        require(pieces == sorted(self._pieces.values()), "piece index stale")
         for before, after in zip(pieces[:-1], pieces[1:], strict=True):
-            require(before.end <= after.offset, f"pieces overlap at {after.offset}")
             require(
-                before.end < after.offset or before.freed_by != after.freed_by,
-                f"adjacent pieces with the same freed_by at {after.offset}",
+                before.end < after.start or before.by != after.by,
+                f"adjacent pieces with the same freed_by at {after.start}",
             )
         covered = iter(pieces)
-        for block in free:
+        for block in blocks:
             cursor, age = block.offset, _NEVER
             while cursor < block.end:
                 piece = next(covered, None)
                 require(
-                    piece is not None and piece.offset == cursor,
+                    piece is not None and piece.start == cursor and piece.end > cursor,
                     f"pieces do not tile free block {_region(block.offset, block.size)}",
                 )
-                cursor = piece.end
-                age = max(age, _NEVER if piece.freed_by is None else piece.freed_by)
+                require(cursor % alignment == 0, f"unaligned piece at {cursor}")
+                cursor, age = piece.end, max(age, piece.by)
             require(cursor == block.end, f"piece overruns free block at {block.offset}")
             if self._strategy.uses_age:
-                require(self._free_age[block.offset] == age, f"stale age of block {block.offset}")
+                require(block.age == age, f"stale age of free block at {block.offset}")
         require(next(covered, None) is None, "pieces outside free memory")
-        self._strategy.check([(b.offset, b.size, self._free_age[b.offset]) for b in free])
+        self._strategy.check([(b.offset, b.size, b.age) for b in blocks])
 
     # ----------------------------------------------------------------------- internals
 
@@ -606,54 +807,54 @@ class Allocator:
             )
         return self.round_up(nbytes)
 
-    def _take(self, block_start: int, offset: int, nbytes: int) -> Block:
-        """Carve `[offset, offset + nbytes)` out of the free block at `block_start`."""
-        block_size, block_age = self._remove_free(block_start)
-        block_end = block_start + block_size
+    def _take(self, block: _FreeBlock, offset: int, nbytes: int) -> Block:
+        """Carve `[offset, offset + nbytes)` out of the free block `block`."""
+        self._remove_free(block.offset)
         end = offset + nbytes
-        starts, ends = self._piece_starts, self._piece_ends
-        lo = bisect_right(starts, offset) - 1
-        hi = bisect_left(starts, end)
-        taken = self._piece_by[lo:hi]
-        new_starts: list[int] = []
-        new_ends: list[int] = []
-        new_bys: list[int] = []
-        if starts[lo] < offset:
-            new_starts.append(starts[lo])
-            new_ends.append(offset)
-            new_bys.append(taken[0])
-        if ends[hi - 1] > end:
-            new_starts.append(end)
-            new_ends.append(ends[hi - 1])
-            new_bys.append(taken[-1])
-        self._splice(lo, hi, new_starts, new_ends, new_bys)
 
+        # Provenance: drop the pieces overlapping [offset, end), keep what sticks out.
+        holding = self._piece_index.floor((offset, _AFTER))  # the piece holding `offset`
+        overlapping = self._piece_index.irange(holding, (end,))
+        taken = [self._remove_piece(piece.start) for piece in overlapping]
+        first, last = taken[0], taken[-1]
+        if first.start < offset:
+            self._add_piece(_Piece(first.start, offset, first.by))
+        if last.end > end:
+            self._add_piece(_Piece(end, last.end, last.by))
+        bys = {piece.by for piece in taken}
+
+        # Free blocks: what is left of `block` on either side. A remainder keeps the
+        # block's age unless the newest piece was taken; then a range-max query finds it.
         uses_age = self._strategy.uses_age
-        one_side = (block_start == offset) != (end == block_end)
-        keeps_age = uses_age and one_side and max(taken) < block_age
-        if block_start < offset:
-            age = block_age if keeps_age or not uses_age else self._age(block_start, offset)
-            self._add_free(block_start, offset - block_start, age)
-        if end < block_end:
-            age = block_age if keeps_age or not uses_age else self._age(end, block_end)
-            self._add_free(end, block_end - end, age)
-        self._add_live(offset, nbytes)
-        deps = set(taken)
-        deps.discard(_NEVER)
-        return Block(offset, nbytes, tuple(sorted(deps)))
+        one_side = (block.offset == offset) != (end == block.end)
+        keeps_age = not uses_age or (one_side and max(bys) < block.age)
+        if block.offset < offset:
+            age = block.age if keeps_age else self._newest_free(block.offset, offset)
+            self._add_free(_FreeBlock(block.offset, offset - block.offset, age))
+        if end < block.end:
+            age = block.age if keeps_age else self._newest_free(end, block.end)
+            self._add_free(_FreeBlock(end, block.end - end, age))
 
-    def _age(self, start: int, end: int) -> int:
+        self._add_live(offset, nbytes)
+        bys.discard(_NEVER)
+        return Block(offset, nbytes, tuple(sorted(bys)))
+
+    def _newest_free(self, start: int, end: int) -> int:
         """The largest freeing id among the pieces of the free range `[start, end)`."""
-        starts = self._piece_starts
-        return max(self._piece_by[bisect_right(starts, start) - 1 : bisect_left(starts, end)])
+        return self._piece_index.top_in((start,), (end,))
+
+    def _free_block_holding(self, start: int, end: int) -> _FreeBlock | None:
+        """The free block containing all of `[start, end)`, or None."""
+        offset = self._free_starts.floor(start)
+        if offset is None:
+            return None
+        block = self._free[offset]
+        return block if block.end >= end else None
 
     def _first_live_overlapping(self, start: int, end: int) -> Interval:
-        k = bisect_right(self._live_starts, start) - 1
-        if k >= 0:
-            offset = self._live_starts[k]
-            if offset + self._live_size[offset] > start:
-                return Interval(offset, self._live_size[offset])
-        offset = self._live_starts[k + 1]
+        offset = self._live_starts.floor(start)
+        if offset is None or offset + self._live_size[offset] <= start:
+            offset = self._live_starts.ceil(start)
         return Interval(offset, self._live_size[offset])
 
     def _not_live_message(self, offset: Any) -> str:
@@ -662,12 +863,10 @@ class Allocator:
             return message
         if not 0 <= offset < self._size:
             return f"{message} (the arena is [0, {self._size}))"
-        k = bisect_right(self._live_starts, offset) - 1
-        if k >= 0:
-            start = self._live_starts[k]
-            if start + self._live_size[start] > offset:
-                inside = _region(start, self._live_size[start])
-                return f"{message} (it is inside the live block {inside})"
+        start = self._live_starts.floor(offset)
+        if start is not None and start + self._live_size[start] > offset:
+            inside = _region(start, self._live_size[start])
+            return f"{message} (it is inside the live block {inside})"
         return f"{message} (that byte is free)"
 
     def _open_depth(self, token: Checkpoint) -> int:
@@ -687,63 +886,69 @@ class Allocator:
     # Primitive edits. Each `_raw_*` edits the state; its logged wrapper records the
     # inverse raw edit while a checkpoint is open. Rollback replays inverses, newest first.
 
-    def _raw_add_free(self, start: int, size: int, age: int) -> None:
-        insort(self._free_starts, start)
-        self._free_size[start] = size
-        self._free_age[start] = age
-        insort(self._by_size, (size, start))
-        self._strategy.add(start, size, age)
+    def _raw_add_free(self, block: _FreeBlock) -> None:
+        self._free[block.offset] = block
+        self._free_by_end[block.end] = block.offset
+        self._free_starts.add(block.offset)
+        self._by_size.add((block.size, block.offset))
+        self._strategy.add(block.offset, block.size, block.age)
 
-    def _raw_remove_free(self, start: int) -> tuple[int, int]:
-        size = self._free_size.pop(start)
-        age = self._free_age.pop(start)
-        del self._free_starts[bisect_left(self._free_starts, start)]
-        del self._by_size[bisect_left(self._by_size, (size, start))]
-        self._strategy.remove(start, size, age)
-        return size, age
+    def _raw_remove_free(self, offset: int) -> _FreeBlock:
+        block = self._free.pop(offset)
+        del self._free_by_end[block.end]
+        self._free_starts.remove(offset)
+        self._by_size.remove((block.size, offset))
+        self._strategy.remove(offset, block.size, block.age)
+        return block
 
-    def _raw_splice(
-        self, lo: int, hi: int, starts: list[int], ends: list[int], bys: list[int]
-    ) -> tuple[list[int], list[int], list[int]]:
-        old = (self._piece_starts[lo:hi], self._piece_ends[lo:hi], self._piece_by[lo:hi])
-        self._piece_starts[lo:hi] = starts
-        self._piece_ends[lo:hi] = ends
-        self._piece_by[lo:hi] = bys
-        return old
+    def _raw_add_piece(self, piece: _Piece) -> None:
+        self._pieces[piece.start] = piece
+        self._piece_index.add(piece)
 
-    def _raw_add_live(self, start: int, size: int) -> None:
-        insort(self._live_starts, start)
-        self._live_size[start] = size
-        self._bytes_live += size
+    def _raw_remove_piece(self, start: int) -> _Piece:
+        piece = self._pieces.pop(start)
+        self._piece_index.remove(piece)
+        return piece
 
-    def _raw_remove_live(self, start: int) -> int:
-        size = self._live_size.pop(start)
-        del self._live_starts[bisect_left(self._live_starts, start)]
+    def _raw_add_live(self, interval: Interval) -> None:
+        self._live_size[interval.offset] = interval.size
+        self._live_starts.add(interval.offset)
+        self._bytes_live += interval.size
+
+    def _raw_remove_live(self, offset: int) -> Interval:
+        size = self._live_size.pop(offset)
+        self._live_starts.remove(offset)
         self._bytes_live -= size
-        return size
+        return Interval(offset, size)
 
-    def _add_free(self, start: int, size: int, age: int) -> None:
-        self._raw_add_free(start, size, age)
+    def _add_free(self, block: _FreeBlock) -> None:
+        self._raw_add_free(block)
         if self._marks:
-            self._log.append((self._raw_remove_free, (start,)))
+            self._log.append((Allocator._raw_remove_free, block.offset))
 
-    def _remove_free(self, start: int) -> tuple[int, int]:
-        size, age = self._raw_remove_free(start)
+    def _remove_free(self, offset: int) -> _FreeBlock:
+        block = self._raw_remove_free(offset)
         if self._marks:
-            self._log.append((self._raw_add_free, (start, size, age)))
-        return size, age
+            self._log.append((Allocator._raw_add_free, block))
+        return block
 
-    def _splice(self, lo: int, hi: int, starts: list[int], ends: list[int], bys: list[int]) -> None:
-        old = self._raw_splice(lo, hi, starts, ends, bys)
+    def _add_piece(self, piece: _Piece) -> None:
+        self._raw_add_piece(piece)
         if self._marks:
-            self._log.append((self._raw_splice, (lo, lo + len(starts), *old)))
+            self._log.append((Allocator._raw_remove_piece, piece.start))
 
-    def _add_live(self, start: int, size: int) -> None:
-        self._raw_add_live(start, size)
+    def _remove_piece(self, start: int) -> _Piece:
+        piece = self._raw_remove_piece(start)
         if self._marks:
-            self._log.append((self._raw_remove_live, (start,)))
+            self._log.append((Allocator._raw_add_piece, piece))
+        return piece
 
-    def _remove_live(self, start: int) -> None:
-        size = self._raw_remove_live(start)
+    def _add_live(self, offset: int, size: int) -> None:
+        self._raw_add_live(Interval(offset, size))
         if self._marks:
-            self._log.append((self._raw_add_live, (start, size)))
+            self._log.append((Allocator._raw_remove_live, offset))
+
+    def _remove_live(self, offset: int) -> None:
+        interval = self._raw_remove_live(offset)
+        if self._marks:
+            self._log.append((Allocator._raw_add_live, interval))

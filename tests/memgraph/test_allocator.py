@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import doctest
+import operator
 
 import pytest
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -26,6 +28,7 @@ from memgraph.allocator import (
     Block,
     Interval,
     Piece,
+    _SortedList,
     get_strategy,
 )
 
@@ -536,6 +539,65 @@ def test_transaction_keeps_the_work_when_the_block_succeeds():
     assert alloc.open_checkpoints == 0
 
 
+# ----------------------------------------------------------------------------- sorted list
+
+
+@given(
+    load=st.integers(1, 6),
+    ops=st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=200),
+    probes=st.lists(st.integers(-1, 61), max_size=10),
+    rng=st.randoms(use_true_random=False),
+)
+def test_sorted_list_matches_a_plain_sorted_list(load, ops, probes, rng):
+    # Items are (key, weight) pairs like the allocator's pieces; `top` reads the weight.
+    fast, plain = _SortedList(load, top=operator.itemgetter(1)), []
+
+    def item(key):
+        return (key, key * 37 % 11)
+
+    def agree():
+        fast.check()
+        assert list(fast) == plain
+        assert len(fast) == len(plain)
+        assert fast.first() == (plain[0] if plain else None)
+        assert fast.last() == (plain[-1] if plain else None)
+
+    for add, key in ops:
+        if add or item(key) not in plain:
+            fast.add(item(key))
+            plain.append(item(key))
+            plain.sort()
+        else:
+            fast.remove(item(key))
+            plain.remove(item(key))
+        agree()
+    for probe in probes:
+        low = (probe,)
+        assert fast.ceil(low) == min((x for x in plain if x >= low), default=None)
+        assert fast.floor(low) == max((x for x in plain if x <= low), default=None)
+        for high in ((probe,), (probe + 1,), (probe + 7,), (100,)):
+            inside = [x for x in plain if low <= x < high]
+            assert fast.irange(low, high) == inside
+            assert fast.top_in(low, high) == max((w for _k, w in inside), default=None)
+    while plain:  # drain in random order: sublists shrink and merge
+        value = rng.choice(plain)
+        fast.remove(value)
+        plain.remove(value)
+        agree()
+
+
+def test_sorted_list_remove_of_a_missing_item_is_an_internal_error():
+    items = _SortedList(2)
+    for value in (1, 3, 5, 7, 9, 11):
+        items.add(value)
+    with pytest.raises(AssertionError, match="4 is not present"):
+        items.remove(4)
+    with pytest.raises(AssertionError, match="12 is not present"):
+        items.remove(12)
+    with pytest.raises(AssertionError, match="0 is not present"):
+        items.remove(0)
+
+
 # ----------------------------------------------------------------------------- stateful model
 
 
@@ -563,8 +625,12 @@ class AllocatorMachine(RuleBasedStateMachine):
         alignment=st.sampled_from([1, 8, 256]),
         units=st.integers(1, 24),
         extra=st.integers(0, 255),
+        load=st.sampled_from([1, 2, 256]),
     )
-    def make(self, alignment, units, extra):
+    def make(self, alignment, units, extra, load):
+        # Tiny sublists make the sorted indexes split and merge even in small arenas.
+        self.saved_load = _SortedList.default_load
+        _SortedList.default_load = load
         self.align = alignment
         self.units = units
         self.alloc = Allocator(units * alignment + extra % alignment, alignment, self.strategy)
@@ -722,6 +788,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         # Free everything left: exactly one free interval spanning the arena remains.
         if not hasattr(self, "alloc"):
             return
+        _SortedList.default_load = self.saved_load
         for token, _owner, _freed in reversed(self.saved):
             self.alloc.release(token)
         for block in self.alloc.live():
