@@ -25,31 +25,42 @@ Rules
 
 Fit strategies (`STRATEGIES`, looked up by name with `get_strategy`)
 --------------------------------------------------------------------
-* `"best_fit"`: the smallest free block that fits, ties by lowest offset.
-  O(log n) with a list of `(size, offset)` kept sorted with bisect.
+* `"best_fit"`: the smallest free block that fits, ties by lowest offset: one
+  ceiling query on the `(size, offset)` index.
 * `"freed_earliest"` (Einsummable's "lowest dependency"): among the free blocks that
   fit, the one whose freeing is oldest, so the new allocation waits on the oldest free
   and constrains concurrency least; ties by lowest offset. A block's age is the
-  largest freeing node id among its pieces (when it became entirely free); memory
-  never used is oldest of all. Blocks are bucketed by `size.bit_length()`, each
-  bucket sorted by age: every block in a bucket above the request's fits, so only
-  the request's own bucket is scanned, and only while its entries are older than the
-  best candidate found above (linear in that bucket in the worst case).
+  largest freeing node id among its pieces (when it became entirely free), kept
+  exact through splits by a range-max query on the piece index; memory never used is
+  oldest of all. Blocks are bucketed by `size.bit_length()`, each bucket sorted by
+  age: every block in a bucket above the request's fits, so only the request's own
+  bucket is scanned, and only while its entries are older than the best candidate
+  found above (linear in that bucket in the worst case).
 
-Measured with `python benchmarks/allocator_bench.py` (4 synthetic tensor-program
-traces of 6,000 requests each on a 512 MiB arena; "frag. failures" are requests that
-failed although the free bytes summed to enough):
+Cost: every index (free blocks by offset and by size, live blocks, provenance pieces)
+is a `_SortedList`, sublists of at most 512 items under a list of their maxima, so an
+operation costs O(log n) bisects plus one bounded memmove, with no O(n) Python loop;
+an allocation also pays O(k log n) for the k pieces it overlaps (one per dependency).
 
-    strategy         failures  frag. failures  mean largest_free/bytes_free
-    best_fit              433             196                          0.652
-    freed_earliest        568             331                          0.565
+Measured with `python benchmarks/allocator_bench.py` (Python 3.11, a shared 2-core VM;
+timings vary by about +-20% run to run). Fragmentation on 4 synthetic tensor-program
+traces (6,000 events each, 512 MiB arena; "frag." counts requests that failed although
+the free bytes summed to enough; "slack" is the mean number of events between an
+allocation and the newest free it waits on):
 
-best_fit fragments less, so it is the default (`DEFAULT_STRATEGY`). Speed (one free
-plus one allocate = 2 ops, steady state, Python 3.11):
+    strategy         requests  failures  frag.  largest_free/bytes_free  slack
+    best_fit            12153       311    311                    0.485     17
+    freed_earliest      12153       801    801                    0.204     43
 
-    live blocks          1k          10k          50k
-    best_fit        323k op/s    265k op/s    156k op/s
-    freed_earliest  229k op/s    161k op/s     86k op/s
+best_fit fragments far less (2.6x fewer failed requests, better on every seed), so it
+is the default (`DEFAULT_STRATEGY`); freed_earliest buys its extra slack with
+fragmentation. Speed in ops/s (steady state, one free + one allocate = 2 ops):
+
+    live blocks                      1k       10k       50k
+    best_fit                       110k       66k       45k
+    best_fit, checkpoint open      106k       76k       45k
+    freed_earliest                  65k       45k       29k
+    freed_earliest, checkpoint open 65k       48k       30k
 
 >>> alloc = Allocator("1MiB")
 >>> a = alloc.allocate(1000)
