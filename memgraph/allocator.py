@@ -372,9 +372,9 @@ class FitStrategy:
     pieces, -1 for memory never used; kept exact only when `uses_age` is set, as it
     costs a range query over the pieces whenever a split takes a block's newest piece),
     and asks `choose(nbytes, by_size)` for the offset of the free block to use, or None
-    when none fits. `by_size` is the
-    allocator's own index of `(size, offset)` over all free blocks, sorted, with
-    `ceil(key)` (smallest item >= key) and `last()`.
+    when none fits. `by_size` is the allocator's own sorted index of `(size, offset)`
+    over all free blocks, with `ceil(key)` (the smallest item >= key) and `last()`.
+    A new strategy is a subclass with a `name`, registered in `STRATEGIES`.
     """
 
     name: ClassVar[str]
@@ -499,8 +499,9 @@ class Allocator:
 
     State: free blocks (`_FreeBlock` records by offset and by end, plus sorted indexes
     of offsets and of `(size, offset)`), provenance pieces tiling the free memory
-    (`_Piece` records by start, plus a sorted index of starts), live blocks (offset ->
-    size, plus a sorted index of offsets), and the undo log of the open checkpoints.
+    (`_Piece` records by start, plus a sorted index of them that caches the newest
+    freeing id per sublist), live blocks (offset -> size, plus a sorted index of
+    offsets), and the undo log of the open checkpoints.
     """
 
     def __init__(
@@ -604,6 +605,7 @@ class Allocator:
 
     def is_free(self, offset: int, nbytes: int) -> bool:
         """Whether `allocate_at(offset, nbytes)` would succeed (aligned, inside, all free)."""
+        offset, nbytes = _check_int(offset, "offset"), _check_int(nbytes, "size")
         if offset < 0 or offset % self._alignment or nbytes <= 0:
             return False
         return self._free_block_holding(offset, offset + self.round_up(nbytes)) is not None

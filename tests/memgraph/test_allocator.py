@@ -407,6 +407,8 @@ def test_is_free_matches_allocate_at():
     assert not alloc.is_free(2 * U, U)  # live
     assert not alloc.is_free(3 * U + 1, U)  # unaligned
     assert not alloc.is_free(-U, U)
+    with pytest.raises(AllocationError, match="offset must be an int"):
+        alloc.is_free(1.5, U)
 
 
 # ----------------------------------------------------------------------------- queries
