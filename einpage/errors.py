@@ -22,6 +22,9 @@ __all__ = [
     "AllocationError",
     "BackendError",
     "BackendUnavailableError",
+    "RenderError",
+    "GraphvizNotFoundError",
+    "TraceError",
 ]
 
 
@@ -108,3 +111,19 @@ class BackendError(EinpageError, RuntimeError):
 
 class BackendUnavailableError(BackendError):
     """The requested backend cannot run here (CuPy missing, no GPU); the message says how to fix."""
+
+
+class RenderError(EinpageError, RuntimeError):
+    """A picture could not be made: an unknown output format, or Graphviz failed."""
+
+
+class GraphvizNotFoundError(RenderError):
+    """Graphviz's `dot` program is not installed; `dot_path` is where the DOT source went."""
+
+    def __init__(self, message: str, dot_path=None):
+        super().__init__(message)
+        self.dot_path = dot_path
+
+
+class TraceError(EinpageError, ValueError):
+    """A timeline trace (Chrome trace JSON) is malformed; the message says where."""

@@ -19,7 +19,6 @@ pyplot, so notebooks show it once and scripts leak nothing) and saves it when gi
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -29,10 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from einpage.errors import RenderError
 from einpage.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind, Region
-from taskgraph.dot import RenderError
+from memgraph.trace import (
+    StreamEvent,
+    lane_name,
+    ordered_lanes,
+    read_chrome_trace,
+    to_chrome_trace,
+)
 from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
@@ -70,19 +76,6 @@ _MARKERS: dict[str, dict[str, Any]] = {
     "drop": {"marker": "x", "color": "#7f7f7f", "label": "drop (host copy kept)"},
 }
 _STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759"}
-_STREAM_ORDER = ("compute", "h2d", "d2h")
-_STREAM_ALIASES = {
-    "htod": "h2d",
-    "hosttodevice": "h2d",
-    "copyh2d": "h2d",
-    "memcpyhtod": "h2d",
-    "dtoh": "d2h",
-    "devicetohost": "d2h",
-    "copyd2h": "d2h",
-    "memcpydtoh": "d2h",
-    "kernel": "compute",
-    "kernels": "compute",
-}
 
 
 # -- what a plan holds, step by step --------------------------------------------------
@@ -557,108 +550,6 @@ def live_bytes_timeline(
 # -- streams --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class StreamEvent:
-    """Work on one stream: `stream` ("compute", "h2d", "d2h", or any other lane name)
-    busy from `start` to `end` seconds, doing `label` (for MemGraph node `node`)."""
-
-    stream: str
-    start: float
-    end: float
-    label: str = ""
-    node: int | None = None
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
-
-
-def _lane(name: Any) -> str:
-    text = str(name)
-    key = "".join(c for c in text.lower() if c.isalnum())
-    if key in _STREAM_ORDER:
-        return key
-    return _STREAM_ALIASES.get(key, text)
-
-
-def to_chrome_trace(events: Iterable[StreamEvent], pid: int = 0) -> dict[str, Any]:
-    """Events as a Chrome trace (`chrome://tracing`, Perfetto): complete events
-    (`"ph": "X"`, `ts`/`dur` in microseconds) on one numbered thread per stream,
-    named by a `thread_name` record; `args.node` keeps the MemGraph node id."""
-    events = list(events)
-    tids = {lane: k for k, lane in enumerate(_ordered_lanes(e.stream for e in events), 1)}
-    trace: list[dict[str, Any]] = [
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
-        for lane, tid in tids.items()
-    ]
-    for e in events:
-        record: dict[str, Any] = {
-            "name": e.label or e.stream,
-            "ph": "X",
-            "ts": e.start * 1e6,
-            "dur": (e.end - e.start) * 1e6,
-            "pid": pid,
-            "tid": tids[e.stream],
-        }
-        if e.node is not None:
-            record["args"] = {"node": e.node}
-        trace.append(record)
-    return {"traceEvents": trace, "displayTimeUnit": "ms"}
-
-
-def read_chrome_trace(
-    trace: str | os.PathLike[str] | Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> list[StreamEvent]:
-    """StreamEvents from a Chrome trace: a JSON file path, or the loaded object
-    (`{"traceEvents": [...]}` or a bare list).
-
-    Complete events (`"ph": "X"`) become events; `ts` and `dur` are microseconds. The
-    lane is `args.stream` if given, else the thread name a `thread_name` metadata
-    record gives the event's `tid`, else the `tid` itself; common names are
-    normalised (`HtoD` -> `h2d`, `DtoH` -> `d2h`, `kernel` -> `compute`).
-    """
-    if isinstance(trace, str | os.PathLike):
-        try:
-            trace = json.loads(Path(trace).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise RenderError(f"{trace}: not a JSON trace ({err})") from None
-    records = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
-    if not isinstance(records, Sequence):
-        raise RenderError("a Chrome trace must be a list of events or have 'traceEvents'")
-    names: dict[tuple[Any, Any], str] = {}
-    for r in records:
-        if r.get("ph") == "M" and r.get("name") == "thread_name":
-            names[(r.get("pid"), r.get("tid"))] = str(r.get("args", {}).get("name", ""))
-    events = []
-    for k, r in enumerate(records):
-        if r.get("ph") != "X":
-            continue
-        try:
-            ts, dur = float(r["ts"]), float(r.get("dur", 0.0))
-        except (KeyError, TypeError, ValueError):
-            raise RenderError(
-                f"trace event {k}: a complete event needs numeric 'ts' and 'dur'"
-            ) from None
-        args = r.get("args") or {}
-        lane = args.get("stream") or names.get((r.get("pid"), r.get("tid"))) or r.get("tid", "?")
-        node = args.get("node")
-        events.append(
-            StreamEvent(
-                stream=_lane(lane),
-                start=ts * 1e-6,
-                end=(ts + dur) * 1e-6,
-                label=str(r.get("name", "")),
-                node=int(node) if isinstance(node, int) else None,
-            )
-        )
-    return events
-
-
-def _ordered_lanes(streams: Iterable[str]) -> list[str]:
-    seen = set(streams)
-    return [s for s in _STREAM_ORDER if s in seen] + sorted(seen - set(_STREAM_ORDER))
-
-
 def _as_events(events: Any) -> list[StreamEvent]:
     if isinstance(events, str | os.PathLike | Mapping):
         return read_chrome_trace(events)
@@ -671,7 +562,9 @@ def _as_events(events: Any) -> list[StreamEvent]:
             out.append(e)
         else:
             stream, s, t, *rest = e
-            out.append(StreamEvent(_lane(stream), float(s), float(t), str(rest[0]) if rest else ""))
+            out.append(
+                StreamEvent(lane_name(stream), float(s), float(t), str(rest[0]) if rest else "")
+            )
     return out
 
 
@@ -696,7 +589,7 @@ def stream_timeline(
     """
     fig, ax = _figure(ax, figsize)
     events = _as_events(events)
-    lanes = _ordered_lanes(e.stream for e in events)
+    lanes = ordered_lanes(e.stream for e in events)
     t0 = min((e.start for e in events), default=0.0)
     span = max((e.end for e in events), default=0.0) - t0
     scale, unit = _time_unit(span)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from einpage.errors import EinpageError
+from einpage.errors import GraphvizNotFoundError, RenderError
 
 __all__ = [
     "RenderError",
@@ -57,18 +57,6 @@ INSTALL_HINT = (
     "install Graphviz: `sudo apt-get install graphviz` (Debian/Ubuntu), "
     "`brew install graphviz` (macOS), or `conda install -c conda-forge graphviz`"
 )
-
-
-class RenderError(EinpageError, RuntimeError):
-    """A picture could not be made: an unknown output format, or Graphviz failed."""
-
-
-class GraphvizNotFoundError(RenderError):
-    """Graphviz's `dot` program is not installed; `dot_path` is where the DOT source went."""
-
-    def __init__(self, message: str, dot_path: Path | None = None):
-        super().__init__(message)
-        self.dot_path = dot_path
 
 
 # -- escaping ------------------------------------------------------------------------

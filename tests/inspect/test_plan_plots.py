@@ -15,6 +15,7 @@ from inspect_fixtures import mlp_graph, mlp_plan  # noqa: E402
 from plans import reference_plan  # noqa: E402
 
 import einpage as ep  # noqa: E402
+from einpage.errors import RenderError  # noqa: E402
 from memgraph import MemGraph, NodeKind  # noqa: E402
 from memgraph.plots import (  # noqa: E402
     live_bytes,
@@ -23,7 +24,6 @@ from memgraph.plots import (  # noqa: E402
     residencies,
     step_positions,
 )
-from taskgraph.dot import RenderError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.image  # noqa: E402
 import pytest  # noqa: E402
 
-from memgraph.plots import (  # noqa: E402
-    StreamEvent,
-    read_chrome_trace,
-    stream_timeline,
-    to_chrome_trace,
-)
-from taskgraph.dot import RenderError  # noqa: E402
+from einpage.errors import TraceError  # noqa: E402
+from memgraph.plots import stream_timeline  # noqa: E402
+from memgraph.trace import StreamEvent, read_chrome_trace, to_chrome_trace  # noqa: E402
 
 # What a runtime's profiler might write: numeric tids named by metadata, microseconds,
 # an absolute clock, other phases mixed in, CUDA-style stream names.
@@ -78,12 +74,12 @@ def test_chrome_trace_round_trip():
         assert a.start == pytest.approx(b.start) and a.end == pytest.approx(b.end)
 
 
-def test_bad_trace_is_a_render_error(tmp_path):
+def test_bad_trace_is_a_trace_error(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text("{not json")
-    with pytest.raises(RenderError, match="not a JSON trace"):
+    with pytest.raises(TraceError, match="not a JSON trace"):
         read_chrome_trace(path)
-    with pytest.raises(RenderError, match="numeric 'ts' and 'dur'"):
+    with pytest.raises(TraceError, match="numeric 'ts' and 'dur'"):
         read_chrome_trace([{"ph": "X", "name": "x", "tid": 1}])
 
 

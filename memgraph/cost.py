@@ -1,0 +1,85 @@
+"""The cost model: how long a task or a transfer takes on a machine, for planning and simulation.
+
+A task takes a fixed launch latency plus the larger of its compute time (FLOPs at
+`flops_per_s`) and its device-memory time (operand and output bytes at
+`device_bytes_per_s`) – a roofline, so that elementwise ops and softmax pieces are
+charged for the memory they stream. A transfer takes a latency plus its bytes at the
+bandwidth of its direction.
+
+>>> h100 = PRESETS["h100-pcie5"]
+>>> round(h100.transfer_seconds(2**30, "h2d") * 1e3, 1)  # ms for 1 GiB host -> device
+21.5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from einpage.errors import EinpageError
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input, View
+
+__all__ = ["CostModel", "PRESETS", "get_cost_model"]
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Rates of one machine. Bandwidths in bytes/s, compute in FLOP/s, latencies in s."""
+
+    name: str
+    flops_per_s: float
+    device_bytes_per_s: float
+    h2d_bytes_per_s: float
+    d2h_bytes_per_s: float
+    kernel_latency_s: float = 0.0
+    transfer_latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for field_name in (
+            "flops_per_s",
+            "device_bytes_per_s",
+            "h2d_bytes_per_s",
+            "d2h_bytes_per_s",
+        ):
+            if not getattr(self, field_name) > 0:
+                raise EinpageError(f"cost model {self.name!r}: {field_name} must be positive")
+
+    def task_seconds(self, tg: TaskGraph, task_id: int) -> float:
+        """Time of one task's apply: latency + max(FLOPs / rate, bytes touched / bandwidth).
+
+        Inputs and views cost nothing (they move no data on the device).
+        """
+        task = tg[task_id]
+        if isinstance(task.op, Input | View):
+            return 0.0
+        touched = task.nbytes + sum(tg[i].nbytes for i in dict.fromkeys(task.inputs))
+        return self.kernel_latency_s + max(
+            task.flops / self.flops_per_s, touched / self.device_bytes_per_s
+        )
+
+    def transfer_seconds(self, nbytes: int, direction: str) -> float:
+        """Time to copy `nbytes` in `direction` ("h2d" or "d2h")."""
+        rate = {"h2d": self.h2d_bytes_per_s, "d2h": self.d2h_bytes_per_s}.get(direction)
+        if rate is None:
+            raise EinpageError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
+        return self.transfer_latency_s + nbytes / rate
+
+
+PRESETS: dict[str, CostModel] = {
+    # H100 PCIe with a PCIe Gen5 x16 link: dense fp16 tensor-core throughput derated to
+    # a sustained 400 TFLOP/s (of ~756 peak), 2.0 TB/s HBM2e, ~50 GB/s per direction
+    # with pinned host memory (64 GB/s theoretical).
+    "h100-pcie5": CostModel("h100-pcie5", 400e12, 2.0e12, 50e9, 50e9, 5e-6, 10e-6),
+    # A many-core CPU running the NumPy backend: transfers are memcpy within RAM.
+    "cpu": CostModel("cpu", 200e9, 20e9, 10e9, 10e9, 0.0, 0.0),
+}
+"""Machines by name."""
+
+
+def get_cost_model(model: str | CostModel) -> CostModel:
+    """A cost model given by name (from `PRESETS`) or as a `CostModel`."""
+    if isinstance(model, CostModel):
+        return model
+    if model not in PRESETS:
+        raise EinpageError(f"unknown cost model {model!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[model]
