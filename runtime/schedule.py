@@ -12,7 +12,7 @@ Execution modes (`MODES`):
                  worker thread (so this mode is also called `threaded`).
 * `random`     – a seeded random order honouring only the MemGraph dependencies,
                  each node finished before the next starts: a missing dependency
-                 shows up as a wrong answer for some seed.
+                 shows up as a wrong answer for some seed (see `random_order`).
 
 Bookkeeping nodes (allocs, frees, host-side inputs and outputs) do no work; their
 dependencies pass through them: a node that depends on a free waits for everything
@@ -21,6 +21,7 @@ the free depends on.
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass
 
@@ -159,25 +160,29 @@ def _event_waits(mg: MemGraph, stream_of: tuple[str | None, ...]) -> tuple[tuple
 def random_order(mg: MemGraph, seed: int) -> list[int]:
     """A seeded random topological order of `mg` by its dependencies alone.
 
-    At each step one of the nodes whose dependencies are all done is picked at random.
+    Every node draws a random priority; at each step the ready node (all of its
+    dependencies done) with the highest priority runs next. Unlike picking a ready
+    node uniformly, this keeps a low-priority node waiting for as long as anything
+    else can run, so a node that some other node should have waited for (a missing
+    dependency) often runs after it, for some seed.
     """
     check_dependencies(mg)
     rng = random.Random(seed)
     nodes = mg.nodes
+    priority = [rng.random() for _ in nodes]
     remaining = [len(set(node.deps)) for node in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     for node in nodes:
-        for dep in set(node.deps):
+        for dep in sorted(set(node.deps)):
             users[dep].append(node.id)
-    ready = [node.id for node in nodes if remaining[node.id] == 0]
+    ready = [(-priority[node.id], node.id) for node in nodes if remaining[node.id] == 0]
+    heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        k = rng.randrange(len(ready))
-        ready[k], ready[-1] = ready[-1], ready[k]
-        current = ready.pop()
+        _, current = heapq.heappop(ready)
         order.append(current)
         for user in users[current]:
             remaining[user] -= 1
             if remaining[user] == 0:
-                ready.append(user)
+                heapq.heappush(ready, (-priority[user], user))
     return order
