@@ -54,17 +54,29 @@ class HostSlot:
 
 @dataclass(frozen=True)
 class HostLayout:
-    """Where each host storage (and staging buffer) lives in the one host buffer."""
+    """Where each host storage (and staging buffer) lives in the one host buffer.
+
+    On backends without staging (NumPy), a host storage that only an input writes (no
+    offload targets it) is not in the buffer: it is `aliased` to the input's array,
+    which transfers only read.
+    """
 
     storages: dict[int, HostSlot]
     inputs: dict[str, HostSlot]  # staging for device-side inputs (staging backends only)
     outputs: dict[str, HostSlot]  # staging for device-side outputs (staging backends only)
     nbytes: int
+    aliased: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, mg: MemGraph, staging: bool) -> HostLayout:
         tg = mg.taskgraph
         top = 0
+        aliased: set[int] = set()
+        if not staging:
+            offloaded = {n.storage for n in mg.nodes if n.kind is NodeKind.OFFLOAD}
+            aliased = {
+                n.storage for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None
+            } - offloaded
 
         def place(task: Task) -> HostSlot:
             nonlocal top
@@ -77,13 +89,13 @@ class HostLayout:
         outputs: dict[str, HostSlot] = {}
         for node in mg.nodes:
             if node.storage is not None:
-                if node.storage not in storages:
+                if node.storage not in storages and node.storage not in aliased:
                     storages[node.storage] = place(tg[node.tensor])
             elif staging and node.kind is NodeKind.INPUT:
                 inputs[node.name] = place(tg[node.tensor])
             elif staging and node.kind is NodeKind.OUTPUT:
                 outputs[node.name] = place(tg[tg.outputs[node.name]])
-        return cls(storages, inputs, outputs, top)
+        return cls(storages, inputs, outputs, top, frozenset(aliased))
 
 
 class Interpreter:
@@ -144,10 +156,17 @@ class Interpreter:
         return self.backend.view(self.arena, region.offset, (size,), "uint8")
 
     def host_view(self, storage: int) -> np.ndarray:
+        """The host array of a storage: its slot of the host buffer, or the array bound to it."""
         view = self._host_views.get(storage)
         if view is None:
+            if storage not in self.layout.storages:
+                raise BackendError(f"host#{storage} holds no data: its input was never placed")
             view = self._host_views[storage] = self.layout.storages[storage].of(self.host)
         return view
+
+    def bind_host(self, storage: int, array: np.ndarray) -> None:
+        """Use `array` as host storage `storage` (an aliased input storage, only ever read)."""
+        self._host_views[storage] = array
 
     # -- dispatch ----------------------------------------------------------------
 

@@ -240,6 +240,10 @@ class Session:
         if node is None:  # an unverified plan that never reads this input
             return np.asarray(value)
         interp = self.interpreter
+        if node.storage in self.layout.aliased:  # read in place: no copy unless kept
+            held = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
+            interp.bind_host(node.storage, held)
+            return held
         if node.storage is not None:
             slot = interp.host_view(node.storage)
             np.copyto(slot, value)
