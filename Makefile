@@ -37,10 +37,14 @@ test: $(VENV)/.dev dot lint
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
 
-# GPU tests only (they skip cleanly without CuPy or a GPU).
+# GPU tests only (they skip cleanly without CuPy or a GPU). CuPy is installed for the
+# CUDA major version of the NVIDIA driver (from nvidia-smi); without a driver it is not.
 test-gpu: $(VENV)/.dev
-	$(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'
-	$(BIN)/python -m pytest tests/gpu
+	@cuda=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1); \
+	if [ -z "$$cuda" ]; then echo "no NVIDIA driver found: the GPU tests will skip"; \
+	elif [ "$$cuda" -ge 13 ]; then $(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'; \
+	else $(BIN)/python -m pip install --quiet -e '.[gpu]'; fi
+	$(BIN)/python -m pytest tests/gpu -rs
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache

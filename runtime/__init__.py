@@ -1,0 +1,45 @@
+"""runtime: executing MemGraphs on a NumPy arena (CPU) or a CuPy arena (GPU).
+
+`run(mg, inputs, backend=...)` executes a plan once; a `Session` keeps the arena,
+host storage and staged inputs (weights) alive across runs. One backend-neutral
+interpreter (`runtime.interpreter`) issues every node on a backend's streams, in
+the order of a mode (`runtime.schedule`): sequential, streams (threaded on the CPU)
+or random. Runs can record a timing trace in Chrome's format (`runtime.trace`).
+"""
+
+# einpage.errors must be imported before any einpage-dependent module (see einpage/__init__.py).
+import einpage.errors  # noqa: F401  isort: skip
+from runtime.backend import (
+    BACKEND_NAMES,
+    BACKENDS,
+    Backend,
+    Event,
+    Stream,
+    cupy_usable,
+    get_backend,
+)
+from runtime.interpreter import HostLayout, Interpreter
+from runtime.schedule import MODES, Schedule, random_order
+from runtime.session import RunReport, Session, run, verified
+from runtime.trace import Span, Trace
+
+__all__ = [
+    "run",
+    "Session",
+    "RunReport",
+    "Trace",
+    "Span",
+    "Backend",
+    "Stream",
+    "Event",
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "MODES",
+    "Schedule",
+    "Interpreter",
+    "HostLayout",
+    "get_backend",
+    "cupy_usable",
+    "random_order",
+    "verified",
+]

@@ -1,0 +1,207 @@
+"""The backend interface: the handful of primitives the interpreter needs, and the registry.
+
+A backend owns device memory and streams; the interpreter owns the plan. The
+primitives are:
+
+* memory:   `allocate_arena(nbytes)` (the device arena), `allocate_host(nbytes)` (one
+            host buffer for every host storage; pinned on a GPU), and
+            `view(arena, offset, shape, dtype)` (a tensor at its planned offset);
+* streams:  `stream(name, concurrent)` gives a `Stream` with `record() -> Event`,
+            `wait(event)` and `synchronize()`; work issued on one stream runs in
+            issue order, and a stream that waits on an event runs nothing issued
+            after the wait before the event's work is done;
+* work:     `copy_to_device(dst, src, stream)`, `copy_to_host(dst, src, stream)`,
+            `compute(task, operands, out, stream)` (one task's kernel, writing `out`)
+            and `fill_bytes(view, value, stream)` (poisoning freed memory);
+* a run:    `running()`, a context manager around issuing and synchronizing one run
+            (the CuPy backend installs its scratch allocator there and reports
+            errors that kernels flagged on the device), and `memory_report()`.
+
+Work primitives only *issue* work; it is done once the stream is synchronized or an
+event recorded after it has completed.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from einpage.errors import BackendError
+from taskgraph.nodes import Task
+
+__all__ = [
+    "Backend",
+    "Stream",
+    "Event",
+    "NodeFailure",
+    "BACKENDS",
+    "BACKEND_NAMES",
+    "get_backend",
+    "cupy_usable",
+]
+
+
+class NodeFailure(Exception):
+    """Work issued for a MemGraph node raised `error`; `context` is that node, `stream` where."""
+
+    def __init__(self, error: BaseException, context: Any, stream: str):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.context = context
+        self.stream = stream
+
+
+class Event(abc.ABC):
+    """A point in a stream's work; complete once everything issued before it is done."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block the calling thread until the event is complete."""
+
+    @abc.abstractmethod
+    def seconds_since(self, origin: Event) -> float:
+        """Seconds from `origin` to this event (both complete and recorded with timing)."""
+
+
+class Stream(abc.ABC):
+    """An in-order queue of work (a CUDA stream, or a worker thread on the CPU).
+
+    `context` is set by the interpreter to the MemGraph node whose work is being
+    issued, so that an error raised later names the node.
+    """
+
+    name: str
+    context: Any = None
+
+    @abc.abstractmethod
+    def record(self, timing: bool = False) -> Event:
+        """An event that completes when the work issued so far on this stream is done."""
+
+    @abc.abstractmethod
+    def wait(self, event: Event) -> None:
+        """Make work issued on this stream from now on wait for `event`."""
+
+    @abc.abstractmethod
+    def synchronize(self) -> None:
+        """Block until all work issued on this stream is done; raise what it raised."""
+
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release the stream's resources (threads)."""
+
+
+class Backend(abc.ABC):
+    """Executes the primitives of a plan on one kind of memory. See the module docstring."""
+
+    name: ClassVar[str]
+    OPTIONS: ClassVar[tuple[str, ...]] = ()
+    """Keyword options the constructor accepts (`runtime.run(..., **options)` passes them)."""
+    default_mode: ClassVar[str] = "sequential"
+    host_staging: ClassVar[bool] = False
+    """Whether device inputs and outputs pass through host staging buffers (pinned memory
+    on a GPU, so that their transfers are asynchronous)."""
+
+    @abc.abstractmethod
+    def allocate_arena(self, nbytes: int) -> Any: ...
+
+    @abc.abstractmethod
+    def allocate_host(self, nbytes: int) -> np.ndarray:
+        """A host `uint8` buffer of `nbytes` bytes that transfers may read and write."""
+
+    @abc.abstractmethod
+    def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
+        """The arena bytes at `offset` as a C-contiguous array of `shape` and `dtype`."""
+
+    @abc.abstractmethod
+    def stream(self, name: str, concurrent: bool) -> Stream:
+        """A new stream; `concurrent=False` may give one that runs work as it is issued."""
+
+    @abc.abstractmethod
+    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Stream) -> None: ...
+
+    @abc.abstractmethod
+    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Stream) -> None: ...
+
+    @abc.abstractmethod
+    def compute(self, task: Task, operands: Sequence[Any], out: Any, stream: Stream) -> None:
+        """Issue `task`'s kernel reading the operand views and writing the view `out`."""
+
+    @abc.abstractmethod
+    def fill_bytes(self, view: Any, value: int, stream: Stream) -> None:
+        """Set every byte of the (uint8) view to `value`."""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Wraps the issuing and synchronization of one run."""
+        yield
+
+    def memory_report(self, arena_bytes: int) -> dict[str, Any]:
+        """Device memory the last run used, in bytes (see each backend)."""
+        return {"arena_bytes": arena_bytes, "device_peak_bytes": arena_bytes}
+
+    def counters(self) -> dict[str, int]:
+        """How the last run's kernels were executed (e.g. cuBLAS calls, fallbacks)."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027  (optional hook)
+        """Release resources not owned by arrays (e.g. memory pools)."""
+
+
+def _numpy_backend() -> type[Backend]:
+    from runtime.numpy_backend import NumpyBackend
+
+    return NumpyBackend
+
+
+def _cupy_backend() -> type[Backend]:
+    from runtime.cupy_backend import CupyBackend  # imports nothing from CuPy until used
+
+    return CupyBackend
+
+
+BACKENDS: dict[str, Callable[[], type[Backend]]] = {
+    "numpy": _numpy_backend,
+    "cupy": _cupy_backend,
+}
+"""Backend classes by name, loaded on first use."""
+
+BACKEND_NAMES = ("auto", *BACKENDS)
+
+
+def cupy_usable() -> bool:
+    """Whether CuPy is installed and can see a CUDA device."""
+    try:
+        import cupy
+    except Exception:
+        return False
+    try:
+        return bool(cupy.is_available())
+    except Exception:
+        return False
+
+
+def get_backend(name: str | Backend = "auto", **options: Any) -> Backend:
+    """A backend by name: "numpy", "cupy", or "auto" (CuPy when a GPU is usable, else NumPy).
+
+    A `Backend` instance is returned as is (then `options` must be empty).
+    """
+    if isinstance(name, Backend):
+        if options:
+            raise BackendError(f"options {sorted(options)} cannot be applied to a backend instance")
+        return name
+    if name not in BACKEND_NAMES:
+        raise BackendError(
+            f"unknown backend {name!r}; valid: {', '.join(repr(n) for n in BACKEND_NAMES)}"
+        )
+    if name == "auto":
+        name = "cupy" if cupy_usable() else "numpy"
+    cls = BACKENDS[name]()
+    accepted = getattr(cls, "OPTIONS", ())
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        valid = ", ".join(accepted) or "none"
+        raise BackendError(f"backend {name!r} has no option(s) {unknown}; its options: {valid}")
+    return cls(**options)

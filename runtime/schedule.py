@@ -1,0 +1,188 @@
+"""Schedules: which stream does each MemGraph node's work, and which events it waits for.
+
+Execution modes (`MODES`):
+
+* `sequential` – every node in insertion order on one stream (no events needed);
+* `streams`    – nodes issued in insertion order onto three streams, `compute`
+                 (applies), `h2d` (reloads, device inputs) and `d2h` (offloads,
+                 device outputs); a node waits, through events, exactly for the
+                 nodes on other streams that its MemGraph dependencies require
+                 (work on one stream runs in issue order, so same-stream
+                 dependencies need nothing). On the NumPy backend each stream is a
+                 worker thread (so this mode is also called `threaded`).
+* `random`     – a seeded random order honouring only the MemGraph dependencies,
+                 each node finished before the next starts: a missing dependency
+                 shows up as a wrong answer for some seed (see `random_order`).
+
+Bookkeeping nodes (allocs, frees, host-side inputs and outputs) do no work; their
+dependencies pass through them: a node that depends on a free waits for everything
+the free depends on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass
+
+from einpage.errors import BackendError, VerificationError
+from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind
+
+__all__ = ["MODES", "STREAMS", "Schedule", "node_stream", "random_order", "resolve_mode"]
+
+MODES = ("sequential", "streams", "random")
+_ALIASES = {"threaded": "streams"}
+STREAMS = ("compute", "h2d", "d2h")
+
+
+def resolve_mode(mode: str | None, default: str) -> str:
+    """The canonical mode name (`threaded` is `streams`); raises `BackendError` if unknown."""
+    if mode is None:
+        return default
+    mode = _ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if mode not in MODES:
+        valid = ", ".join(repr(m) for m in (*MODES, *_ALIASES))
+        raise BackendError(f"unknown mode {mode!r}; valid: {valid}")
+    return mode
+
+
+def node_stream(node: MemNode, poison: bool = False) -> str | None:
+    """The stream that does `node`'s work, or None when it is bookkeeping only.
+
+    Unlike `memgraph.nodes.STREAM_OF` (where a plan's nodes belong), this is where
+    the runtime has work to do: a host-side input does none (its data is placed in
+    host storage before the run starts), a device-side output is a device-to-host
+    copy, and a free poisons its region on the compute stream when asked to.
+    """
+    kind = node.kind
+    if kind is NodeKind.APPLY:
+        return "compute"
+    if kind is NodeKind.RELOAD:
+        return "h2d"
+    if kind is NodeKind.OFFLOAD:
+        return "d2h"
+    if kind is NodeKind.INPUT:
+        return "h2d" if node.region is not None else None
+    if kind is NodeKind.OUTPUT:
+        return "d2h" if node.region is not None else None
+    if kind is NodeKind.FREE:
+        return "compute" if poison else None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """How a mode runs a MemGraph: per node, its stream (None: bookkeeping) and the nodes
+    on other streams whose events it waits for; `recorded` are the nodes after which an
+    event must be recorded (every node some other stream waits for)."""
+
+    mode: str
+    streams: tuple[str, ...]
+    stream_of: tuple[str | None, ...]
+    waits: tuple[tuple[int, ...], ...]
+    recorded: frozenset[int]
+
+    @classmethod
+    def build(cls, mg: MemGraph, mode: str, poison: bool = False) -> Schedule:
+        """The schedule of `mg` in `mode` (see the module docstring)."""
+        check_dependencies(mg)
+        own = [node_stream(node, poison) for node in mg.nodes]
+        if mode == "sequential":
+            stream_of = tuple(None if s is None else "compute" for s in own)
+            return cls(mode, ("compute",), stream_of, ((),) * len(mg.nodes), frozenset())
+        stream_of = tuple(own)
+        if mode == "random":
+            return cls(mode, STREAMS, stream_of, ((),) * len(mg.nodes), frozenset())
+        waits = _event_waits(mg, stream_of)
+        recorded = frozenset(i for w in waits for i in w)
+        return cls(mode, STREAMS, stream_of, waits, recorded)
+
+    def __repr__(self) -> str:
+        count = sum(len(w) for w in self.waits)
+        return f"<Schedule {self.mode} nodes={len(self.stream_of)} waits={count}>"
+
+
+def check_dependencies(mg: MemGraph) -> None:
+    """Raise `VerificationError` unless every dependency names an earlier node.
+
+    Checked even when verification is skipped: the schedules rely on it.
+    """
+    for node in mg.nodes:
+        for dep in node.deps:
+            if not 0 <= dep < node.id:
+                raise VerificationError(
+                    f"n{node.id} ({node.kind}): dependency n{dep} is not an earlier node", node.id
+                )
+
+
+def _merge(into: dict[str, int], other: dict[str, int]) -> None:
+    for stream, position in other.items():
+        if into.get(stream, -1) < position:
+            into[stream] = position
+
+
+def _event_waits(mg: MemGraph, stream_of: tuple[str | None, ...]) -> tuple[tuple[int, ...], ...]:
+    """Per node, the events (node ids on other streams) it must wait for.
+
+    `required[n]` is, per stream, the last node on it that must be done before n's
+    dependents may run: n itself for a node with work, and what its dependencies
+    require for a bookkeeping node. `guaranteed[s]` is, per stream, the last node
+    known to be done before the next work issued on stream s starts (its own earlier
+    work, and everything the events it waited on guarantee: `implied[i]`).
+    """
+    required: list[dict[str, int]] = []
+    implied: dict[int, dict[str, int]] = {}
+    guaranteed: dict[str, dict[str, int]] = {}
+    waits: list[tuple[int, ...]] = []
+    for node in mg.nodes:
+        need: dict[str, int] = {}
+        for dep in node.deps:
+            _merge(need, required[dep])
+        stream = stream_of[node.id]
+        if stream is None:
+            required.append(need)
+            waits.append(())
+            continue
+        mine = guaranteed.setdefault(stream, {})
+        mine_waits = []
+        for other, position in sorted(need.items(), key=lambda item: -item[1]):
+            if other != stream and mine.get(other, -1) < position:
+                mine_waits.append(position)
+                _merge(mine, implied[position])
+        mine[stream] = node.id
+        implied[node.id] = dict(mine)
+        required.append({stream: node.id})
+        waits.append(tuple(sorted(mine_waits)))
+    return tuple(waits)
+
+
+def random_order(mg: MemGraph, seed: int) -> list[int]:
+    """A seeded random topological order of `mg` by its dependencies alone.
+
+    Every node draws a random priority; at each step the ready node (all of its
+    dependencies done) with the highest priority runs next. Unlike picking a ready
+    node uniformly, this keeps a low-priority node waiting for as long as anything
+    else can run, so a node that some other node should have waited for (a missing
+    dependency) often runs after it, for some seed.
+    """
+    check_dependencies(mg)
+    rng = random.Random(seed)
+    nodes = mg.nodes
+    priority = [rng.random() for _ in nodes]
+    remaining = [len(set(node.deps)) for node in nodes]
+    users: list[list[int]] = [[] for _ in nodes]
+    for node in nodes:
+        for dep in sorted(set(node.deps)):
+            users[dep].append(node.id)
+    ready = [(-priority[node.id], node.id) for node in nodes if remaining[node.id] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, current = heapq.heappop(ready)
+        order.append(current)
+        for user in users[current]:
+            remaining[user] -= 1
+            if remaining[user] == 0:
+                heapq.heappush(ready, (-priority[user], user))
+    return order

@@ -1,0 +1,514 @@
+"""Running plans: `run` for one call, `Session` to keep the arena and staged inputs alive.
+
+A `Session` verifies its MemGraph once, allocates the device arena (`budget` bytes)
+and one host buffer for every host storage, and creates the streams of its mode.
+`stage(weights)` places inputs once; each `run(activations)` then places only the
+inputs it is given, issues every node in the mode's order, synchronizes, and
+returns the outputs as fresh host NumPy arrays. `session.last` is a `RunReport`
+(timings, the trace when asked for, memory and kernel counters).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from einpage.errors import BackendError, EinpageError, GraphError, InputError, VerificationError
+from einpage.units import format_bytes
+from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind
+from memgraph.verify import VerifyReport, verify
+from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
+from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
+from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
+from runtime.trace import Span, Trace
+
+__all__ = ["run", "Session", "RunReport", "verified"]
+
+_VERIFIED: weakref.WeakKeyDictionary[MemGraph, VerifyReport | VerificationError] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def verified(mg: MemGraph) -> VerifyReport:
+    """`memgraph.verify(mg)`, run once per plan object and remembered (failures too)."""
+    outcome = _VERIFIED.get(mg)
+    if outcome is None:
+        try:
+            outcome = verify(mg)
+        except VerificationError as err:
+            outcome = err
+        _VERIFIED[mg] = outcome
+    if isinstance(outcome, VerificationError):
+        raise VerificationError(
+            f"refusing to run a plan that fails verification: {outcome}", outcome.node
+        )
+    return outcome
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one run did.
+
+    `seconds` is the wall-clock time from placing the inputs to having the outputs on
+    the host. `memory` (bytes): `arena_bytes`, `host_bytes`, `device_peak_bytes` (the
+    arena plus any other device memory the run allocated, on CuPy from its memory
+    pool's high-water mark) and, on CuPy, `scratch_peak_bytes` and `scratch_limit`.
+    `counters` says how kernels ran (e.g. `cublas`, `einsum_fallback`).
+    """
+
+    backend: str
+    mode: str
+    seconds: float
+    nodes: int
+    seed: int | None
+    trace: Trace | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        peak = self.memory.get("device_peak_bytes")
+        shown = f" device_peak={format_bytes(peak)}" if peak is not None else ""
+        return (
+            f"<RunReport {self.backend}/{self.mode} nodes={self.nodes} "
+            f"seconds={self.seconds:.6f}{shown}>"
+        )
+
+
+def _check_partial(mg: MemGraph, arrays: Any) -> None:
+    """Check names, shapes and dtypes of some of the inputs (for `stage`)."""
+    if not isinstance(arrays, Mapping):
+        raise InputError(f"inputs must be a mapping of name to array, got {type(arrays).__name__}")
+    tg = mg.taskgraph
+    unknown = [name for name in arrays if name not in tg.inputs]
+    if unknown:
+        known = ", ".join(map(repr, tg.inputs))
+        raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; inputs are {known}")
+    tg.check_inputs({**_placeholders(mg, exclude=arrays), **arrays})
+
+
+class _Placeholder:
+    """Stands in for an input that is not being checked (its expected shape and dtype)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: tuple[int, ...], dtype: str):
+        self.shape = shape
+        self.dtype = np.dtype(dtype)
+
+
+def _placeholders(mg: MemGraph, exclude: Mapping[str, Any]) -> dict[str, _Placeholder]:
+    tg = mg.taskgraph
+    return {
+        name: _Placeholder(tg[i].shape, tg[i].dtype)
+        for name, i in tg.inputs.items()
+        if name not in exclude
+    }
+
+
+def _reject_device_arrays(arrays: Mapping[str, Any]) -> None:
+    for name, value in arrays.items():
+        if hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray):
+            raise InputError(
+                f"input {name!r}: expected a host (NumPy) array, got {type(value).__module__}."
+                f"{type(value).__name__}; pass value.get() instead"
+            )
+
+
+class Session:
+    """A MemGraph ready to run many times on one backend (see the module docstring).
+
+    Parameters: `backend` ("auto", "numpy", "cupy" or a `Backend`), `mode`
+    ("sequential", "streams" a.k.a. "threaded", "random"; default: the backend's),
+    `poison` (fill freed and unwritten memory with 0xFF bytes so that a missing
+    dependency reads NaNs; default: on in random mode), `unsafe_skip_verify` (run
+    without `memgraph.verify`; for tests that break plans on purpose), and backend
+    options (NumPy: `timeout`; CuPy: `scratch`, `device`).
+
+    >>> with Session(mg, "numpy") as s:                          # doctest: +SKIP
+    ...     s.stage({"w": w})
+    ...     ys = [s.run({"x": x})["y"] for x in batches]
+    """
+
+    def __init__(
+        self,
+        mg: MemGraph,
+        backend: str | Backend = "auto",
+        *,
+        mode: str | None = None,
+        poison: bool | None = None,
+        unsafe_skip_verify: bool = False,
+        **options: Any,
+    ):
+        if not isinstance(mg, MemGraph):
+            raise GraphError(f"expected a memgraph.MemGraph, got {type(mg).__name__}")
+        self._closed = True
+        self.mg = mg
+        self.tg = mg.taskgraph
+        if unsafe_skip_verify:
+            check_dependencies(mg)
+        else:
+            verified(mg)
+        self._owns_backend = not isinstance(backend, Backend)
+        self.backend = get_backend(backend, **options)
+        self.mode = resolve_mode(mode, self.backend.default_mode)
+        self.poison = self.mode == "random" if poison is None else bool(poison)
+        self.schedule = Schedule.build(mg, self.mode, self.poison)
+        self.layout = HostLayout.of(mg, self.backend.host_staging)
+        self.arena = self.backend.allocate_arena(mg.budget)
+        self.host = self.backend.allocate_host(self.layout.nbytes)
+        concurrent = self.mode == "streams"
+        self.streams: dict[str, Stream] = {
+            name: self.backend.stream(name, concurrent) for name in self.schedule.streams
+        }
+        self._closed = False
+        self.interpreter = Interpreter(
+            mg, self.backend, self.arena, self.host, self.layout, self.poison
+        )
+        self._input_nodes = {n.name: n for n in mg.nodes if n.kind is NodeKind.INPUT}
+        self._output_nodes = {n.name: n for n in mg.nodes if n.kind is NodeKind.OUTPUT}
+        input_storages = {n.storage for n in self._input_nodes.values()}
+        self._scratch_storages = sorted(set(self.layout.storages) - input_storages)
+        self._staged: dict[str, Any] = {}
+        self.last: RunReport | None = None
+        if self.poison:
+            self.host.fill(POISON_BYTE)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"staged={sorted(self._staged)}"
+        return (
+            f"<Session {self.tg.name!r} backend={self.backend.name} mode={self.mode} "
+            f"budget={format_bytes(self.mg.budget)} {state}>"
+        )
+
+    # -- lifetime ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the streams and release the arena and host memory."""
+        if self._closed:
+            return
+        self._closed = True
+        for stream in self.streams.values():
+            stream.close()
+        self.interpreter = None  # type: ignore[assignment]
+        self.arena = self.host = None
+        if self._owns_backend:
+            self.backend.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError("this Session is closed")
+
+    # -- inputs ------------------------------------------------------------------
+
+    def stage(self, arrays: Mapping[str, Any]) -> None:
+        """Place inputs (typically weights) once; later runs use them unless given again.
+
+        The data is copied: changing the arrays afterwards does not change the session.
+        """
+        self._check_open()
+        _check_partial(self.mg, arrays)
+        _reject_device_arrays(arrays)
+        for name, value in arrays.items():
+            self._staged[name] = self._place(name, value, persist=True)
+
+    @property
+    def staged(self) -> tuple[str, ...]:
+        """Names of the staged inputs."""
+        return tuple(self._staged)
+
+    def _place(self, name: str, value: Any, persist: bool) -> Any:
+        """Put input `name` where its input node expects it; return what now holds it."""
+        node = self._input_nodes.get(name)
+        if node is None:  # an unverified plan that never reads this input
+            return np.asarray(value)
+        interp = self.interpreter
+        if node.storage in self.layout.aliased:  # read in place: no copy unless kept
+            held = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
+            interp.bind_host(node.storage, held)
+            return held
+        if node.storage is not None:
+            slot = interp.host_view(node.storage)
+            np.copyto(slot, value)
+            return slot
+        if self.backend.host_staging:
+            slot = self.layout.inputs[name].of(self.host)
+            np.copyto(slot, value)
+            interp.sources[name] = slot
+            return slot
+        source = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
+        interp.sources[name] = source
+        return source
+
+    # -- running -----------------------------------------------------------------
+
+    def run(
+        self, inputs: Mapping[str, Any] | None = None, *, seed: int = 0, trace: bool = False
+    ) -> dict[str, np.ndarray]:
+        """Run the plan on `inputs` (plus the staged ones); return the outputs on the host.
+
+        An input given here that was staged replaces the staged value (for later runs
+        too). `seed` orders the random mode; `trace=True` records a timing trace
+        (`self.last.trace`).
+        """
+        self._check_open()
+        inputs = {} if inputs is None else inputs
+        if not isinstance(inputs, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of name to array, got {type(inputs).__name__}"
+            )
+        self.tg.check_inputs({**self._staged, **inputs})
+        _reject_device_arrays(inputs)
+        started = time.perf_counter()
+        for name, value in inputs.items():
+            placed = self._place(name, value, persist=name in self._staged)
+            if name in self._staged:
+                self._staged[name] = placed
+        self.interpreter.results = self._result_buffers()
+        timing = self._execute(seed, trace)
+        outputs = self._collect()
+        seconds = time.perf_counter() - started
+        memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}
+        self.last = RunReport(
+            backend=self.backend.name,
+            mode=self.mode,
+            seconds=seconds,
+            nodes=len(self.mg.nodes),
+            seed=seed if self.mode == "random" else None,
+            trace=timing,
+            memory=memory,
+            counters=self.backend.counters(),
+        )
+        return outputs
+
+    def _result_buffers(self) -> dict[str, np.ndarray]:
+        buffers = {}
+        for name, node in self._output_nodes.items():
+            if node.region is None:
+                continue
+            if self.backend.host_staging:
+                buffers[name] = self.layout.outputs[name].of(self.host)
+            else:
+                task = self.tg[self.tg.outputs[name]]
+                buffers[name] = np.empty(task.shape, dtype=task.dtype)
+        return buffers
+
+    def _collect(self) -> dict[str, np.ndarray]:
+        outputs = {}
+        results = self.interpreter.results
+        for name, task_id in self.tg.outputs.items():
+            node = self._output_nodes.get(name)
+            task = self.tg[task_id]
+            if node is None:
+                raise BackendError(f"the plan never produces output {name!r}")
+            if node.storage is not None:
+                value = self.interpreter.host_view(node.storage).reshape(task.shape)
+                outputs[name] = np.array(value, copy=True)
+            elif self.backend.host_staging:
+                outputs[name] = np.array(results[name], copy=True)
+            else:
+                outputs[name] = results[name]
+        return outputs
+
+    def _execute(self, seed: int, tracing: bool) -> Trace | None:
+        """Issue every node in the mode's order, synchronize, and raise the first failure."""
+        timing: list[tuple[MemNode, str, Event, Event]] | None = [] if tracing else None
+        origin: Event | None = None
+        failure: BaseException | None = None
+        with self.backend.running():
+            try:
+                if self.poison:
+                    self._poison_scratch()
+                if self.poison or tracing:
+                    origin = self._barrier()
+                if self.schedule.mode == "random":
+                    self._issue_random(seed, timing)
+                else:
+                    self._issue_in_order(timing)
+            except BaseException as err:
+                failure = err
+            for stream in self.streams.values():  # drain every stream, even after a failure
+                try:
+                    stream.synchronize()
+                except BaseException as err:
+                    failure = failure or err
+            if failure is not None:
+                raise _public_error(failure) from (
+                    failure.error if isinstance(failure, NodeFailure) else failure
+                )
+        if timing is None:
+            return None
+        return self._trace(timing, origin)
+
+    def _poison_scratch(self) -> None:
+        stream = self.streams[self.schedule.streams[0]]
+        stream.context = "poisoning the arena"
+        whole = self.backend.view(self.arena, 0, (self.mg.budget,), "uint8")
+        self.backend.fill_bytes(whole, POISON_BYTE, stream)
+        for storage in self._scratch_storages:
+            slot = self.layout.storages[storage]
+            self.host[slot.offset : slot.offset + slot.nbytes] = POISON_BYTE
+
+    def _barrier(self) -> Event:
+        """An event on the first stream that every other stream waits for: the poisoning
+        is done before any node's work, and the trace's times are measured from it."""
+        first, *others = self.schedule.streams
+        origin = self.streams[first].record(timing=True)
+        for name in others:
+            self.streams[name].wait(origin)
+        return origin
+
+    def _issue_in_order(self, timing: list | None) -> None:
+        schedule, streams, issue = self.schedule, self.streams, self.interpreter.issue
+        stream_of, waits, recorded = schedule.stream_of, schedule.waits, schedule.recorded
+        events: dict[int, Event] = {}
+        node = None
+        try:
+            for node in self.mg.nodes:
+                name = stream_of[node.id]
+                if name is None:
+                    issue(node, None)
+                    continue
+                stream = streams[name]
+                for dep in waits[node.id]:
+                    stream.wait(events[dep])
+                stream.context = node
+                if timing is None:
+                    issue(node, stream)
+                    if node.id in recorded:
+                        events[node.id] = stream.record()
+                else:
+                    start = stream.record(timing=True)
+                    issue(node, stream)
+                    end = events[node.id] = stream.record(timing=True)
+                    timing.append((node, name, start, end))
+        except NodeFailure:
+            raise
+        except Exception as err:
+            raise NodeFailure(err, node, stream_of[node.id] or "host") from err
+
+    def _issue_random(self, seed: int, timing: list | None) -> None:
+        streams, issue, stream_of = self.streams, self.interpreter.issue, self.schedule.stream_of
+        nodes = self.mg.nodes
+        node = None
+        try:
+            for node_id in random_order(self.mg, seed):
+                node = nodes[node_id]
+                name = stream_of[node_id]
+                if name is None:
+                    issue(node, None)
+                    continue
+                stream = streams[name]
+                stream.context = node
+                start = stream.record(timing=True) if timing is not None else None
+                issue(node, stream)
+                if timing is not None:
+                    timing.append((node, name, start, stream.record(timing=True)))
+                stream.synchronize()
+        except NodeFailure:
+            raise
+        except Exception as err:
+            where = stream_of[node.id] if node is not None else None
+            raise NodeFailure(err, node, where or "host") from err
+
+    def _trace(self, timing: list[tuple[MemNode, str, Event, Event]], origin: Event) -> Trace:
+        spans = []
+        for node, name, start, end in timing:
+            task = self.tg[node.tensor]
+            args: dict[str, Any] = {"tensor": node.tensor, "bytes": task.nbytes}
+            if node.kind is NodeKind.APPLY:
+                args["flops"] = task.flops
+                label = task.op.describe()
+            else:
+                label = node.describe()
+            if task.scope:
+                args["scope"] = task.scope
+            spans.append(
+                Span(
+                    stream=name,
+                    name=f"%{node.tensor} {label}" if node.kind is NodeKind.APPLY else label,
+                    start=start.seconds_since(origin),
+                    end=end.seconds_since(origin),
+                    node=node.id,
+                    kind=node.kind.value,
+                    args=args,
+                )
+            )
+        clock = "cuda" if self.backend.name == "cupy" else "wall"
+        title = f"einpage {self.tg.name} ({self.backend.name}, {self.mode})"
+        return Trace(spans, clock=clock, title=title, metadata={"budget": self.mg.budget})
+
+
+def _public_error(failure: BaseException) -> BaseException:
+    """The error a user sees for a failure during a run: einpage errors pass through (with a
+    note naming the node), anything else becomes a `BackendError` naming the node."""
+    if not isinstance(failure, NodeFailure):
+        if isinstance(failure, EinpageError) or not isinstance(failure, Exception):
+            return failure
+        return BackendError(f"the run failed: {type(failure).__name__}: {failure}")
+    error, node = failure.error, failure.context
+    where = f"n{node.id} ({node.describe()})" if isinstance(node, MemNode) else str(node)
+    if isinstance(error, EinpageError):
+        if hasattr(error, "add_note"):
+            error.add_note(f"while running {where} on stream {failure.stream!r}")
+        return error
+    return BackendError(
+        f"{where} failed on stream {failure.stream!r}: {type(error).__name__}: {error}"
+    )
+
+
+def run(
+    mg: MemGraph,
+    inputs: Mapping[str, Any],
+    backend: str | Backend = "auto",
+    *,
+    mode: str | None = None,
+    seed: int = 0,
+    trace: str | os.PathLike[str] | None = None,
+    poison: bool | None = None,
+    unsafe_skip_verify: bool = False,
+    **options: Any,
+) -> dict[str, np.ndarray]:
+    """Execute the plan `mg` on `inputs` (name -> NumPy array); return its outputs.
+
+    Inputs are checked first (names, shapes, dtypes: `InputError`), then the plan
+    (`memgraph.verify`, once per plan: `VerificationError`). `backend` is "auto"
+    (CuPy when a GPU is usable, else NumPy), "numpy" or "cupy"; `mode` is
+    "sequential", "streams" (alias "threaded") or "random" (ordered by `seed`);
+    `trace` is a path to write a Chrome trace of the run to. Other keywords go to
+    `Session` and the backend (see `Session`).
+
+    >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
+    """
+    if not isinstance(mg, MemGraph):
+        raise GraphError(f"expected a memgraph.MemGraph, got {type(mg).__name__}")
+    mg.taskgraph.check_inputs(inputs)
+    with Session(
+        mg,
+        backend,
+        mode=mode,
+        poison=poison,
+        unsafe_skip_verify=unsafe_skip_verify,
+        **options,
+    ) as session:
+        outputs = session.run(inputs, seed=seed, trace=trace is not None)
+        if trace is not None:
+            session.last.trace.write(trace)
+    return outputs

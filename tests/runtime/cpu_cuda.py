@@ -1,0 +1,229 @@
+"""A CPU stand-in for the parts of CuPy that the GPU backend's kernels use (tests only).
+
+`FakeCupy` is NumPy plus `ElementwiseKernel` and `ReductionKernel` that compile the
+CUDA C they are given with the host C++ compiler (g++) and run it over NumPy arrays,
+wrapped in the same loop templates CuPy generates (`out = ...` per element; for a
+reduction `_s = REDUCE(_s, static_cast<_type_reduce>(map_expr))` from
+`_type_reduce(identity)`, then `POST_MAP(_s)`). Device-only spellings are mapped to
+host C++ (`__device__`, `__int_as_float`, ...). Only float32/float64/int dtypes:
+CuPy's `float16` class has no host equivalent here.
+
+It lets the CuPy backend's kernel dispatch and the generated code run on a machine
+without a GPU; it says nothing about CUDA streams, memory or cuBLAS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from types import SimpleNamespace
+
+import numpy as np
+
+CXX = shutil.which("g++") or shutil.which("c++")
+
+_CTYPE = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
+          "uint8": "unsigned char", "bool": "bool"}  # fmt: skip
+_CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
+           "int64": ctypes.c_int64}  # fmt: skip
+
+_HEADER = r"""
+#include <cmath>
+#include <cstring>
+#include <cstddef>
+using namespace std;
+#define __device__
+#define __forceinline__ inline
+static inline float __int_as_float(unsigned int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline double __longlong_as_double(unsigned long long x) {
+  double d; memcpy(&d, &x, 8); return d;
+}
+"""
+
+_BUILD_DIR = tempfile.mkdtemp(prefix="einpage-cpu-cuda-")
+_LIBRARIES: dict[str, ctypes.CDLL] = {}
+
+
+def _compile(source: str) -> ctypes.CDLL:
+    key = hashlib.sha1(source.encode()).hexdigest()[:16]
+    if key not in _LIBRARIES:
+        path = os.path.join(_BUILD_DIR, key)
+        with open(path + ".cpp", "w") as handle:
+            handle.write(source)
+        result = subprocess.run(
+            [CXX, "-O0", "-shared", "-fPIC", "-o", path + ".so", path + ".cpp"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode:
+            raise RuntimeError(f"g++ failed:\n{result.stderr}\n--- source ---\n{source}")
+        _LIBRARIES[key] = ctypes.CDLL(path + ".so")
+    return _LIBRARIES[key]
+
+
+def _parse_params(text: str) -> list[tuple[bool, str, str]]:
+    """`"raw T table, float32 x"` -> [(raw, type, name), ...]."""
+    params = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        words = part.split()
+        raw = words[0] == "raw"
+        type_name, name = words[-2], words[-1]
+        params.append((raw, type_name, name))
+    return params
+
+
+def _bind(params, args) -> dict[str, str]:
+    """Type placeholders (single capitals) resolved from the arguments' dtypes."""
+    bound: dict[str, str] = {}
+    for (_, type_name, _), arg in zip(params, args, strict=True):
+        if type_name not in _CTYPE and isinstance(arg, np.ndarray):
+            bound[type_name] = arg.dtype.name
+    return bound
+
+
+def _ctype(type_name: str, bound: dict[str, str]) -> str:
+    return _CTYPE[bound.get(type_name, type_name)]
+
+
+def _dtype(type_name: str, bound: dict[str, str]) -> str:
+    return bound.get(type_name, type_name)
+
+
+class ElementwiseKernel:
+    def __init__(self, in_params, out_params, operation, name="kernel", preamble="", **_):
+        self.params = _parse_params(in_params) + _parse_params(out_params)
+        self.n_in = len(_parse_params(in_params))
+        self.operation = operation
+        self.name = name
+        self.preamble = preamble
+
+    def __call__(self, *args):
+        args = list(args)
+        bound = _bind(self.params, args)
+        arrays = [a for (raw, _, _), a in zip(self.params, args, strict=True)
+                  if not raw and isinstance(a, np.ndarray)]  # fmt: skip
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        decls, loop, call = [], [], []
+        outputs = []
+        for position, ((raw, type_name, name), arg) in enumerate(
+            zip(self.params, args, strict=True)
+        ):
+            ctype = _ctype(type_name, bound)
+            if raw:
+                data = np.ascontiguousarray(arg)
+                decls.append(f"{ctype}* {name}")
+                call.append(data)
+                outputs.append((arg, data))
+            elif isinstance(arg, np.ndarray):
+                data = np.ascontiguousarray(np.broadcast_to(arg, shape))
+                if position >= self.n_in:
+                    data = data.copy()
+                    outputs.append((arg, data))
+                    loop.append(f"{ctype}& {name} = {name}_p[i];")
+                else:
+                    loop.append(f"const {ctype} {name} = {name}_p[i];")
+                decls.append(f"{ctype}* {name}_p")
+                call.append(data)
+            else:
+                decls.append(f"{ctype} {name}")
+                call.append(_CTYPES[_dtype(type_name, bound)](arg))
+        typedefs = "".join(f"typedef {_CTYPE[d]} {t};\n" for t, d in bound.items())
+        source = (
+            f"{_HEADER}{self.preamble}\n{typedefs}"
+            f'extern "C" void run(ptrdiff_t n, {", ".join(decls)}) {{\n'
+            f"  for (ptrdiff_t i = 0; i < n; ++i) {{\n    {' '.join(loop)}\n"
+            f"    {self.operation}\n  }}\n}}\n"
+        )
+        lib = _compile(source)
+        lib.run(ctypes.c_ssize_t(int(np.prod(shape))), *(_pointer(c) for c in call))
+        for target, data in outputs:
+            target[...] = data.reshape(target.shape) if data.shape != target.shape else data
+
+
+class ReductionKernel:
+    def __init__(self, in_params, out_params, map_expr, reduce_expr, post_map_expr, identity,
+                 name="reduce_kernel", reduce_type=None, preamble="", **_):  # fmt: skip
+        self.inputs = _parse_params(in_params)
+        self.outputs = _parse_params(out_params)
+        self.map_expr, self.reduce_expr, self.post_map_expr = map_expr, reduce_expr, post_map_expr
+        self.identity = identity
+        self.reduce_type = reduce_type
+        self.preamble = preamble
+
+    def __call__(self, *args, axis, out):
+        bound = _bind(self.inputs + self.outputs, [*args, out])
+        shape = np.broadcast_shapes(*(a.shape for a in args))
+        axes = tuple(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,)))
+        kept = [d for d in range(len(shape)) if d not in axes]
+        out_size = int(np.prod([shape[d] for d in kept]))
+        red_size = int(np.prod([shape[d] for d in axes]))
+        call, decls, loads = [], [], []
+        for (_, type_name, name), arg in zip(self.inputs, args, strict=True):
+            ctype = _ctype(type_name, bound)
+            full = np.broadcast_to(arg, shape).transpose(kept + list(axes))
+            call.append(np.ascontiguousarray(full).reshape(out_size, red_size))
+            decls.append(f"const {ctype}* {name}_p")
+            loads.append(f"const {ctype} {name} = {name}_p[o * R + r];")
+        (_, out_type, out_name), = self.outputs  # fmt: skip
+        out_ctype = _ctype(out_type, bound)
+        result = np.empty(out_size, dtype=_dtype(out_type, bound))
+        typedefs = "".join(f"typedef {_CTYPE[d]} {t};\n" for t, d in bound.items())
+        source = (
+            f"{_HEADER}{self.preamble}\n{typedefs}"
+            f"#define REDUCE(a, b) ({self.reduce_expr})\n"
+            f"#define POST_MAP(a) ({self.post_map_expr})\n"
+            f"typedef {self.reduce_type or out_ctype} _type_reduce;\n"
+            f'extern "C" void run(ptrdiff_t O, ptrdiff_t R, {", ".join(decls)}, '
+            f"{out_ctype}* out_p) {{\n"
+            f"  for (ptrdiff_t o = 0; o < O; ++o) {{\n"
+            f"    _type_reduce _s = _type_reduce({self.identity});\n"
+            f"    for (ptrdiff_t r = 0; r < R; ++r) {{\n      {' '.join(loads)}\n"
+            f"      _type_reduce _a = static_cast<_type_reduce>({self.map_expr});\n"
+            f"      _s = REDUCE(_s, _a);\n    }}\n"
+            f"    {out_ctype}& {out_name} = out_p[o];\n    POST_MAP(_s);\n  }}\n}}\n"
+        )
+        lib = _compile(source)
+        lib.run(ctypes.c_ssize_t(out_size), ctypes.c_ssize_t(red_size),
+                *(_pointer(c) for c in call), _pointer(result))  # fmt: skip
+        out[...] = result.reshape(out.shape)
+
+
+def _pointer(value):
+    if isinstance(value, np.ndarray):
+        return value.ctypes.data_as(ctypes.c_void_p)
+    return value
+
+
+def fake_cupy() -> SimpleNamespace:
+    """NumPy under CuPy's names, with the compiled kernel classes above."""
+    return SimpleNamespace(
+        ElementwiseKernel=ElementwiseKernel,
+        ReductionKernel=ReductionKernel,
+        matmul=np.matmul,
+        einsum=np.einsum,
+        concatenate=np.concatenate,
+        transpose=np.transpose,
+        broadcast_to=np.broadcast_to,
+        asarray=np.asarray,
+        asnumpy=np.asarray,
+        empty=np.empty,
+        zeros=np.zeros,
+        int64=np.int64,
+        sum=np.sum,
+        max=np.max,
+        min=np.min,
+        prod=np.prod,
+        maximum=np.maximum,
+        minimum=np.minimum,
+        exp=np.exp,
+        log=np.log,
+        sqrt=np.sqrt,
+        tanh=np.tanh,
+        abs=np.abs,
+        where=np.where,
+    )

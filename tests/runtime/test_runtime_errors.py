@@ -1,0 +1,218 @@
+"""Every error of the runtime: typed, raised before any work where possible, naming the culprit."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from plans import reference_plan
+from runtime_cases import block_program, make_inputs, mlp_program
+
+import runtime
+import runtime.session
+from einpage.errors import (
+    BackendError,
+    BackendUnavailableError,
+    EinpageError,
+    GraphError,
+    InputError,
+    VerificationError,
+)
+from memgraph import MemGraph, NodeKind, Region
+from runtime.backend import NodeFailure
+from runtime.numpy_backend import ThreadEvent, ThreadStream
+
+MODES = ("sequential", "threaded", "random")
+
+
+@pytest.fixture
+def mlp():
+    tg = mlp_program()
+    return reference_plan(tg, offload=frozenset({3})), make_inputs(tg, 0)
+
+
+def test_missing_extra_and_mistyped_inputs_are_named(mlp):
+    mg, inputs = mlp
+    with pytest.raises(InputError, match="missing input.*'w2'"):
+        runtime.run(mg, {k: v for k, v in inputs.items() if k != "w2"}, "numpy")
+    with pytest.raises(InputError, match="unknown input.*'bogus'"):
+        runtime.run(mg, {**inputs, "bogus": inputs["x"]}, "numpy")
+    with pytest.raises(InputError, match="input 'x': expected dtype float32, got float64"):
+        runtime.run(mg, {**inputs, "x": inputs["x"].astype("float64")}, "numpy")
+    with pytest.raises(InputError, match=r"input 'w1': expected shape \(8, 16\), got \(16, 8\)"):
+        runtime.run(mg, {**inputs, "w1": inputs["w1"].T}, "numpy")
+    with pytest.raises(InputError, match="mapping"):
+        runtime.run(mg, [inputs["x"]], "numpy")
+
+
+def test_inputs_are_checked_before_any_work(mlp, monkeypatch):
+    mg, inputs = mlp
+    monkeypatch.setattr(runtime.session, "Session", None)  # any work would fail differently
+    with pytest.raises(InputError, match="missing input"):
+        runtime.run(mg, {}, "numpy")
+
+
+def test_session_checks_staged_and_given_inputs(mlp):
+    mg, inputs = mlp
+    with runtime.Session(mg, "numpy") as session:
+        with pytest.raises(InputError, match="unknown input.*'nope'"):
+            session.stage({"nope": inputs["x"]})
+        with pytest.raises(InputError, match="input 'w1': expected dtype float32"):
+            session.stage({"w1": inputs["w1"].astype("float16")})
+        session.stage({"w1": inputs["w1"], "w2": inputs["w2"]})
+        with pytest.raises(InputError, match="missing input.*'x'"):
+            session.run({})
+        session.run({"x": inputs["x"]})
+
+
+class FakeDeviceArray:
+    __cuda_array_interface__ = {}
+
+    def __init__(self, array):
+        self.shape, self.dtype = array.shape, array.dtype
+
+
+def test_device_arrays_are_refused_with_a_hint(mlp):
+    mg, inputs = mlp
+    with pytest.raises(InputError, match=r"input 'x': expected a host \(NumPy\) array.*get\(\)"):
+        runtime.run(mg, {**inputs, "x": FakeDeviceArray(inputs["x"])}, "numpy")
+
+
+def test_unverifiable_plan_is_refused_and_verification_is_cached(mlp, monkeypatch):
+    mg, inputs = mlp
+    apply = mg.of_kind(NodeKind.APPLY)[1]
+    nodes = list(mg.nodes)
+    nodes[apply.id] = dataclasses.replace(apply, deps=())
+    bad = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment)
+    calls = []
+    real = runtime.session.verify
+    monkeypatch.setattr(runtime.session, "verify", lambda m: calls.append(m) or real(m))
+    for _ in range(2):
+        with pytest.raises(VerificationError, match=f"refusing to run.*n{apply.id} "):
+            runtime.run(bad, inputs, "numpy")
+        runtime.run(mg, inputs, "numpy")
+    assert calls.count(bad) == 1 and calls.count(mg) == 1
+
+
+def test_not_a_memgraph():
+    with pytest.raises(GraphError, match="expected a memgraph.MemGraph"):
+        runtime.run(mlp_program(), {}, "numpy")
+
+
+def test_unknown_backend_mode_and_option(mlp):
+    mg, inputs = mlp
+    with pytest.raises(BackendError, match="unknown backend 'tpu'; valid: 'auto', 'numpy', 'cupy'"):
+        runtime.run(mg, inputs, "tpu")
+    with pytest.raises(BackendError, match="unknown mode 'fast'"):
+        runtime.run(mg, inputs, "numpy", mode="fast")
+    with pytest.raises(BackendError, match=r"backend 'numpy' has no option\(s\) \['scratch'\]"):
+        runtime.run(mg, inputs, "numpy", scratch=1)
+    with pytest.raises(BackendError, match="timeout must be a positive number"):
+        runtime.run(mg, inputs, "numpy", timeout=0)
+
+
+def test_cupy_requested_without_cupy(mlp, monkeypatch):
+    mg, inputs = mlp
+    monkeypatch.setitem(sys.modules, "cupy", None)  # makes `import cupy` fail
+    with pytest.raises(BackendUnavailableError, match="CuPy.*not installed.*pip install"):
+        runtime.run(mg, inputs, "cupy")
+    assert not runtime.cupy_usable()
+    with runtime.Session(mg, "auto") as session:
+        assert session.backend.name == "numpy"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_errors_surface_from_worker_threads(mode):
+    tg = block_program()
+    mg = reference_plan(tg, offload=frozenset({4, 9}))
+    inputs = make_inputs(tg, 0)
+    inputs["ids"][2] = 99  # out of range for the embedding table
+    started = time.perf_counter()
+    with pytest.raises(InputError, match="id 99 is out of range") as info:
+        runtime.run(mg, inputs, "numpy", mode=mode, timeout=30)
+    assert time.perf_counter() - started < 10
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    gather = next(n for n in mg.of_kind(NodeKind.APPLY) if tg[n.tensor].kind == "gather")
+    assert f"n{gather.id} (apply" in notes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_other_exceptions_become_backend_errors_naming_the_node(mode, monkeypatch):
+    tg = mlp_program()
+    mg = reference_plan(tg, offload=frozenset({3}))
+
+    def broken(task, operands, out):
+        raise ValueError(f"kernel of %{task.id} exploded")
+
+    monkeypatch.setattr(runtime.numpy_backend, "_compute", broken)
+    first = mg.of_kind(NodeKind.APPLY)[0]
+    with pytest.raises(BackendError, match=rf"n{first.id} \(apply .*ValueError: kernel of %3"):
+        runtime.run(mg, make_inputs(tg, 0), "numpy", mode=mode, timeout=30)
+
+
+def test_a_session_survives_a_failed_run(monkeypatch):
+    tg = block_program()
+    mg = reference_plan(tg)
+    inputs = make_inputs(tg, 0)
+    bad = {**inputs, "ids": np.full_like(inputs["ids"], 50)}
+    with runtime.Session(mg, "numpy", mode="threaded", timeout=30) as session:
+        with pytest.raises(InputError):
+            session.run(bad)
+        good = session.run(inputs)
+        assert np.isfinite(good["y"]).all()
+
+
+def test_a_wait_that_never_ends_times_out():
+    stream = ThreadStream("h2d", timeout=0.2)
+    try:
+        stream.wait(ThreadEvent())  # never fired
+        time.sleep(0.5)  # the worker gives up waiting after 0.2 s
+        with pytest.raises(NodeFailure, match="waited more than 0.2 s"):
+            stream.synchronize()
+    finally:
+        stream.close()
+
+
+def test_a_stuck_stream_times_out_instead_of_hanging():
+    release = threading.Event()
+    stream = ThreadStream("compute", timeout=0.2)
+    try:
+        stream.submit(lambda: release.wait(5))
+        with pytest.raises(BackendError, match="did not finish its work within 0.2 s"):
+            stream.synchronize()
+    finally:
+        release.set()
+        stream.close()
+    assert not stream._thread.is_alive()
+
+
+def test_regions_outside_the_arena_fail_cleanly_when_unverified(mlp):
+    mg, inputs = mlp
+    alloc = mg.of_kind(NodeKind.ALLOC)[-1]
+    nodes = list(mg.nodes)
+    far = Region(mg.budget + 1024, alloc.region.size)
+    for node in mg.nodes:
+        if node.tensor == alloc.tensor and node.region == alloc.region and node.id >= alloc.id:
+            nodes[node.id] = dataclasses.replace(node, region=far)
+    bad = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment)
+    with pytest.raises(BackendError, match="does not fit in the arena"):
+        runtime.run(bad, inputs, "numpy", unsafe_skip_verify=True)
+
+
+def test_closed_session(mlp):
+    mg, inputs = mlp
+    session = runtime.Session(mg, "numpy")
+    session.close()
+    session.close()
+    with pytest.raises(BackendError, match="closed"):
+        session.run(inputs)
+    assert "closed" in repr(session)
+
+
+def test_every_error_is_an_einpage_error():
+    for cls in (BackendError, BackendUnavailableError, InputError, VerificationError):
+        assert issubclass(cls, EinpageError)

@@ -1,0 +1,263 @@
+"""The CuPy backend's kernel layer without a GPU: generated CUDA C, matmul layouts, dispatch.
+
+* `runtime.cuda_codegen`: every join function has a translation; the generated
+  expressions, compiled with g++ (device spellings mapped to host C++), agree with
+  the reference evaluator on random join trees; with nvcc (when installed) the
+  device code compiles for a real GPU target.
+* `runtime.contraction`: matmul-shaped einsums written through `matmul` with NumPy.
+* `CupyKernels` over `cpu_cuda.fake_cupy()` (NumPy plus g++-compiled Elementwise/
+  ReductionKernels): every task of random programs equals the reference.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from cpu_cuda import CXX, fake_cupy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from runtime_cases import assert_outputs_match, block_program, einsum_programs, make_inputs
+from strategies import einsum_cases, join_trees
+
+import einpage as ep
+import taskgraph
+from runtime import cuda_codegen
+from runtime.contraction import evaluate_einsum, matmul_into, matmul_plan
+from runtime.cupy_backend import CupyKernels, evaluate_on_gpu
+from taskgraph.einsum import EinsumSpec, normalize
+from taskgraph.evaluate import evaluate_task
+from taskgraph.expr import FUNCTIONS, Call, Var, parse
+
+needs_cxx = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)")
+
+# -- code generation --------------------------------------------------------------
+
+
+def test_every_join_function_has_a_cuda_translation():
+    for name, fn in FUNCTIONS.items():
+        expr = Call(name, tuple(Var(i) for i in range(fn.arity)))
+        text = cuda_codegen.join_to_c(expr, "float")
+        assert "in0" in text and name not in ("max", "min") or "ep_" in text
+
+
+def test_generated_sources():
+    src = cuda_codegen.elementwise_source(parse("exp(a - b) / c", 3), ["float32"] * 3, "float32")
+    assert src.in_params == "float32 in0, float32 in1, float32 in2"
+    assert src.out_params == "float32 out"
+    assert src.operation == "out = (exp((((float)in0) - ((float)in1))) / ((float)in2));"
+    assert src.name.startswith("einpage_join_") and src.name.isidentifier()
+    red = cuda_codegen.reduction_source(parse("a", 1), "max", ["float16"], "float16")
+    assert (red.reduce_type, red.reduce_expr, red.post_map_expr) == (
+        "float",
+        "ep_max(a, b)",
+        "out = a",
+    )
+    assert red.identity == "__int_as_float(0xff800000)"
+    double = cuda_codegen.reduction_source(parse("a * b", 2), "min", ["float64"] * 2, "float64")
+    assert double.reduce_type == "double" and "0x7ff0" in double.identity
+    # Same expression and dtypes: the same source (so the same cached kernel).
+    again = cuda_codegen.elementwise_source(parse("exp(a - b) / c", 3), ["float32"] * 3, "float32")
+    assert again == src and hash(again) == hash(src)
+    assert not cuda_codegen.supports(["int64"], "int64")
+
+
+def _harness(sources: list[tuple[str, str]], work: str) -> str:
+    body = "\n".join(
+        f'extern "C" {work} f{i}({work} in0, {work} in1, {work} in2) {{ return {text}; }}'
+        for i, (_, text) in enumerate(sources)
+    )
+    return (
+        "#include <cmath>\nusing namespace std;\n#define __device__\n"
+        f"#define __forceinline__ inline\n{cuda_codegen.PREAMBLE}\n{body}\n"
+    )
+
+
+@needs_cxx
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(trees=st.lists(join_trees(3, depth=3), min_size=25, max_size=25))
+def test_generated_joins_match_the_reference_when_compiled(trees, tmp_path_factory):
+    import ctypes
+
+    rng = np.random.default_rng(0)
+    points = rng.standard_normal((3, 64))
+    for work, dtype, tol in (("double", "float64", 1e-9), ("float", "float32", 2e-4)):
+        exprs = [parse(source, 3) for source, _ in trees]
+        sources = [
+            (s, cuda_codegen.join_to_c(e, work)) for (s, _), e in zip(trees, exprs, strict=True)
+        ]
+        folder = tmp_path_factory.mktemp("joins")
+        (folder / "j.cpp").write_text(_harness(sources, work))
+        command = [
+            CXX,
+            "-O0",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(folder / "j.so"),
+            str(folder / "j.cpp"),
+        ]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        lib = ctypes.CDLL(str(folder / "j.so"))
+        c_type = ctypes.c_double if work == "double" else ctypes.c_float
+        values = points.astype(dtype)
+        for i, expr in enumerate(exprs):
+            fn = getattr(lib, f"f{i}")
+            fn.restype, fn.argtypes = c_type, [c_type] * 3
+            with np.errstate(all="ignore"):
+                want = np.asarray(taskgraph.expr.evaluate(expr, list(values), np), dtype=dtype)
+            want = np.broadcast_to(want, values[0].shape)
+            got = np.array([fn(*map(float, values[:, j])) for j in range(values.shape[1])], dtype)
+            scale = np.maximum(1.0, np.abs(want))
+            close = np.isclose(got, want, rtol=tol, atol=tol * scale, equal_nan=True)
+            assert close.all(), f"{sources[i][0]} -> {sources[i][1]}"
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_generated_device_code_compiles_with_nvcc(tmp_path):
+    exprs = ["gelu(a) * silu(b)", "where(a > b, rsqrt(1.0 + a * a), -b) ** 2.0",
+             "max(relu(a), min(b, abs(a))) / (1.0 + sigmoid(b))", "exp(a - b) / c",
+             "log(1.0 + a * a) + tanh(b) - sqrt(1.0 + b * b)", "a * rsqrt(b + 1e-06)"]  # fmt: skip
+    kernels = []
+    for n, source in enumerate(exprs):
+        for work in ("float", "double"):
+            expr = parse(source, 3)
+            body = cuda_codegen.join_to_c(expr, work)
+            dtype = "float64" if work == "double" else "float32"
+            agg = ["sum", "max", "min", "prod"][n % 4]
+            red = cuda_codegen.reduction_source(expr, agg, [dtype] * 3, dtype)
+            kernels.append(
+                f'extern "C" __global__ void k{n}_{work}(const {work}* in0_p, const {work}* in1_p,'
+                f" const {work}* in2_p, {work}* out_p) {{\n"
+                f"  int i = threadIdx.x; {work} in0 = in0_p[i], in1 = in1_p[i], in2 = in2_p[i];\n"
+                f"  typedef {red.reduce_type} _type_reduce;\n"
+                f"  _type_reduce _s = _type_reduce({red.identity});\n"
+                f"  _type_reduce _a = static_cast<_type_reduce>({body});\n"
+                f"  #define REDUCE(a, b) ({red.reduce_expr})\n  _s = REDUCE(_s, _a);\n"
+                f"  out_p[i] = _s;\n}}"
+            )
+    (tmp_path / "k.cu").write_text(cuda_codegen.PREAMBLE + "\n".join(kernels))
+    result = subprocess.run(
+        [NVCC, "-c", "-arch=sm_80", "-o", str(tmp_path / "k.o"), str(tmp_path / "k.cu")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+# -- matmul layouts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "shapes", "swap", "in_place"),
+    [
+        ("mk,kn->mn", [(3, 4), (4, 5)], False, True),
+        ("mk,kn->nm", [(3, 4), (4, 5)], True, True),
+        ("bqd,bkd->bqk", [(2, 3, 4), (2, 5, 4)], False, True),
+        ("hqk,khe->qhe", [(2, 3, 3), (3, 2, 4)], False, False),
+        ("bmk,bkn->mbn", [(2, 3, 4), (2, 4, 5)], False, False),
+        ("ik,k->i", [(3, 4), (4,)], False, True),
+        ("k,k->", [(4,), (4,)], False, True),
+    ],
+)
+def test_matmul_plans(spec, shapes, swap, in_place):
+    parsed = EinsumSpec.parse(spec)
+    plan = matmul_plan(parsed, shapes)
+    assert plan is not None and plan.swap == swap
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s) for s in shapes)
+    out = np.empty(parsed.output_shape(shapes))
+    assert matmul_into(np, plan, a, b, out) == in_place
+    np.testing.assert_allclose(out, np.einsum(spec, a, b), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["ij,jk->k", "ij,j->ij", "ij,kl->ijkl", "i->i", "ij,ij,ij->"])
+def test_not_matmul_shaped(spec):
+    parsed = EinsumSpec.parse(spec)
+    shapes = [tuple(3 for _ in term) for term in parsed.inputs]
+    assert matmul_plan(parsed, shapes) is None
+
+
+@given(case=einsum_cases(max_operands=2, dtypes=("float64",)), seed=st.integers(0, 99))
+def test_matmul_plans_of_random_pairs(case, seed):
+    if len(case.shapes) != 2:
+        return
+    parsed = normalize(case.spec, case.shapes).spec
+    plan = matmul_plan(parsed, case.shapes)
+    if plan is None:
+        return
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(s) for s in case.shapes)
+    out = np.empty(parsed.output_shape(case.shapes))
+    matmul_into(np, plan, a, b, out)
+    np.testing.assert_allclose(out, np.einsum(str(parsed), a, b), rtol=1e-10, atol=1e-10)
+
+
+@given(tg=einsum_programs(dtypes=("float32", "float64")), seed=st.integers(0, 99))
+def test_generic_einsum_path_matches_evaluate_task(tg, seed):
+    values = make_inputs(tg, seed)
+    arrays = {tg.inputs[n]: v for n, v in values.items()}
+    for task in tg:
+        if task.kind == "input":
+            continue
+        operands = [arrays[i] for i in task.inputs]
+        want = evaluate_task(task, operands)
+        if task.kind == "einsum":
+            with np.errstate(all="ignore"):
+                got = evaluate_einsum(np, task, operands)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        arrays[task.id] = want
+
+
+# -- the kernel layer on the CPU stand-in -----------------------------------------
+
+
+@needs_cxx
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+@given(tg=einsum_programs(dtypes=("float32", "float64")), seed=st.integers(0, 99))
+def test_cupy_kernels_on_cpu_match_the_reference(tg, seed):
+    inputs = make_inputs(tg, seed)
+    kernels = CupyKernels(fake_cupy())
+    with np.errstate(all="ignore"):
+        got = evaluate_on_gpu(tg, inputs, kernels)
+        want = taskgraph.evaluate(tg, inputs)
+    assert_outputs_match(got, want)
+
+
+@needs_cxx
+def test_cupy_kernels_on_cpu_run_a_transformer_block():
+    tg = block_program(dtype="float32", layers=2)
+    inputs = make_inputs(tg, 0)
+    kernels = CupyKernels(fake_cupy())
+    got = evaluate_on_gpu(tg, inputs, kernels)
+    assert_outputs_match(got, taskgraph.evaluate(tg, inputs))
+    used = set(kernels.counters)
+    assert {"cublas", "elementwise_kernel", "reduction_kernel", "gather", "fill"} <= used
+    assert {"copy", "concat"} <= used
+    assert kernels.counters["einsum_fallback"] == 0
+
+
+@needs_cxx
+def test_gather_kernel_flags_bad_ids():
+    tg = block_program()
+    inputs = make_inputs(tg, 0)
+    inputs["ids"][1] = -3
+    with pytest.raises(ep.InputError, match="id -3 is out of range"):
+        evaluate_on_gpu(tg, inputs, CupyKernels(fake_cupy()))
+
+
+@needs_cxx
+def test_causal_fill_with_an_origin():
+    prog = ep.Program()
+    x = prog.input("x", (2, 3, 4))
+    mask = prog._add(taskgraph.Fill(-math.inf, "causal", (0, 1, 2)), (), (2, 3, 4), "float32")
+    prog.output(mask + x, "y")
+    tg = prog.build()
+    inputs = make_inputs(tg, 0)
+    assert_outputs_match(evaluate_on_gpu(tg, inputs, CupyKernels(fake_cupy())),
+                         taskgraph.evaluate(tg, inputs))  # fmt: skip
