@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,9 @@ __all__ = [
     "write_chrome_trace",
     "lane_name",
     "ordered_lanes",
+    "busy",
+    "overlap",
+    "makespan",
 ]
 
 STREAMS = ("compute", "h2d", "d2h")
@@ -46,20 +49,66 @@ _STREAM_ALIASES = {
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
     """Work on one stream: `stream` ("compute", "h2d", "d2h", or any other lane name)
-    busy from `start` to `end` seconds, doing `label` (for MemGraph node `node`)."""
+    busy from `start` to `end` seconds, doing `label` for MemGraph node `node` of kind
+    `kind` ("apply", "reload", ...); `args` are extra JSON-ready details for the trace."""
 
     stream: str
     start: float
     end: float
     label: str = ""
     node: int | None = None
+    kind: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def duration(self) -> float:
         return self.end - self.start
 
 
+def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint union of `[start, end)` intervals."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def busy(events: Iterable[StreamEvent], stream: str) -> float:
+    """Seconds during which `stream` was running something (overlapping events count once)."""
+    return sum(
+        end - start
+        for start, end in _merged((e.start, e.end) for e in events if e.stream == stream)
+    )
+
+
+def overlap(events: Iterable[StreamEvent], a: str, b: str) -> float:
+    """Seconds during which streams `a` and `b` were both running something."""
+    events = list(events)
+    first = _merged((e.start, e.end) for e in events if e.stream == a)
+    second = _merged((e.start, e.end) for e in events if e.stream == b)
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        total += max(0.0, min(first[i][1], second[j][1]) - max(first[i][0], second[j][0]))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def makespan(events: Iterable[StreamEvent]) -> float:
+    """Seconds from the first event's start to the last event's end (0 when empty)."""
+    events = list(events)
+    if not events:
+        return 0.0
+    return max(e.end for e in events) - min(e.start for e in events)
+
+
 def lane_name(name: Any) -> str:
+    """A stream name normalised: `HtoD` -> `h2d`, `DtoH` -> `d2h`, `kernel` -> `compute`."""
     text = str(name)
     key = "".join(c for c in text.lower() if c.isalnum())
     if key in STREAMS:
@@ -67,29 +116,53 @@ def lane_name(name: Any) -> str:
     return _STREAM_ALIASES.get(key, text)
 
 
-def to_chrome_trace(events: Iterable[StreamEvent], pid: int = 0) -> dict[str, Any]:
-    """Events as a Chrome trace (`chrome://tracing`, Perfetto): complete events
-    (`"ph": "X"`, `ts`/`dur` in microseconds) on one numbered thread per stream,
-    named by a `thread_name` record; `args.node` keeps the MemGraph node id."""
-    events = list(events)
+def to_chrome_trace(
+    events: Iterable[StreamEvent], title: str = "einpage", metadata: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Events as a Chrome trace document (`chrome://tracing`, https://ui.perfetto.dev).
+
+    One process named `title`, one track (thread) per stream in display order, one
+    complete event (`"ph": "X"`, `ts`/`dur` in microseconds from the first event's
+    start) per StreamEvent; `cat` is the node kind and `args.node` the MemGraph node.
+    `metadata` goes to `otherData`.
+    """
+    events = sorted(events, key=lambda e: (e.start, -1 if e.node is None else e.node))
+    pid = 1
     tids = {lane: k for k, lane in enumerate(ordered_lanes(e.stream for e in events), 1)}
     trace: list[dict[str, Any]] = [
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": lane}}
-        for lane, tid in tids.items()
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": title}}
     ]
+    for lane, tid in tids.items():
+        trace.append(
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": lane}}
+        )
+        trace.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
+    origin = min((e.start for e in events), default=0.0)
     for e in events:
+        args = dict(e.args)
+        if e.node is not None:
+            args["node"] = e.node
         record: dict[str, Any] = {
             "name": e.label or e.stream,
             "ph": "X",
-            "ts": e.start * 1e6,
-            "dur": (e.end - e.start) * 1e6,
             "pid": pid,
             "tid": tids[e.stream],
+            "ts": round((e.start - origin) * 1e6, 3),
+            "dur": round(max(e.duration, 0.0) * 1e6, 3),
+            "args": args,
         }
-        if e.node is not None:
-            record["args"] = {"node": e.node}
+        if e.kind:
+            record["cat"] = e.kind
         trace.append(record)
-    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
 
 
 def read_chrome_trace(
@@ -125,28 +198,36 @@ def read_chrome_trace(
             raise TraceError(
                 f"trace event {k}: a complete event needs numeric 'ts' and 'dur'"
             ) from None
-        args = r.get("args") or {}
+        args = dict(r.get("args") or {})
         lane = args.get("stream") or names.get((r.get("pid"), r.get("tid"))) or r.get("tid", "?")
-        node = args.get("node")
+        node = args.pop("node", None)
         events.append(
             StreamEvent(
                 stream=lane_name(lane),
                 start=ts * 1e-6,
                 end=(ts + dur) * 1e-6,
                 label=str(r.get("name", "")),
-                node=int(node) if isinstance(node, int) else None,
+                node=node if isinstance(node, int) and not isinstance(node, bool) else None,
+                kind=str(r.get("cat", "")),
+                args=args,
             )
         )
     return events
 
 
 def ordered_lanes(streams: Iterable[str]) -> list[str]:
+    """Lane names in display order: compute, h2d, d2h, then others sorted."""
     seen = set(streams)
     return [s for s in STREAMS if s in seen] + sorted(seen - set(STREAMS))
 
 
-def write_chrome_trace(events: Iterable[StreamEvent], path: str | os.PathLike[str]) -> Path:
+def write_chrome_trace(
+    events: Iterable[StreamEvent],
+    path: str | os.PathLike[str],
+    title: str = "einpage",
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
     """Write `events` as a Chrome trace JSON file; returns the path."""
     path = Path(path)
-    path.write_text(json.dumps(to_chrome_trace(events)), encoding="utf-8")
+    path.write_text(json.dumps(to_chrome_trace(events, title, metadata)), encoding="utf-8")
     return path

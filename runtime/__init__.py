@@ -21,14 +21,13 @@ from runtime.backend import (
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
 from runtime.session import RunReport, Session, run, verified
-from runtime.trace import Span, Trace
+from runtime.trace import Trace
 
 __all__ = [
     "run",
     "Session",
     "RunReport",
     "Trace",
-    "Span",
     "Backend",
     "Stream",
     "Event",

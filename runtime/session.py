@@ -24,11 +24,12 @@ from einpage.errors import BackendError, EinpageError, GraphError, InputError, V
 from einpage.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
+from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
 from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
-from runtime.trace import Span, Trace
+from runtime.trace import Trace
 
 __all__ = ["run", "Session", "RunReport", "verified"]
 
@@ -441,11 +442,11 @@ class Session:
             if task.scope:
                 args["scope"] = task.scope
             spans.append(
-                Span(
+                StreamEvent(
                     stream=name,
-                    name=f"%{node.tensor} {label}" if node.kind is NodeKind.APPLY else label,
                     start=start.seconds_since(origin),
                     end=end.seconds_since(origin),
+                    label=f"%{node.tensor} {label}" if node.kind is NodeKind.APPLY else label,
                     node=node.id,
                     kind=node.kind.value,
                     args=args,

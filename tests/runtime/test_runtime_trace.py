@@ -9,11 +9,12 @@ from plans import reference_plan
 from runtime_cases import block_program, make_inputs
 
 import runtime
-from runtime.trace import Span, Trace
+from memgraph.trace import StreamEvent
+from runtime.trace import Trace
 
 
 def spans(*items):
-    return [Span(stream, f"n{i}", start, end, i, "apply") for i, (stream, start, end) in
+    return [StreamEvent(stream, start, end, f"n{i}", i, "apply") for i, (stream, start, end) in
             enumerate(items)]  # fmt: skip
 
 
@@ -62,11 +63,11 @@ def test_numpy_runs_record_a_trace(mode, tmp_path):
         session.run(inputs, trace=True)
         trace = session.last.trace
     with_work = [n for n in mg.nodes if session.schedule.stream_of[n.id] is not None]
-    assert len(trace.spans) == len(with_work)
+    assert len(trace.events) == len(with_work)
     expected_streams = {"compute"} if mode == "sequential" else {"compute", "h2d", "d2h"}
     assert set(trace.streams) == expected_streams
-    for span in trace.spans:
-        assert 0.0 <= span.start <= span.end
+    for event in trace.events:
+        assert 0.0 <= event.start <= event.end
     assert trace.clock == "wall"
     path = tmp_path / "trace.json"
     trace.write(path)
