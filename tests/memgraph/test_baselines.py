@@ -11,6 +11,7 @@ import pytest
 from replay import random_inputs, replay
 from streaming_cases import PROGRAMS, mlp, working_budget
 
+import einpage as ep
 import memgraph.baselines as baselines_module
 import taskgraph
 from einpage.errors import InfeasibleBudgetError, PlanError
@@ -195,3 +196,41 @@ def test_a_fragmented_arena_reports_the_budget_that_works():
 def test_bad_prefetch_is_rejected():
     with pytest.raises(PlanError, match="prefetch must be an int >= 0"):
         layer_streaming_plan(mlp(), "16MiB", prefetch=-1)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_a_weight_shared_by_consecutive_layers_is_copied_once_per_layer(prefetch):
+    prog = ep.Program("shared")
+    h = prog.input("x", (8, 64))
+    w = prog.input("w", (64, 64), role="weight")
+    for i in range(3):
+        with prog.scope(f"layers.{i}"):
+            h = ep.relu(h @ w) + h @ prog.input(f"u{i}", (64, 64), role="weight")
+    prog.output(h, "y")
+    tg = prog.build()
+    mg = layer_streaming_plan(tg, 16 * working_budget(tg), prefetch=prefetch)
+    verify(mg)
+    reloads = collections.Counter(n.tensor for n in mg.of_kind(NodeKind.RELOAD))
+    assert reloads[tg.inputs["w"]] == 3
+    inputs = random_inputs(tg)
+    np.testing.assert_allclose(replay(mg, inputs)["y"], taskgraph.evaluate(tg, inputs)["y"])
+
+
+def test_inputs_that_are_outputs_or_unused():
+    prog = ep.Program("odd")
+    x = prog.input("x", (4, 4))
+    w = prog.input("w", (4, 4), role="weight")
+    prog.input("unused", (4,))
+    prog.input("unused_weight", (4,), role="weight")
+    with prog.scope("layers.0"):
+        prog.output(x @ w, "y")
+    prog.output(w, "w_out")
+    prog.output(x, "x_out")
+    tg = prog.build()
+    for prefetch in (0, 1):
+        mg = layer_streaming_plan(tg, "64KiB", prefetch=prefetch)
+        verify(mg)
+        inputs = random_inputs(tg)
+        got, expected = replay(mg, inputs), taskgraph.evaluate(tg, inputs)
+        for key in expected:
+            np.testing.assert_allclose(got[key], expected[key], rtol=1e-6)
