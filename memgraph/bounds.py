@@ -1,0 +1,209 @@
+"""Lower bounds on the bytes any valid plan must move between host and device.
+
+`transfer_lower_bounds(tg, budget, order)` returns what every MemGraph that verifies
+(`memgraph.verify`) within `budget` bytes, applying the tasks in `order`, must at
+least transfer. Two arguments, both counting tensor bytes (`Task.nbytes`, as
+`PlanStats` does):
+
+Compulsory reloads (any order)
+    An input on the host is on the device only after a `reload` writes it there (an
+    `input` node to host storage writes no device region), and an `apply` reads only
+    resident operands. So every host input that some task reads is reloaded at least
+    once before its first use: `compulsory_reload_bytes` is the sum of their bytes.
+
+Capacity (for the order)
+    Take the moment of the apply of the task at step s. The tensors that must then be
+    *somewhere* are its working set W_s (its operands' storage roots and its output,
+    which must be allocated) and the live set L_s: every tensor that exists before step
+    s (a computed tensor produced earlier; an input first used earlier – an input not
+    yet used may legitimately be brought in later) and is read again after step s.
+    Allocated regions are at least as large as their tensors and never exceed the
+    budget in total, so the tensors of L_s that are *not* allocated at that moment, the
+    set S_s, hold at least e_s = bytes(L_s ∪ W_s) - budget bytes. Each of them is read
+    after step s, so each is reloaded after step s (a tensor is computed once and an
+    input node writes once, before its first use: only a reload can bring it back).
+    Those reloads are distinct events from the compulsory ones, which happen before
+    the first use of their host inputs: a host input in S_s was used before step s,
+    so its compulsory reload lies before s and its reload after s is another. Hence
+
+        reload bytes >= compulsory_reload_bytes + max_s e_s.
+
+    The non-host tensors of S_s (computed ones and device inputs) exist on the host
+    only if an offload copied them there, and at most the host inputs of L_s outside
+    W_s can be dropped without one, so
+
+        offload bytes >= max_s (e_s - bytes(host inputs in L_s \\ W_s)).
+
+    (The maxima may come from different steps; each inequality holds on its own.)
+
+Both bounds are sound, not tight: alignment padding, fragmentation and transfers
+forced at several steps at once are ignored. The capacity part holds only for plans
+that apply the tasks in `order` (their apply nodes in that order); the compulsory
+part holds for every plan. A step whose working set alone exceeds the budget admits
+no plan at all: that raises `InfeasibleBudgetError`.
+
+>>> import einpage as ep
+>>> prog = ep.Program()
+>>> x = prog.input("x", (256,))                   # 1 KiB, on the device
+>>> w = prog.input("w", (256,), role="weight")    # 1 KiB, on the host
+>>> a = ep.exp(x); b = ep.exp(a); c = ep.exp(ep.exp(b))
+>>> prog.output((a + c) * b * w, "y")            # a and b wait while c is computed
+>>> bounds = transfer_lower_bounds(prog.build(), "3KiB")
+>>> bounds.compulsory_reload_bytes, bounds.excess_bytes, bounds.offload_bytes
+(1024, 1024, 1024)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from einpage.errors import GraphError, InfeasibleBudgetError
+from einpage.units import format_bytes, parse_bytes
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input, View
+
+__all__ = ["TransferBounds", "transfer_lower_bounds"]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferBounds:
+    """Lower bounds on a plan's transfers, in bytes, with their parts (module docstring).
+
+    * `compulsory_reload_bytes`: host inputs that some task reads (any order);
+    * `peak_live_bytes`: the most bytes that must exist at one step of the order
+      (max_s bytes(L_s ∪ W_s)), at step `peak_task`;
+    * `excess_bytes`: max_s e_s, how far that exceeds the budget (0 if it fits), at
+      task `excess_task`: bytes that are off the device at that step and reloaded later;
+    * `offload_bytes`: max_s of e_s minus the host inputs that could be dropped, at
+      task `offload_task`: bytes that must have been offloaded.
+    """
+
+    budget: int
+    compulsory_reload_bytes: int
+    peak_live_bytes: int
+    peak_task: int | None
+    excess_bytes: int
+    excess_task: int | None
+    offload_bytes: int
+    offload_task: int | None
+
+    @property
+    def reload_bytes(self) -> int:
+        """Reload bytes at least: the compulsory reloads plus the capacity excess."""
+        return self.compulsory_reload_bytes + self.excess_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes moved in both directions at least: reload_bytes + offload_bytes."""
+        return self.reload_bytes + self.offload_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "reload_bytes": self.reload_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+    def __str__(self) -> str:
+        return (
+            f"reloads >= {format_bytes(self.reload_bytes)} "
+            f"({format_bytes(self.compulsory_reload_bytes)} compulsory + "
+            f"{format_bytes(self.excess_bytes)} over the budget), offloads >= "
+            f"{format_bytes(self.offload_bytes)}"
+        )
+
+
+def _check_order(tg: TaskGraph, order: Sequence[int] | None) -> list[int]:
+    computed = [t.id for t in tg if not isinstance(t.op, Input | View)]
+    if order is None:
+        return computed
+    order = [int(t) for t in order]
+    if sorted(order) != computed:
+        missing = sorted(set(computed) - set(order))[:5]
+        extra = sorted(set(order) - set(computed))[:5]
+        repeated = len(order) != len(set(order))
+        raise GraphError(
+            "order must list every computed task (not inputs or views) exactly once"
+            + (f"; missing %{', %'.join(map(str, missing))}" if missing else "")
+            + (f"; not computed tasks: %{', %'.join(map(str, extra))}" if extra else "")
+            + ("; some tasks repeat" if repeated else "")
+        )
+    done = {t.id for t in tg if isinstance(t.op, Input)}
+    for t in order:
+        for operand in tg[t].inputs:
+            root = tg.storage_root(operand)
+            if root not in done:
+                raise GraphError(f"order runs %{t} before its operand %{root}")
+        done.add(t)
+    return order
+
+
+def transfer_lower_bounds(
+    tg: TaskGraph, budget: int | str, order: Sequence[int] | None = None
+) -> TransferBounds:
+    """Lower bounds on the transfers of any valid plan of `tg` within `budget` that applies
+    the computed tasks in `order` (default: program order). See the module docstring."""
+    budget = parse_bytes(budget)
+    order = _check_order(tg, order)
+    step = {t: s for s, t in enumerate(order)}
+    n = len(order)
+    host = [isinstance(t.op, Input) and t.op.location == "host" for t in tg]
+    nbytes = [t.nbytes for t in tg]
+    # The steps at which each storage root is used, produced or first read.
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for s, t in enumerate(order):
+        first[t] = last[t] = s  # produced here
+        for operand in tg[t].inputs:
+            root = tg.storage_root(operand)
+            first.setdefault(root, s)  # an input's first use (computed roots come earlier)
+            last[root] = s
+    compulsory = sum(nbytes[x] for x in first if host[x])
+    # Sweep: bytes of the tensors that must exist at each step, and the host inputs
+    # among them. A computed tensor exists from its step; an input from its first use.
+    delta = [0] * (n + 1)
+    host_delta = [0] * (n + 1)
+    for x, begin in first.items():
+        begin = step.get(x, begin)
+        delta[begin] += nbytes[x]
+        delta[last[x] + 1] -= nbytes[x]
+        if host[x]:
+            host_delta[begin] += nbytes[x]
+            host_delta[last[x] + 1] -= nbytes[x]
+    live = host_live = 0
+    peak = excess = offload = 0
+    peak_task = excess_task = offload_task = None
+    for s, t in enumerate(order):
+        live += delta[s]
+        host_live += host_delta[s]
+        working = {t, *(tg.storage_root(i) for i in tg[t].inputs)}
+        working_bytes = sum(nbytes[x] for x in working)
+        if working_bytes > budget:
+            raise InfeasibleBudgetError(
+                f"task %{t} alone needs {format_bytes(working_bytes)} ({working_bytes} B) "
+                f"for its operands and output; the budget is {format_bytes(budget)} "
+                f"({budget} B)",
+                budget,
+                working_bytes,
+                t,
+            )
+        if live > peak or peak_task is None:
+            peak, peak_task = live, t
+        over = live - budget
+        if over > excess:
+            excess, excess_task = over, t
+        droppable = host_live - sum(nbytes[x] for x in working if host[x])
+        if over - droppable > offload:
+            offload, offload_task = over - droppable, t
+    return TransferBounds(
+        budget=budget,
+        compulsory_reload_bytes=compulsory,
+        peak_live_bytes=peak,
+        peak_task=peak_task,
+        excess_bytes=excess,
+        excess_task=excess_task,
+        offload_bytes=offload,
+        offload_task=offload_task,
+    )

@@ -1,0 +1,311 @@
+"""The simulator: how long a MemGraph takes on three streams, from a cost model.
+
+The model
+---------
+A plan runs on three in-order streams, like CUDA streams:
+
+* `compute` runs the `apply` nodes (a task takes `CostModel.task_seconds`),
+* `h2d` (host to device) runs the `reload` nodes and the `input` nodes that put an
+  input on the device (a copy of the tensor's bytes at the h2d bandwidth),
+* `d2h` (device to host) runs the `offload` nodes.
+
+Each stream executes its nodes in insertion order: a node starts when its stream has
+finished the stream's previous node *and* every node it depends on has finished, and
+ends its duration later. The bookkeeping nodes (`alloc`, `free`, `output`) and the
+`input` nodes to host storage (the data is already in host memory) take no time on
+no stream: they complete as soon as all their dependencies have. Dependencies are
+honoured exactly as listed, nothing else orders the streams, so a plan that forgets a
+dependency simulates faster than it could run (the verifier catches that, not this).
+
+Reported: the makespan (when the last node ends); the compute time (the sum of the
+apply times: the makespan with infinitely fast transfers, since one compute stream
+runs every apply); the stall that transfers add (makespan - compute time); each
+stream's busy time; the bytes each direction moves; and optionally the timeline as
+`memgraph.trace.StreamEvent`s (for `memgraph.plots.stream_timeline` and Chrome
+traces) with every node's (start, end). One pass over the nodes: O(nodes + deps).
+
+>>> from memgraph.cost import CostModel
+>>> import einpage as ep
+>>> from memgraph import MemGraphBuilder, Region
+>>> prog = ep.Program("tiny")
+>>> w = prog.input("w", (256,), role="weight")       # 1 KiB on the host
+>>> prog.output(ep.exp(w), "y")
+>>> tg = prog.build()
+>>> b = MemGraphBuilder(tg, budget=2048)
+>>> host = b.input("w", 0, storage=0)
+>>> a = b.alloc(0, Region(0, 1024))
+>>> r = b.reload(0, 0, Region(0, 1024), deps=[a, host])
+>>> a2 = b.alloc(1, Region(1024, 1024))
+>>> y = b.apply(1, [Region(0, 1024)], Region(1024, 1024), deps=[a2, r])
+>>> _ = b.output("y", 1, region=Region(1024, 1024), deps=[y])
+>>> machine = CostModel("toy", flops_per_s=256.0, device_bytes_per_s=1e30,
+...                     h2d_bytes_per_s=512.0, d2h_bytes_per_s=512.0)
+>>> result = simulate(b.build(), machine)
+>>> result.makespan, result.compute_seconds, result.stall_seconds
+(3.0, 1.0, 2.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from einpage.errors import EinpageError, GraphError
+from einpage.units import format_bytes
+from memgraph.cost import CostModel, get_cost_model
+from memgraph.graph import MemGraph
+from memgraph.nodes import NodeKind
+from memgraph.trace import STREAMS, StreamEvent, to_chrome_trace, write_chrome_trace
+
+__all__ = ["SimResult", "simulate", "resolve_cost_model", "DEFAULT_COST_MODEL"]
+
+DEFAULT_COST_MODEL = "h100-pcie5"
+"""The machine `simulate` assumes when given neither a cost model nor rates."""
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What `simulate` found (seconds and bytes).
+
+    `busy` and `bytes_moved` are keyed by stream ("compute", "h2d", "d2h"; no bytes
+    on compute). `events` (one per node that occupies a stream, in insertion order)
+    and `node_times` (every node's (start, end), indexed by node id) are present when
+    `simulate(..., timeline=True)`, else None.
+    """
+
+    makespan: float
+    compute_seconds: float
+    busy: Mapping[str, float]
+    bytes_moved: Mapping[str, int]
+    cost_model: CostModel
+    node_count: int
+    events: tuple[StreamEvent, ...] | None = None
+    node_times: tuple[tuple[float, float], ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "busy", MappingProxyType(dict(self.busy)))
+        object.__setattr__(self, "bytes_moved", MappingProxyType(dict(self.bytes_moved)))
+
+    @property
+    def stall_seconds(self) -> float:
+        """Time the transfers add to the pure compute time: makespan - compute time."""
+        return self.makespan - self.compute_seconds
+
+    @property
+    def compute_utilization(self) -> float:
+        """The fraction of the makespan the compute stream is busy (1.0 for an empty plan)."""
+        return self.compute_seconds / self.makespan if self.makespan > 0 else 1.0
+
+    @property
+    def h2d_bytes(self) -> int:
+        return self.bytes_moved["h2d"]
+
+    @property
+    def d2h_bytes(self) -> int:
+        return self.bytes_moved["d2h"]
+
+    @property
+    def times(self) -> dict[int, tuple[float, float]]:
+        """Node id -> (start, end), the `times=` argument of `memgraph.plots` functions."""
+        return dict(enumerate(self._need_timeline("times")[1]))
+
+    def _need_timeline(
+        self, what: str
+    ) -> tuple[tuple[StreamEvent, ...], tuple[tuple[float, float], ...]]:
+        if self.events is None or self.node_times is None:
+            raise EinpageError(f"{what} needs the timeline: simulate(..., timeline=True)")
+        return self.events, self.node_times
+
+    # -- the timeline elsewhere -----------------------------------------------------
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """The timeline as a Chrome trace (`memgraph.trace.to_chrome_trace`)."""
+        return to_chrome_trace(self._need_timeline("a trace")[0])
+
+    def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
+        """Write the timeline as Chrome trace JSON (Perfetto, chrome://tracing)."""
+        return write_chrome_trace(self._need_timeline("a trace")[0], path)
+
+    def plot(self, path: str | os.PathLike[str] | None = None, **options: Any) -> Any:
+        """The stream lanes (`memgraph.plots.stream_timeline`), saved to `path` if given."""
+        from memgraph.plots import stream_timeline
+
+        return stream_timeline(self._need_timeline("a plot")[0], path, **options)
+
+    # -- printing ---------------------------------------------------------------------
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, human-readable value) pairs, for tables."""
+
+        def ms(seconds: float) -> str:
+            return f"{seconds * 1e3:.3f} ms"
+
+        span = self.makespan or 1.0
+        rows = [
+            ("cost model", self.cost_model.name),
+            ("makespan", ms(self.makespan)),
+            ("compute", f"{ms(self.compute_seconds)} ({100 * self.compute_utilization:.1f}%)"),
+            ("stall from transfers", ms(self.stall_seconds)),
+        ]
+        for stream in STREAMS:
+            moved = f", {format_bytes(self.bytes_moved[stream])}" if stream != "compute" else ""
+            busy = self.busy[stream]
+            rows.append((f"{stream} busy", f"{ms(busy)} ({100 * busy / span:.1f}%){moved}"))
+        return rows
+
+    def __str__(self) -> str:
+        width = max(len(label) for label, _ in self.rows())
+        return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())
+
+    def __repr__(self) -> str:
+        return (
+            f"<SimResult {self.cost_model.name} makespan={self.makespan * 1e3:.3f}ms "
+            f"compute={self.compute_seconds * 1e3:.3f}ms stall={self.stall_seconds * 1e3:.3f}ms "
+            f"h2d={format_bytes(self.h2d_bytes)} d2h={format_bytes(self.d2h_bytes)}>"
+        )
+
+
+def resolve_cost_model(
+    cost_model: str | CostModel | None = None,
+    *,
+    flops_per_s: float | None = None,
+    h2d_bytes_per_s: float | None = None,
+    d2h_bytes_per_s: float | None = None,
+    device_bytes_per_s: float | None = None,
+) -> CostModel:
+    """The machine meant by a cost model (a `PRESETS` name or a `CostModel`) and/or rates.
+
+    * no rates: `cost_model` (default `DEFAULT_COST_MODEL`);
+    * rates and a `cost_model`: that model with the given rates replaced;
+    * rates alone: a model with exactly those rates and nothing else – no latencies and
+      no device-memory roofline (`device_bytes_per_s` infinite unless given), so a task
+      takes FLOPs / `flops_per_s`. `flops_per_s` and `h2d_bytes_per_s` are then
+      required; `d2h_bytes_per_s` defaults to `h2d_bytes_per_s` (a symmetric link).
+
+    >>> resolve_cost_model(flops_per_s=1e12, h2d_bytes_per_s=1e9).d2h_bytes_per_s
+    1000000000.0
+    """
+    rates = {
+        "flops_per_s": flops_per_s,
+        "h2d_bytes_per_s": h2d_bytes_per_s,
+        "d2h_bytes_per_s": d2h_bytes_per_s,
+        "device_bytes_per_s": device_bytes_per_s,
+    }
+    given = {name: float(value) for name, value in rates.items() if value is not None}
+    if not given:
+        return get_cost_model(DEFAULT_COST_MODEL if cost_model is None else cost_model)
+    if cost_model is not None:
+        base = get_cost_model(cost_model)
+        return dataclasses.replace(base, name=f"{base.name} (custom rates)", **given)
+    missing = [name for name in ("flops_per_s", "h2d_bytes_per_s") if name not in given]
+    if missing:
+        raise EinpageError(
+            f"explicit rates need {' and '.join(missing)} (d2h_bytes_per_s defaults to "
+            f"h2d_bytes_per_s), or a cost_model whose other rates to keep "
+            f"(presets: {', '.join(_preset_names())})"
+        )
+    given.setdefault("d2h_bytes_per_s", given["h2d_bytes_per_s"])
+    given.setdefault("device_bytes_per_s", math.inf)
+    return CostModel(name="rates", **given)
+
+
+def _preset_names() -> list[str]:
+    from memgraph.cost import PRESETS
+
+    return list(PRESETS)
+
+
+def simulate(
+    mg: MemGraph,
+    cost_model: str | CostModel | None = None,
+    *,
+    timeline: bool = False,
+    flops_per_s: float | None = None,
+    h2d_bytes_per_s: float | None = None,
+    d2h_bytes_per_s: float | None = None,
+    device_bytes_per_s: float | None = None,
+) -> SimResult:
+    """Simulate `mg` on compute / h2d / d2h streams (the model is in the module docstring).
+
+    `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (default
+    "h100-pcie5"); explicit rates override it or, alone, define the machine (see
+    `resolve_cost_model`). `timeline=True` also records the events and node times.
+    """
+    model = resolve_cost_model(
+        cost_model,
+        flops_per_s=flops_per_s,
+        h2d_bytes_per_s=h2d_bytes_per_s,
+        d2h_bytes_per_s=d2h_bytes_per_s,
+        device_bytes_per_s=device_bytes_per_s,
+    )
+    tg = mg.taskgraph
+    nodes = mg.nodes
+    end = [0.0] * len(nodes)
+    start = [0.0] * len(nodes) if timeline else None
+    free_at = dict.fromkeys(STREAMS, 0.0)  # when each stream finishes its last node
+    busy = dict.fromkeys(STREAMS, 0.0)
+    moved = dict.fromkeys(STREAMS, 0)
+    events: list[StreamEvent] = []
+    apply_time: dict[int, float] = {}
+    h2d, d2h = model.h2d_bytes_per_s, model.d2h_bytes_per_s
+    transfer_latency = model.transfer_latency_s
+
+    for i, node in enumerate(nodes):
+        ready = 0.0
+        for d in node.deps:
+            if d >= i:
+                raise GraphError(f"n{i} ({node.kind}): dependency n{d} is not an earlier node")
+            if end[d] > ready:
+                ready = end[d]
+        kind = node.kind
+        if kind is NodeKind.APPLY:
+            stream = "compute"
+            duration = apply_time.get(node.tensor)
+            if duration is None:
+                duration = apply_time[node.tensor] = model.task_seconds(tg, node.tensor)
+        elif kind is NodeKind.RELOAD or (kind is NodeKind.INPUT and node.storage is None):
+            stream = "h2d"
+            nbytes = tg[node.tensor].nbytes
+            moved["h2d"] += nbytes
+            duration = transfer_latency + nbytes / h2d
+        elif kind is NodeKind.OFFLOAD:
+            stream = "d2h"
+            nbytes = tg[node.tensor].nbytes
+            moved["d2h"] += nbytes
+            duration = transfer_latency + nbytes / d2h
+        else:  # alloc, free, output, input to host: bookkeeping, done when the deps are
+            end[i] = ready
+            if start is not None:
+                start[i] = ready
+            continue
+        begin = max(ready, free_at[stream])
+        finish = begin + duration
+        end[i] = free_at[stream] = finish
+        busy[stream] += duration
+        if start is not None:
+            start[i] = begin
+            events.append(StreamEvent(stream, begin, finish, _label(mg, node), i))
+
+    return SimResult(
+        makespan=max(end, default=0.0),
+        compute_seconds=busy["compute"],
+        busy=busy,
+        bytes_moved=moved,
+        cost_model=model,
+        node_count=len(nodes),
+        events=tuple(events) if timeline else None,
+        node_times=tuple(zip(start, end, strict=True)) if start is not None else None,
+    )
+
+
+def _label(mg: MemGraph, node: Any) -> str:
+    """A short event label: `apply %12 q`, `reload %7 layers.0.attn.wq`, `input %0 x`."""
+    task = mg.taskgraph[node.tensor]
+    name = getattr(task.op, "name", "") or task.label
+    return f"{node.kind} %{node.tensor}" + (f" {name}" if name else "")
