@@ -31,10 +31,12 @@ Algorithm
    exactly one producer block, so the finest split needs no assembly and always works.
    If the limit is below the largest, `BlockLimitError` says which task needs how much.
 2. **Which tasks split.** Tasks over the limit are *forced*. A task that fits is split
-   too when every task reading it is split and it is not a program output (*absorbed*):
-   its blocks then feed the consumer blocks directly, whereas a whole producer must
-   stay resident while all consumer blocks read slices of it, and each slice is a copy.
-   Split tasks connected as producer and consumer form *components*.
+   too (*absorbed*), unless it is a program output, when it reads a split task or when
+   every task reading it is split: its blocks then take the producer blocks, or feed
+   the consumer blocks, directly. Left whole, it would read the producer's blocks
+   concatenated (a copy of all of it), or stay resident while every consumer block
+   reads a slice of it (a copy each). Split tasks connected as producer and consumer
+   form *components*.
 3. **Alignment classes.** Within a component the dims that index the same data are
    unified with a weighted union-find: einsum letters, a concat's other axes, a slice's
    full axes, a gather's id and column axes, a view's unchanged axes, and a view's
@@ -46,35 +48,41 @@ Algorithm
    through assembly if both are split). Links are made core first (forced tasks in
    topological order, then absorbed tasks nearest to the core), so the refusal falls on
    the absorbed side.
-4. **Block sizes,** per component: start unsplit; while the worst task (largest working
-   set relative to the limit) does not fit, halve the block size of one class among its
-   dims – the one that shrinks that task's working set most, where classes with a
-   refused link (a split there costs assembly) count half, and among near ties (within
-   10%) the outermost dim wins (batch before heads before query blocks: outer blocks are
-   contiguous bytes). A class that other tasks of the component reduce counts half too
-   (a split gives them partial aggregates, and a softmax chain loses its block-by-block
-   flow); when more tasks reduce it than the worst task has neighbours in the class, it
-   is split for the worst task alone (a *private* split, also counted half), which costs
-   assembly only where that task meets its neighbours: the embedding gather, whose
-   table column must shrink, splits the hidden axis privately instead of giving every
-   norm and projection of the residual stream partials, while attention's head axis,
-   reduced only by the output projection, is split for the whole chain. Then *relax*:
-   grow each class's block size, then each private one, as far as every task still
-   fits – the largest blocks that fit, merging back blocks the greedy made needlessly
-   small – and even the blocks out (`ceil(E / count)`).
-   Attention ends up split by batch, head and, if needed, query block; the softmax's
-   key index, which three of its einsums reduce, is split last of all.
+4. **Block sizes,** per component. Start unsplit; while the worst task (largest working
+   set relative to the limit) does not fit, halve one block size among its dims:
+
+   * the split that shrinks that task's working set most wins; among near ties (within
+     10%) the outermost dim (batch before heads before queries: outer blocks are
+     contiguous bytes);
+   * a class with a refused link counts half (a split there costs assembly), and so does
+     a class that other tasks reduce (it gives them partial aggregates, and a softmax
+     chain loses its block-by-block flow);
+   * when more tasks reduce a class than the worst task has neighbours in it, the dim is
+     split for that task alone (a *private* split, also counted half), costing assembly
+     only where the task meets its neighbours: the embedding gather, whose table column
+     must shrink, splits the hidden axis privately instead of giving every norm and
+     projection of the residual stream partials, while attention's head axis, reduced
+     only by the output projection, is split for the whole chain.
+
+   Then *relax*: grow each class's block size, then each private one, as far as every
+   task still fits – the largest blocks that fit, merging back blocks the greedy made
+   needlessly small – and even the blocks out (`ceil(E / count)`). Attention ends up
+   split by batch, heads and query blocks; the softmax's key index, reduced by three of
+   its einsums, is split last of all.
 5. **Materialize** in topological order. Each block reads, per operand, the region its
    box needs: the producer's block itself when aligned; otherwise explicit assembly
    (`Block.kind == "assembly"`): a Slice of one block (or of a whole task, or of an
    input), and Concats of several pieces, one axis at a time. Assembly is cached per
-   region, so consumers that read the same region share it. Partials are combined by
+   region, so consumers that read the same region share it. A block of a Slice or
+   Concat task that is exactly one producer block is a View of it (an alias, no copy).
+   Partials are combined by
    einsums `"X,X,...->X"` whose join is `a + b + ...`, `max(max(a, b), ...)`, `min(...)`
    or the product, each with as many operands as fit the limit (at most 26).
 6. **Check.** The working sets of all new tasks are measured. Assembly that does not fit
-   (a Slice of a whole producer too large to sit beside the slice, a Concat of a region
-   more than half the limit) makes the responsible original task split (or split
-   finer), and steps 2-5 run again; a LLaMA-like graph needs no second round.
+   (a Slice of a whole producer too large to sit beside the slice, a Concat of more
+   pieces than fit) makes the responsible original task split, or split finer (its
+   target is halved, and it is split on even where the model of step 4 sees no gain),
+   and steps 2-5 run again; a LLaMA-like graph needs no second round.
 7. **Order.** Tasks are emitted inputs first. Then, for each original task that reads a
    weight (in topological order), all its blocks run together – the weight is loaded
    once for all of them – each block pulling what it needs depth first; outputs and the
@@ -544,21 +552,26 @@ def smallest_feasible_block_limit(tg: TaskGraph, alignment: int = 1) -> int:
 def _components(
     tg: TaskGraph, members: set[int], absorb: bool
 ) -> tuple[list[list[int]], dict[int, int]]:
-    """Grow `members` by absorption; return the components (in topological order) and,
-    for each absorbed task, the order in which it was absorbed."""
+    """Grow `members` by absorption (step 2); return the components (in topological
+    order) and, for each absorbed task, the order in which it was absorbed."""
     absorbed: dict[int, int] = {}
-    if absorb:
-        for task in reversed(tg.tasks):
-            users = tg.consumers[task.id]
-            if (
-                task.id not in members
-                and not isinstance(task.op, Input)
-                and task.id not in tg.output_ids
-                and users
-                and all(u in members for u in users)
-            ):
+
+    def eligible(task: Task) -> bool:
+        return not (task.id in members or isinstance(task.op, Input) or task.id in tg.output_ids)
+
+    grew = absorb
+    while grew:
+        size = len(members)
+        for task in tg.tasks:  # reads a split task
+            if eligible(task) and any(i in members for i in task.inputs):
                 members.add(task.id)
                 absorbed[task.id] = len(absorbed)
+        for task in reversed(tg.tasks):  # feeds split tasks only
+            users = tg.consumers[task.id]
+            if eligible(task) and users and all(u in members for u in users):
+                members.add(task.id)
+                absorbed[task.id] = len(absorbed)
+        grew = len(members) > size
     parent = {t: t for t in members}
 
     def find(t: int) -> int:
@@ -677,176 +690,207 @@ def _link_order(
     return [edge for _, edge in keyed]
 
 
-def _block_sizes(
-    tg: TaskGraph,
-    infos: Sequence[_Info],
-    tasks: Sequence[int],
-    forced: set[int],
-    absorbed: dict[int, int],
-    factors: dict[int, float],
-    limit: int,
-    alignment: int,
-) -> dict[int, tuple[int, ...]]:
-    """Choose one block size per alignment class of a component (step 4)."""
-    classes = _Classes()
-    nodes: dict[int, list[int]] = {}
-    for t in tasks:
-        ids = []
-        for dim in infos[t].dims:
-            x = classes.add(dim.extent, t)
-            if dim.grain > 1:
-                classes.link(x, classes.add(dim.extent // dim.grain, None), Fraction(dim.grain))
-            ids.append(x)
-        nodes[t] = ids
-    for c, position, p in _link_order(tg, tasks, forced, absorbed):
-        for link in infos[c].links:
-            if link.position != position:
-                continue
-            if infos[c].dims[link.dim].splittable and infos[p].dims[link.axis].splittable:
-                classes.link(nodes[c][link.dim], nodes[p][link.axis], link.ratio)
+class _Sizer:
+    """Block sizes for the tasks of one component (steps 3 and 4).
 
-    members: dict[int, list[_Member]] = {}  # task -> its dims in terms of their classes
-    splittable: dict[int, bool] = {}
-    reduced: dict[int, set[int]] = {}  # root -> the tasks that reduce the class
-    users: dict[int, list[int]] = {}
-    for t in tasks:
-        row = []
-        for dim, x in zip(infos[t].dims, nodes[t], strict=True):
-            root, unit = classes.find(x)
-            row.append(_Member(root, unit, dim.extent))
-            splittable[root] = splittable.get(root, True) and dim.splittable
-            reduced.setdefault(root, set()).update((t,) if dim.reduced else ())
-            users.setdefault(root, []).append(t)
-        members[t] = row
-    size = {root: classes.extent[root] for root in splittable}
-    users = {root: list(dict.fromkeys(ts)) for root, ts in users.items()}
-    private: dict[int, dict[int, int]] = {}  # task -> dim -> block size of its own
+    `size[root]` is a class's block size in the units of its root; `private[t][d]` a
+    block size of task t's dim d of its own (a private split, in the dim's units).
+    """
 
-    def sizes_of(t: int, root: int = -1, root_size: int = 0, dim: int = -1, dim_size: int = 0):
-        """Block sizes of t's dims; with the class `root`, or t's `dim`, resized."""
+    def __init__(
+        self,
+        tg: TaskGraph,
+        infos: Sequence[_Info],
+        tasks: Sequence[int],
+        forced: set[int],
+        absorbed: dict[int, int],
+        factors: dict[int, float],
+        limit: int,
+        alignment: int,
+    ):
+        self.tg, self.infos, self.tasks = tg, infos, tasks
+        self.factors, self.limit, self.alignment = factors, limit, alignment
+        self.classes = classes = _Classes()
+        nodes: dict[int, list[int]] = {}
+        for t in tasks:
+            ids = []
+            for dim in infos[t].dims:
+                x = classes.add(dim.extent, t)
+                if dim.grain > 1:
+                    grain_node = classes.add(dim.extent // dim.grain, None)
+                    classes.link(x, grain_node, Fraction(dim.grain))
+                ids.append(x)
+            nodes[t] = ids
+        for c, position, p in _link_order(tg, tasks, forced, absorbed):
+            for link in infos[c].links:
+                if link.position != position:
+                    continue
+                ends = (infos[c].dims[link.dim], infos[p].dims[link.axis])
+                if all(dim.splittable for dim in ends):
+                    classes.link(nodes[c][link.dim], nodes[p][link.axis], link.ratio)
+
+        self.members: dict[int, list[_Member]] = {}  # task -> its dims as class members
+        self.splittable: dict[int, bool] = {}  # root -> whether the class may be split
+        self.reducers: dict[int, set[int]] = {}  # root -> the tasks that reduce the class
+        users: dict[int, dict[int, None]] = {}  # root -> the tasks with a dim in the class
+        for t in tasks:
+            row = []
+            for dim, x in zip(infos[t].dims, nodes[t], strict=True):
+                root, unit = classes.find(x)
+                row.append(_Member(root, unit, dim.extent))
+                self.splittable[root] = self.splittable.get(root, True) and dim.splittable
+                self.reducers.setdefault(root, set()).update((t,) if dim.reduced else ())
+                users.setdefault(root, {})[t] = None
+            self.members[t] = row
+        self.users = {root: list(ts) for root, ts in users.items()}
+        inside = set(tasks)
+        self.neighbours = {
+            t: {u for u in (*tg[t].inputs, *tg.consumers[t]) if u in inside and u != t}
+            for t in tasks
+        }
+        self.size = {root: classes.extent[root] for root in self.splittable}
+        self.private: dict[int, dict[int, int]] = {}
+        self.accepted: set[int] = set()  # tasks left above their target, split finest
+        self.halved: list[int] = []  # roots, in the order they were halved
+        self.privately: list[tuple[int, int]] = []  # (task, dim), in the order split
+
+    def sizes_of(
+        self, t: int, root: int = -1, root_size: int = 0, dim: int = -1, dim_size: int = 0
+    ) -> list[int]:
+        """Block sizes of t's dims; with class `root` resized to `root_size`, or t's own
+        `dim` to `dim_size`."""
         out = []
-        own = private.get(t, {})
-        for d, m in enumerate(members[t]):
-            if not splittable[m.root]:
+        own = self.private.get(t, {})
+        for d, m in enumerate(self.members[t]):
+            if not self.splittable[m.root]:
                 out.append(m.extent)
                 continue
-            b = min(m.extent, (root_size if m.root == root else size[m.root]) * m.unit)
+            shared = root_size if m.root == root else self.size[m.root]
             mine = dim_size if d == dim else own.get(d)
-            out.append(b if mine is None else min(b, mine))
+            block = min(m.extent, shared * m.unit)
+            out.append(block if mine is None else min(block, mine))
         return out
 
-    def load(t: int, **change: int) -> int:
-        return _model_load(infos[t], sizes_of(t, **change), alignment)
+    def load(self, t: int, **change: int) -> int:
+        return _model_load(self.infos[t], self.sizes_of(t, **change), self.alignment)
 
-    def target(t: int) -> float:
-        return limit * factors.get(t, 1.0)
+    def target(self, t: int) -> float:
+        return self.limit * self.factors.get(t, 1.0)
 
-    inside = set(tasks)
-    neighbours = {
-        t: {u for u in (*tg[t].inputs, *tg.consumers[t]) if u in inside and u != t} for t in tasks
-    }
-    users_set = {root: set(ts) for root, ts in users.items()}
-
-    def near_users(t: int, root: int) -> set[int]:
-        return neighbours[t] & users_set[root]
-
-    def even(extent: int, block: int) -> int:
-        return -(-extent // -(-extent // block))  # the same count of blocks, evened out
-
-    heap = [(-load(t) / target(t), t) for t in tasks]
-    heapq.heapify(heap)
-    accepted: set[int] = set()
-    halved: list[int] = []
-    privately: list[tuple[int, int]] = []
-    while heap:
-        key, t = heapq.heappop(heap)
-        current = load(t)
-        if t in accepted or -key != current / target(t):
-            continue  # stale entry
-        if current <= target(t):
-            break
-        blocks = sizes_of(t)
+    def options(self, t: int, current: int) -> list[tuple[float, int, int, int]]:
+        """(score, dim, root or -1 for a private split, new size) for each way to halve a
+        block of t (step 4)."""
+        blocks = self.sizes_of(t)
         options = []
-        for d, m in enumerate(members[t]):
-            grain = infos[t].dims[d].grain
-            if not splittable[m.root] or blocks[d] <= grain:
+        for d, m in enumerate(self.members[t]):
+            grain = self.infos[t].dims[d].grain
+            if not self.splittable[m.root] or blocks[d] <= grain:
                 continue
-            mine = -(-blocks[d] // (2 * grain)) * grain  # half of t's block, in grains
-            reducers = len(reduced[m.root] - {t})
-            if size[m.root] > 1 and reducers <= len(near_users(t, m.root)):
-                new = -(-size[m.root] // 2)
-                gain = current - load(t, root=m.root, root_size=new)
+            reducers = len(self.reducers[m.root] - {t})
+            if self.size[m.root] > 1 and reducers <= len(
+                self.neighbours[t] & set(self.users[m.root])
+            ):
+                new = -(-self.size[m.root] // 2)
+                gain = current - self.load(t, root=m.root, root_size=new)
                 weight = 0.5 if reducers else 1.0
-                weight *= 0.5 if classes.refused[m.root] else 1.0
+                weight *= 0.5 if self.classes.refused[m.root] else 1.0
                 options.append((gain * weight, d, m.root, new))
-            elif mine < blocks[d]:
-                # More tasks reduce this class than t has neighbours in it (a split would
-                # give them all partials), or the class cannot shrink further in t's units:
-                # split only t's dim, with assembly where t meets its neighbours.
-                gain = current - load(t, dim=d, dim_size=mine)
+                continue
+            # More tasks reduce this class than t has neighbours in it (a split would give
+            # them all partials), or the class cannot shrink further in t's units: split
+            # only t's dim, with assembly where t meets its neighbours.
+            mine = -(-blocks[d] // (2 * grain)) * grain
+            if mine < blocks[d]:
+                gain = current - self.load(t, dim=d, dim_size=mine)
                 options.append((gain * 0.5, d, -1, mine))
         # Splits that help, if any; otherwise split on all the same: the finest split
         # fits, and on the way a concat's pieces may first grow (a block across an
         # operand boundary reads two), or step 6 found t's real blocks too large.
-        options = [o for o in options if o[0] > 0] or options
-        if not options:
-            if current > limit:  # cannot happen above smallest_feasible_block_limit
-                raise PlanError(
-                    f"internal: task %{t} ({tg[t].line()}) is split as finely as allowed "
-                    f"but needs {format_bytes(current)} > {format_bytes(limit)}"
-                )
-            accepted.add(t)
-            continue
-        best = max(score for score, *_ in options)
-        near = [o for o in options if o[0] >= best - (1 - _NEAR_TIE) * abs(best)]
-        _, d, root, new = min(near, key=lambda o: o[1])  # the outermost dim among near ties
-        if root < 0:
-            private.setdefault(t, {})[d] = new
-            privately.append((t, d))
-            heapq.heappush(heap, (-load(t) / target(t), t))
-            continue
-        size[root] = new
-        halved.append(root)
-        for u in users[root]:
-            heapq.heappush(heap, (-load(u) / target(u), u))
+        return [o for o in options if o[0] > 0] or options
 
-    # Relax: the largest block size per class that still fits (latest halved first),
-    # then per private split (dropped when it reaches its class's size).
-    # A task left above its target (split as finely as allowed) keeps its blocks.
-    for root in reversed(list(dict.fromkeys(reversed(halved)))):
-        if any(u in accepted for u in users[root]):
-            continue
-        lo, hi = size[root], classes.extent[root]
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if all(load(u, root=root, root_size=mid) <= target(u) for u in users[root]):
-                lo = mid
+    def split(self) -> None:
+        """Halve blocks of the worst task until every task fits its target."""
+        heap = [(-self.load(t) / self.target(t), t) for t in self.tasks]
+        heapq.heapify(heap)
+        while heap:
+            key, t = heapq.heappop(heap)
+            current = self.load(t)
+            if t in self.accepted or -key != current / self.target(t):
+                continue  # stale entry
+            if current <= self.target(t):
+                break
+            options = self.options(t, current)
+            if not options:
+                if current > self.limit:  # cannot happen above the feasible limit
+                    raise PlanError(
+                        f"internal: task %{t} ({self.tg[t].line()}) is split as finely as "
+                        f"allowed but needs {format_bytes(current)} > {format_bytes(self.limit)}"
+                    )
+                self.accepted.add(t)
+                continue
+            best = max(score for score, *_ in options)
+            near = [o for o in options if o[0] >= best - (1 - _NEAR_TIE) * abs(best)]
+            _, d, root, new = min(near, key=lambda o: o[1])  # the outermost near tie
+            if root < 0:
+                self.private.setdefault(t, {})[d] = new
+                self.privately.append((t, d))
+                changed = [t]
             else:
-                hi = mid - 1
-        evened = even(classes.extent[root], lo)
-        fits = all(load(u, root=root, root_size=evened) <= target(u) for u in users[root])
-        size[root] = evened if fits else lo
-    for t, d in reversed(list(dict.fromkeys(reversed(privately)))):
-        if t in accepted:
-            continue
-        m = members[t][d]
-        shared = min(m.extent, size[m.root] * m.unit)
-        bound_t = target(t)
-        grain = infos[t].dims[d].grain  # search in whole grains
-        lo, hi = min(private[t][d], shared) // grain, shared // grain
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if load(t, dim=d, dim_size=mid * grain) <= bound_t:
-                lo = mid
+                self.size[root] = new
+                self.halved.append(root)
+                changed = self.users[root]
+            for u in changed:
+                heapq.heappush(heap, (-self.load(u) / self.target(u), u))
+
+    def relax(self) -> None:
+        """Grow each class's block size, latest halved first, then each private one, as far
+        as all its tasks still fit, and even the blocks out; a private split that reaches
+        its class's size is dropped. A task left above its target keeps its blocks."""
+
+        def even(extent: int, block: int) -> int:
+            return -(-extent // -(-extent // block))  # as many blocks, evened out
+
+        for root in reversed(list(dict.fromkeys(reversed(self.halved)))):
+            users = self.users[root]
+            if any(u in self.accepted for u in users):
+                continue
+
+            def fits(size: int, root: int = root, users: list[int] = users) -> bool:
+                return all(self.load(u, root=root, root_size=size) <= self.target(u) for u in users)
+
+            extent = self.classes.extent[root]
+            best = _largest(self.size[root], extent, fits)
+            self.size[root] = even(extent, best) if fits(even(extent, best)) else best
+        for t, d in reversed(list(dict.fromkeys(reversed(self.privately)))):
+            if t in self.accepted:
+                continue
+            m = self.members[t][d]
+            grain = self.infos[t].dims[d].grain  # sizes in whole grains
+
+            def fits_own(grains: int, t: int = t, d: int = d, grain: int = grain) -> bool:
+                return self.load(t, dim=d, dim_size=grains * grain) <= self.target(t)
+
+            shared = min(m.extent, self.size[m.root] * m.unit) // grain
+            best = _largest(min(self.private[t][d] // grain, shared), shared, fits_own)
+            if best >= shared:
+                del self.private[t][d]
             else:
-                hi = mid - 1
-        if lo * grain >= shared:
-            del private[t][d]
+                evened = even(m.extent // grain, best)
+                self.private[t][d] = (evened if fits_own(evened) else best) * grain
+
+    def result(self) -> dict[int, tuple[int, ...]]:
+        return {t: tuple(self.sizes_of(t)) for t in self.tasks}
+
+
+def _largest(lo: int, hi: int, fits: Callable[[int], bool]) -> int:
+    """The largest size in [lo, hi] that `fits`, by bisection (`lo` fits)."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
         else:
-            evened = even(m.extent // grain, lo) * grain
-            fits = load(t, dim=d, dim_size=evened) <= bound_t
-            private[t][d] = evened if fits else lo * grain
-    return {t: tuple(sizes_of(t)) for t in tasks}
+            hi = mid - 1
+    return lo
 
 
 def _plan(
@@ -863,7 +907,10 @@ def _plan(
     components, absorbed = _components(tg, members, absorb)
     sizes: dict[int, tuple[int, ...]] = {}
     for tasks in components:
-        sizes.update(_block_sizes(tg, infos, tasks, forced, absorbed, factors, limit, alignment))
+        sizer = _Sizer(tg, infos, tasks, forced, absorbed, factors, limit, alignment)
+        sizer.split()
+        sizer.relax()
+        sizes.update(sizer.result())
     return sizes
 
 
@@ -1324,8 +1371,8 @@ def partition(
     """Split the tasks of `tg` so that every working set is at most `max_block_bytes`.
 
     `max_block_bytes` is bytes or a size string (`"1GiB"`); each tensor counts rounded up
-    to `alignment` bytes. With `absorb` (the default), tasks that fit but feed only split
-    tasks are split along with them (see the module docstring for the algorithm). A graph
+    to `alignment` bytes. With `absorb` (the default), tasks that fit but read a split task,
+    or feed only split tasks, are split with them (see the module docstring). A graph
     in which every task fits is returned as is; otherwise every task of the result
     carries a `Block` naming its original task and region, and the outputs keep their
     names and shapes.

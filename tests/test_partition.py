@@ -495,3 +495,52 @@ def test_bad_arguments():
         partition(tg, "lots")
     with pytest.raises(GraphError, match="fraction"):
         partition_for_budget(tg, "1MiB", fraction=2)
+
+
+def attention_layer(batch=2, seq=16, hidden=32, heads=4) -> TaskGraph:
+    """RMSNorm, q/k/v projections with a head index, attention, output projection, residual."""
+    head = hidden // heads
+    prog = ep.Program("layer")
+    x = prog.input("x", (batch, seq, hidden))
+    h = ep.rmsnorm(x, prog.input("norm", (hidden,), role="weight"))
+    q, k, v = (
+        prog.einsum(
+            "bsd,dhe->bhse", h, prog.input(f"w{n}", (hidden, heads, head), role="weight"), label=n
+        )
+        for n in "qkv"
+    )
+    scores = prog.einsum("bhqe,bhke->bhqk", q, k, label="scores")
+    o = prog.einsum("bhqk,bhke->bhqe", ep.softmax(ep.causal_mask(scores)), v, label="attn")
+    out = prog.einsum("bhqe,hed->bqd", o, prog.input("wo", (heads, head, hidden), role="weight"))
+    prog.output(ep.add(x, out), "y")
+    return prog.build()
+
+
+def test_tasks_that_fit_are_split_with_the_tasks_they_feed_and_read():
+    tg = attention_layer()
+    labels = by_label(tg)
+    limit = 16 * 1024  # masked scores need 17 KiB; a projection 12 KiB, attn 16 KiB
+    assert all(working_set(tg, labels[n]) <= limit for n in ("q", "k", "v", "attn"))
+    parted = partition(tg, limit)
+    # Projections and the attention output are split like the scores: nothing copies
+    # them or the attention chain; only the residual input is sliced, the output joined.
+    for n in ("q", "k", "v", "scores", "masked", "softmax", "attn"):
+        kinds = {t.block.kind for t in parted.tasks if t.block.of == labels[n]}
+        assert kinds == {"block"} and len(blocks_of(parted)[labels[n]]) > 1, n
+    assembly = [t for t in parted.tasks if t.block.kind == "assembly"]
+    y = tg[tg.outputs["y"]]  # the residual sum, an output: whole
+    assert {t.block.of for t in assembly} <= {tg.inputs["x"], *y.inputs}
+    assert_same_outputs(tg, parted, random_inputs(tg))
+    assert_within_limit(parted, limit)
+    # Without absorption only the tasks over the limit are split, and copies join and
+    # slice blocks between them and their neighbours.
+    alone = partition(tg, limit, absorb=False)
+    assert len([t for t in alone.tasks if t.block.kind == "assembly"]) > len(assembly)
+    assert len(blocks_of(alone)[labels["q"]]) == 1
+    assert_same_outputs(tg, alone, random_inputs(tg))
+    assert_within_limit(alone, limit)
+
+
+def test_partition_is_deterministic():
+    tg = attention_layer()
+    assert partition(tg, 8 * 1024).to_json() == partition(tg, 8 * 1024).to_json()
