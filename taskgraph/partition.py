@@ -191,7 +191,7 @@ def _aligned(nbytes: int, alignment: int) -> int:
     return -(-nbytes // alignment) * alignment
 
 
-def _is_input_block(task: Task, tg_tasks: Sequence[Any]) -> bool:
+def _is_input_block(task: Task, tg_tasks: Sequence[Task]) -> bool:
     """A Slice reading an Input directly: counts only its output (see the module docstring)."""
     return isinstance(task.op, Slice) and isinstance(tg_tasks[task.inputs[0]].op, Input)
 
@@ -271,10 +271,6 @@ class _Info:
     groups: tuple[_ViewGroup, ...] = ()  # view: the reshape's groups
     concat_parts: tuple[tuple[int, int], ...] = ()  # concat: (offset, extent) per operand
     concat_axis: int = -1
-
-    @property
-    def rank(self) -> int:
-        return len(self.tensors[-1].dims) if self.tensors else len(self.dims)
 
 
 def _itemsize(task: Task) -> int:
