@@ -8,7 +8,9 @@ from taskgraph.einsum import EinsumSpec
 from taskgraph.evaluate import evaluate, evaluate_task
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
+    BLOCK_KINDS,
     OP_KINDS,
+    Block,
     Concat,
     Einsum,
     Fill,
@@ -32,6 +34,8 @@ __all__ = [
     "Slice",
     "Concat",
     "OP_KINDS",
+    "Block",
+    "BLOCK_KINDS",
     "GraphBuilder",
     "EinsumSpec",
     "evaluate",

@@ -23,6 +23,16 @@ by op: input {name, role, location}; einsum {spec, join (string or null), agg};
 fill {value (number, or "inf"/"-inf"/"nan"), pattern, origin}; gather {}; view {};
 slice {starts}; concat {axis}. FLOPs are not stored: they are recomputed.
 
+A task made by partitioning has one more key, `"block"` (absent otherwise), its
+provenance (`taskgraph.nodes.Block`)::
+
+    "block": {"of": 12, "starts": [0, 11, 0, 0], "shape": [1, 11, 4096, 4096],
+              "kind": "block", "reduced": []}
+
+`of` is the original task's id, `starts`/`shape` the region of its output (`shape`
+must equal the task's shape), `kind` one of block/partial/assembly/output, and
+`reduced` the `[start, size]` ranges of the reduced indices a partial aggregates.
+
 Loading rebuilds the graph through `GraphBuilder`, so a hand-edited file gets the
 same checks as a program (shapes recomputed, join expressions re-parsed by the safe
 parser); any problem raises `SerializationError` naming the JSON path.
@@ -36,7 +46,7 @@ from typing import Any
 from einpage.errors import EinpageError, SerializationError
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import op_from_attributes
+from taskgraph.nodes import Block, Task, op_from_attributes, with_blocks
 
 __all__ = [
     "FORMAT",
@@ -50,6 +60,7 @@ __all__ = [
 FORMAT = "einpage.taskgraph"
 VERSION = 1
 _TASK_KEYS = {"id", "op", "inputs", "shape", "dtype", "scope", "label", "attrs"}
+_OPTIONAL_TASK_KEYS = {"block"}
 
 
 def taskgraph_to_dict(tg: TaskGraph) -> dict[str, Any]:
@@ -58,21 +69,25 @@ def taskgraph_to_dict(tg: TaskGraph) -> dict[str, Any]:
         "format": FORMAT,
         "version": VERSION,
         "name": tg.name,
-        "tasks": [
-            {
-                "id": t.id,
-                "op": t.kind,
-                "inputs": list(t.inputs),
-                "shape": list(t.shape),
-                "dtype": t.dtype,
-                "scope": t.scope,
-                "label": t.label,
-                "attrs": t.op.attributes(),
-            }
-            for t in tg.tasks
-        ],
+        "tasks": [_task_to_dict(t) for t in tg.tasks],
         "outputs": dict(tg.outputs),
     }
+
+
+def _task_to_dict(t: Task) -> dict[str, Any]:
+    entry = {
+        "id": t.id,
+        "op": t.kind,
+        "inputs": list(t.inputs),
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "scope": t.scope,
+        "label": t.label,
+        "attrs": t.op.attributes(),
+    }
+    if t.block is not None:
+        entry["block"] = t.block.attributes()
+    return entry
 
 
 def taskgraph_to_json(tg: TaskGraph, indent: int | None = None) -> str:
@@ -110,12 +125,13 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
     _expect(isinstance(outputs, dict), f"{path}.outputs", "expected an object")
 
     builder = GraphBuilder(name)
+    blocks: list[Block | None] = []
     for position, entry in enumerate(tasks):
         where = f"{path}.tasks[{position}]"
         _expect(isinstance(entry, dict), where, "expected an object")
         missing = _TASK_KEYS - entry.keys()
         _expect(not missing, where, f"missing key(s) {sorted(missing)}")
-        unknown = entry.keys() - _TASK_KEYS
+        unknown = entry.keys() - _TASK_KEYS - _OPTIONAL_TASK_KEYS
         _expect(not unknown, where, f"unknown key(s) {sorted(unknown)}")
         _expect(
             entry["id"] == position and _is_int(entry["id"]),
@@ -153,9 +169,27 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
             raise SerializationError(
                 f"{where}.attrs: invalid attributes for {entry['op']!r}: {err}"
             ) from None
+        block = _block_from_entry(entry, where)
+        if block is not None and block.shape != builder.tasks[-1].shape:
+            raise SerializationError(
+                f"{where}.block: shape {list(block.shape)} must equal the task's shape "
+                f"{list(builder.tasks[-1].shape)}"
+            )
+        blocks.append(block)
     for out_name, task_id in outputs.items():
         try:
             builder.output(task_id, out_name)
         except EinpageError as err:
             raise SerializationError(f"{path}.outputs[{out_name!r}]: {err}") from None
-    return builder.build()
+    return TaskGraph(with_blocks(builder.tasks, blocks), builder.outputs, name)
+
+
+def _block_from_entry(entry: dict[str, Any], where: str) -> Block | None:
+    if "block" not in entry:
+        return None
+    try:
+        return Block.from_attributes(entry["block"])
+    except EinpageError as err:
+        raise SerializationError(f"{where}.block: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise SerializationError(f"{where}.block: invalid block: {err}") from None

@@ -12,7 +12,7 @@ import einpage as ep
 import taskgraph
 from einpage.errors import GraphError, InputError, SerializationError
 from taskgraph import Einsum, EinsumSpec, GraphBuilder, Input, TaskGraph, View
-from taskgraph.nodes import Concat, Fill, Gather, Slice
+from taskgraph.nodes import Block, Concat, Fill, Gather, Slice, with_blocks
 
 
 def small_graph() -> TaskGraph:
@@ -213,3 +213,64 @@ def test_outputs_are_copies():
     out = taskgraph.evaluate(prog.build(), {"x": data})["same"]
     out[0] = 5
     assert data[0] == 1
+
+
+# -- block provenance (set by partitioning) -----------------------------------------
+
+
+def blocked_graph() -> TaskGraph:
+    """`small_graph` with hand-made provenance on its tasks (as partitioning sets it)."""
+    tg = small_graph()
+    blocks = [Block(t.id, (0,) * len(t.shape), t.shape) for t in tg.tasks]
+    blocks[3] = Block(3, (0,), (4,), "partial", ((0, 8),))
+    blocks[4] = Block(7, (2, 16), (4, 16), "assembly")
+    return TaskGraph(with_blocks(tg.tasks, blocks), tg.outputs, tg.name)
+
+
+def test_block_is_shown_and_kept_through_json():
+    tg = blocked_graph()
+    assert tg[4].line().endswith("(%2, %3)  {assembly %7[2:6, 16:32]}")
+    assert tg[3].line().endswith("{partial %3[0:4] reduced[0:8]}")
+    data = json.loads(tg.to_json())
+    assert data["tasks"][3]["block"] == {
+        "of": 3,
+        "starts": [0],
+        "shape": [4],
+        "kind": "partial",
+        "reduced": [[0, 8]],
+    }
+    assert "block" not in json.loads(small_graph().to_json())["tasks"][0]
+    again = TaskGraph.from_json(tg.to_json())
+    assert again.tasks == tg.tasks
+    assert again.to_json() == tg.to_json()
+
+
+@pytest.mark.parametrize(
+    "block, message",
+    [
+        ({"of": -1, "starts": [0], "shape": [4], "kind": "block", "reduced": []}, "task id"),
+        ({"of": 3, "starts": [0], "shape": [5], "kind": "block", "reduced": []}, "must equal"),
+        ({"of": 3, "starts": [0, 0], "shape": [4], "kind": "block", "reduced": []}, "one per"),
+        ({"of": 3, "starts": [0], "shape": [4], "kind": "slab", "reduced": []}, "kind must be"),
+        ({"of": 3, "starts": [0], "shape": [4], "kind": "partial", "reduced": []}, "a partial"),
+        ({"of": 3, "starts": [0], "shape": [4], "kind": "block", "reduced": [[0, 2]]}, "only a"),
+        ({"of": 3, "starts": [0], "shape": [4], "kind": "partial", "reduced": [[0]]}, "pairs"),
+        ({"of": 3, "starts": [0], "shape": [4]}, "exactly"),
+        ("block", "exactly"),
+    ],
+)
+def test_json_block_validation_names_the_path(block, message):
+    data = json.loads(small_graph().to_json())
+    data["tasks"][3]["block"] = block
+    with pytest.raises(SerializationError, match=r"\$.tasks\[3\].block: .*" + message):
+        TaskGraph.from_json(json.dumps(data))
+
+
+def test_with_blocks_checks_shapes():
+    tg = small_graph()
+    blocks = [None] * len(tg.tasks)
+    blocks[2] = Block(2, (0, 0), (4, 8))
+    with pytest.raises(GraphError, match=r"task %2: block .* has shape \(4, 8\)"):
+        with_blocks(tg.tasks, blocks)
+    with pytest.raises(GraphError, match="3 blocks given for 5 tasks"):
+        with_blocks(tg.tasks, blocks[:3])
