@@ -10,7 +10,11 @@ Node kinds (`NodeKind`), and the fields each one uses:
               task operand, in the task's operand order; a view operand reads its
               base's region) and writes `region`.
 * `offload` – `tensor`'s data is copied from device `region` to host `storage`.
-* `reload`  – `tensor`'s data is copied from host `storage` to device `region`.
+* `reload`  – `tensor`'s data is copied from host `storage` to device `region`. When
+              `tensor` is a Slice task whose operand is an input held in `storage`,
+              the copy takes the slice's box of that input: a *sliced reload*, which
+              produces the slice without the whole input on the device (how a
+              partitioned program streams a weight larger than a block).
 * `free`    – `region`, holding `tensor`, is released.
 * `output`  – program output `name` is final: on the device in `region`, or on the
               host in `storage`. `tensor` is the task holding its bytes.

@@ -9,7 +9,9 @@ residencies and host storages, and checks:
   the plan says; outputs are written into freshly allocated regions; regions live at
   the same time never overlap (so the peak never exceeds the budget); every reload
   reads a storage that an input or an offload wrote; every compute task is applied
-  exactly once and every program output is produced;
+  exactly once (a Slice read straight from an input may instead be produced, any
+  number of times, by a *sliced reload* of its box from the input's storage) and every
+  program output is produced;
 * dependencies (so that any execution honouring only the dependencies is safe, not
   just insertion order), where "after" means reachable through `deps`:
   - read-after-write: a writer of a region (apply, reload, device input) comes after
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from einpage.errors import VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input, Slice, View
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -250,7 +252,9 @@ class _Verifier:
         task = self.tg[node.tensor]
         if isinstance(task.op, Input):
             raise self.fail(f"%{node.tensor} is an input; inputs are not computed")
-        if node.tensor in self.applied:
+        if node.tensor in self.applied and not (
+            task.inputs and self.is_input_slice(node.tensor, task.inputs[0])
+        ):
             raise self.fail(f"%{node.tensor} is computed a second time")
         if len(node.reads) != len(task.inputs):
             raise self.fail(
@@ -277,13 +281,25 @@ class _Verifier:
         writer = self.storage_writer.get(node.storage)
         if writer is None:
             raise self.fail(f"host#{node.storage} holds no data yet (no input or offload wrote it)")
-        if self.storage_tensor[node.storage] != node.tensor:
+        held = self.storage_tensor[node.storage]
+        if held != node.tensor and not self.is_input_slice(node.tensor, held):
             raise self.fail(
-                f"host#{node.storage} holds %{self.storage_tensor[node.storage]}, "
-                f"not %{node.tensor}"
+                f"host#{node.storage} holds %{held}, not %{node.tensor} (nor an "
+                f"input that %{node.tensor} slices)"
             )
         self.after(writer, f"the write of host#{node.storage}")
         self.write(node.tensor, node.region, "reload")
+        if held != node.tensor:
+            self.applied.add(node.tensor)  # a sliced reload computes the slice
+
+    def is_input_slice(self, tensor: int, source: int) -> bool:
+        """Whether task `tensor` is a Slice read straight from the input task `source`."""
+        task = self.tg[tensor]
+        return (
+            isinstance(task.op, Slice)
+            and task.inputs[0] == source
+            and isinstance(self.tg[source].op, Input)
+        )
 
     def on_free(self, node: MemNode) -> None:
         residency = self.live.get(node.tensor)
