@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,10 @@ class HostLayout:
     outputs: dict[str, HostSlot]  # staging for device-side outputs (staging backends only)
     nbytes: int
     aliased: frozenset[int] = frozenset()
+    holders: dict[int, int] = field(default_factory=dict)  # storage -> the tensor it holds
+    # Contiguous copies of the boxes that sliced reloads take from an input, by slice
+    # task (staging backends only: an asynchronous copy needs contiguous host memory).
+    boxes: dict[int, HostSlot] = field(default_factory=dict)
 
     @classmethod
     def of(cls, mg: MemGraph, staging: bool) -> HostLayout:
@@ -87,15 +91,25 @@ class HostLayout:
         storages: dict[int, HostSlot] = {}
         inputs: dict[str, HostSlot] = {}
         outputs: dict[str, HostSlot] = {}
+        holders: dict[int, int] = {}
+        boxes: dict[int, HostSlot] = {}
         for node in mg.nodes:
             if node.storage is not None:
+                holder = holders.setdefault(node.storage, node.tensor)
                 if node.storage not in storages and node.storage not in aliased:
                     storages[node.storage] = place(tg[node.tensor])
+                if staging and holder != node.tensor and node.tensor not in boxes:
+                    boxes[node.tensor] = place(tg[node.tensor])  # a sliced reload's box
             elif staging and node.kind is NodeKind.INPUT:
                 inputs[node.name] = place(tg[node.tensor])
             elif staging and node.kind is NodeKind.OUTPUT:
                 outputs[node.name] = place(tg[tg.outputs[node.name]])
-        return cls(storages, inputs, outputs, top, frozenset(aliased))
+        return cls(storages, inputs, outputs, top, frozenset(aliased), holders, boxes)
+
+
+def slice_box(task: Task) -> tuple[slice, ...]:
+    """The index of the box a Slice task takes from its operand."""
+    return tuple(slice(s, s + n) for s, n in zip(task.op.starts, task.shape, strict=True))
 
 
 class Interpreter:
@@ -199,7 +213,16 @@ class Interpreter:
 
     def reload(self, node: MemNode, stream: Stream | None) -> None:
         view = self.device_view(node.region, node.tensor)
-        self.backend.copy_to_device(view, self.host_view(node.storage), stream)
+        self.backend.copy_to_device(view, self.reload_source(node), stream)
+
+    def reload_source(self, node: MemNode) -> np.ndarray:
+        """The host data a reload copies: its storage, or for a sliced reload (the tensor is
+        a Slice of the input the storage holds) the slice's box of it."""
+        if self.layout.holders.get(node.storage, node.tensor) == node.tensor:
+            return self.host_view(node.storage)
+        if node.tensor in self.layout.boxes:
+            return self.layout.boxes[node.tensor].of(self.host)
+        return self.host_view(node.storage)[slice_box(self.tg[node.tensor])]
 
     def free(self, node: MemNode, stream: Stream | None) -> None:
         """Nothing to do, unless poisoning: then the region is filled with `POISON_BYTE`."""

@@ -27,7 +27,7 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
-from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
+from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, slice_box
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
@@ -248,6 +248,10 @@ class Session:
         if node.storage is not None:
             slot = interp.host_view(node.storage)
             np.copyto(slot, value)
+            for task_id, box in self.layout.boxes.items():  # staged boxes of sliced reloads
+                task = self.tg[task_id]
+                if task.inputs[0] == node.tensor:
+                    np.copyto(box.of(self.host), slot[slice_box(task)])
             return slot
         if self.backend.host_staging:
             slot = self.layout.inputs[name].of(self.host)

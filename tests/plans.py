@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import einpage as ep
 from memgraph import MemGraph, MemGraphBuilder, Region
 from taskgraph import TaskGraph
 from taskgraph.nodes import Input, View
@@ -129,3 +130,23 @@ def reference_plan(
             r.users.append(node)
     b.budget = max(top, alignment)
     return b.build({"planner": "tests.reference_plan"})
+
+
+def sliced_weight_plan(reload_tensor=None):
+    """A weight read only through a slice, produced by a sliced reload of its box."""
+    prog = ep.Program("sliced")
+    w = prog.input("w", (64, 8), role="weight")
+    part = prog.slice(w, (16, 0), (8, 8))
+    prog.output(ep.exp(part), "y")
+    tg = prog.build()
+    b = MemGraphBuilder(tg, budget=1024)
+    stored = b.input("w", 0, storage=0)
+    alloc = b.alloc(1, Region(0, 256))
+    reload = b.reload(
+        reload_tensor if reload_tensor is not None else 1, 0, Region(0, 256), deps=[stored, alloc]
+    )
+    out_alloc = b.alloc(2, Region(256, 256))
+    apply = b.apply(2, [Region(0, 256)], Region(256, 256), deps=[reload, out_alloc])
+    b.free(1, Region(0, 256), deps=[alloc, reload, apply])
+    b.output("y", 2, region=Region(256, 256), deps=[apply])
+    return b.build()

@@ -8,7 +8,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from plans import reference_plan
+from plans import reference_plan, sliced_weight_plan
 from strategies import einsum_cases
 
 import einpage as ep
@@ -213,28 +213,6 @@ def test_structure_checks():
     violation(replace_node(mg, 5, id=9), "does not match its position")
     violation(replace_node(mg, 5, tensor=999), "not a task of the TaskGraph")
     assert node.kind is not None
-
-
-def sliced_weight_plan(reload_tensor=None):
-    """A weight read only through a slice, produced by a sliced reload of its box."""
-    from memgraph import MemGraphBuilder
-
-    prog = ep.Program("sliced")
-    w = prog.input("w", (64, 8), role="weight")
-    part = prog.slice(w, (16, 0), (8, 8))
-    prog.output(ep.exp(part), "y")
-    tg = prog.build()
-    b = MemGraphBuilder(tg, budget=1024)
-    stored = b.input("w", 0, storage=0)
-    alloc = b.alloc(1, Region(0, 256))
-    reload = b.reload(
-        reload_tensor if reload_tensor is not None else 1, 0, Region(0, 256), deps=[stored, alloc]
-    )
-    out_alloc = b.alloc(2, Region(256, 256))
-    apply = b.apply(2, [Region(0, 256)], Region(256, 256), deps=[reload, out_alloc])
-    b.free(1, Region(0, 256), deps=[alloc, reload, apply])
-    b.output("y", 2, region=Region(256, 256), deps=[apply])
-    return b.build()
 
 
 def test_sliced_reload_produces_a_slice_of_an_input():
