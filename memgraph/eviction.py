@@ -1,8 +1,8 @@
 """Victim choice: which contiguous window of the arena to clear for an allocation.
 
 When an allocation of `n` bytes does not fit at the execution horizon, the planner
-describes the arena as `Segment`s (live tensors and free blocks, tiling it in offset
-order) and asks `choose_window` for the best window `[start, start + n)`:
+asks for the best window `[start, start + n)` of the arena, made of free blocks and
+live tensors (`Segment`s):
 
 * a window starts at a segment's start (windows starting inside a segment are never
   better: sliding one left to the segment start covers the same occupants or fewer),
@@ -21,8 +21,19 @@ The rank is the policy, looked up by name in `POLICIES` (larger = evict sooner):
 * `"lru"`: minus the position of the tensor's last use, so the window whose most
   recently used occupant was used longest ago wins (the classic baseline).
 
-One sweep with two pointers and a monotonic deque for the window minimum costs
-O(segments) per request.
+Two searches give the same answer:
+
+* `choose_window(segments, n)`: one sweep over all segments in offset order, with two
+  pointers and a monotonic deque for the window minimum. O(segments) per request:
+  simple, and the reference the other is tested against.
+* `choose_window_ranked(arena, groups, n)`: the planner's. It *activates* evictable
+  tensors in decreasing rank (groups of equal rank), merging each with its free
+  neighbours and with active neighbours into runs of contiguous clearable bytes
+  (interval union by endpoint dictionaries). The first group after which some run
+  holds `n` bytes fixes the best score (every window inside such a run scores exactly
+  that rank: a higher-scoring one would have formed a run earlier); the tie-breaks
+  are then settled by `choose_window` over the segments of those runs only. Cost:
+  O(k log live) for the k tensors activated, usually a few, instead of O(live).
 
 >>> segs = [Segment(0, 256, tensor=1, rank=5), Segment(256, 256, tensor=2, rank=9),
 ...         Segment(512, 256)]
@@ -33,8 +44,9 @@ Window(offset=256, victims=(2,), score=9, transfer_bytes=0, evicted_bytes=256)
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from einpage.errors import PlanError
 
@@ -46,6 +58,8 @@ __all__ = [
     "Window",
     "belady",
     "choose_window",
+    "choose_window_ranked",
+    "Arena",
     "get_policy",
     "lru",
 ]
@@ -155,3 +169,54 @@ def choose_window(segments: Sequence[Segment], nbytes: int) -> Window | None:
     score, neg_transfer, neg_evicted, _ = best_key
     victims = tuple(s.tensor for s in segments[start:stop] if s.tensor is not None)
     return Window(segments[start].offset, victims, score, -neg_transfer, -neg_evicted)
+
+
+class Arena(Protocol):
+    """What `choose_window_ranked` needs to know of the arena's layout."""
+
+    def neighbours(self, offset: int) -> tuple[int, int]:
+        """For the live block at `offset`: the end of the live block before it (0 if
+        none) and the start of the live block after it (the arena size if none)."""
+
+    def segments(self, start: int, end: int) -> list[Segment]:
+        """The live blocks and free blocks tiling `[start, end)` (whose ends are block
+        boundaries), in offset order, ranked and marked evictable as for `choose_window`."""
+
+
+def choose_window_ranked(
+    arena: Arena, groups: Iterable[Sequence[Segment]], nbytes: int
+) -> Window | None:
+    """The same window as `choose_window` over the whole arena, found by activating the
+    evictable tensors in `groups` (each a list of equal-rank segments, in decreasing
+    rank) until a run of clearable bytes holds `nbytes` (see the module docstring)."""
+    end_of: dict[int, int] = {}  # run start -> run end
+    start_of: dict[int, int] = {}  # run end -> run start
+    for group in groups:
+        formed = []
+        for seg in group:
+            # A run is active tensors plus the free gaps beside them: an active tensor's
+            # run reaches to the neighbouring live blocks' edges. So the run of an active
+            # left neighbour ends at this segment's start, and the run of an active right
+            # neighbour starts at this segment's end.
+            start, end = seg.offset, seg.offset + seg.size
+            before_end, after_start = arena.neighbours(start)
+            left = start_of.pop(start) if start in start_of else before_end
+            right = end_of.pop(end) if end in end_of else after_start
+            end_of.pop(left, None)
+            start_of.pop(right, None)
+            end_of[left], start_of[right] = right, left
+            formed.append((left, right))
+        runs = sorted({(lo, hi) for lo, hi in formed if end_of.get(lo) == hi and hi - lo >= nbytes})
+        if not runs:
+            continue
+        best: Window | None = None
+        for lo, hi in runs:
+            found = choose_window(arena.segments(lo, hi), nbytes)
+            if found is not None and (best is None or _key(found) > _key(best)):
+                best = found
+        return best
+    return None
+
+
+def _key(window: Window) -> tuple[int, int, int, int]:
+    return (window.score, -window.transfer_bytes, -window.evicted_bytes, -window.offset)

@@ -43,14 +43,26 @@ anything offloaded before, as tensors are immutable – is dropped with no trans
 then to fewer bytes evicted. Step e's operands and output are never victims. The
 `"lru"` policy uses the same machinery with last-use positions.
 
-Fragmentation: when a request fails although enough bytes are free, the window
-search already handles it (it may evict neighbours of free blocks to join them); such
-requests are counted in `info["fragmentation_events"]`. When no window exists
-because step e's own tensors split the arena, the planner *resets the arena*: it
-evicts everything resident (step e's operands included; nothing is applied yet) and
-places step e's tensors back to back from offset 0. So a budget of at least
-`min_budget` always succeeds (counted in `info["arena_resets"]`); there is never a
-compaction copy.
+Placement and fragmentation
+---------------------------
+Allocations without eviction use the allocator's best fit, unless that would leave no
+room for the next step that reads the tensor (`placement="room"`, the default): that
+step must hold its whole working set at once, so between its tensors already on the
+device there must stay one gap as large as the rest of it; otherwise the tensor goes
+to the smallest free block, at whichever end, that keeps such a gap (best fit if none
+does). A big activation placed mid-arena would otherwise force its reader to move it
+through the host.
+
+When a request at the execution horizon fails although enough bytes are free, the
+window search handles it (it evicts the cheapest neighbours of free blocks to join
+them); such requests are counted in `info["fragmentation_events"]`. If some tensor of
+step e finds no window at all (step e's own tensors split the arena), the missing
+tensors are packed into one window of their total size, keeping step e's resident
+operands in place (`info["packed_steps"]`); failing that, into one window that also
+has room for those operands, which may then be moved through the host
+(`info["operand_moves"]`). That window always exists when the budget is at least
+`min_budget`: everything is evictable then, and the arena holds all of step e's
+tensors. There is never a compaction copy (the MemGraph has no copy node).
 
 Lifetimes and ends
 ------------------
@@ -73,24 +85,27 @@ the residency (which imply the writer and the alloc). Nothing else, so transfers
 overlap compute.
 
 >>> import einpage as ep
->>> prog = ep.Program("mlp")
->>> x = prog.input("x", (256, 256))
+>>> prog = ep.Program("drop")
+>>> x = prog.input("x", (256, 256))  # 256 KiB each
 >>> w = prog.input("w", (256, 256), role="weight")
->>> prog.output(ep.relu(x @ w) @ w, "y")
+>>> v = prog.input("v", (256, 256), role="weight")
+>>> prog.output((x @ w) @ v @ w, "y")
 >>> tg = prog.build()
->>> min_budget(tg)
+>>> min_budget(tg)  # three 256 KiB tensors at once, first needed by task %3
 (786432, 3)
->>> mg = plan(tg, "768KiB")
->>> mg.stats.reload_count, mg.stats.offload_count
-(2, 1)
+>>> mg = plan(tg, "768KiB")  # w is dropped for v's step and reloaded for the last
+>>> s = mg.stats
+>>> s.reload_count, s.drop_count, s.offload_count
+(3, 1, 0)
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,12 +113,12 @@ from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.units import BudgetFormatError, format_bytes, parse_bytes
 from memgraph.allocator import DEFAULT_ALIGNMENT, Allocator, Block
 from memgraph.cost import CostModel, get_cost_model
-from memgraph.eviction import NEVER, Segment, choose_window, get_policy
+from memgraph.eviction import NEVER, Segment, choose_window_ranked, get_policy
 from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input
+from taskgraph.nodes import Input, View
 
 __all__ = [
     "PlanOptions",
@@ -111,8 +126,10 @@ __all__ = [
     "min_budget",
     "no_offload_peak",
     "resolve_budget",
+    "storage_roots",
     "OUTPUTS",
     "INPUTS",
+    "PLACEMENTS",
 ]
 
 OUTPUTS = ("device", "host")
@@ -120,6 +137,9 @@ OUTPUTS = ("device", "host")
 INPUTS = ("auto", "host")
 """Where inputs start: "auto" follows each `Input.location` (device ones while they fit)."""
 
+PLACEMENTS = ("room", "best_fit")
+"""Where allocations without eviction go: "room" (best fit, unless that leaves no room
+for the next step that reads the tensor, see `_Planner.keeps_room`) or plain "best_fit"."""
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 
 
@@ -135,6 +155,7 @@ class PlanOptions:
     alignment: int = DEFAULT_ALIGNMENT
     outputs: str = "device"
     inputs: str = "auto"
+    placement: str = "room"
 
     def __post_init__(self) -> None:
         if not isinstance(self.order, str):
@@ -160,6 +181,8 @@ class PlanOptions:
             raise PlanError(f"outputs must be one of {OUTPUTS}, got {self.outputs!r}")
         if self.inputs not in INPUTS:
             raise PlanError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.placement not in PLACEMENTS:
+            raise PlanError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
 
     def info(self) -> dict[str, Any]:
         cost = get_cost_model(self.cost_model)
@@ -172,7 +195,7 @@ class PlanOptions:
             "alignment": self.alignment,
             "outputs": self.outputs,
             "inputs": self.inputs,
-            "allocator": "best_fit",
+            "placement": self.placement,
         }
 
 
@@ -208,14 +231,14 @@ def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
     too small, `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
     """
     opts = PlanOptions(**options)
-    request = budget
-    budget = resolve_budget(tg, budget, opts)
-    planner = _Planner(tg, budget, opts)
+    resolved, needed = _resolve_budget(tg, budget, opts)
+    planner = _Planner(tg, resolved, opts)
     planner.run()
     info = {
         "planner": "memgraph.planner",
         **opts.info(),
-        "budget_request": request if isinstance(request, int) else str(request),
+        "budget_request": budget if isinstance(budget, int) else str(budget),
+        "min_budget": needed,
         **planner.counters(),
     }
     return planner.builder.build(info)
@@ -233,19 +256,28 @@ def min_budget(tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT) -> tuple[int, 
     >>> prog = ep.Program()
     >>> x = prog.input("x", (100,))
     >>> prog.output(x * x, "y")
-    >>> min_budget(prog.build())
-    (512, 1)
+    >>> min_budget(prog.build())  # x (400 B) and x * x, each rounded up to 512 B
+    (1024, 1)
     """
+    root = storage_roots(tg)
+    size = [_round_up(t.nbytes, alignment) for t in tg]
     best, best_task = alignment, None
     for task in tg:
         if not is_compute(tg, task.id):
             continue
-        roots = dict.fromkeys(tg.storage_root(i) for i in task.inputs)
-        need = _round_up(task.nbytes, alignment)
-        need += sum(_round_up(tg[r].nbytes, alignment) for r in roots)
+        need = size[task.id] + sum(size[r] for r in {root[i] for i in task.inputs})
         if need > best or best_task is None and need >= best:
             best, best_task = need, task.id
     return best, best_task
+
+
+def storage_roots(tg: TaskGraph) -> list[int]:
+    """`tg.storage_root` of every task, in one pass (a view's input comes before it)."""
+    root = list(range(len(tg)))
+    for task in tg:
+        if isinstance(task.op, View):
+            root[task.id] = root[task.inputs[0]]
+    return root
 
 
 def no_offload_peak(
@@ -263,8 +295,13 @@ def no_offload_peak(
     relative to it. At that budget a plan with prefetching may still evict a little,
     as prefetching holds memory earlier and the layout differs.
     """
-    opts = PlanOptions(
-        order=order, alignment=alignment, outputs=outputs, inputs=inputs, lookahead=0
+    opts = PlanOptions(  # in an arena this large, "room" placement is plain best fit
+        order=order,
+        alignment=alignment,
+        outputs=outputs,
+        inputs=inputs,
+        lookahead=0,
+        placement="best_fit",
     )
     everything = sum(_round_up(t.nbytes, alignment) for t in tg) + alignment
     planner = _Planner(tg, everything, opts)
@@ -280,7 +317,11 @@ def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None
     Raises `BudgetFormatError` for a malformed budget and `InfeasibleBudgetError` when
     it is below `min_budget`.
     """
-    opts = options or PlanOptions()
+    return _resolve_budget(tg, budget, options or PlanOptions())[0]
+
+
+def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tuple[int, int]:
+    """(budget in bytes, min_budget), or the errors of `resolve_budget`."""
     text = budget if isinstance(budget, str) else None
     match = _PERCENT.match(text) if text is not None else None
     if match is not None:
@@ -299,7 +340,7 @@ def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None
             needed,
             task_id,
         )
-    return resolved
+    return resolved, needed
 
 
 def _infeasible_message(
@@ -353,6 +394,8 @@ class _Tensor:
     storage_writer: int | None = None
     pins: int = 0
     last_use: int = -1
+    version: int = 0  # bumped whenever its rank or residency changes (stale heap entries)
+    rank: int = 0  # the eviction rank of its current heap entry
 
     @property
     def next_use(self) -> int:
@@ -368,6 +411,117 @@ class _Step:
     reads: tuple[int, ...]  # the storage root of each operand, in operand order
 
 
+class _Residents:
+    """The live tensors of the arena: by offset, and by eviction rank for victim search.
+
+    Implements `memgraph.eviction.Arena`. Ranks change only when a tensor is used or
+    placed (`touch`), so a max-heap of (rank, id, version) entries with lazy deletion
+    enumerates evictable tensors in decreasing rank; entries popped during a search
+    are pushed back by `restore`.
+    """
+
+    def __init__(self, size: int, rank: Any, tensors: dict[int, _Tensor]):
+        self.size = size
+        self.rank = rank
+        self.tensors = tensors
+        self.at: dict[int, _Tensor] = {}  # offset -> live tensor
+        self.offsets: list[int] = []  # sorted live offsets
+        self.heap: list[tuple[int, int, int]] = []  # (-rank, tensor id, version)
+        self.popped: list[tuple[int, int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def add(self, tensor: _Tensor) -> None:
+        offset = tensor.region.offset
+        bisect.insort(self.offsets, offset)
+        self.at[offset] = tensor
+        self.touch(tensor, placed=True)
+
+    def remove(self, tensor: _Tensor) -> None:
+        offset = tensor.region.offset
+        del self.offsets[bisect.bisect_left(self.offsets, offset)]
+        del self.at[offset]
+        tensor.version += 1
+
+    def touch(self, tensor: _Tensor, placed: bool = False) -> None:
+        """Re-rank a live tensor after its next or last use changed (or it was `placed`)."""
+        rank = self.rank(tensor.next_use, tensor.last_use)
+        if rank == tensor.rank and not placed:
+            return  # its heap entry is still valid
+        tensor.rank = rank
+        tensor.version += 1
+        heapq.heappush(self.heap, (-rank, tensor.id, tensor.version))
+        if len(self.heap) > 4 * len(self.offsets) + 1024:
+            self.heap = [
+                (-self.rank(t.next_use, t.last_use), t.id, t.version) for t in self.at.values()
+            ]
+            heapq.heapify(self.heap)
+
+    def segment(self, tensor: _Tensor) -> Segment:
+        return Segment(
+            tensor.region.offset,
+            tensor.region.size,
+            tensor.id,
+            self.rank(tensor.next_use, tensor.last_use),
+            0 if tensor.storage is not None else tensor.nbytes,
+            tensor.pins == 0 and tensor.writer is not None,
+        )
+
+    def ranked_groups(self) -> Iterator[list[Segment]]:
+        """Evictable live tensors as segments, in groups of equal rank, decreasing."""
+        heap, popped = self.heap, self.popped
+        group: list[Segment] = []
+        group_key = None
+        while heap:
+            entry = heapq.heappop(heap)
+            key, tensor_id, version = entry
+            tensor = self.tensors[tensor_id]
+            if tensor.version != version or tensor.region is None:
+                continue  # stale
+            popped.append(entry)
+            if tensor.pins or tensor.writer is None:
+                continue
+            if group and key != group_key:
+                yield group
+                group = []
+            group_key = key
+            group.append(self.segment(tensor))
+        if group:
+            yield group
+
+    def restore(self) -> None:
+        """Push back the entries a search popped (they are still valid)."""
+        for entry in self.popped:
+            heapq.heappush(self.heap, entry)
+        self.popped = []
+
+    def neighbours(self, offset: int) -> tuple[int, int]:
+        offsets = self.offsets
+        i = bisect.bisect_left(offsets, offset)
+        before = self.at[offsets[i - 1]].region.end if i else 0
+        after = offsets[i + 1] if i + 1 < len(offsets) else self.size
+        return before, after
+
+    def segments(self, start: int = 0, end: int | None = None) -> list[Segment]:
+        end = self.size if end is None else end
+        offsets = self.offsets
+        found = []
+        cursor = start
+        for i in range(bisect.bisect_left(offsets, start), len(offsets)):
+            offset = offsets[i]
+            if offset >= end:
+                break
+            if offset > cursor:
+                found.append(Segment(cursor, offset - cursor))
+            tensor = self.at[offset]
+            found.append(self.segment(tensor))
+            cursor = tensor.region.end
+        if cursor < end:
+            found.append(Segment(cursor, end - cursor))
+        return found
+
+
 class _Planner:
     """One planning run: the simulated arena, the tensors' state, and the emitted nodes."""
 
@@ -380,30 +534,29 @@ class _Planner:
         self.builder = MemGraphBuilder(tg, budget, opts.alignment)
         order = opts.order
         ids = get_order(order)(tg) if isinstance(order, str) else check_order(tg, order)
-        root = [tg.storage_root(t.id) for t in tg]
+        root = storage_roots(tg)
         self.root = root
-        self.steps = [
-            _Step(
-                t,
-                tuple(dict.fromkeys(root[i] for i in tg[t].inputs)),
-                tuple(root[i] for i in tg[t].inputs),
-            )
-            for t in ids
-            if is_compute(tg, t)
-        ]
+        self.steps = []
+        for t in ids:
+            if is_compute(tg, t):
+                reads = tuple([root[i] for i in tg[t].inputs])
+                self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
         self.tensors: dict[int, _Tensor] = {
             t.id: _Tensor(t.id, t.nbytes, self.alloc.round_up(t.nbytes))
             for t in tg
             if root[t.id] == t.id
         }
+        self.working_set = []  # aligned bytes each step needs resident at once
         for position, step in enumerate(self.steps):
             for r in step.roots:
                 self.tensors[r].uses.append(position)
+            need = sum(self.tensors[r].size for r in step.roots)
+            self.working_set.append(need + self.tensors[step.task].size)
         self.output_roots = dict.fromkeys(root[t] for t in tg.outputs.values())
         if opts.outputs == "device":
             for r in self.output_roots:
                 self.tensors[r].uses.append(len(self.steps))
-        self.owner: dict[int, int] = {}  # offset of a live block -> its tensor
+        self.residents = _Residents(self.alloc.size, self.rank, self.tensors)
         # Compute seconds before each step (prefix sums) and pending H2D seconds by step.
         self.before = [0.0]
         for step in self.steps:
@@ -411,11 +564,13 @@ class _Planner:
         self.pending: dict[int, float] = {}
         self.pending_at: list[int] = []  # sorted positions with pending transfers
         self.horizon = 0  # the allocation horizon a
+        self.frees = 0  # frees so far, to retry a stalled step only when memory was freed
+        self.stalled: tuple[int, int] | None = None  # (step, frees) of the last failed try
         self.storages = 0
         self.high_water = 0
         # Counters reported in info.
         self.evictions = self.offloads = self.drops = 0
-        self.fragmentation_events = self.arena_resets = 0
+        self.fragmentation_events = self.packed_steps = self.operand_moves = 0
         self.prefetched = self.reloads = self.max_ahead = 0
         self.inputs_on_host_for_room: list[str] = []
         self.outputs_on_host: list[str] = []
@@ -443,9 +598,9 @@ class _Planner:
             "prefetched_reloads": self.prefetched,
             "max_steps_ahead": self.max_ahead,
             "fragmentation_events": self.fragmentation_events,
-            "arena_resets": self.arena_resets,
+            "packed_steps": self.packed_steps,
+            "operand_moves": self.operand_moves,
             "high_water": self.high_water,
-            "min_budget": min_budget(self.tg, self.opts.alignment)[0],
             "inputs_on_host_for_room": self.inputs_on_host_for_room,
             "outputs_on_host": self.outputs_on_host,
         }
@@ -472,10 +627,16 @@ class _Planner:
             self.expect_reload(tensor)
 
     def advance_horizon(self, e: int) -> None:
-        """Prepare steps from the allocation horizon up to the target, without evicting."""
+        """Prepare steps from the allocation horizon up to the target, without evicting.
+
+        A step that did not fit is retried only once something was freed since.
+        """
         target = self.horizon_target(e)
         while self.horizon <= target:
+            if self.stalled == (self.horizon, self.frees):
+                return
             if not self.prepare_fitting(self.horizon, ahead=self.horizon > e):
+                self.stalled = (self.horizon, self.frees)
                 return
             self.horizon += 1
 
@@ -509,83 +670,155 @@ class _Planner:
     def prepare_fitting(self, position: int, ahead: bool) -> bool:
         """Prepare a step using free memory only (all or nothing); False if it does not fit."""
         needed = self.missing(position)
-        token = self.alloc.checkpoint()
-        blocks = []
-        for tensor in needed:
-            block = self.alloc.try_allocate(tensor.size)
+        if len(needed) == 1:  # the common case, no checkpoint needed
+            block = self.fit(needed[0], position)
             if block is None:
-                self.alloc.rollback(token)
                 return False
-            blocks.append(block)
-        self.alloc.release(token)
+            blocks = [block]
+        else:
+            token = self.alloc.checkpoint()
+            blocks = []
+            for tensor in needed:
+                block = self.fit(tensor, position)
+                if block is None:
+                    self.alloc.rollback(token)
+                    return False
+                blocks.append(block)
+            self.alloc.release(token)
         for tensor, block in zip(needed, blocks, strict=True):
             self.place(tensor, block, position, ahead)
         self.pin(position, +1)
         return True
 
     def prepare_evicting(self, e: int) -> None:
-        """Prepare step e at the execution horizon, evicting as needed (the horizon is empty)."""
-        if self.prepare_fitting(e, ahead=False):
+        """Prepare step e at the execution horizon, evicting as needed (the horizon is empty).
+
+        First each missing tensor, largest first, goes to the best window for it. If some
+        tensor finds no window (the arena is split by step e's own tensors), the missing
+        tensors are packed into one window of their total size, with step e's resident
+        operands kept in place; failing that, into one window that may also take those
+        operands (they are moved: evicted, then placed in the window). That last window
+        always exists at a budget of at least `min_budget`, since then everything is
+        evictable and the arena holds all of step e's tensors.
+        """
+        if self.prepare_fitting(e, ahead=False) or self.place_evicting(e):
             return
+        self.unprepare(e)
+        self.packed_steps += 1
+        if self.place_packed(e, move_operands=False):
+            return
+        self.operand_moves += 1
+        if not self.place_packed(e, move_operands=True):  # pragma: no cover - see above
+            raise PlanError(f"step %{self.steps[e].task} found no window of its size")
+
+    def place_evicting(self, e: int) -> bool:
+        """Place step e's missing tensors, largest first, evicting the best window for each;
+        if one finds no window, unpin what was pinned and return False."""
         step = self.steps[e]
-        needed = self.missing(e)
-        pinned = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
-        for tensor in pinned:
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        for tensor in held:
             tensor.pins += 1
-        for tensor in sorted(needed, key=lambda t: -t.size):
-            block = self.alloc.try_allocate(tensor.size) or self.make_room(tensor.size)
+        for tensor in sorted(self.missing(e), key=lambda t: -t.size):
+            block = self.fit(tensor, e) or self.make_room(tensor.size)
             if block is None:
-                for held in [*pinned, *(t for t in needed if t.region is not None)]:
-                    held.pins -= 1
-                self.reset_arena(e)
-                return
+                for pinned in held:
+                    pinned.pins -= 1
+                return False
             self.place(tensor, block, e, ahead=False)
             tensor.pins += 1
+            held.append(tensor)
+        return True
+
+    def place_packed(self, e: int, move_operands: bool) -> bool:
+        """Clear one window for all of step e's missing tensors (and, with `move_operands`,
+        room for its resident operands too, which may then be evicted) and place them
+        there back to back, largest first."""
+        step = self.steps[e]
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        total = sum(t.size for t in self.missing(e))
+        if move_operands:
+            total += sum(t.size for t in held)
+        else:
+            for tensor in held:
+                tensor.pins += 1
+        offset = self.clear_window(total)
+        if not move_operands:
+            for tensor in held:
+                tensor.pins -= 1
+        if offset is None:
+            return False
+        for tensor in sorted(self.missing(e), key=lambda t: -t.size):
+            self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
+            offset += tensor.size
+        self.pin(e, +1)
+        return True
+
+    def unprepare(self, e: int) -> None:
+        """Undo a failed preparation of step e: free its output if allocated, unwritten."""
+        output = self.tensors[self.steps[e].task]
+        if output.region is not None:
+            self.release(output)
+
+    def fit(self, tensor: _Tensor, position: int) -> Block | None:
+        """A free block for `tensor` without evicting (see `keeps_room`)."""
+        if self.opts.placement == "best_fit":
+            return self.alloc.try_allocate(tensor.size)
+        token = self.alloc.checkpoint()
+        block = self.alloc.try_allocate(tensor.size)
+        if block is None or self.keeps_room(tensor, block.offset):
+            self.alloc.release(token)
+            return block
+        self.alloc.rollback(token)
+        best = None
+        for free in self.alloc.free_intervals():
+            if free.size < tensor.size:
+                continue
+            for offset in (free.offset, free.end - tensor.size):
+                if self.keeps_room(tensor, offset) and (best is None or free.size < best[0]):
+                    best = (free.size, offset)
+        if best is None:
+            return self.alloc.try_allocate(tensor.size)
+        return self.alloc.allocate_at(best[1], tensor.size)
+
+    def keeps_room(self, tensor: _Tensor, offset: int) -> bool:
+        """Whether placing `tensor` at `offset` leaves room for the next step that reads it:
+        between that step's tensors already on the device (and this one), one gap as large
+        as the rest of the step's working set, so the step can clear one window there
+        instead of moving a tensor through the host."""
+        position = tensor.next_use
+        if position >= len(self.steps):
+            return True
+        step = self.steps[position]
+        placed = [(offset, offset + tensor.size)]
+        for r in (*step.roots, step.task):
+            other = self.tensors[r]
+            if other is not tensor and other.region is not None:
+                placed.append((other.region.offset, other.region.end))
+        need = self.working_set[position] - sum(end - start for start, end in placed)
+        placed.sort()
+        cursor = 0
+        for start, end in placed:
+            if start - cursor >= need:
+                return True
+            cursor = max(cursor, end)
+        return self.alloc.size - cursor >= need
 
     def make_room(self, nbytes: int) -> Block | None:
         """Evict the best window for `nbytes` (see `memgraph.eviction`) and allocate there."""
         if self.alloc.bytes_free >= nbytes:
             self.fragmentation_events += 1
-        window = choose_window(self.segments(), nbytes)
+        offset = self.clear_window(nbytes)
+        return None if offset is None else self.alloc.allocate_at(offset, nbytes)
+
+    def clear_window(self, nbytes: int) -> int | None:
+        """Evict the occupants of the best window of `nbytes`; its offset, or None."""
+        window = choose_window_ranked(self.residents, self.residents.ranked_groups(), nbytes)
+        self.residents.restore()
         if window is None:
             return None
         for victim in window.victims:
             self.evict(self.tensors[victim])
-        return self.alloc.allocate_at(window.offset, nbytes)
-
-    def segments(self) -> list[Segment]:
-        """The arena as live tensors and free blocks in offset order, ranked by the policy."""
-        pieces = []
-        for block in self.alloc.live():
-            tensor = self.tensors[self.owner[block.offset]]
-            pieces.append(
-                Segment(
-                    block.offset,
-                    block.size,
-                    tensor.id,
-                    self.rank(tensor.next_use, tensor.last_use),
-                    0 if tensor.storage is not None else tensor.nbytes,
-                    tensor.pins == 0 and tensor.writer is not None,
-                )
-            )
-        pieces.extend(Segment(b.offset, b.size) for b in self.alloc.free_intervals())
-        pieces.sort(key=lambda s: s.offset)
-        return pieces
-
-    def reset_arena(self, e: int) -> None:
-        """Evict everything (step e's tensors included) and place step e's tensors from 0."""
-        self.arena_resets += 1
-        output = self.tensors[self.steps[e].task]
-        if output.region is not None:  # allocated for step e but never written
-            self.release(output)
-        for block in self.alloc.live():
-            self.evict(self.tensors[self.owner[block.offset]])
-        for tensor in self.missing(e):
-            block = self.alloc.try_allocate(tensor.size)
-            if block is None:  # pragma: no cover - guaranteed by min_budget
-                raise PlanError(f"step %{self.steps[e].task} does not fit an empty arena")
-            self.place(tensor, block, e, ahead=False)
-        self.pin(e, +1)
+        return window.offset
 
     def pin(self, position: int, delta: int) -> None:
         step = self.steps[position]
@@ -600,7 +833,7 @@ class _Planner:
         region = Region(block.offset, block.size)
         tensor.alloc = self.builder.alloc(tensor.id, region, deps=block.deps)
         tensor.region, tensor.writer, tensor.users = region, None, []
-        self.owner[block.offset] = tensor.id
+        self.residents.add(tensor)
         self.high_water = max(self.high_water, region.end)
         return region
 
@@ -615,6 +848,7 @@ class _Planner:
             tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
         )
         tensor.last_use = position
+        self.residents.touch(tensor)
         self.reloads += 1
         self.prefetched += ahead
 
@@ -626,12 +860,14 @@ class _Planner:
         deps = [out.alloc, *(t.writer for t in operands)]
         node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
         out.writer, out.last_use = node, e
+        self.residents.touch(out)
         self.pin(e, -1)
         for r in step.roots:
             tensor = self.tensors[r]
             tensor.users.append(node)
             tensor.last_use = e
             tensor.ptr += 1
+            self.residents.touch(tensor)
         if self.opts.outputs == "host" and step.task in self.output_roots:
             self.offload(out)
         for r in (*step.roots, step.task):
@@ -648,16 +884,14 @@ class _Planner:
 
     def release(self, tensor: _Tensor) -> None:
         """Emit the free of `tensor`'s residency and return its bytes to the allocator."""
-        if (
-            tensor.storage is None
-            and tensor.id in self.output_roots
-            and self.opts.outputs == "host"
-        ):
+        host_output = tensor.id in self.output_roots and self.opts.outputs == "host"
+        if host_output and tensor.storage is None and tensor.writer is not None:
             self.offload(tensor)  # e.g. a device input that is also an output
         deps = tensor.users or [tensor.writer if tensor.writer is not None else tensor.alloc]
         node = self.builder.free(tensor.id, tensor.region, deps=deps)
+        self.frees += 1
         self.alloc.free(tensor.region.offset, freed_by=node)
-        del self.owner[tensor.region.offset]
+        self.residents.remove(tensor)
         tensor.region = tensor.alloc = tensor.writer = None
         tensor.users = []
 
