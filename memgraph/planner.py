@@ -536,31 +536,35 @@ class _Planner:
         ids = get_order(order)(tg) if isinstance(order, str) else check_order(tg, order)
         root = storage_roots(tg)
         self.root = root
-        self.steps = []
+        self.steps: list[_Step] = []
         for t in ids:
             if is_compute(tg, t):
                 reads = tuple([root[i] for i in tg[t].inputs])
                 self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
-        self.tensors: dict[int, _Tensor] = {
-            t.id: _Tensor(t.id, t.nbytes, self.alloc.round_up(t.nbytes))
-            for t in tg
-            if root[t.id] == t.id
-        }
+        round_up = self.alloc.round_up
+        self.tensors: dict[int, _Tensor] = {}
+        for t in tg:
+            if root[t.id] == t.id:
+                nbytes = t.nbytes
+                self.tensors[t.id] = _Tensor(t.id, nbytes, round_up(nbytes))
         self.working_set = []  # aligned bytes each step needs resident at once
         for position, step in enumerate(self.steps):
+            need = self.tensors[step.task].size
             for r in step.roots:
-                self.tensors[r].uses.append(position)
-            need = sum(self.tensors[r].size for r in step.roots)
-            self.working_set.append(need + self.tensors[step.task].size)
+                tensor = self.tensors[r]
+                tensor.uses.append(position)
+                need += tensor.size
+            self.working_set.append(need)
         self.output_roots = dict.fromkeys(root[t] for t in tg.outputs.values())
         if opts.outputs == "device":
             for r in self.output_roots:
                 self.tensors[r].uses.append(len(self.steps))
         self.residents = _Residents(self.alloc.size, self.rank, self.tensors)
-        # Compute seconds before each step (prefix sums) and pending H2D seconds by step.
+        # Compute seconds before each step (prefix sums), for the lookahead in seconds.
         self.before = [0.0]
-        for step in self.steps:
-            self.before.append(self.before[-1] + self.cost.task_seconds(tg, step.task))
+        if opts.lookahead and opts.lookahead_seconds is not None:
+            for step in self.steps:
+                self.before.append(self.before[-1] + self.cost.task_seconds(tg, step.task))
         self.pending: dict[int, float] = {}
         self.pending_at: list[int] = []  # sorted positions with pending transfers
         self.horizon = 0  # the allocation horizon a
@@ -644,7 +648,7 @@ class _Planner:
         """The furthest step the allocation horizon should reach before step e's apply."""
         limit = min(len(self.steps) - 1, e + self.opts.lookahead)
         seconds = self.opts.lookahead_seconds
-        if seconds is None:
+        if seconds is None or limit == e:
             return limit
         if seconds != "auto":
             reach = bisect.bisect_left(self.before, self.before[e] + seconds) - 1
@@ -761,7 +765,12 @@ class _Planner:
 
     def fit(self, tensor: _Tensor, position: int) -> Block | None:
         """A free block for `tensor` without evicting (see `keeps_room`)."""
-        if self.opts.placement == "best_fit":
+        position = tensor.next_use
+        if (
+            self.opts.placement == "best_fit"
+            or position >= len(self.steps)
+            or self.alloc.largest_free >= self.working_set[position]
+        ):  # wherever best fit puts it, a free gap as large as that step's needs remains
             return self.alloc.try_allocate(tensor.size)
         token = self.alloc.checkpoint()
         block = self.alloc.try_allocate(tensor.size)
