@@ -765,11 +765,14 @@ class _Planner:
 
     def fit(self, tensor: _Tensor, position: int) -> Block | None:
         """A free block for `tensor` without evicting (see `keeps_room`)."""
+        largest = self.alloc.largest_free
+        if largest < tensor.size:
+            return None
         position = tensor.next_use
         if (
             self.opts.placement == "best_fit"
             or position >= len(self.steps)
-            or self.alloc.largest_free >= self.working_set[position]
+            or largest >= self.working_set[position]
         ):  # wherever best fit puts it, a free gap as large as that step's needs remains
             return self.alloc.try_allocate(tensor.size)
         token = self.alloc.checkpoint()
