@@ -188,7 +188,11 @@ def choose_window_ranked(
 ) -> Window | None:
     """The same window as `choose_window` over the whole arena, found by activating the
     evictable tensors in `groups` (each a list of equal-rank segments, in decreasing
-    rank) until a run of clearable bytes holds `nbytes` (see the module docstring)."""
+    rank) until a run of clearable bytes holds `nbytes` (see the module docstring).
+
+    Precondition: no free block holds `nbytes` (that block would be the best window;
+    the planner searches only after the allocator found none).
+    """
     end_of: dict[int, int] = {}  # run start -> run end
     start_of: dict[int, int] = {}  # run end -> run start
     for group in groups:

@@ -675,7 +675,7 @@ class _Planner:
         """Prepare a step using free memory only (all or nothing); False if it does not fit."""
         needed = self.missing(position)
         if len(needed) == 1:  # the common case, no checkpoint needed
-            block = self.fit(needed[0], position)
+            block = self.fit(needed[0])
             if block is None:
                 return False
             blocks = [block]
@@ -683,7 +683,7 @@ class _Planner:
             token = self.alloc.checkpoint()
             blocks = []
             for tensor in needed:
-                block = self.fit(tensor, position)
+                block = self.fit(tensor)
                 if block is None:
                     self.alloc.rollback(token)
                     return False
@@ -723,7 +723,7 @@ class _Planner:
         for tensor in held:
             tensor.pins += 1
         for tensor in sorted(self.missing(e), key=lambda t: -t.size):
-            block = self.fit(tensor, e) or self.make_room(tensor.size)
+            block = self.fit(tensor) or self.make_room(tensor.size)
             if block is None:
                 for pinned in held:
                     pinned.pins -= 1
@@ -763,16 +763,16 @@ class _Planner:
         if output.region is not None:
             self.release(output)
 
-    def fit(self, tensor: _Tensor, position: int) -> Block | None:
+    def fit(self, tensor: _Tensor) -> Block | None:
         """A free block for `tensor` without evicting (see `keeps_room`)."""
         largest = self.alloc.largest_free
         if largest < tensor.size:
             return None
-        position = tensor.next_use
+        reader = tensor.next_use
         if (
             self.opts.placement == "best_fit"
-            or position >= len(self.steps)
-            or largest >= self.working_set[position]
+            or reader >= len(self.steps)
+            or largest >= self.working_set[reader]
         ):  # wherever best fit puts it, a free gap as large as that step's needs remains
             return self.alloc.try_allocate(tensor.size)
         token = self.alloc.checkpoint()
@@ -824,6 +824,9 @@ class _Planner:
 
     def clear_window(self, nbytes: int) -> int | None:
         """Evict the occupants of the best window of `nbytes`; its offset, or None."""
+        if self.alloc.largest_free >= nbytes:  # a free block is the best window
+            fitting = [f for f in self.alloc.free_intervals() if f.size >= nbytes]
+            return min(fitting, key=lambda f: (f.size, f.offset)).offset
         window = choose_window_ranked(self.residents, self.residents.ranked_groups(), nbytes)
         self.residents.restore()
         if window is None:
@@ -851,18 +854,23 @@ class _Planner:
 
     def place(self, tensor: _Tensor, block: Block, position: int, ahead: bool) -> None:
         """Allocate `tensor` at `block`; reload it unless it is step `position`'s output."""
-        region = self.bind(tensor, block)
         if tensor.id == self.steps[position].task:
+            self.bind(tensor, block)
             return
+        self.reload(tensor, block)
+        tensor.last_use = position
+        self.residents.touch(tensor)
+        self.prefetched += ahead
+
+    def reload(self, tensor: _Tensor, block: Block) -> None:
+        """Allocate `block` for a host-resident tensor and copy it there."""
         if tensor.storage is None:  # pragma: no cover - a non-resident tensor has a host copy
             raise PlanError(f"%{tensor.id} is needed but is neither resident nor on the host")
+        region = self.bind(tensor, block)
         tensor.writer = self.builder.reload(
             tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
         )
-        tensor.last_use = position
-        self.residents.touch(tensor)
         self.reloads += 1
-        self.prefetched += ahead
 
     def execute(self, e: int) -> None:
         """Emit step e's apply, then free what it was the last reader of."""
@@ -938,14 +946,7 @@ class _Planner:
             if self.opts.outputs == "device" and tensor.region is None:
                 block = self.alloc.try_allocate(tensor.size)
                 if block is not None:
-                    region = self.bind(tensor, block)
-                    tensor.writer = self.builder.reload(
-                        tensor.id,
-                        tensor.storage,
-                        region,
-                        deps=[tensor.alloc, tensor.storage_writer],
-                    )
-                    self.reloads += 1
+                    self.reload(tensor, block)
             if self.opts.outputs == "device" and tensor.region is not None:
                 node = self.builder.output(
                     name, tensor.id, region=tensor.region, deps=[tensor.writer]
