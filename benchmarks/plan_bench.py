@@ -23,6 +23,23 @@ tables and, with --json, writes the same numbers as JSON.
    lower bounds are left out on purpose: they come from `memgraph.simulate` and
    `memgraph.baselines`, which are being written separately.
 
+Measured (`python benchmarks/plan_bench.py`, Python 3.11 on a shared 2-core VM whose
+timings vary by about +-30% run to run):
+
+    graph                       tasks    nodes  evictions  seconds  us/task
+    chain-60000                 75001   240003          0  3.5-4.1     ~50
+    transformer-like-L48-T36    62052   163554       4250  2.9-3.9     ~55
+    log-log slope of seconds against tasks: 0.97 (chains), 1.01 (transformer-like)
+
+    transfers at 50% of the no-offload peak      belady      lru   ratio
+    transformer-like-L8-T4, program order       540 MiB  716 MiB    0.75
+    transformer-like-L8-T4, memory order        352 MiB  377 MiB    0.93
+
+LLaMA-7B prefill (seq 2048) reads each weight once, so Belady and LRU tie; its
+no-offload peak is 781 MiB against a `min_budget` of 520 MiB (the masked attention
+scores), so 50% and 25% are infeasible without partitioning; at 100% and 75% it moves
+13.2 and 14.6 GiB, against 12.6 GiB of weights that must be loaded anyway.
+
 The transformer-like graph: `steps` passes (chunks of a sequence, or decoding steps)
 through `layers` layers that share their weights (so weights are reused once per
 pass: the cyclic pattern where Belady and LRU differ), each layer an RMS norm,
