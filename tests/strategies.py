@@ -125,3 +125,91 @@ def join_trees(draw, num_operands: int, depth: int = 3):
 def random_arrays(shapes, dtype: str, seed: int):
     rng = np.random.default_rng(seed)
     return [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+
+
+# -- random einsum programs (DAGs), for planner properties ---------------------------
+
+SAFE_JOINS = {
+    1: [None, "exp(tanh(a))", "relu(a)", "a * 0.5 + 1.0"],
+    2: [None, "a + b", "max(a, b)", "a - b", "tanh(a) * b"],
+    3: [None, "a * b + c", "max(a, b) - c"],
+}
+"""Join expressions that stay finite on standard-normal data, by operand count."""
+
+
+@st.composite
+def einsum_programs(
+    draw,
+    min_tasks: int = 2,
+    max_tasks: int = 30,
+    max_dim: int = 8,
+    dtypes=("float32",),
+):
+    """A random program: a DAG of 2-30 generalized einsums over a few inputs, as a TaskGraph.
+
+    Tensors carry index strings over a shared pool of letters (so operands share
+    indices and contractions happen); operands are picked among the last few tensors
+    (chains) or among all (fan-out and long-lived tensors); some steps are views (two
+    leading axes merged, or a tensor flattened) that later einsums read. Inputs are
+    weights or activations, on the host or the device; the last tensor and up to two
+    random others (possibly inputs or views) are outputs.
+    """
+    import einpage as ep  # local: strategies.py is imported by tests that do not need it
+
+    dtype = draw(st.sampled_from(dtypes))
+    letters = iter(string.ascii_letters)
+    sizes: dict[str, int] = {}
+
+    def fresh(size: int) -> str:
+        letter = next(letters)
+        sizes[letter] = size
+        return letter
+
+    pool = [fresh(draw(st.integers(1, max_dim))) for _ in range(5)]
+    prog = ep.Program("random")
+    tensors: list[tuple[object, str]] = []  # (Tensor, index string)
+    for i in range(draw(st.integers(1, 4))):
+        idx = "".join(draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True)))
+        role = draw(st.sampled_from(["weight", "activation"]))
+        location = draw(st.sampled_from([None, "host", "device"]))
+        shape = tuple(sizes[c] for c in idx)
+        tensors.append((prog.input(f"in{i}", shape, dtype, role=role, location=location), idx))
+    for _ in range(draw(st.integers(min_tasks, max_tasks))):
+        if draw(st.integers(0, 5)) == 0 and len(sizes) < 40:
+            base, idx = draw(st.sampled_from(tensors))
+            keep = 2 if len(idx) >= 2 and draw(st.booleans()) else len(idx)
+            merged = fresh(math.prod(sizes[c] for c in idx[:keep]))
+            new_idx = merged + idx[keep:]
+            view = prog.view(base, tuple(sizes[c] for c in new_idx))
+            tensors.append((view, new_idx))
+            continue
+        n_ops = draw(st.integers(1, 3))
+        operands = []
+        for _ in range(n_ops):
+            recent = draw(st.booleans())
+            choices = tensors[-3:] if recent else tensors
+            operands.append(draw(st.sampled_from(choices)))
+        used = list(dict.fromkeys("".join(idx for _, idx in operands)))
+        out = ""
+        if used:
+            chosen = st.lists(st.sampled_from(used), max_size=min(3, len(used)), unique=True)
+            out = "".join(draw(chosen))
+        join = draw(st.sampled_from(SAFE_JOINS[n_ops]))
+        agg = draw(st.sampled_from(["sum", "max"]))
+        spec = ",".join(idx for _, idx in operands) + "->" + out
+        result = prog.einsum(spec, *(t for t, _ in operands), join=join, agg=agg)
+        tensors.append((result, out))
+    prog.output(tensors[-1][0], "out")
+    extra = draw(st.lists(st.integers(0, len(tensors) - 2), max_size=2, unique=True))
+    for k, position in enumerate(extra):
+        prog.output(tensors[position][0], f"extra{k}")
+    return prog.build()
+
+
+def program_inputs(tg, seed: int) -> dict:
+    """Standard-normal arrays for every input of `tg` (name -> array)."""
+    rng = np.random.default_rng(seed)
+    return {
+        name: rng.standard_normal(tg[task_id].shape).astype(tg[task_id].dtype)
+        for name, task_id in tg.inputs.items()
+    }
