@@ -1,9 +1,25 @@
-"""memgraph: the MemGraph IR (memory plans), the planner, the verifier and the simulator."""
+"""memgraph: the MemGraph IR (memory plans), the planner, the verifier and the simulator.
+
+`plan(tg, budget)` makes a plan, `verify(mg)` checks any plan, `simulate(mg)` times it
+on a cost model; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
+`plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points.
+Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
+"""
 
 # einpage.errors must be imported before any einpage-dependent module (see einpage/__init__.py).
 import einpage.errors  # noqa: F401  isort: skip
+from memgraph.allocator import Allocator
+from memgraph.baselines import layer_streaming_plan
+from memgraph.bounds import TransferBounds, transfer_lower_bounds
+from memgraph.cost import PRESETS as COST_MODELS
+from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
 from memgraph.nodes import MemNode, NodeKind, Region
+from memgraph.orders import ORDERS
+from memgraph.planner import min_budget, no_offload_peak, plan, resolve_budget
+from memgraph.render import render_memgraph
+from memgraph.simulate import SimResult, simulate
+from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
 
 __all__ = [
@@ -13,6 +29,22 @@ __all__ = [
     "NodeKind",
     "PlanStats",
     "Region",
-    "VerifyReport",
+    "plan",
+    "min_budget",
+    "no_offload_peak",
+    "resolve_budget",
+    "ORDERS",
     "verify",
+    "VerifyReport",
+    "simulate",
+    "SimResult",
+    "CostModel",
+    "COST_MODELS",
+    "get_cost_model",
+    "layer_streaming_plan",
+    "transfer_lower_bounds",
+    "TransferBounds",
+    "render_memgraph",
+    "StreamEvent",
+    "Allocator",
 ]

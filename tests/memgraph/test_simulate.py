@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 
 import pytest
@@ -12,7 +11,6 @@ from plans import reference_plan
 from strategies import einsum_cases
 
 import einpage as ep
-import memgraph.simulate as simulate_module
 from einpage.errors import EinpageError, GraphError
 from memgraph import MemGraph, MemGraphBuilder, NodeKind, Region, verify
 from memgraph.cost import PRESETS, CostModel
@@ -22,10 +20,6 @@ from memgraph.trace import read_chrome_trace
 KIB = 1024
 # One task of 256 FLOPs takes 1 s; 1 KiB crosses the link in 1 s unless said otherwise.
 RATES = {"flops_per_s": 256.0, "h2d_bytes_per_s": 1024.0, "d2h_bytes_per_s": 1024.0}
-
-
-def test_module_doctests():
-    assert doctest.testmod(simulate_module).failed == 0
 
 
 def fill_and_weight():
