@@ -31,6 +31,7 @@ __all__ = [
     "SafetensorsSource",
     "open_source",
     "read_hf_config",
+    "require_hf_config",
     "to_numpy",
     "INDEX_FILE",
     "SINGLE_FILE",
@@ -188,6 +189,20 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not isinstance(data, dict):
         raise CheckpointError(f"{str(file)!r}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def require_hf_config(path: str | os.PathLike[str], owner: str) -> tuple[dict[str, Any], str]:
+    """The `config.json` of a checkpoint (a directory, or a weights file beside it) and a
+    name for the model (the directory's name); `CheckpointError` when there is none."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    config = read_hf_config(path)
+    if config is None:
+        raise CheckpointError(
+            f"{owner}.from_checkpoint: no {CONFIG_FILE} in {str(folder)!r}; pass the directory "
+            f"save_pretrained wrote, or build the config with {owner}.from_hf(...)"
+        )
+    return config, folder.resolve().name
 
 
 def _load_json(file: Path) -> Any:

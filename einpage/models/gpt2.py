@@ -64,7 +64,12 @@ import numpy as np
 
 from einpage import ops
 from einpage.errors import ProgramError
-from einpage.models.checkpoint import open_source, read_hf_config, to_numpy
+from einpage.models.checkpoint import (
+    open_source,
+    read_hf_config,
+    require_hf_config,
+    to_numpy,
+)
 from einpage.models.common import (
     causal_attention,
     check_positive_float,
@@ -142,6 +147,15 @@ class GPT2Config:
     def num_parameters(self) -> int:
         """Number of parameters (the tied LM head counted once)."""
         return sum(math.prod(shape) for shape in weight_shapes(self).values())
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], name: str | None = None) -> GPT2Config:
+        """The config of a checkpoint directory as `save_pretrained` writes it (its
+        `config.json`; a weights file inside it also works), named after the directory
+        unless `name` is given. Raises `CheckpointError` when there is no `config.json`,
+        and what `from_hf` raises for a config this program does not implement."""
+        config, folder = require_hf_config(path, _OWNER)
+        return cls.from_hf(config, name=folder if name is None else name)
 
     @classmethod
     def from_hf(cls, config: Any, name: str = "gpt2") -> GPT2Config:
@@ -306,10 +320,14 @@ def _load(cfg: GPT2Config, source: Any, dtype: Any) -> dict[str, np.ndarray]:
 
 
 def prefill_inputs(
-    cfg: GPT2Config, tokens: Any, weights: Mapping[str, np.ndarray], dtype: Any = "float32"
+    cfg: GPT2Config,
+    tokens: Any,
+    weights: Mapping[str, np.ndarray] | None = None,
+    dtype: Any = "float32",
 ) -> dict[str, np.ndarray]:
     """Every input of `prefill_program(cfg, *tokens.shape, dtype)`: the tokens as int64 and
-    the weights (as given). `dtype` is accepted for symmetry with LLaMA."""
+    the weights (as given; without them, only the tokens, for a `runtime.Session` whose
+    weights are staged). `dtype` is accepted for symmetry with LLaMA."""
     dtypes.canonical(dtype)
     ids = to_numpy(tokens)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
@@ -317,7 +335,7 @@ def prefill_inputs(
             f"prefill_inputs: tokens must be an integer array [batch, seq], got "
             f"{ids.dtype}{list(ids.shape)}"
         )
-    return {"tokens": ids.astype(np.int64), **weights}
+    return {"tokens": ids.astype(np.int64), **(weights or {})}
 
 
 # -- the program ----------------------------------------------------------------------

@@ -72,7 +72,12 @@ from typing import Any
 import numpy as np
 
 from einpage import ops
-from einpage.models.checkpoint import open_source, read_hf_config, to_numpy
+from einpage.models.checkpoint import (
+    open_source,
+    read_hf_config,
+    require_hf_config,
+    to_numpy,
+)
 from einpage.models.common import (
     causal_attention,
     check_positive_float,
@@ -184,6 +189,15 @@ class LlamaConfig:
         return sum(math.prod(shape) for shape in weight_shapes(self).values())
 
     @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike[str], name: str | None = None) -> LlamaConfig:
+        """The config of a checkpoint directory as `save_pretrained` writes it (its
+        `config.json`; a weights file inside it also works), named after the directory
+        unless `name` is given. Raises `CheckpointError` when there is no `config.json`,
+        and what `from_hf` raises for a config this program does not implement."""
+        config, folder = require_hf_config(path, _OWNER)
+        return cls.from_hf(config, name=folder if name is None else name)
+
+    @classmethod
     def from_hf(cls, config: Any, name: str = "llama") -> LlamaConfig:
         """The config of a Hugging Face `transformers.LlamaConfig` (or its `config.json` as
         a dict). Settings this program does not implement raise `UnsupportedConfigError`:
@@ -231,24 +245,26 @@ def _rope_theta(get: Any) -> float:
     """RoPE's base from a HF config; only the default (unscaled) RoPE is supported.
 
     transformers >= 5 keeps it in `rope_parameters` (`{"rope_type": "default",
-    "rope_theta": ...}`); older versions in `rope_theta` with `rope_scaling` None.
+    "rope_theta": ...}`); older versions in `rope_theta` with `rope_scaling` None. Both
+    are checked, so a `config.json` that has both (e.g. edited by hand) cannot hide a
+    scaled RoPE behind a default one.
     """
-    params = get("rope_parameters", None)
-    if params is None:
-        params = get("rope_scaling", None)
     theta = get("rope_theta", 10000.0)
-    if params is None:
-        return theta
-    if not isinstance(params, Mapping):
-        raise ConfigError(f"{_OWNER}.from_hf: rope parameters must be a dict, got {params!r}")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
-    if rope_type != "default" or extra:
-        raise UnsupportedConfigError(
-            f"{_OWNER}.from_hf: RoPE scaling is not supported (rope parameters {dict(params)}); "
-            "only the default rotary embedding is"
-        )
-    return params.get("rope_theta", theta)
+    for key in ("rope_parameters", "rope_scaling"):
+        params = get(key, None)
+        if params is None:
+            continue
+        if not isinstance(params, Mapping):
+            raise ConfigError(f"{_OWNER}.from_hf: {key} must be a dict, got {params!r}")
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
+        if rope_type != "default" or extra:
+            raise UnsupportedConfigError(
+                f"{_OWNER}.from_hf: RoPE scaling is not supported ({key} {dict(params)}); "
+                "only the default rotary embedding is"
+            )
+        theta = params.get("rope_theta", theta)
+    return theta
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -386,10 +402,14 @@ def rope_tables(
 
 
 def prefill_inputs(
-    cfg: LlamaConfig, tokens: Any, weights: Mapping[str, np.ndarray], dtype: Any = "float32"
+    cfg: LlamaConfig,
+    tokens: Any,
+    weights: Mapping[str, np.ndarray] | None = None,
+    dtype: Any = "float32",
 ) -> dict[str, np.ndarray]:
     """Every input of `prefill_program(cfg, *tokens.shape, dtype)`: the tokens as int64,
-    the RoPE tables and the weights (as given)."""
+    the RoPE tables and the weights (as given). Without `weights`, only the activations:
+    what each run of a `runtime.Session` whose weights are staged needs."""
     ids = to_numpy(tokens)
     if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
         raise ConfigError(
@@ -397,7 +417,8 @@ def prefill_inputs(
             f"{ids.dtype}{list(ids.shape)}"
         )
     cos, sin = rope_tables(cfg, ids.shape[1], dtype)
-    return {"tokens": ids.astype(np.int64), "rope.cos": cos, "rope.sin": sin, **weights}
+    inputs = {"tokens": ids.astype(np.int64), "rope.cos": cos, "rope.sin": sin}
+    return {**inputs, **(weights or {})}
 
 
 # -- the program ----------------------------------------------------------------------

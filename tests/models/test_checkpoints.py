@@ -252,6 +252,41 @@ def test_config_json_beside_the_weights_must_match(checkpoints):
         )
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt2-sharded"])
+def test_configs_come_from_the_checkpoint_directory(checkpoints, name):
+    module, config_cls = MODULES[name.split("-")[0]]
+    model, path = checkpoints[name]
+    cfg = config_cls.from_checkpoint(path)
+    assert cfg == config_cls.from_hf(model.config) and cfg.name == path.name
+    weights = module.weights_from_safetensors(cfg, path)
+    assert same_weights(weights, module.weights_from_state_dict(cfg, model.state_dict()))
+    inside = next(path.glob("*.safetensors"))
+    assert config_cls.from_checkpoint(inside, name="mine").name == "mine"
+
+
+def test_a_checkpoint_without_config_json_asks_for_a_config(checkpoints, tmp_path):
+    _, path = checkpoints["llama"]
+    shutil.copy(path / "model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"no config.json in .*LlamaConfig.from_hf"):
+        llama.LlamaConfig.from_checkpoint(tmp_path)
+    cfg = llama.LlamaConfig.from_hf(checkpoints["llama"][0].config)
+    assert llama.weights_from_safetensors(cfg, tmp_path).keys() == set(llama.weight_shapes(cfg))
+
+
+def test_a_llama_3_checkpoint_says_rope_scaling_is_missing(checkpoints, tmp_path):
+    _, path = checkpoints["llama"]
+    config = json.loads((path / "config.json").read_text())
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    older = {k: v for k, v in config.items() if k != "rope_parameters"}
+    for edited in (  # as transformers 4 writes it, and with both keys
+        {**older, "rope_theta": 5e5, "rope_scaling": llama3},
+        {**config, "rope_scaling": llama3},
+    ):
+        (tmp_path / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(UnsupportedConfigError, match="RoPE scaling.*llama3"):
+            llama.LlamaConfig.from_checkpoint(tmp_path)
+
+
 def test_a_checkpoint_of_another_model_is_named():
     gpt = small_gpt2()
     cfg = llama.LlamaConfig(32, 2, 4, 2, 48, vocab_size=64)
