@@ -1,14 +1,12 @@
 """The einsum programs equal Hugging Face transformers: logits of small random models.
 
-Each model is built locally from a config (no download), with every parameter redrawn
-at a scale that makes attention sharp, evaluated in float32 with eager attention, and
-compared with `taskgraph.evaluate` of our program: the max abs error must be at most
-1e-4 of the logit scale (max |logit|).
+The models (`hf_models`: built locally, parameters redrawn so attention is sharp, float32,
+eager attention) are compared with `taskgraph.evaluate` of our program: the max abs
+error must be at most 1e-4 of the logit scale (max |logit|).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
@@ -17,77 +15,23 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from hf_models import (  # noqa: E402
+    GPT2_VARIANTS,
+    LLAMA_VARIANTS,
+    TOLERANCE,
+    hf_gpt2,
+    hf_llama,
+    hf_logits,
+    relative_error,
+)
+
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.errors import ConfigError, UnsupportedConfigError  # noqa: E402
 
 torch.set_num_threads(1)
 
-TOLERANCE = 1e-4
 SHAPES = [(1, 1), (1, 9), (3, 5)]
-
-LLAMA_VARIANTS = {
-    "mha": {"num_attention_heads": 4, "num_key_value_heads": 4, "tie_word_embeddings": False},
-    "gqa-tied": {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True},
-    "mqa": {"num_attention_heads": 8, "num_key_value_heads": 1, "tie_word_embeddings": False},
-}
-GPT2_VARIANTS = {
-    "base": {},
-    "n_inner": {"n_inner": 80, "layer_norm_epsilon": 1e-4},
-}
-
-
-def randomize(model, seed: int, std: float = 0.2):
-    """Redraw every parameter: norm scales near 1, everything else (biases too) N(0, std²),
-    so attention is far from uniform and every weight matters."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            is_scale = param.ndim == 1 and name.endswith("weight")
-            param.copy_(1 + 0.1 * noise if is_scale else std * noise)
-    return model.eval()
-
-
-@functools.cache
-def hf_llama(variant: str):
-    config = transformers.LlamaConfig(
-        vocab_size=96,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        rms_norm_eps=1e-5,
-        rope_theta=500.0,
-        attn_implementation="eager",
-        **LLAMA_VARIANTS[variant],
-    )
-    return randomize(transformers.LlamaForCausalLM(config), seed=len(variant))
-
-
-@functools.cache
-def hf_gpt2(variant: str):
-    config = transformers.GPT2Config(
-        vocab_size=96,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_positions=16,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_implementation="eager",
-        **GPT2_VARIANTS[variant],
-    )
-    return randomize(transformers.GPT2LMHeadModel(config), seed=len(variant))
-
-
-def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return model(torch.from_numpy(tokens)).logits.numpy()
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    assert got.shape == want.shape
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 @pytest.mark.parametrize("logits", ["all", "last"])
