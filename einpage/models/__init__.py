@@ -7,6 +7,29 @@ weight loaders from a Hugging Face state dict or safetensors checkpoint.
 >>> from einpage.models import llama
 >>> llama.PRESETS["7b"].num_parameters()
 6738415616
+
+Running a real checkpoint – a directory written by `save_pretrained`, e.g. a download of
+`meta-llama/Llama-2-7b-hf` (Llama 3's RoPE scaling is not implemented: `from_hf` says
+so) – on a GPU with less memory than the model::
+
+    import memgraph, runtime
+    from einpage.models import llama
+
+    cfg = llama.LlamaConfig.from_checkpoint("Llama-2-7b-hf")  # its config.json
+    weights = llama.weights_from_safetensors(cfg, "Llama-2-7b-hf", "float16")  # host RAM
+    tokens = np.array([tokenizer("The capital of France is").input_ids])  # [batch, seq]
+    tg = llama.prefill_program(cfg, *tokens.shape, "float16", logits="last").build()
+    mg = memgraph.plan(tg, "8GiB")  # any budget >= memgraph.min_budget(tg)[0]
+    with runtime.Session(mg, "auto") as session:  # CuPy on a GPU, else NumPy
+        session.stage(weights)  # once; each run then passes only the activations
+        logits = session.run(llama.prefill_inputs(cfg, tokens, dtype="float16"))["logits"]
+    next_token = logits.argmax(-1)  # [batch]
+
+A program has fixed (batch, seq): prompts of another length need another program and
+plan (plans are fast: ~0.1 s for 7B), and there is no KV cache yet, so generating a
+token means a prefill over the whole prompt again. `notebooks/03_llama.py` walks
+through the same steps with a small model, and `benchmarks/llama_plans.py` plans the
+7B and 65B shapes.
 """
 
 from einpage.models import errors, gpt2, llama
