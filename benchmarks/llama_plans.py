@@ -27,7 +27,7 @@ apply), so it is printed once per shape, with the step that sets `min`. A budget
 infeasible for the baseline only. JSON (`--json`) holds the same numbers in bytes and
 seconds, and the reasons in full.
 
-What the numbers say (`python benchmarks/llama_plans.py`: 70 cells in ~33 s on a
+What the numbers say (`python benchmarks/llama_plans.py`: 70 cells in 33-39 s on a
 shared 2-core VM; `--quick`: 4 cells in ~1.5 s). Weights start in host memory and a
 prefill reads each once, so every plan moves all of them (12.6 GiB for 7B, 121.6 GiB
 for 65B) and no plan beats max(compute, that transfer at 50 GB/s: ~270 ms, ~2.6 s):
