@@ -203,6 +203,7 @@ class NumpyBackend(Backend):
     OPTIONS = ("timeout",)
     default_mode = "sequential"
     host_staging = False
+    reuse_buffers = True
 
     def __init__(self, timeout: float = 300.0):
         if not (isinstance(timeout, int | float) and timeout > 0):
