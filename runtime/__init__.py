@@ -20,7 +20,7 @@ from runtime.backend import (
 )
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
-from runtime.session import RunReport, Session, run, verified
+from runtime.session import RunReport, Session, clear_buffer_cache, run, verified
 from runtime.trace import Trace
 
 __all__ = [
@@ -41,4 +41,5 @@ __all__ = [
     "cupy_usable",
     "random_order",
     "verified",
+    "clear_buffer_cache",
 ]

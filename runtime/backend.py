@@ -103,6 +103,10 @@ class Backend(abc.ABC):
     host_staging: ClassVar[bool] = False
     """Whether device inputs and outputs pass through host staging buffers (pinned memory
     on a GPU, so that their transfers are asynchronous)."""
+    reuse_buffers: ClassVar[bool] = False
+    """Whether `runtime.run` may keep a closed session's arena and host buffer for the next
+    run of the same plan (plain host memory: yes; device memory: no, it is the scarce
+    resource)."""
 
     @abc.abstractmethod
     def allocate_arena(self, nbytes: int) -> Any: ...

@@ -3,7 +3,9 @@
 The arena is one `uint8` buffer of exactly `budget` bytes (aligned to 256 bytes);
 every tensor is a view of it at its planned offset, so a planning bug corrupts
 results here just as it would on a GPU. Kernels are `taskgraph.evaluate_task`, the
-reference evaluator's, whose result is copied into the output's arena view.
+reference evaluator's, writing into the output's arena view (`out=`: straight from
+`np.einsum`, the aggregations, `np.take`, ...; float16 results, computed in
+float32, are cast into it).
 
 Streams come in two kinds: `ImmediateStream` runs work as it is issued (the
 sequential and random-order modes), `ThreadStream` is a worker thread that runs its
@@ -190,10 +192,6 @@ class ThreadStream(Stream):
 # -- the backend ------------------------------------------------------------------
 
 
-def _compute(task: Task, operands: Sequence[np.ndarray], out: np.ndarray) -> None:
-    np.copyto(out, evaluate_task(task, operands))
-
-
 class NumpyBackend(Backend):
     """Plans executed with NumPy on the CPU (see the module docstring).
 
@@ -205,6 +203,7 @@ class NumpyBackend(Backend):
     OPTIONS = ("timeout",)
     default_mode = "sequential"
     host_staging = False
+    reuse_buffers = True
 
     def __init__(self, timeout: float = 300.0):
         if not (isinstance(timeout, int | float) and timeout > 0):
@@ -238,7 +237,7 @@ class NumpyBackend(Backend):
     def compute(
         self, task: Task, operands: Sequence[np.ndarray], out: np.ndarray, stream: Stream
     ) -> None:
-        stream.submit(functools.partial(_compute, task, operands, out))  # type: ignore[attr-defined]
+        stream.submit(functools.partial(evaluate_task, task, operands, out=out))  # type: ignore[attr-defined]
 
     def fill_bytes(self, view: np.ndarray, value: int, stream: Stream) -> None:
         stream.submit(functools.partial(view.fill, value))  # type: ignore[attr-defined]

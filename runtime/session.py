@@ -6,14 +6,24 @@ and one host buffer for every host storage, and creates the streams of its mode.
 inputs it is given, issues every node in the mode's order, synchronizes, and
 returns the outputs as fresh host NumPy arrays. `session.last` is a `RunReport`
 (timings, the trace when asked for, memory and kernel counters).
+
+`run` makes a session per call. On backends whose buffers are plain host memory
+(NumPy: `Backend.reuse_buffers`), it takes the arena and host buffer from a small
+cache of the buffers of closed sessions, by plan, so that repeated `run` calls of one
+plan do not pay for fresh pages (first-touch page faults cost more than a large
+plan's compute on some machines). The cache holds the buffers of at most
+`BUFFER_CACHE_PLANS` plans, and of a plan only while the plan object lives;
+`clear_buffer_cache()` empties it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +41,7 @@ from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, slice_box
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
-__all__ = ["run", "Session", "RunReport", "verified"]
+__all__ = ["run", "Session", "RunReport", "verified", "clear_buffer_cache", "BUFFER_CACHE_PLANS"]
 
 _VERIFIED: weakref.WeakKeyDictionary[MemGraph, VerifyReport | VerificationError] = (
     weakref.WeakKeyDictionary()
@@ -52,6 +62,48 @@ def verified(mg: MemGraph) -> VerifyReport:
             f"refusing to run a plan that fails verification: {outcome}", outcome.node
         )
     return outcome
+
+
+BUFFER_CACHE_PLANS = 4
+"""How many plans' buffers the cache behind `run` keeps (the most recently used)."""
+
+_BufferKey = tuple[int, str]  # (id of the plan, backend name)
+_buffer_cache: OrderedDict[_BufferKey, tuple[weakref.ref[MemGraph], Any, np.ndarray]] = (
+    OrderedDict()
+)
+_buffer_lock = threading.Lock()
+
+
+def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | None:
+    """The cached (arena, host buffer) of `mg` on `backend`'s kind, removed from the cache."""
+    with _buffer_lock:
+        entry = _buffer_cache.pop((id(mg), backend.name), None)
+    if entry is None or entry[0]() is not mg:
+        return None
+    return entry[1], entry[2]
+
+
+def _give_buffers(mg: MemGraph, backend: Backend, arena: Any, host: np.ndarray) -> None:
+    """Keep a closed session's buffers for the next session of `mg` (see the module docstring)."""
+    key = (id(mg), backend.name)
+
+    def forget(ref: weakref.ref[MemGraph]) -> None:  # the plan died: drop its buffers
+        with _buffer_lock:
+            entry = _buffer_cache.get(key)
+            if entry is not None and entry[0] is ref:
+                del _buffer_cache[key]
+
+    with _buffer_lock:
+        _buffer_cache[key] = (weakref.ref(mg, forget), arena, host)
+        _buffer_cache.move_to_end(key)
+        while len(_buffer_cache) > BUFFER_CACHE_PLANS:
+            _buffer_cache.popitem(last=False)
+
+
+def clear_buffer_cache() -> None:
+    """Release every arena and host buffer kept for later `run` calls."""
+    with _buffer_lock:
+        _buffer_cache.clear()
 
 
 @dataclass(frozen=True)
@@ -130,8 +182,11 @@ class Session:
     ("sequential", "streams" a.k.a. "threaded", "random"; default: the backend's),
     `poison` (fill freed and unwritten memory with 0xFF bytes so that a missing
     dependency reads NaNs; default: on in random mode), `unsafe_skip_verify` (run
-    without `memgraph.verify`; for tests that break plans on purpose), and backend
-    options (NumPy: `timeout`; CuPy: `scratch`, `device`).
+    without `memgraph.verify`; for tests that break plans on purpose), `reuse_buffers`
+    (take the arena and host buffer from the cache of closed sessions' buffers, and
+    give them back on close, on backends that allow it: what `run` does; see the
+    module docstring), and backend options (NumPy: `timeout`; CuPy: `scratch`,
+    `device`).
 
     >>> with Session(mg, "numpy") as s:                          # doctest: +SKIP
     ...     s.stage({"w": w})
@@ -146,6 +201,7 @@ class Session:
         mode: str | None = None,
         poison: bool | None = None,
         unsafe_skip_verify: bool = False,
+        reuse_buffers: bool = False,
         **options: Any,
     ):
         if not isinstance(mg, MemGraph):
@@ -163,8 +219,13 @@ class Session:
         self.poison = self.mode == "random" if poison is None else bool(poison)
         self.schedule = Schedule.build(mg, self.mode, self.poison)
         self.layout = HostLayout.of(mg, self.backend.host_staging)
-        self.arena = self.backend.allocate_arena(mg.budget)
-        self.host = self.backend.allocate_host(self.layout.nbytes)
+        self._reuse_buffers = reuse_buffers and self.backend.reuse_buffers
+        cached = _take_buffers(mg, self.backend) if self._reuse_buffers else None
+        if cached is not None:
+            self.arena, self.host = cached
+        else:
+            self.arena = self.backend.allocate_arena(mg.budget)
+            self.host = self.backend.allocate_host(self.layout.nbytes)
         concurrent = self.mode == "streams"
         self.streams: dict[str, Stream] = {
             name: self.backend.stream(name, concurrent) for name in self.schedule.streams
@@ -178,6 +239,7 @@ class Session:
         input_storages = {n.storage for n in self._input_nodes.values()}
         self._scratch_storages = sorted(set(self.layout.storages) - input_storages)
         self._staged: dict[str, Any] = {}
+        self._settled = True  # no work of a failed run may still be touching the buffers
         self.last: RunReport | None = None
         if self.poison:
             self.host.fill(POISON_BYTE)
@@ -198,6 +260,8 @@ class Session:
         self._closed = True
         for stream in self.streams.values():
             stream.close()
+        if self._reuse_buffers and self._settled:
+            _give_buffers(self.mg, self.backend, self.arena, self.host)
         self.interpreter = None  # type: ignore[assignment]
         self.arena = self.host = None
         if self._owns_backend:
@@ -355,6 +419,7 @@ class Session:
                 except BaseException as err:
                     failure = failure or err
             if failure is not None:
+                self._settled = False
                 raise _public_error(failure) from (
                     failure.error if isinstance(failure, NodeFailure) else failure
                 )
@@ -498,7 +563,8 @@ def run(
     (CuPy when a GPU is usable, else NumPy), "numpy" or "cupy"; `mode` is
     "sequential", "streams" (alias "threaded") or "random" (ordered by `seed`);
     `trace` is a path to write a Chrome trace of the run to. Other keywords go to
-    `Session` and the backend (see `Session`).
+    `Session` and the backend (see `Session`). On the NumPy backend the arena is kept
+    for the next `run` of the same plan (see the module docstring).
 
     >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
     """
@@ -511,6 +577,7 @@ def run(
         mode=mode,
         poison=poison,
         unsafe_skip_verify=unsafe_skip_verify,
+        reuse_buffers=True,
         **options,
     ) as session:
         outputs = session.run(inputs, seed=seed, trace=trace is not None)

@@ -68,26 +68,58 @@ def evaluate(
 
 
 def evaluate_task(
-    task: Task, operands: Sequence[np.ndarray], wide: str | None = None
+    task: Task,
+    operands: Sequence[np.ndarray],
+    wide: str | None = None,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Compute one non-input task from its operand arrays with NumPy.
 
     The result has the task's shape and dtype (or `wide` for float tasks when given).
     Shared by the reference evaluator and the NumPy runtime backend.
+
+    `out`: an array of exactly that shape and dtype, sharing no memory with the
+    operands, to write the result into; it is returned. Where the result's dtype is
+    the compute dtype (not for float16, computed in float32), kernels write into it
+    directly – `np.einsum(..., out=)` for plain einsums, the aggregation's `out=`,
+    `np.take`, `np.concatenate` – and otherwise the result is cast into it with
+    `np.copyto`, so it holds the same values as a call without `out`.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> a = prog.input("a", (2, 3))
+    >>> prog.output(prog.einsum("ij->i", a), "s")
+    >>> tg = prog.build()
+    >>> out = np.empty(2, "float32")
+    >>> evaluate_task(tg[1], [np.ones((2, 3), "float32")], out=out) is out, out
+    (True, array([3., 3.], dtype=float32))
     """
     out_dtype = wide if wide is not None and dtypes.is_float(task.dtype) else task.dtype
-    result = _KERNELS[type(task.op)](task, operands, compute_dtype(out_dtype))
-    return np.asarray(result).astype(out_dtype, copy=False)
+    work = compute_dtype(out_dtype)
+    kernel = _KERNELS[type(task.op)]
+    if out is None:
+        return np.asarray(kernel(task, operands, work, None)).astype(out_dtype, copy=False)
+    if out.shape != task.shape or out.dtype != np.dtype(out_dtype):
+        raise InputError(
+            f"evaluate_task %{task.id}: out is {out.dtype}{list(out.shape)}, expected "
+            f"{out_dtype}{list(task.shape)}"
+        )
+    result = kernel(task, operands, work, out if out.dtype == np.dtype(work) else None)
+    if result is not out:
+        np.copyto(out, result, casting="unsafe")  # as astype would
+    return out
 
 
-def _einsum(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _einsum(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     op: Einsum = task.op  # type: ignore[assignment]
     spec = op.spec
     arrays = [np.asarray(a) for a in operands]
     if dtypes.is_float(work):
         arrays = [a.astype(work, copy=False) for a in arrays]
     if op.is_plain:
-        return np.einsum(str(spec), *arrays, optimize=len(arrays) > 1)
+        return np.einsum(str(spec), *arrays, optimize=len(arrays) > 1, out=out)
     # Broadcast each operand over the iteration space, ordered output then reduced indices.
     order = spec.indices
     sizes = spec.index_sizes([a.shape for a in arrays])
@@ -104,11 +136,13 @@ def _einsum(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray
             value = value.astype(work, copy=False)
         reduced_axes = tuple(range(len(spec.output), len(order)))
         if reduced_axes:
-            value = _AGGREGATE[op.agg](value, axis=reduced_axes)
+            value = _AGGREGATE[op.agg](value, axis=reduced_axes, out=out)
     return value
 
 
-def _fill(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _fill(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     op: Fill = task.op  # type: ignore[assignment]
     if op.pattern == "full":
         return np.full(task.shape, op.value, dtype=work)
@@ -119,7 +153,9 @@ def _fill(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
     return np.broadcast_to(mask, task.shape)
 
 
-def _gather(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _gather(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     table, ids = operands
     rows = table.shape[0]
     if ids.size and (ids.min() < 0 or ids.max() >= rows):
@@ -127,25 +163,36 @@ def _gather(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray
         raise InputError(
             f"gather %{task.id}: id {int(bad)} is out of range for a table of {rows} rows"
         )
+    if out is not None and out.dtype == table.dtype:  # ids checked: "clip" does not buffer
+        return np.take(table, ids, axis=0, out=out, mode="clip")
     return np.take(table, ids, axis=0)
 
 
-def _view(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _view(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     return np.reshape(operands[0], task.shape)
 
 
-def _slice(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _slice(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     op: Slice = task.op  # type: ignore[assignment]
     box = tuple(slice(s, s + n) for s, n in zip(op.starts, task.shape, strict=True))
     return operands[0][box]
 
 
-def _concat(task: Task, operands: Sequence[np.ndarray], work: str) -> np.ndarray:
+def _concat(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
     op: Concat = task.op  # type: ignore[assignment]
+    if out is not None and all(a.dtype == out.dtype for a in operands):
+        return np.concatenate(list(operands), axis=op.axis, out=out)
     return np.concatenate(list(operands), axis=op.axis)
 
 
-_KERNELS: dict[type, Callable[[Task, Sequence[np.ndarray], str], np.ndarray]] = {
+_Kernel = Callable[[Task, Sequence[np.ndarray], str, "np.ndarray | None"], np.ndarray]
+_KERNELS: dict[type, _Kernel] = {
     Einsum: _einsum,
     Fill: _fill,
     Gather: _gather,

@@ -2,10 +2,10 @@
 
 Plan makers live in one registry, `PLAN_MAKERS`: a name mapped to a function from a
 TaskGraph to a hypothesis strategy of valid MemGraphs for it. Tests parametrize over
-the registry, so adding the real planner is one line, e.g.
-
-    PLAN_MAKERS["planner"] = lambda tg: st.sampled_from([None, 0.5, 0.25]).map(
-        lambda fraction: memgraph.plan(tg, budget_for(tg, fraction)))
+the registry: `reference` (tests/plans.reference_plan, which offloads any chosen set of
+tensors whatever the budget) and `memgraph` (the planner, `memgraph.plan`, at a random
+budget from `min_budget` to the no-offload peak, with a random eviction policy, order
+and output placement).
 """
 
 from __future__ import annotations
@@ -19,8 +19,11 @@ from plans import reference_plan
 from strategies import TOLERANCE, einsum_cases, join_trees
 
 import einpage as ep
+import memgraph
 import taskgraph
 from memgraph import MemGraph
+from memgraph.eviction import POLICIES
+from memgraph.planner import OUTPUTS
 from taskgraph import TaskGraph
 from taskgraph.nodes import Gather
 
@@ -40,7 +43,24 @@ def reference_plans(draw, tg: TaskGraph) -> MemGraph:
     )
 
 
-PLAN_MAKERS: dict[str, PlanMaker] = {"reference": reference_plans}
+@st.composite
+def planner_plans(draw, tg: TaskGraph) -> MemGraph:
+    """Plans of `memgraph.plan` at a random feasible budget (from `min_budget` to the
+    no-offload peak of the drawn order), eviction policy, order and output placement."""
+    order = draw(st.sampled_from(sorted(memgraph.ORDERS)), label="order")
+    outputs = draw(st.sampled_from(OUTPUTS), label="outputs")
+    low, _ = memgraph.min_budget(tg)
+    high = max(low, memgraph.no_offload_peak(tg, order=order, outputs=outputs))
+    return memgraph.plan(
+        tg,
+        draw(st.integers(low, high), label="budget"),
+        order=order,
+        outputs=outputs,
+        eviction=draw(st.sampled_from(sorted(POLICIES)), label="eviction"),
+    )
+
+
+PLAN_MAKERS: dict[str, PlanMaker] = {"reference": reference_plans, "memgraph": planner_plans}
 """Plan makers the runtime properties run over (name -> tg -> strategy of MemGraphs)."""
 
 

@@ -148,7 +148,7 @@ def test_other_exceptions_become_backend_errors_naming_the_node(mode, monkeypatc
     def broken(task, operands, out):
         raise ValueError(f"kernel of %{task.id} exploded")
 
-    monkeypatch.setattr(runtime.numpy_backend, "_compute", broken)
+    monkeypatch.setattr(runtime.numpy_backend, "evaluate_task", broken)
     first = mg.of_kind(NodeKind.APPLY)[0]
     with pytest.raises(BackendError, match=rf"n{first.id} \(apply .*ValueError: kernel of %3"):
         runtime.run(mg, make_inputs(tg, 0), "numpy", mode=mode, timeout=30)
