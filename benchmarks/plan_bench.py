@@ -113,6 +113,7 @@ from memgraph import (  # noqa: E402
     transfer_lower_bounds,
     verify,
 )
+from memgraph.bounds import host_inputs_of  # noqa: E402
 from memgraph.planner import min_budget, no_offload_peak, plan, storage_roots  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input, View  # noqa: E402
@@ -361,26 +362,22 @@ def applied_order(mg: MemGraph) -> list[int]:
 def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:
     """Lower bounds on the transfers of any plan of `tg` in `mg`'s budget and apply order.
 
-    `bound_bytes`: `memgraph.transfer_lower_bounds` (reloads + offloads). `best_bound_bytes`:
-    reloads >= the larger of its reload bound and compulsory + `paging_excess_bytes`,
-    plus its offload bound – which assumes device-located inputs start on the device
-    (one that starts in host storage is dropped for free), so it is left out for a plan
-    that puts one there.
+    `bound_bytes`: `memgraph.transfer_lower_bounds` (reloads + offloads) for the plan's
+    input placement. `best_bound_bytes`: reloads >= the larger of its reload bound and
+    compulsory + `paging_excess_bytes`, plus its offload bound.
     """
     order = applied_order(mg)
-    bounds = transfer_lower_bounds(tg, mg.budget, order)
+    bounds = transfer_lower_bounds(tg, mg.budget, order, host_inputs_of(mg))
     paging = bounds.compulsory_reload_bytes + paging_excess_bytes(tg, mg.budget, order)
-    on_host = {n.tensor for n in mg.nodes if n.kind is NodeKind.INPUT and n.region is None}
-    offload_valid = not any(tg[t].op.location == "device" for t in on_host)
     reload_bound = max(bounds.reload_bytes, paging)
     return {
         "bound_bytes": bounds.total_bytes,
         "bound_reload_bytes": bounds.reload_bytes,
         "bound_offload_bytes": bounds.offload_bytes,
         "paging_reload_bytes": paging,
-        "best_bound_bytes": reload_bound + (bounds.offload_bytes if offload_valid else 0),
+        "best_bound_bytes": reload_bound + bounds.offload_bytes,
         "best_bound_reload_bytes": reload_bound,
-        "best_bound_offload_bytes": bounds.offload_bytes if offload_valid else 0,
+        "best_bound_offload_bytes": bounds.offload_bytes,
     }
 
 

@@ -11,6 +11,11 @@ Compulsory reloads (any order)
     resident operands. So every host input that some task reads is reloaded at least
     once before its first use: `compulsory_reload_bytes` is the sum of their bytes.
 
+Where inputs start is the plan's choice (`Input.location` is the default, and a
+planner may start a device input on the host when it does not fit), so the bounds
+are stated for plans that start in host storage exactly the inputs `host_inputs`
+names ("host inputs" below).
+
 Capacity (for the order)
     Take the moment of the apply of the task at step s. The tensors that must then be
     *somewhere* are its working set W_s (its operands' storage roots and its output,
@@ -55,16 +60,18 @@ no plan at all: that raises `InfeasibleBudgetError`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from einpage.errors import GraphError, InfeasibleBudgetError
 from einpage.units import format_bytes, parse_bytes
+from memgraph.graph import MemGraph
+from memgraph.nodes import NodeKind
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, View
 
-__all__ = ["TransferBounds", "transfer_lower_bounds"]
+__all__ = ["TransferBounds", "transfer_lower_bounds", "host_inputs_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,15 +148,27 @@ def _check_order(tg: TaskGraph, order: Sequence[int] | None) -> list[int]:
 
 
 def transfer_lower_bounds(
-    tg: TaskGraph, budget: int | str, order: Sequence[int] | None = None
+    tg: TaskGraph,
+    budget: int | str,
+    order: Sequence[int] | None = None,
+    host_inputs: Iterable[str] | None = None,
 ) -> TransferBounds:
     """Lower bounds on the transfers of any valid plan of `tg` within `budget` that applies
-    the computed tasks in `order` (default: program order). See the module docstring."""
+    the computed tasks in `order` (default: program order) and starts in host storage
+    exactly the inputs named in `host_inputs` (default: those whose `Input.location` is
+    "host"; `host_inputs_of(mg)` reads them off a plan). See the module docstring."""
     budget = parse_bytes(budget)
     order = _check_order(tg, order)
     step = {t: s for s, t in enumerate(order)}
     n = len(order)
-    host = [isinstance(t.op, Input) and t.op.location == "host" for t in tg]
+    if host_inputs is None:
+        host = [isinstance(t.op, Input) and t.op.location == "host" for t in tg]
+    else:
+        names = set(host_inputs)
+        unknown = sorted(names - set(tg.inputs))
+        if unknown:
+            raise GraphError(f"host_inputs names unknown input(s) {unknown}")
+        host = [isinstance(t.op, Input) and t.op.name in names for t in tg]
     nbytes = [t.nbytes for t in tg]
     # The steps at which each storage root is used, produced or first read.
     first: dict[int, int] = {}
@@ -207,3 +226,9 @@ def transfer_lower_bounds(
         offload_bytes=offload,
         offload_task=offload_task,
     )
+
+
+def host_inputs_of(mg: MemGraph) -> list[str]:
+    """The names of the inputs a plan starts in host storage (its `input` nodes without a
+    device region) – what `transfer_lower_bounds(..., host_inputs=)` needs for that plan."""
+    return [n.name for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None]

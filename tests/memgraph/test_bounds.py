@@ -151,3 +151,25 @@ def test_bad_orders_are_rejected():
         transfer_lower_bounds(tg, "1MiB", [1, 2, 3, 4, 5, 5])
     with pytest.raises(GraphError, match="runs %3 before its operand %2"):
         transfer_lower_bounds(tg, "1MiB", [1, 3, 2, 4, 5])
+
+
+def test_bounds_follow_where_the_plan_starts_its_inputs():
+    # A device input that the plan starts in host storage can be dropped for free: the
+    # offload bound must not count it (found by the plan benchmark's property test).
+    from memgraph.bounds import host_inputs_of
+    from memgraph.planner import plan
+
+    prog = ep.Program()
+    x = prog.input("x", (256,))
+    z = prog.input("z", (768,))
+    a = ep.exp(x)
+    big = prog.einsum("i->", ep.exp(z))
+    prog.output(x * a * big, "out")
+    tg = prog.build()
+    mg = plan(tg, 6144, inputs="host")
+    bounds = transfer_lower_bounds(tg, mg.budget, apply_order(mg), host_inputs_of(mg))
+    assert bounds.offload_bytes <= mg.stats.offload_bytes
+    assert bounds.reload_bytes <= mg.stats.reload_bytes
+    assert sorted(host_inputs_of(mg)) == ["x", "z"]
+    with pytest.raises(GraphError, match=r"unknown input\(s\) \['nope'\]"):
+        transfer_lower_bounds(tg, 6144, host_inputs=["nope"])
