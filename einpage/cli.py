@@ -40,6 +40,10 @@ from typing import Any
 
 import numpy as np
 
+import memgraph
+import runtime
+import taskgraph
+from einpage import __version__
 from einpage.errors import (
     BackendUnavailableError,
     EinpageError,
@@ -49,7 +53,24 @@ from einpage.errors import (
     SerializationError,
     VerificationError,
 )
+from einpage.presets import PRESETS, load_program, random_inputs, read_text
 from einpage.units import BudgetFormatError, format_bytes, format_count, parse_bytes
+from memgraph import COST_MODELS, ORDERS, MemGraph
+from memgraph.eviction import POLICIES
+from memgraph.serialize import FORMAT as PLAN_FORMAT
+from memgraph.serialize import memgraph_from_dict
+from taskgraph import TaskGraph
+from taskgraph.nodes import Input, View
+from taskgraph.partition import (
+    DEFAULT_BUDGET_FRACTION,
+    BlockLimitError,
+    partition,
+    partition_for_budget,
+    working_set,
+)
+from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
+from taskgraph.serialize import FORMAT as GRAPH_FORMAT
+from taskgraph.serialize import taskgraph_from_dict
 
 __all__ = [
     "main",
@@ -187,7 +208,7 @@ def format_table(rows: Sequence[tuple[str, str]], title: str | None = None) -> s
 # -- budgets and compiling -------------------------------------------------------------
 
 
-def resolve_budget_text(tg: Any, budget: str, order: str = "program") -> tuple[int, str]:
+def resolve_budget_text(tg: TaskGraph, budget: str, order: str = "program") -> tuple[int, str]:
     """(bytes, how they were found) for a `--budget` value.
 
     A percentage is of `tg`'s no-offload peak under `order` (before any partitioning).
@@ -199,7 +220,6 @@ def resolve_budget_text(tg: Any, budget: str, order: str = "program") -> tuple[i
     >>> resolve_budget_text(prog.build(), "50%")
     (4096, '50% of the no-offload peak 8.0 KiB = 4.0 KiB')
     """
-    import memgraph
 
     match = _PERCENT.match(budget)
     if match is None:
@@ -216,6 +236,16 @@ def resolve_budget_text(tg: Any, budget: str, order: str = "program") -> tuple[i
         nbytes,
         f"{percent:g}% of the no-offload peak {format_bytes(peak)} = {format_bytes(nbytes)}",
     )
+
+
+def parse_block_size(value: str) -> int:
+    """`show --partition`: a block size in bytes."""
+    try:
+        return parse_bytes(value)
+    except BudgetFormatError:
+        raise BudgetFormatError(
+            f"--partition must be a block size such as 64MiB, got {value!r}"
+        ) from None
 
 
 def parse_partition(value: str) -> str | int:
@@ -235,9 +265,9 @@ class Compiled:
     """A program and its plan: `graph` is what was planned (`program` partitioned when
     `block_limit` is set); `budget_note` says how the budget was read."""
 
-    program: Any
-    graph: Any
-    plan: Any
+    program: TaskGraph
+    graph: TaskGraph
+    plan: MemGraph
     budget: int
     budget_note: str
     min_budget: int
@@ -246,25 +276,22 @@ class Compiled:
 
 
 def compile_program(
-    tg: Any,
+    tg: TaskGraph,
     budget: str,
     *,
     order: str = "program",
     eviction: str = "belady",
-    partition: str | int = "auto",
+    partition_arg: str | int = "auto",
     cost_model: str = "h100-pcie5",
     console: Console | None = None,
 ) -> Compiled:
     """Partition `tg` if needed, then plan it within `budget`; returns a `Compiled`.
 
-    `partition`: "auto" splits large tasks (`taskgraph.partition.partition_for_budget`)
+    `partition_arg`: "auto" splits large tasks (`taskgraph.partition.partition_for_budget`)
     only when the budget is below `memgraph.min_budget` of the program; "off" never
     does (an infeasible budget then raises); a byte count splits every task whose
     working set exceeds it. Raises `InfeasibleBudgetError` when no plan fits.
     """
-    import memgraph
-    from taskgraph.partition import partition as split
-    from taskgraph.partition import partition_for_budget
 
     console = console or Console(quiet=True, progress=False)
     with console.stage("reading the budget"):
@@ -272,12 +299,12 @@ def compile_program(
         needed, _ = memgraph.min_budget(tg)
     graph, limit = tg, None
     with console.stage("partitioning"):
-        if partition == "auto" and nbytes < needed:
+        if partition_arg == "auto" and nbytes < needed:
             _check_block_count(tg, nbytes)
             chosen = partition_for_budget(tg, nbytes)
             graph, limit = chosen.graph, chosen.limit
-        elif isinstance(partition, int):
-            graph, limit = split(tg, partition, alignment=256), partition
+        elif isinstance(partition_arg, int):
+            graph, limit = partition(tg, partition_arg, alignment=256), partition_arg
     with console.stage("planning"):
         mg = memgraph.plan(graph, nbytes, order=order, eviction=eviction, cost_model=cost_model)
     info = {**mg.info, "budget_request": budget}
@@ -297,19 +324,16 @@ class TooManyBlocksError(InfeasibleBudgetError):
     `needed` is about the smallest budget that stays under it."""
 
 
-def estimated_blocks(tg: Any, limit: int) -> int:
+def estimated_blocks(tg: TaskGraph, limit: int) -> int:
     """About how many tasks partitioning `tg` to `limit` bytes makes: per compute task,
     its working set over the limit (rounded up). Assembly and combines come on top."""
-    from taskgraph.nodes import Input, View
-    from taskgraph.partition import working_set
 
     return sum(-(-working_set(tg, t.id) // limit) for t in tg if not isinstance(t.op, Input | View))
 
 
-def _check_block_count(tg: Any, budget: int) -> None:
+def _check_block_count(tg: TaskGraph, budget: int) -> None:
     """Raise `TooManyBlocksError` when `partition_for_budget(tg, budget)` would make more
     than `MAX_AUTO_BLOCKS` blocks (by `estimated_blocks`)."""
-    from taskgraph.partition import DEFAULT_BUDGET_FRACTION
 
     def limit_of(nbytes: int) -> int:
         return max(256, int(nbytes * DEFAULT_BUDGET_FRACTION) // 256 * 256)
@@ -407,10 +431,8 @@ def compare_outputs(
 # -- files -----------------------------------------------------------------------------
 
 
-def load_plan(path: str | Path) -> Any:
+def load_plan(path: str | Path) -> MemGraph:
     """The MemGraph in a plan file, validated (`SerializationError` names the JSON path)."""
-    from einpage.presets import read_text
-    from memgraph import MemGraph
 
     text = read_text(path)
     try:
@@ -449,13 +471,8 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
                 np.lib.format.write_array(handle, np.asanyarray(value), allow_pickle=False)
 
 
-def _load_json_graph(path: str | Path) -> Any:
+def _load_json_graph(path: str | Path) -> MemGraph | TaskGraph:
     """A plan or a TaskGraph, by the document's `format`."""
-    from einpage.presets import read_text
-    from memgraph.serialize import FORMAT as PLAN_FORMAT
-    from memgraph.serialize import memgraph_from_dict
-    from taskgraph.serialize import FORMAT as GRAPH_FORMAT
-    from taskgraph.serialize import taskgraph_from_dict
 
     text = read_text(path)
     try:
@@ -483,10 +500,8 @@ def _wrote(console: Console, what: str, path: Path | str) -> None:
 # -- summaries ---------------------------------------------------------------------------
 
 
-def program_rows(tg: Any) -> list[tuple[str, str]]:
+def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
     """Sizes of a TaskGraph and its memory needs, as table rows."""
-    import memgraph
-    from taskgraph.nodes import Input
 
     weights = sum(t.nbytes for t in tg if isinstance(t.op, Input) and t.op.location == "host")
     needed, task = memgraph.min_budget(tg)
@@ -511,7 +526,7 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _plan_title(mg: Any) -> str:
+def _plan_title(mg: MemGraph) -> str:
     info = mg.info
     options = ", ".join(
         f"{key} {info[key]}" for key in ("order", "eviction", "cost_model") if key in info
@@ -521,9 +536,8 @@ def _plan_title(mg: Any) -> str:
     )
 
 
-def plan_report(mg: Any, cost_model: str | None = None) -> str:
+def plan_report(mg: MemGraph, cost_model: str | None = None) -> str:
     """The PlanStats table and the simulator's summary of `mg`."""
-    import memgraph
 
     sim = memgraph.simulate(mg, cost_model or mg.info.get("cost_model") or None)
     return "\n\n".join(
@@ -537,9 +551,7 @@ def plan_report(mg: Any, cost_model: str | None = None) -> str:
 # -- subcommands -------------------------------------------------------------------------
 
 
-def _program(args: argparse.Namespace) -> Any:
-    from einpage.presets import load_program
-
+def _program(args: argparse.Namespace) -> TaskGraph:
     return load_program(args.program, batch=args.batch, seq=args.seq, dtype=args.dtype)
 
 
@@ -548,9 +560,7 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         with console.stage("building the program"):
             tg = _program(args)
             if args.partition is not None:
-                from taskgraph.partition import partition
-
-                tg = partition(tg, parse_partition(args.partition), alignment=256)
+                tg = partition(tg, parse_block_size(args.partition), alignment=256)
         with console.stage("measuring"):
             rows = program_rows(tg)
     if not args.summary:
@@ -561,17 +571,13 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         Path(args.output).write_text(tg.to_json(), encoding="utf-8")
         _wrote(console, "TaskGraph", args.output)
     if args.render:
-        from taskgraph.render import render_taskgraph
-
         path = render_taskgraph(tg, args.render, max_nodes=_max_nodes(args.max_nodes))
         _wrote(console, "picture", path)
     return EXIT_OK
 
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    import memgraph
-
-    partition = parse_partition(args.partition)
+    partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline) if p)
     with console.stages(5 + pictures):
         with console.stage("building the program"):
@@ -581,7 +587,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             args.budget,
             order=args.order,
             eviction=args.eviction,
-            partition=partition,
+            partition_arg=partition_arg,
             cost_model=args.cost_model,
             console=console,
         )
@@ -630,7 +636,7 @@ def _compile_summary(compiled: Compiled, report: Any) -> str:
     return format_table(rows, _plan_title(mg))
 
 
-def _pictures(args: argparse.Namespace, mg: Any, console: Console) -> None:
+def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:
     if args.render:
         with console.stage("drawing the plan"):
             path = mg.render(args.render, collapse=True, max_nodes=_max_nodes(args.max_nodes))
@@ -640,8 +646,6 @@ def _pictures(args: argparse.Namespace, mg: Any, console: Console) -> None:
             mg.memory_map(args.memory_map)
         _wrote(console, "memory map", args.memory_map)
     if args.timeline:
-        import memgraph
-
         with console.stage("simulating the streams"):
             sim = memgraph.simulate(mg, args.cost_model, timeline=True)
             sim.plot(args.timeline)
@@ -653,8 +657,6 @@ def _max_nodes(value: int) -> int | None:
 
 
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
-    import memgraph
-
     with console.stages(3):
         with console.stage("loading the plan"):
             mg = load_plan(args.plan)
@@ -698,9 +700,6 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from einpage.presets import random_inputs
-    from runtime import Session
-
     stages = 3 + bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
@@ -715,15 +714,16 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 arrays = random_inputs(tg, seed)
                 source = f"random (seed {seed})"
             tg.check_inputs(arrays)
-        with console.stage("running"), Session(mg, args.backend, mode=args.mode) as session:
+        with (
+            console.stage("running"),
+            runtime.Session(mg, args.backend, mode=args.mode) as session,
+        ):
             outputs = session.run(arrays, trace=bool(args.trace))
             last = session.last
             if args.trace:
                 last.trace.write(args.trace)
         comparisons = []
         if args.check:
-            import taskgraph
-
             with console.stage("evaluating the reference"):
                 comparisons = compare_outputs(outputs, taskgraph.evaluate(tg, arrays))
     rows = [
@@ -775,8 +775,6 @@ def raise_on_mismatch(comparisons: list[Comparison]) -> None:
 
 
 def _cmd_render(args: argparse.Namespace, console: Console) -> int:
-    from memgraph import MemGraph
-
     with console.stages(2):
         with console.stage("loading"):
             graph = _load_json_graph(args.file)
@@ -792,8 +790,6 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_presets(args: argparse.Namespace, console: Console) -> int:
-    from einpage.presets import PRESETS
-
     console.print(format_table([(p.name, p.describe()) for p in PRESETS.values()], "presets"))
     return EXIT_OK
 
@@ -837,11 +833,6 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from memgraph import COST_MODELS, ORDERS
-    from memgraph.eviction import POLICIES
-    from runtime import BACKEND_NAMES, MODES
-    from taskgraph.render import DEFAULT_MAX_NODES
-
     parser = argparse.ArgumentParser(
         prog="einpage",
         description="Compile einsum tensor programs into memory plans for GPUs smaller "
@@ -849,8 +840,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 infeasible budget, "
         "4 missing tool (Graphviz, CuPy or a GPU).",
     )
-    from einpage import __version__
-
     parser.add_argument("--version", action="version", version=f"einpage {__version__}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", help="print only errors")
@@ -928,8 +917,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="execute a plan; --check compares with the reference evaluator",
     )
     run.add_argument("plan", metavar="PLAN.json")
-    run.add_argument("--backend", choices=list(BACKEND_NAMES), default="auto")
-    run.add_argument("--mode", choices=list(MODES), help="schedule (default: the backend's)")
+    run.add_argument("--backend", choices=list(runtime.BACKEND_NAMES), default="auto")
+    run.add_argument(
+        "--mode", choices=list(runtime.MODES), help="schedule (default: the backend's)"
+    )
     source = run.add_mutually_exclusive_group()
     source.add_argument("--inputs", metavar="INPUTS.npz", help="arrays by input name")
     source.add_argument(
@@ -962,7 +953,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan, verify, run and check the demo MLP under a budget that forces offloads",
     )
     demo.add_argument("--out", default="out", metavar="DIR", help="where pictures go")
-    demo.add_argument("--backend", choices=list(BACKEND_NAMES), default="auto")
+    demo.add_argument("--backend", choices=list(runtime.BACKEND_NAMES), default="auto")
     demo.add_argument("--budget", default="50%", help=BUDGET_HELP)
     demo.set_defaults(handler=_cmd_demo)
 
@@ -987,7 +978,6 @@ def exit_code(err: EinpageError) -> int:
 
 def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     """A line of advice for an error, where the CLI knows better than the library."""
-    from taskgraph.partition import BlockLimitError
 
     if isinstance(err, TooManyBlocksError):
         return None

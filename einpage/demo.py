@@ -1,19 +1,35 @@
 """`einpage demo` (and `make demo`): the whole pipeline on the demo MLP, with pictures.
 
-It builds the MLP (`einpage.presets.mlp_program`), plans it for a device with half
-the memory it needs without offloading (so large tasks are partitioned and activations
-offloaded), verifies the plan, runs it on the best backend here (CuPy on a GPU, else
-NumPy), checks the outputs against the reference evaluator, prints what the plan does
-and its simulated time, and draws the plan (SVG), its memory map and its simulated
-streams (PNG) under `out_dir`. Every number printed comes from this run.
+It builds the MLP (`einpage.presets.mlp_program`) and plans it for a device with (by
+default) half the memory it needs without offloading, so that large tasks are
+partitioned and activations offloaded. It verifies the plan, runs it on the best
+backend here (CuPy on a GPU, else NumPy), checks the outputs against the reference
+evaluator, prints what the plan does and its simulated time, and draws the plan
+(SVG), its memory map and its simulated streams (PNG) under `out_dir/demo`. Every
+number printed comes from this run.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import memgraph
+import runtime
+import taskgraph
+from einpage.cli import (
+    CHECK_TITLE,
+    EXIT_OK,
+    Console,
+    compare_outputs,
+    compile_program,
+    format_table,
+    plan_report,
+    program_rows,
+    raise_on_mismatch,
+)
 from einpage.errors import GraphvizNotFoundError
 from einpage.presets import mlp_program, random_inputs
+from einpage.units import format_bytes
 
 __all__ = ["run_demo", "mlp_program", "random_inputs", "PICTURE_MAX_NODES"]
 
@@ -29,29 +45,13 @@ def run_demo(
     out_dir: str | Path = "out",
     backend: str = "auto",
     budget: str = "50%",
-    console=None,
+    console: Console | None = None,
     seed: int = 0,
 ) -> int:
     """Run the demo; returns a process exit code (0 when the outputs match the reference).
 
     Raises `einpage.cli.CheckFailedError` when they do not.
     """
-    import memgraph
-    import taskgraph
-    from einpage.cli import (
-        CHECK_TITLE,
-        EXIT_OK,
-        Console,
-        compare_outputs,
-        compile_program,
-        format_table,
-        plan_report,
-        program_rows,
-        raise_on_mismatch,
-    )
-    from einpage.units import format_bytes
-    from runtime import Session
-
     console = console or Console()
     say = console.print
     out = Path(out_dir) / "demo"
@@ -92,7 +92,7 @@ def run_demo(
 
         with console.stage("making inputs"):
             arrays = random_inputs(tg, seed)
-        with console.stage("running"), Session(mg, backend) as session:
+        with console.stage("running"), runtime.Session(mg, backend) as session:
             outputs = session.run(arrays)
             last = session.last
         with console.stage("evaluating the reference"):

@@ -630,3 +630,9 @@ def test_compare_outputs_tolerances_nans_and_shapes():
     assert not compare_outputs({"i": np.array([1, 3])}, ints)[0].ok
     half = {"h": np.array([100.0], "float16")}
     assert compare_outputs({"h": np.array([100.5], "float16")}, half)[0].ok
+
+
+def test_show_rejects_a_bad_block_size(capsys):
+    code, _, err = cli(capsys, "show", *SMALL_MLP, "--partition", "auto")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--partition must be a block size such as 64MiB, got 'auto'")
