@@ -528,9 +528,8 @@ def _plural(n: int, word: str) -> str:
 
 def _plan_title(mg: MemGraph) -> str:
     info = mg.info
-    options = ", ".join(
-        f"{key} {info[key]}" for key in ("order", "eviction", "cost_model") if key in info
-    )
+    words = {"order": "order", "eviction": "eviction", "cost_model": "cost model"}
+    options = ", ".join(f"{word} {info[key]}" for key, word in words.items() if key in info)
     return f"plan of {mg.taskgraph.name!r}: {len(mg)} nodes, {len(mg.taskgraph)} tasks" + (
         f" ({options})" if options else ""
     )
@@ -903,6 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
         "stats",
         parents=[common],
         help="what a plan does: memory, transfers, simulated time, verification",
+        description="Print what PLAN.json does (memory, transfers), its simulated time, "
+        "and whether it passes memgraph.verify (exit code 1 if not).",
     )
     stats.add_argument("plan", metavar="PLAN.json")
     stats.add_argument(
@@ -915,9 +916,16 @@ def build_parser() -> argparse.ArgumentParser:
         "run",
         parents=[common],
         help="execute a plan; --check compares with the reference evaluator",
+        description="Execute PLAN.json on random inputs or an .npz of named arrays; "
+        "--check compares the outputs with taskgraph.evaluate (exit code 1 if they differ).",
     )
     run.add_argument("plan", metavar="PLAN.json")
-    run.add_argument("--backend", choices=list(runtime.BACKEND_NAMES), default="auto")
+    run.add_argument(
+        "--backend",
+        choices=list(runtime.BACKEND_NAMES),
+        default="auto",
+        help="auto (the default): CuPy when a GPU is usable, else NumPy",
+    )
     run.add_argument(
         "--mode", choices=list(runtime.MODES), help="schedule (default: the backend's)"
     )
@@ -932,7 +940,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_cmd_run)
 
     render = commands.add_parser(
-        "render", parents=[common], help="draw a plan or a TaskGraph with Graphviz"
+        "render",
+        parents=[common],
+        help="draw a plan or a TaskGraph with Graphviz",
+        description="Draw a plan or a TaskGraph JSON file; the output's suffix picks the "
+        "format (.dot needs no Graphviz).",
     )
     render.add_argument("file", metavar="PLAN.json|GRAPH.json")
     render.add_argument(
@@ -951,9 +963,17 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         parents=[common],
         help="plan, verify, run and check the demo MLP under a budget that forces offloads",
+        description="The whole pipeline on the demo MLP: plan it for a smaller device, "
+        "verify, run, check against the reference, print the numbers, draw pictures "
+        "under DIR/demo.",
     )
     demo.add_argument("--out", default="out", metavar="DIR", help="where pictures go")
-    demo.add_argument("--backend", choices=list(runtime.BACKEND_NAMES), default="auto")
+    demo.add_argument(
+        "--backend",
+        choices=list(runtime.BACKEND_NAMES),
+        default="auto",
+        help="auto (the default): CuPy when a GPU is usable, else NumPy",
+    )
     demo.add_argument("--budget", default="50%", help=BUDGET_HELP)
     demo.set_defaults(handler=_cmd_demo)
 

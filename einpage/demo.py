@@ -108,6 +108,7 @@ def run_demo(
                 "run",
             )
         )
+        say()
         say(format_table([c.row() for c in comparisons], CHECK_TITLE))
         say()
         say(plan_report(mg))
