@@ -29,7 +29,9 @@ NOTEBOOK_TIMEOUT = 300  # seconds; each notebook takes well under a minute on 2 
 
 
 def execute(source: Path, workdir: Path):
-    """The notebook of `source` after running it in a fresh kernel with cwd `workdir`."""
+    """The notebook of `source` after running it in a fresh kernel (its kernel spec goes
+    under `workdir`). The kernel's working directory is the notebook's folder, as in
+    Jupyter."""
     import jupytext
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
@@ -59,7 +61,7 @@ def execute(source: Path, workdir: Path):
         timeout=CELL_TIMEOUT,
         kernel_name=KERNEL,
         allow_errors=False,
-        resources={"metadata": {"path": str(workdir)}},
+        resources={"metadata": {"path": str(source.parent)}},
     )
     client.execute()
     return notebook
