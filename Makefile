@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test test-gpu lint dot clean
+.PHONY: demo notebooks test test-gpu lint dot clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,14 @@ dot:
 	  echo "installing Debian's graphviz (for dot)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz >/dev/null; }
 
+# Plans the demo MLP under half the memory it needs, runs and checks it, and writes
+# pictures under out/demo/ (paths printed).
 demo: $(VENV)/.core dot
 	$(BIN)/einpage demo
+
+# Executes notebooks/*.py (jupytext sources) and writes notebooks/*.ipynb with outputs.
+notebooks: $(VENV)/.dev dot
+	$(BIN)/python tests/test_notebooks.py
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -1,83 +1,139 @@
-"""The demo program (a two-layer MLP with softmax) and the `einpage demo` job."""
+"""`einpage demo` (and `make demo`): the whole pipeline on the demo MLP, with pictures.
+
+It builds the MLP (`einpage.presets.mlp_program`) and plans it for a device with (by
+default) half the memory it needs without offloading, so that large tasks are
+partitioned and activations offloaded. It verifies the plan, runs it on the best
+backend here (CuPy on a GPU, else NumPy), checks the outputs against the reference
+evaluator, prints what the plan does and its simulated time, and draws the plan
+(SVG), its memory map and its simulated streams (PNG) under `out_dir/demo`. Every
+number printed comes from this run.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-import einpage.ops as ops
-from einpage.program import Program
+import memgraph
+import runtime
+import taskgraph
+from einpage.cli import (
+    CHECK_TITLE,
+    EXIT_OK,
+    Console,
+    compare_outputs,
+    compile_program,
+    format_table,
+    plan_report,
+    program_rows,
+    raise_on_mismatch,
+)
+from einpage.errors import GraphvizNotFoundError
+from einpage.presets import mlp_program, random_inputs
+from einpage.units import format_bytes
 
-__all__ = ["mlp_program", "random_inputs", "run_demo"]
+__all__ = ["run_demo", "mlp_program", "random_inputs", "PICTURE_MAX_NODES"]
 
-
-def mlp_program(
-    batch: int = 64,
-    d_in: int = 512,
-    hidden: int = 2048,
-    d_out: int = 512,
-    layers: int = 2,
-    dtype: str = "float32",
-) -> Program:
-    """An MLP: `layers` x (matmul + bias, GELU between layers), then a softmax over classes."""
-    prog = Program("mlp")
-    h = prog.input("x", (batch, d_in), dtype)
-    widths = [d_in] + [hidden] * (layers - 1) + [d_out]
-    for i in range(layers):
-        with prog.scope(f"layer{i}"):
-            w = prog.input(f"w{i}", (widths[i], widths[i + 1]), dtype, role="weight")
-            b = prog.input(f"b{i}", (widths[i + 1],), dtype, role="weight")
-            h = ops.matmul(h, w) + b
-            if i < layers - 1:
-                h = ops.gelu(h)
-    prog.output(ops.softmax(h, axis=-1), "probs")
-    return prog
-
-
-def random_inputs(tg, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random arrays for every input of a TaskGraph (normal, scaled by 1/sqrt(fan-in))."""
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for name, task_id in tg.inputs.items():
-        task = tg[task_id]
-        if task.dtype.startswith("int"):
-            arrays[name] = rng.integers(0, 2, task.shape).astype(task.dtype)
-            continue
-        scale = 1.0 / np.sqrt(task.shape[0]) if len(task.shape) > 1 else 0.1
-        arrays[name] = (rng.standard_normal(task.shape) * scale).astype(task.dtype)
-    return arrays
+PICTURE_MAX_NODES = 120
+"""Nodes drawn in the demo's plan picture (after folding allocs and frees)."""
+PICTURE_NOTE = (
+    f"allocs and frees folded; the first {PICTURE_MAX_NODES} nodes, a note lists the rest"
+)
+LAYER_NOTE = "the nodes of the first residual block, allocs and frees folded"
 
 
-def _numpy_mlp(arrays: dict[str, np.ndarray], layers: int) -> np.ndarray:
-    """The same MLP written directly in NumPy (float64), independent of einpage."""
-    h = arrays["x"].astype(np.float64)
-    for i in range(layers):
-        h = h @ arrays[f"w{i}"].astype(np.float64) + arrays[f"b{i}"].astype(np.float64)
-        if i < layers - 1:
-            h = 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
-    h = np.exp(h - h.max(axis=-1, keepdims=True))
-    return h / h.sum(axis=-1, keepdims=True)
+def run_demo(
+    out_dir: str | Path = "out",
+    backend: str = "auto",
+    budget: str = "50%",
+    console: Console | None = None,
+    seed: int = 0,
+) -> int:
+    """Run the demo; returns a process exit code (0 when the outputs match the reference).
 
-
-def run_demo(print_fn=print) -> int:
-    """Build the demo MLP, print its TaskGraph, evaluate it and check it against NumPy.
-
-    Returns a process exit code (0 when the check passes).
+    Raises `einpage.cli.CheckFailedError` when they do not.
     """
-    import taskgraph
+    console = console or Console()
+    say = console.print
+    out = Path(out_dir) / "demo"
+    with console.stages(11):
+        with console.stage("building the program"):
+            tg = mlp_program().build()
+            rows = program_rows(tg)
+        say(f"einpage demo: plan {tg.name!r} for a device smaller than it needs, run it, check it")
+        say()
+        say(format_table(rows, f"program {tg.name!r}"))
 
-    layers = 2
-    prog = mlp_program(layers=layers)
-    tg = prog.build()
-    print_fn(repr(tg))
-    print_fn(str(tg))
-    arrays = random_inputs(tg)
-    probs = taskgraph.evaluate(tg, arrays)["probs"]
-    expected = _numpy_mlp(arrays, layers)
-    error = float(np.max(np.abs(probs - expected)))
-    ok = error < 1e-5
-    print_fn(
-        f"evaluated: probs {probs.shape} {probs.dtype}; rows sum to "
-        f"{float(probs.sum(axis=-1).mean()):.6f}"
-    )
-    print_fn(f"max |einpage - numpy| = {error:.2e}  ({'OK' if ok else 'MISMATCH'})")
-    return 0 if ok else 1
+        compiled = compile_program(tg, budget, console=console)
+        mg = compiled.plan
+        with console.stage("verifying"):
+            report = memgraph.verify(mg)
+        s = mg.stats
+        plan_rows = [("budget", compiled.budget_note)]
+        if compiled.block_limit is not None:
+            plan_rows.append(
+                (
+                    "partition",
+                    f"{len(tg)} -> {len(compiled.graph)} tasks: tasks whose operands and "
+                    f"output exceed {format_bytes(compiled.block_limit)} run in blocks",
+                )
+            )
+        plan_rows += [
+            ("plan", f"{len(mg)} nodes in {compiled.timings['planning']:.2f} s"),
+            ("offloads", f"{s.offload_count} ({format_bytes(s.offload_bytes)} device -> host)"),
+            ("reloads", f"{s.reload_count} ({format_bytes(s.reload_bytes)} host -> device)"),
+            (
+                "verify",
+                f"ok: {report.nodes} nodes, {report.dependencies_checked} dependencies, "
+                f"peak {format_bytes(report.peak_bytes)} <= budget {format_bytes(mg.budget)}",
+            ),
+        ]
+        say()
+        say(format_table(plan_rows, "plan"))
+
+        with console.stage("making inputs"):
+            arrays = random_inputs(tg, seed)
+        with console.stage("running"), runtime.Session(mg, backend) as session:
+            outputs = session.run(arrays)
+            last = session.last
+        with console.stage("evaluating the reference"):
+            reference = taskgraph.evaluate(tg, arrays)
+            comparisons = compare_outputs(outputs, reference)
+        say()
+        say(
+            format_table(
+                [
+                    ("backend", f"{last.backend} ({last.mode} mode)"),
+                    ("time", f"{last.seconds:.2f} s"),
+                ],
+                "run",
+            )
+        )
+        say()
+        say(format_table([c.row() for c in comparisons], CHECK_TITLE))
+        say()
+        say(plan_report(mg))
+
+        out.mkdir(parents=True, exist_ok=True)
+        pictures = []
+        with console.stage("drawing the plan"):
+            drawings = [
+                ("plan", "plan.svg", {"max_nodes": PICTURE_MAX_NODES}, PICTURE_NOTE),
+                ("one block", "plan_layers.0.svg", {"scope": "layers.0"}, LAYER_NOTE),
+            ]
+            for what, name, options, note in drawings:
+                try:
+                    path = mg.render(out / name, collapse=True, **options)
+                    pictures.append((what, f"{path} ({note})"))
+                except GraphvizNotFoundError as err:
+                    pictures.append((what, f"not drawn: {str(err).splitlines()[0]}"))
+        with console.stage("drawing the memory map"):
+            mg.memory_map(out / "memory_map.png")
+            pictures.append(("memory map", str(out / "memory_map.png")))
+        with console.stage("drawing the streams"):
+            memgraph.simulate(mg, timeline=True).plot(out / "streams.png")
+            pictures.append(("streams", f"{out / 'streams.png'} (simulated)"))
+        say()
+        say(format_table(pictures, "pictures"))
+
+    raise_on_mismatch(comparisons)
+    return EXIT_OK

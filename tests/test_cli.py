@@ -1,34 +1,638 @@
-"""The `einpage` command line (the demo is also CI's smoke test of the whole stack)."""
+"""The `einpage` command line: every subcommand, its output, its files and its exit codes.
+
+Commands run in-process through `einpage.cli.main` (the `einpage` console script of a
+shared virtual environment may point at another checkout); one test runs
+`python -m einpage.cli` as a subprocess.
+"""
 
 from __future__ import annotations
 
-import shutil
+import io
+import json
+import os
+import re
 import subprocess
 import sys
+from importlib import metadata
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from einpage.cli import main
+import memgraph
+import runtime
+import taskgraph
+from einpage.cli import (
+    EXIT_BAD_INPUT,
+    EXIT_CHECK_FAILED,
+    EXIT_INFEASIBLE,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    Console,
+    compare_outputs,
+    compile_program,
+    load_inputs,
+    main,
+    save_arrays,
+)
+from einpage.presets import load_program, random_inputs
+from einpage.units import format_bytes
+from taskgraph.dot import find_dot
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_dot = pytest.mark.skipif(find_dot() is None, reason="Graphviz's dot is not installed")
+
+SMALL_MLP = ["mlp", "--batch", "256"]  # 2.2 MiB no-offload peak: plans and runs in ms
+TINY_LLAMA = ["llama:tiny", "--seq", "64"]
 
 
-def test_demo_runs_and_checks_against_numpy(capsys):
-    assert main(["demo"]) == 0
-    out = capsys.readouterr().out
-    assert "TaskGraph 'mlp'" in out
-    assert 'einsum["ab,a,a->ab", join="exp(a - b) / c"]' in out
-    assert "(OK)" in out
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run `einpage ARGV`; return (exit code, stdout, stderr)."""
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def test_console_script_is_installed():
-    exe = shutil.which("einpage") or str(
-        __import__("pathlib").Path(sys.executable).parent / "einpage"
+def assert_one_error(err: str, *needles: str) -> None:
+    """stderr holds an `einpage: error:` line with `needles` and no traceback."""
+    assert "Traceback" not in err
+    assert err.startswith("einpage: error: "), err
+    for needle in needles:
+        assert needle in err, (needle, err)
+
+
+@pytest.fixture
+def plan_file(tmp_path, capsys) -> Path:
+    """A plan of the tiny LLaMA at 60% of its no-offload peak (it offloads)."""
+    path = tmp_path / "plan.json"
+    code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--budget", "60%", "-o", path)
+    assert code == EXIT_OK, err
+    return path
+
+
+# -- usage ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, code",
+    [
+        ([], EXIT_BAD_INPUT),
+        (["frobnicate"], EXIT_BAD_INPUT),
+        (["plan", "mlp"], EXIT_BAD_INPUT),  # --budget is required
+        (["plan", "mlp", "--budget", "1GiB", "--order", "random"], EXIT_BAD_INPUT),
+        (["plan", "mlp", "--budget", "1GiB", "--eviction", "fifo"], EXIT_BAD_INPUT),
+        (["plan", "mlp", "--budget", "1GiB", "--batch", "0"], EXIT_BAD_INPUT),
+        (["run", "p.json", "--inputs", "a.npz", "--random-inputs", "1"], EXIT_BAD_INPUT),
+        (["--help"], EXIT_OK),
+        (["plan", "--help"], EXIT_OK),
+        (["--version"], EXIT_OK),
+    ],
+)
+def test_usage_exit_codes(capsys, argv, code):
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    if code == EXIT_BAD_INPUT:
+        assert "usage: einpage" in captured.err
+
+
+def test_help_documents_programs_budgets_and_exit_codes(capsys):
+    main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("preset", "Python", "executed", "50%", "8GiB", "--partition", "auto|off|SIZE"):
+        assert needle in text
+    main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2 bad input, 3 infeasible budget" in text
+
+
+def test_module_entry_point_runs_as_a_subprocess():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "einpage.cli", "presets"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
     )
-    result = subprocess.run([exe, "demo"], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    assert "max |einpage - numpy|" in result.stdout
+    assert done.returncode == 0, done.stderr
+    assert "llama:7b" in done.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "einpage.cli", "plan", "mlp", "--budget", "lots"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert bad.returncode == EXIT_BAD_INPUT
+    assert_one_error(bad.stderr, "'lots'")
 
 
-def test_unknown_command_exits_with_usage_error():
-    with pytest.raises(SystemExit) as info:
-        main(["frobnicate"])
-    assert info.value.code == 2
+def test_console_script_points_at_main():
+    scripts = [e for e in metadata.entry_points(group="console_scripts") if e.name == "einpage"]
+    if not scripts:
+        pytest.skip("einpage is not installed in this environment")
+    assert scripts[0].value == "einpage.cli:main"
+
+
+# -- presets and show ------------------------------------------------------------------------
+
+
+def test_presets_lists_every_model_size(capsys):
+    from einpage.models import gpt2, llama
+
+    code, out, _ = cli(capsys, "presets")
+    assert code == EXIT_OK
+    for size in llama.PRESETS:
+        assert f"llama:{size}" in out
+    for size in gpt2.PRESETS:
+        assert f"gpt2:{size}" in out
+    assert re.search(r"^\s+mlp\s+the demo MLP", out, re.M)
+
+
+def test_show_prints_the_listing_and_memory_needs(capsys):
+    code, out, _ = cli(capsys, "show", *TINY_LLAMA)
+    assert code == EXIT_OK
+    tg = load_program("llama:tiny", seq=64)
+    assert out.startswith(str(tg).splitlines()[0])
+    assert str(tg[5].line()) in out
+    assert f"no-offload peak  {format_bytes(memgraph.no_offload_peak(tg))}" in out
+    needed, task = memgraph.min_budget(tg)
+    assert f"{format_bytes(needed)} (task %{task}" in out
+
+
+def test_show_summary_json_and_picture(capsys, tmp_path):
+    graph, picture = tmp_path / "graph.json", tmp_path / "graph.dot"
+    code, out, _ = cli(capsys, "show", *SMALL_MLP, "--summary", "-o", graph, "--render", picture)
+    assert code == EXIT_OK
+    assert "%0 :" not in out  # no listing
+    loaded = taskgraph.TaskGraph.from_json(graph.read_text())
+    assert loaded.to_json() == load_program("mlp", batch=256).to_json()
+    assert picture.read_text().startswith("digraph")
+    # a saved TaskGraph is itself a PROGRAM
+    code, out, _ = cli(capsys, "plan", graph, "--budget", "75%")
+    assert code == EXIT_OK
+    assert "offloads" in out
+
+
+def test_show_partitioned(capsys):
+    code, out, _ = cli(capsys, "show", *SMALL_MLP, "--summary", "--partition", "256KiB")
+    assert code == EXIT_OK
+    tasks = int(re.search(r"tasks\s+(\d+)", out).group(1))
+    assert tasks > len(load_program("mlp", batch=256))
+
+
+# -- plan -----------------------------------------------------------------------------------
+
+
+def test_plan_prints_stats_simulation_and_writes_a_valid_plan(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", path)
+    assert code == EXIT_OK, err
+    mg = memgraph.MemGraph.from_json(path.read_text())
+    memgraph.verify(mg)
+    s = mg.stats
+    assert s.offload_count > 0 and s.reload_count > 0
+    expected = compile_program(load_program("mlp", batch=256), "75%").plan
+    assert mg.to_json() == expected.to_json()  # plans are deterministic
+    for label, value in s.rows():
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
+    sim = memgraph.simulate(mg)
+    assert f"makespan              {sim.makespan * 1e3:.3f} ms" in out
+    assert mg.info["budget_request"] == "75%"
+    assert f"wrote plan: {path}" in out
+
+
+def test_plan_options_reach_the_planner(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    argv = ["--order", "memory", "--eviction", "lru", "--cost-model", "cpu"]
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "80%", *argv, "-o", path)
+    assert code == EXIT_OK
+    info = memgraph.MemGraph.from_json(path.read_text()).info
+    assert (info["order"], info["eviction"], info["cost_model"]) == ("memory", "lru", "cpu")
+    assert "simulated on cpu" in out
+
+
+def test_plan_partitions_automatically_when_the_budget_needs_it(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    tg = load_program("mlp", batch=256)
+    budget, _ = compile_program(tg, "40%").budget, None
+    assert budget < memgraph.min_budget(tg)[0]
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "40%", "-o", path)
+    assert code == EXIT_OK
+    mg = memgraph.MemGraph.from_json(path.read_text())
+    assert len(mg.taskgraph) > len(tg)
+    assert mg.stats.block_limit == mg.info["block_limit"]
+    assert f"partition  {len(tg)} -> {len(mg.taskgraph)} tasks" in out
+
+
+def test_plan_with_an_explicit_block_size(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, _, _ = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "100%", "--partition", "128KiB", "-o", path
+    )
+    assert code == EXIT_OK
+    assert memgraph.MemGraph.from_json(path.read_text()).info["block_limit"] == 128 * 1024
+
+
+@pytest.mark.parametrize(
+    "budget, needle",
+    [("8XB", "'8XB'"), ("lots", "'lots'"), ("50 %%", "50 %%"), ("=-1GiB", "-1GiB"), ("0%", "0%")],
+)
+def test_plan_rejects_malformed_budgets(capsys, budget, needle):
+    code, _, err = cli(
+        capsys, "plan", *SMALL_MLP, f"--budget{budget if budget[0] == '=' else '=' + budget}"
+    )
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, needle)
+    assert "einpage: hint: sizes look like 8GiB" in err
+
+
+def test_plan_rejects_a_bad_partition_value(capsys):
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1GiB", "--partition", "sometimes")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--partition must be auto, off or a block size")
+
+
+def test_infeasible_budget_exits_3_with_the_smallest_that_works(capsys):
+    tg = load_program("mlp", batch=256)
+    needed, task = memgraph.min_budget(tg)
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB", "--partition", "off")
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "below the smallest feasible budget", f"task %{task}")
+    assert f"hint: the smallest budget that works is {format_bytes(needed)}" in err
+    assert "--partition auto" in err
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", str(needed), "--partition", "off")
+    assert code == EXIT_OK
+
+
+def test_infeasible_even_when_partitioned_exits_3(capsys):
+    # today the planner counts a slice of a weight with the whole weight (1 MiB here)
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB")
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "below the smallest feasible budget")
+    assert "hint: the smallest budget that works is" in err
+
+
+def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "blocks of at most 256 B", "--partition auto stops at 100,000")
+    needed = re.search(r"\(about ([0-9.]+ \w+) of budget\)", err).group(1)
+    assert "hint" not in err
+    assert needed != "1.0 KiB"
+
+
+def test_long_error_lines_lose_their_middle(capsys):
+    # the output of a partitioned MLP is a concat of many blocks: its message lists them all
+    code, _, err = cli(capsys, "plan", "mlp", "--budget", "1MiB")
+    assert code == EXIT_INFEASIBLE
+    first = err.splitlines()[0]
+    assert len(first) <= 620 and " … " in first
+
+
+@needs_dot
+def test_plan_pictures(capsys, tmp_path):
+    svg, png, streams = tmp_path / "plan.svg", tmp_path / "map.png", tmp_path / "streams.png"
+    code, out, _ = cli(
+        capsys,
+        "plan",
+        *SMALL_MLP,
+        "--budget",
+        "75%",
+        "--render",
+        svg,
+        "--memory-map",
+        png,
+        "--timeline",
+        streams,
+        "--max-nodes",
+        "30",
+    )
+    assert code == EXIT_OK
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    assert "more node(s) not shown" in svg.read_text()
+    for path in (png, streams):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(path) in out
+
+
+def test_quiet_prints_nothing_but_still_writes(capsys, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", path, "-q")
+    assert (code, out, err) == (EXIT_OK, "", "")
+    assert path.exists()
+
+
+def test_writing_to_a_missing_directory_is_bad_input(capsys, tmp_path):
+    code, _, err = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", tmp_path / "no" / "plan.json"
+    )
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "No such file or directory", "plan.json")
+
+
+# -- stats ----------------------------------------------------------------------------------
+
+
+def test_stats_table_and_json(capsys, plan_file):
+    mg = memgraph.MemGraph.from_json(plan_file.read_text())
+    code, out, _ = cli(capsys, "stats", plan_file)
+    assert code == EXIT_OK
+    for label, value in mg.stats.rows():
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
+    report = memgraph.verify(mg)
+    assert f"verify  ok: {report.nodes} nodes, {report.dependencies_checked} dependencies" in out
+    assert "simulated on h100-pcie5" in out
+
+    code, out, _ = cli(capsys, "stats", plan_file, "--json", "--cost-model", "cpu")
+    document = json.loads(out)
+    assert document["stats"] == mg.stats.as_dict()
+    assert document["verified"] is True
+    sim = memgraph.simulate(mg, "cpu")
+    assert document["simulated"]["makespan_s"] == pytest.approx(sim.makespan)
+
+
+def test_stats_of_a_plan_that_fails_verification_exits_1(capsys, plan_file, tmp_path):
+    data = json.loads(plan_file.read_text())
+    apply = next(n for n in data["nodes"] if n["kind"] == "apply" and n["deps"])
+    apply["deps"] = []  # the apply no longer waits for its operands
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(data))
+    code, out, err = cli(capsys, "stats", broken)
+    assert code == EXIT_CHECK_FAILED
+    assert "memory" in out  # the numbers are still shown
+    assert_one_error(err, f"n{apply['id']}")
+    assert "hint: the plan breaks an invariant" in err
+    code, _, err = cli(capsys, "run", broken)
+    assert code == EXIT_CHECK_FAILED
+    assert_one_error(err, "refusing to run a plan that fails verification")
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("nonsense{", "not valid JSON"),
+        ('{"format": "einpage.memgraph", "version": 1, "budget": 5}', "$.alignment"),
+        ('{"format": "something"}', "$.format"),
+        ("[1, 2]", "$: expected an object"),
+    ],
+)
+def test_stats_rejects_corrupted_plans(capsys, tmp_path, content, needle):
+    path = tmp_path / "plan.json"
+    path.write_text(content)
+    code, _, err = cli(capsys, "stats", path)
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, str(path), needle)
+
+
+def test_truncated_plan_is_bad_input(capsys, plan_file):
+    text = plan_file.read_text()
+    plan_file.write_text(text[: len(text) // 2])
+    for command in ("stats", "run", "render"):
+        extra = ["-o", str(plan_file.with_suffix(".svg"))] if command == "render" else []
+        code, _, err = cli(capsys, command, plan_file, *extra)
+        assert code == EXIT_BAD_INPUT, command
+        assert_one_error(err, "not valid JSON")
+
+
+def test_stats_of_missing_files_and_directories(capsys, tmp_path):
+    code, _, err = cli(capsys, "stats", tmp_path / "nope.json")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "no such file", "nope.json")
+    code, _, err = cli(capsys, "stats", tmp_path)
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "is a directory")
+
+
+def test_stats_of_a_taskgraph_says_to_plan_it(capsys, tmp_path):
+    path = tmp_path / "graph.json"
+    path.write_text(load_program(*TINY_LLAMA[:1], seq=16).to_json())
+    code, _, err = cli(capsys, "stats", path)
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "this is a TaskGraph", "einpage plan")
+
+
+# -- run ------------------------------------------------------------------------------------
+
+
+def test_run_checks_against_the_reference_and_writes_outputs(capsys, plan_file, tmp_path):
+    outputs, trace = tmp_path / "out.npz", tmp_path / "trace.json"
+    code, out, err = cli(
+        capsys, "run", plan_file, "--check", "--backend", "numpy", "-o", outputs, "--trace", trace
+    )
+    assert code == EXIT_OK, err
+    assert re.search(r"logits\s+float32\[1,64,256\]\s+error \S+ \(tolerance 1e-04\)\s+ok", out)
+    mg = memgraph.MemGraph.from_json(plan_file.read_text())
+    reference = taskgraph.evaluate(mg.taskgraph, random_inputs(mg.taskgraph, 0))
+    written = load_inputs(outputs)
+    assert set(written) == {"logits"}
+    np.testing.assert_allclose(written["logits"], reference["logits"], rtol=1e-4, atol=1e-5)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("cat") == "apply" for e in events)
+
+
+def test_run_with_an_inputs_file_and_seeds(capsys, plan_file, tmp_path):
+    mg = memgraph.MemGraph.from_json(plan_file.read_text())
+    arrays = random_inputs(mg.taskgraph, 7)
+    inputs, a, b = tmp_path / "in.npz", tmp_path / "a.npz", tmp_path / "b.npz"
+    save_arrays(inputs, arrays)
+    assert cli(capsys, "run", plan_file, "--inputs", inputs, "-o", a)[0] == EXIT_OK
+    assert cli(capsys, "run", plan_file, "--random-inputs", "7", "-o", b)[0] == EXIT_OK
+    code, out, _ = cli(capsys, "run", plan_file, "--random-inputs", "8", "-o", b.with_name("c.npz"))
+    assert code == EXIT_OK and "random (seed 8)" in out
+    np.testing.assert_array_equal(load_inputs(a)["logits"], load_inputs(b)["logits"])
+    assert not np.array_equal(load_inputs(a)["logits"], load_inputs(b.with_name("c.npz"))["logits"])
+    reference = taskgraph.evaluate(mg.taskgraph, arrays)["logits"]
+    np.testing.assert_allclose(load_inputs(a)["logits"], reference, rtol=1e-4, atol=1e-5)
+
+
+def test_run_rejects_inputs_that_do_not_fit(capsys, plan_file, tmp_path):
+    mg = memgraph.MemGraph.from_json(plan_file.read_text())
+    arrays = random_inputs(mg.taskgraph, 0)
+    arrays["tokens"] = arrays["tokens"][:, :4]
+    wrong = tmp_path / "wrong.npz"
+    save_arrays(wrong, arrays)
+    code, _, err = cli(capsys, "run", plan_file, "--inputs", wrong, "--check")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "input 'tokens': expected shape (1, 64)")
+
+    del arrays["tokens"]
+    save_arrays(wrong, arrays)
+    code, _, err = cli(capsys, "run", plan_file, "--inputs", wrong)
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "missing input(s): 'tokens'")
+
+    not_npz = tmp_path / "inputs.npz"
+    not_npz.write_text("hello")
+    code, _, err = cli(capsys, "run", plan_file, "--inputs", not_npz)
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "cannot read arrays")
+    code, _, err = cli(capsys, "run", plan_file, "--inputs", tmp_path / "missing.npz")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "no such inputs file")
+
+
+def test_a_failed_check_exits_1(capsys, plan_file, monkeypatch):
+    """A runtime bug (simulated: every output off by 0.5) fails --check with exit code 1."""
+
+    class Broken(runtime.Session):
+        def run(self, *args, **kwargs):
+            return {name: value + 0.5 for name, value in super().run(*args, **kwargs).items()}
+
+    monkeypatch.setattr(runtime, "Session", Broken)
+    code, out, err = cli(capsys, "run", plan_file, "--check")
+    assert code == EXIT_CHECK_FAILED
+    assert "MISMATCH" in out
+    assert_one_error(err, "check failed: output 'logits' differs from the reference")
+    code, _, _ = cli(capsys, "run", plan_file)  # without --check nothing is compared
+    assert code == EXIT_OK
+
+
+@pytest.mark.skipif(runtime.cupy_usable(), reason="CuPy and a GPU are usable here")
+def test_run_on_cupy_without_a_gpu_exits_4(capsys, plan_file):
+    code, _, err = cli(capsys, "run", plan_file, "--backend", "cupy")
+    assert code == EXIT_UNAVAILABLE
+    assert_one_error(err, "pip install")
+
+
+# -- render ---------------------------------------------------------------------------------
+
+
+@needs_dot
+def test_render_plans_and_graphs(capsys, plan_file, tmp_path):
+    svg = tmp_path / "plan.svg"
+    code, out, _ = cli(capsys, "render", plan_file, "-o", svg, "--collapse", "--scope", "layers.1")
+    assert code == EXIT_OK and f"wrote picture: {svg}" in out
+    text = svg.read_text()
+    assert "<svg" in text and "layers.1" in text and "layers.0.attn" not in text
+
+    graph = tmp_path / "graph.json"
+    graph.write_text(load_program("llama:tiny", seq=16).to_json())
+    code, _, _ = cli(capsys, "render", graph, "-o", tmp_path / "graph.svg", "--max-nodes", "10")
+    assert code == EXIT_OK
+    assert "more task(s) not shown" in (tmp_path / "graph.svg").read_text()
+
+
+def test_render_to_dot_text_needs_no_graphviz(capsys, plan_file, tmp_path):
+    code, _, _ = cli(capsys, "render", plan_file, "-o", tmp_path / "plan.dot", "--max-nodes", "0")
+    assert code == EXIT_OK
+    assert (tmp_path / "plan.dot").read_text().startswith("digraph")
+
+
+def test_render_errors(capsys, plan_file, tmp_path):
+    code, _, err = cli(capsys, "render", plan_file, "-o", tmp_path / "plan.gif")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "unknown format 'gif'")
+    graph = tmp_path / "graph.json"
+    graph.write_text(load_program("llama:tiny", seq=16).to_json())
+    code, _, err = cli(capsys, "render", graph, "-o", tmp_path / "g.svg", "--collapse")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--collapse applies to plans")
+
+
+def test_render_without_graphviz_exits_4_and_keeps_the_dot_source(capsys, plan_file, monkeypatch):
+    import taskgraph.dot
+
+    monkeypatch.setattr(taskgraph.dot, "find_dot", lambda: None)
+    svg = plan_file.with_name("plan.svg")
+    code, _, err = cli(capsys, "render", plan_file, "-o", svg)
+    assert code == EXIT_UNAVAILABLE
+    assert_one_error(err, "Graphviz's `dot` program is not on PATH", "apt-get install graphviz")
+    assert plan_file.with_name("plan.dot").read_text().startswith("digraph")
+    assert not svg.exists()
+
+
+# -- the demo -------------------------------------------------------------------------------
+
+
+def _number(pattern: str, text: str) -> int:
+    match = re.search(pattern, text)
+    assert match, pattern
+    return int(match.group(1))
+
+
+def test_demo_plans_offloads_runs_checks_and_draws(capsys, tmp_path):
+    code, out, err = cli(capsys, "demo", "--out", tmp_path, "--backend", "numpy")
+    assert code == EXIT_OK, err
+    # the numbers are the plan's: recompute it independently
+    mg = compile_program(load_program("mlp"), "50%").plan
+    s = mg.stats
+    assert _number(r"offloads\s+(\d+) \(", out) == s.offload_count > 0
+    assert _number(r"reloads\s+(\d+) \(", out) == s.reload_count > 0
+    assert f"{len(mg)} nodes" in out
+    assert re.search(r"probs\s+float32\[4096,256\]\s+error \S+ \(tolerance 1e-04\)\s+ok", out)
+    assert "simulated on h100-pcie5" in out and "stall from transfers" in out
+    pictures = re.findall(rf"({re.escape(str(tmp_path))}\S+)", out)
+    assert {Path(p).name for p in pictures} >= {"memory_map.png", "streams.png"}
+    for picture in pictures:
+        assert Path(picture).stat().st_size > 1000, picture
+    if find_dot() is not None:
+        assert {Path(p).name for p in pictures} >= {"plan.svg", "plan_layers.0.svg"}
+
+
+def test_demo_numbers_follow_the_budget(capsys, tmp_path):
+    code, out, _ = cli(capsys, "demo", "--out", tmp_path, "--budget", "80%", "--backend", "numpy")
+    assert code == EXIT_OK
+    mg = compile_program(load_program("mlp"), "80%").plan
+    assert "partition" not in out.split("run\n")[0].split("plan\n")[1]  # it fits unsplit
+    assert _number(r"offloads\s+(\d+) \(", out) == mg.stats.offload_count
+
+
+def test_demo_fails_its_check_when_the_runtime_is_wrong(capsys, tmp_path, monkeypatch):
+    class Broken(runtime.Session):
+        def run(self, *args, **kwargs):
+            return {name: value * 2 for name, value in super().run(*args, **kwargs).items()}
+
+    monkeypatch.setattr(runtime, "Session", Broken)
+    code, out, err = cli(capsys, "demo", "--out", tmp_path, "--backend", "numpy")
+    assert code == EXIT_CHECK_FAILED
+    assert "MISMATCH" in out
+    assert_one_error(err, "check failed")
+
+
+# -- building blocks ------------------------------------------------------------------------
+
+
+class _TTY(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_only_on_terminals_and_never_when_quiet():
+    assert not Console(out=io.StringIO(), err=io.StringIO()).progress
+    assert not Console(out=io.StringIO(), err=_TTY()).progress  # stdout piped
+    assert Console(out=_TTY(), err=_TTY()).progress
+    assert not Console(quiet=True, out=_TTY(), err=_TTY()).progress
+    err = _TTY()
+    console = Console(out=_TTY(), err=err)
+    with console.stages(2):
+        with console.stage("planning"):
+            pass
+        with console.stage("verifying"):
+            pass
+    assert "planning" in err.getvalue() and "stages" in err.getvalue()
+    assert set(console.timings) == {"planning", "verifying"}
+
+
+def test_compare_outputs_tolerances_nans_and_shapes():
+    ref = {"y": np.array([1.0, np.nan, -4.0], "float32")}
+    assert compare_outputs({"y": np.array([1.0, np.nan, -4.0001], "float32")}, ref)[0].ok
+    assert not compare_outputs({"y": np.array([1.0, 0.0, -4.0], "float32")}, ref)[0].ok
+    assert not compare_outputs({"y": np.zeros(2, "float32")}, ref)[0].ok
+    ints = {"i": np.array([1, 2])}
+    assert compare_outputs({"i": np.array([1, 2])}, ints)[0].ok
+    assert not compare_outputs({"i": np.array([1, 3])}, ints)[0].ok
+    half = {"h": np.array([100.0], "float16")}
+    assert compare_outputs({"h": np.array([100.5], "float16")}, half)[0].ok
+
+
+def test_show_rejects_a_bad_block_size(capsys):
+    code, _, err = cli(capsys, "show", *SMALL_MLP, "--partition", "auto")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--partition must be a block size such as 64MiB, got 'auto'")
