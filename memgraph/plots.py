@@ -19,7 +19,6 @@ pyplot, so notebooks show it once and scripts leak nothing) and saves it when gi
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from memgraph.trace import (
     read_chrome_trace,
     to_chrome_trace,
 )
+from memgraph.trace import busy as timeline_busy
 from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
@@ -606,7 +606,7 @@ def stream_timeline(
             linewidths=0.3 if len(mine) < 2000 else 0.0,
             gid=f"stream:{lane}",
         )
-        busy[lane] = _busy(mine)
+        busy[lane] = timeline_busy(mine, lane)
         if labels if labels is not None else len(events) <= 300:
             _bar_labels(ax, fig, mine, t0, scale, span / scale, row)
     ax.set_yticks(range(len(lanes)), [_LANE_TITLES.get(s, s) for s in lanes])
@@ -615,8 +615,8 @@ def stream_timeline(
     ax.set_xlabel(f"time ({unit})")
     ax.grid(True, axis="x", color="#e5e5e5", linewidth=0.6)
     ax.set_axisbelow(True)
-    parts = [f"makespan {span / scale:.3g} {unit}"] + [
-        f"{lane} busy {busy[lane] / scale:.3g} {unit} ({100 * busy[lane] / span:.0f}%)"
+    parts = [f"makespan {span / scale:.4g} {unit}"] + [
+        f"{lane} busy {busy[lane] / scale:.4g} {unit} ({100 * busy[lane] / span:.0f}%)"
         if span > 0
         else f"{lane} busy 0"
         for lane in lanes
@@ -627,16 +627,6 @@ def stream_timeline(
 
 
 _LANE_TITLES = {"compute": "compute", "h2d": "H2D (reload)", "d2h": "D2H (offload)"}
-
-
-def _busy(events: list[StreamEvent]) -> float:
-    """Time a lane is busy (overlapping events counted once)."""
-    total, reach = 0.0, -math.inf
-    for e in sorted(events, key=lambda e: e.start):
-        if e.end > reach:
-            total += e.end - max(e.start, reach)
-            reach = e.end
-    return total
 
 
 def _bar_labels(
