@@ -20,10 +20,14 @@ Two horizons
     further. With C(e, t) the estimated compute seconds of steps e..t-1 (the cost
     model's roofline) and H(e, t) the seconds of host-to-device transfers that steps
     e..t need (counting those already issued, as if none had started), the target is
-    the furthest t with C(e, t) < H(e, t): a step whose reloads are already covered
-    by the compute before it can be prepared later and still be hidden, and holding
-    its memory early would only crowd out other prefetches. Only steps with pending
-    transfers can be that furthest t, so the scan visits just those.
+    the furthest t with C(e + 1, t) < H(e, t): t is prepared now if preparing it at
+    the next chance, before step e + 1, would leave too little compute to hide its
+    transfers behind. A step whose reloads are covered even then can wait, and
+    holding its memory early would only crowd out other prefetches. (Comparing with
+    C(e, t) instead would wait one step too long: with one large step before t –
+    LLaMA's gate projection before the up projection – "later" is already too late.)
+    Only steps with pending transfers can be that furthest t, so the scan visits just
+    those.
   - `lookahead_seconds=<float>`: the furthest t with C(e, t) below that many seconds;
     `None`: only the step limit.
 
@@ -663,7 +667,7 @@ class _Planner:
         while i < len(self.pending_at) and self.pending_at[i] <= limit:
             t = self.pending_at[i]
             backlog += self.pending[t]
-            if self.before[t] - self.before[e] < backlog:
+            if self.before[t] - self.before[e + 1] < backlog:
                 target = t
             i += 1
         return target
