@@ -81,6 +81,18 @@ Lifetimes and ends
   `outputs="host"` each output is offloaded as soon as it is computed (the copy
   overlaps later compute) and freed after its last reader.
 
+Sliced reloads
+--------------
+A Slice that reads an input held in host storage (`sliced_reloads` says which) is not
+computed on the device. Like a weight, it is a tensor with a host copy from the start –
+a box of the input's storage: whenever a reader needs it, a *sliced reload* copies just
+that box, and evicting it is a drop. So an input larger than the arena (a weight that a
+partitioned graph reads block by block, see `taskgraph.partition`) is streamed in
+slices and never resident whole, and `min_budget` counts a slice's readers with the
+slice alone. A device-located input read only through such slices starts on the host.
+A slice that nothing reads is made once, by a sliced reload at its place in the order,
+and freed.
+
 Speed: everything per step is O(operands) plus O(log n) allocator work, except a
 victim search, which activates tensors only until a window forms (see
 `memgraph.eviction`). `benchmarks/plan_bench.py` measures ~50-65 us per task, linear
@@ -127,7 +139,7 @@ from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input, Slice, View
 
 __all__ = [
     "PlanOptions",
@@ -136,6 +148,7 @@ __all__ = [
     "no_offload_peak",
     "resolve_budget",
     "storage_roots",
+    "sliced_reloads",
     "OUTPUTS",
     "INPUTS",
     "PLACEMENTS",
@@ -253,13 +266,17 @@ def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
     return planner.builder.build(info)
 
 
-def min_budget(tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT) -> tuple[int, int | None]:
+def min_budget(
+    tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT, inputs: str = "auto"
+) -> tuple[int, int | None]:
     """The smallest budget any plan needs, and the task that needs it.
 
     A compute task runs only with its distinct operands (views resolved to their bases)
     and its output resident at once, each rounded up to `alignment`; the bound is the
-    largest such sum (ties: the first task). The planner always succeeds at or above
-    it. A graph without compute tasks needs one alignment unit (task None).
+    largest such sum (ties: the first task). A Slice produced by a sliced reload
+    (`sliced_reloads`; `inputs` is the planner's option) needs only itself. The planner
+    always succeeds at or above it. A graph without compute tasks needs one alignment
+    unit (task None).
 
     >>> import einpage as ep
     >>> prog = ep.Program()
@@ -269,12 +286,15 @@ def min_budget(tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT) -> tuple[int, 
     (1024, 1)
     """
     root = storage_roots(tg)
+    sliced = sliced_reloads(tg, inputs)
     size = [_round_up(t.nbytes, alignment) for t in tg]
     best, best_task = alignment, None
     for task in tg:
         if not is_compute(tg, task.id):
             continue
-        need = size[task.id] + sum(size[r] for r in {root[i] for i in task.inputs})
+        need = size[task.id]
+        if task.id not in sliced:
+            need += sum(size[r] for r in {root[i] for i in task.inputs})
         if need > best or best_task is None and need >= best:
             best, best_task = need, task.id
     return best, best_task
@@ -287,6 +307,47 @@ def storage_roots(tg: TaskGraph) -> list[int]:
         if isinstance(task.op, View):
             root[task.id] = root[task.inputs[0]]
     return root
+
+
+def sliced_reloads(tg: TaskGraph, inputs: str = "auto") -> dict[int, int]:
+    """The Slice tasks a plan produces by *sliced reloads*: slice id -> the input it reads.
+
+    A Slice that reads an Input directly qualifies when that input starts on the host –
+    a host-located input, any input with `inputs="host"`, or a device-located one read
+    only by qualifying Slices (the planner then leaves it on the host) – unless the
+    slice holds a program output (an output needs a host copy of its own). Such a slice
+    is never computed from its input: each time a reader needs it, the planner copies
+    just its box from the input's host storage (see "Sliced reloads" in the module
+    docstring), so the input need never be on the device whole.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> w = prog.input("w", (64, 8), role="weight")
+    >>> prog.output(ep.exp(prog.slice(w, (16, 0), (8, 8))), "y")
+    >>> sliced_reloads(prog.build())
+    {1: 0}
+    """
+    root = storage_roots(tg)
+    outputs = {root[t] for t in tg.outputs.values()}
+    candidates = {
+        t.id: t.inputs[0]
+        for t in tg
+        if isinstance(t.op, Slice) and isinstance(tg[t.inputs[0]].op, Input) and t.id not in outputs
+    }
+    slices_of: dict[int, list[int]] = {}
+    for s, i in candidates.items():
+        slices_of.setdefault(i, []).append(s)
+    sliced: dict[int, int] = {}
+    for i, slices in slices_of.items():
+        op = tg[i].op
+        on_host = (
+            inputs == "host"
+            or op.location == "host"
+            or all(c in candidates for c in tg.consumers[i])
+        )
+        if on_host:
+            sliced.update((s, i) for s in slices)
+    return sliced
 
 
 def no_offload_peak(
@@ -341,7 +402,7 @@ def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tupl
         if text is not None and "%" in text:
             raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
         resolved = parse_bytes(budget)
-    needed, task_id = min_budget(tg, opts.alignment)
+    needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
     if resolved // opts.alignment * opts.alignment < needed:
         raise InfeasibleBudgetError(
             _infeasible_message(tg, budget, resolved, needed, task_id, opts.alignment),
@@ -413,11 +474,16 @@ class _Tensor:
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """One compute task of the order: its id, distinct operand roots, and reads."""
+    """One compute task of the order: its id, distinct operand roots, and reads.
+
+    `sliced`: a Slice that nothing reads, produced by a sliced reload (and then freed)
+    instead of an apply, so that it is computed at all.
+    """
 
     task: int
     roots: tuple[int, ...]
     reads: tuple[int, ...]  # the storage root of each operand, in operand order
+    sliced: bool = False
 
 
 class _Residents:
@@ -545,11 +611,23 @@ class _Planner:
         ids = get_order(order)(tg) if isinstance(order, str) else check_order(tg, order)
         root = storage_roots(tg)
         self.root = root
+        # Slices produced by sliced reloads are host-resident tensors, not steps (unless
+        # nothing reads them: then a step makes them once).
+        self.sliced = sliced_reloads(tg, opts.inputs)
+        self.slices_of: dict[int, list[int]] = {}
+        for s, i in self.sliced.items():
+            self.slices_of.setdefault(i, []).append(s)
+        read = {root[i] for t in ids if is_compute(tg, t) for i in tg[t].inputs}
         self.steps: list[_Step] = []
         for t in ids:
-            if is_compute(tg, t):
-                reads = tuple([root[i] for i in tg[t].inputs])
-                self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
+            if not is_compute(tg, t):
+                continue
+            if t in self.sliced:
+                if t not in read:
+                    self.steps.append(_Step(t, (), (), sliced=True))
+                continue
+            reads = tuple([root[i] for i in tg[t].inputs])
+            self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
         round_up = self.alloc.round_up
         self.tensors: dict[int, _Tensor] = {}
         for t in tg:
@@ -584,7 +662,7 @@ class _Planner:
         # Counters reported in info.
         self.evictions = self.offloads = self.drops = 0
         self.fragmentation_events = self.packed_steps = self.operand_moves = 0
-        self.prefetched = self.reloads = self.max_ahead = 0
+        self.prefetched = self.reloads = self.max_ahead = self.sliced_reloads = 0
         self.inputs_on_host_for_room: list[str] = []
         self.outputs_on_host: list[str] = []
 
@@ -608,6 +686,7 @@ class _Planner:
             "offloads": self.offloads,
             "drops": self.drops,
             "reloads": self.reloads,
+            "sliced_reloads": self.sliced_reloads,
             "prefetched_reloads": self.prefetched,
             "max_steps_ahead": self.max_ahead,
             "fragmentation_events": self.fragmentation_events,
@@ -625,7 +704,12 @@ class _Planner:
             if not isinstance(op, Input) or self.root[task.id] != task.id:
                 continue
             tensor = self.tensors[task.id]
-            on_device = self.opts.inputs == "auto" and op.location == "device" and bool(tensor.uses)
+            on_device = (
+                self.opts.inputs == "auto"
+                and op.location == "device"
+                and bool(tensor.uses)
+                and task.id not in self.slices_of  # read only through sliced reloads
+            )
             block = self.alloc.try_allocate(tensor.size) if on_device else None
             if block is not None:
                 region = self.bind(tensor, block)
@@ -638,6 +722,10 @@ class _Planner:
             tensor.storage = self.new_storage()
             tensor.storage_writer = self.builder.input(op.name, task.id, storage=tensor.storage)
             self.expect_reload(tensor)
+            for s in self.slices_of.get(task.id, ()):  # their boxes are in the same storage
+                part = self.tensors[s]
+                part.storage, part.storage_writer = tensor.storage, tensor.storage_writer
+                self.expect_reload(part)
 
     def advance_horizon(self, e: int) -> None:
         """Prepare steps from the allocation horizon up to the target, without evicting.
@@ -880,14 +968,22 @@ class _Planner:
             tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
         )
         self.reloads += 1
+        self.sliced_reloads += tensor.id in self.sliced
 
     def execute(self, e: int) -> None:
         """Emit step e's apply, then free what it was the last reader of."""
         step = self.steps[e]
         out = self.tensors[step.task]
         operands = [self.tensors[r] for r in step.reads]
-        deps = [out.alloc, *(t.writer for t in operands)]
-        node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
+        if step.sliced:
+            node = self.builder.reload(
+                out.id, out.storage, out.region, deps=[out.alloc, out.storage_writer]
+            )
+            self.reloads += 1
+            self.sliced_reloads += 1
+        else:
+            deps = [out.alloc, *(t.writer for t in operands)]
+            node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
         out.writer, out.last_use = node, e
         self.residents.touch(out)
         self.pin(e, -1)
