@@ -140,6 +140,8 @@ from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Slice, View
+from taskgraph.partition import finest_block, partition_for_budget, working_set
+from taskgraph.partition import partition as partition_graph
 
 __all__ = [
     "PlanOptions",
@@ -152,6 +154,8 @@ __all__ = [
     "OUTPUTS",
     "INPUTS",
     "PLACEMENTS",
+    "PARTITION_MODES",
+    "PartitionInfeasibleError",
 ]
 
 OUTPUTS = ("device", "host")
@@ -162,6 +166,11 @@ INPUTS = ("auto", "host")
 PLACEMENTS = ("room", "best_fit")
 """Where allocations without eviction go: "room" (best fit, unless that leaves no room
 for the next step that reads the tensor, see `_Planner.keeps_room`) or plain "best_fit"."""
+PARTITION_MODES = ("auto", "off")
+"""`plan(..., partition=)`: "auto" partitions a graph with a task that cannot fit the
+budget, "off" never partitions; an explicit block limit (bytes or a size string) always
+partitions at that limit."""
+
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 
 
@@ -233,11 +242,52 @@ def _is_nonnegative_number(value: Any) -> bool:
 # --------------------------------------------------------------------------- public API
 
 
-def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
+class PartitionInfeasibleError(InfeasibleBudgetError):
+    """The budget is too small even for the partitioned graph.
+
+    `budget` and `needed` (the smallest budget that could work: none below it does) are
+    bytes, `task` the id (in the graph given to `plan`) of a task that needs it;
+    `block_limit` is the smallest block limit `taskgraph.partition` accepts and
+    `block_task` the task that needs that limit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        budget: int,
+        needed: int,
+        task: int | None,
+        block_limit: int,
+        block_task: int | None,
+    ):
+        super().__init__(message, budget, needed, task)
+        self.block_limit = block_limit
+        self.block_task = block_task
+
+
+def plan(
+    tg: TaskGraph, budget: int | str, *, partition: bool | int | str = "auto", **options: Any
+) -> MemGraph:
     """Plan `tg` to run in a device arena of `budget` bytes; returns the MemGraph.
 
     `budget`: bytes (int), a size string (`"8GiB"`), or a percentage of the no-offload
-    peak (`"50%"`, see `no_offload_peak`). Options (all keyword):
+    peak (`"50%"`, see `no_offload_peak`).
+
+    `partition` (fine-grained paging, see "Partitioning" in the module docstring):
+
+    * "auto" (or True, the default): if some task cannot fit the budget even alone
+      (`min_budget` above it), plan `taskgraph.partition_for_budget(tg, budget)`
+      instead – the graph split into blocks of at most a quarter of the budget, or of
+      the smallest block limit the graph allows if that is more; otherwise plan `tg`;
+    * "off" (or False): never partition;
+    * a block limit (bytes or a size string, `"64MiB"`): partition at that limit.
+
+    The MemGraph then holds the partitioned TaskGraph (same input and output names, so
+    `runtime.run(mg, inputs)` takes the inputs of `tg`), and `info` records the choice:
+    "partition", "block_limit" (None when not partitioned), "original_tasks",
+    "original_min_budget" and "finest_block_limit".
+
+    Options (all keyword):
 
     * `order`: a name in `memgraph.orders.ORDERS` ("program", "memory"), or a
       topological order as a sequence of task ids;
@@ -249,18 +299,24 @@ def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
     * `alignment`: arena alignment in bytes (default 256);
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host".
 
-    Raises `InfeasibleBudgetError` (with `needed` = `min_budget`) when the budget is
-    too small, `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
+    Raises `InfeasibleBudgetError` when the budget is too small: with `needed` =
+    `min_budget` when not partitioning, else a `PartitionInfeasibleError` that also
+    names the smallest block limit; `BudgetFormatError` for a malformed budget,
+    `PlanError` for a bad option.
     """
     opts = PlanOptions(**options)
-    resolved, needed = _resolve_budget(tg, budget, opts)
-    planner = _Planner(tg, resolved, opts)
+    mode = _partition_mode(partition)
+    resolved = _budget_bytes(tg, budget, opts)
+    graph, paging = _choose_partition(tg, budget, resolved, mode, opts)
+    needed = paging.pop("min_budget")
+    planner = _Planner(graph, resolved, opts)
     planner.run()
     info = {
         "planner": "memgraph.planner",
         **opts.info(),
         "budget_request": budget if isinstance(budget, int) else str(budget),
         "min_budget": needed,
+        **paging,
         **planner.counters(),
     }
     return planner.builder.build(info)
@@ -390,18 +446,22 @@ def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None
     return _resolve_budget(tg, budget, options or PlanOptions())[0]
 
 
-def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tuple[int, int]:
-    """(budget in bytes, min_budget), or the errors of `resolve_budget`."""
+def _budget_bytes(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> int:
+    """`budget` in bytes: an int, a size string, or a percentage of `no_offload_peak`."""
     text = budget if isinstance(budget, str) else None
     match = _PERCENT.match(text) if text is not None else None
     if match is not None:
         percent = float(match.group(1))
         peak = no_offload_peak(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
-        resolved = int(peak * percent / 100)
-    else:
-        if text is not None and "%" in text:
-            raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
-        resolved = parse_bytes(budget)
+        return int(peak * percent / 100)
+    if text is not None and "%" in text:
+        raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
+    return parse_bytes(budget)
+
+
+def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tuple[int, int]:
+    """(budget in bytes, min_budget), or the errors of `resolve_budget`."""
+    resolved = _budget_bytes(tg, budget, opts)
     needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
     if resolved // opts.alignment * opts.alignment < needed:
         raise InfeasibleBudgetError(
@@ -435,6 +495,165 @@ def _infeasible_message(
 
 def _round_up(nbytes: int, alignment: int) -> int:
     return -(-nbytes // alignment) * alignment
+
+
+# --------------------------------------------------------------------------- partitioning
+
+
+def _partition_mode(partition: Any) -> str | int:
+    """ "auto", "off", or a block limit in bytes, from `plan`'s `partition` argument."""
+    if partition is True or partition == "auto":
+        return "auto"
+    if partition is False or partition is None or partition == "off":
+        return "off"
+    if isinstance(partition, int | str):
+        try:
+            limit = parse_bytes(partition)
+        except BudgetFormatError:
+            limit = -1
+        if limit > 0:
+            return limit
+    raise PlanError(
+        f"partition must be 'auto', 'off', True, False or a positive block limit (bytes or "
+        f"a size string such as '64MiB'), got {partition!r}"
+    )
+
+
+def _choose_partition(
+    tg: TaskGraph, request: Any, budget: int, mode: str | int, opts: PlanOptions
+) -> tuple[TaskGraph, dict[str, Any]]:
+    """The graph to plan (`tg` or its partition) and what `info` records of the choice,
+    with "min_budget" (the graph's); raises when the budget is infeasible."""
+    alignment = opts.alignment
+    usable = budget // alignment * alignment
+    needed, task_id = min_budget(tg, alignment, opts.inputs)
+    paging: dict[str, Any] = {
+        "partition": mode if isinstance(mode, str) else "limit",
+        "block_limit": None,
+        "original_tasks": len(tg),
+        "min_budget": needed,
+    }
+    if mode == "off" or (mode == "auto" and (usable >= needed or task_id is None)):
+        if usable < needed:
+            raise InfeasibleBudgetError(
+                _infeasible_message(tg, request, budget, needed, task_id, alignment),
+                budget,
+                needed,
+                task_id,
+            )
+        return tg, paging
+    floor, floor_task = finest_block(tg, alignment)
+    if isinstance(mode, int):
+        graph, limit = partition_graph(tg, mode, alignment=alignment), mode
+    else:
+        if floor > usable:
+            raise _no_block_fits(tg, request, budget, needed, task_id, floor, floor_task, opts)
+        chosen = partition_for_budget(tg, usable, alignment=alignment)
+        graph, limit = chosen.graph, chosen.limit
+    part_needed, part_task = min_budget(graph, alignment, opts.inputs)
+    if usable < part_needed:
+        raise _partition_too_large(
+            tg, graph, request, budget, limit, part_needed, part_task, floor, floor_task
+        )
+    paging.update(
+        block_limit=limit,
+        original_min_budget=needed,
+        finest_block_limit=floor,
+        min_budget=part_needed,
+    )
+    return graph, paging
+
+
+def _size(nbytes: int) -> str:
+    """`12.0 MiB (12582912 B)`, or `768 B` where that says it all."""
+    text = format_bytes(nbytes)
+    return text if text == f"{nbytes} B" else f"{text} ({nbytes} B)"
+
+
+def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str | None]:
+    """A lower bound on what rebuilding split program outputs needs at block limit
+    `limit`: an output whose task does not fit the limit is split, and the Concat that
+    rebuilds it holds its blocks and the whole output at once (at least twice its
+    aligned bytes). Returns (bytes, the output's name) for the largest such output."""
+    best, name = 0, None
+    for output, task_id in tg.outputs.items():
+        task = tg[task_id]
+        if isinstance(task.op, Input) or working_set(tg, task_id, alignment) <= limit:
+            continue
+        need = 2 * _round_up(task.nbytes, alignment)
+        if need > best:
+            best, name = need, output
+    return best, name
+
+
+def _no_block_fits(
+    tg: TaskGraph,
+    request: Any,
+    budget: int,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+    opts: PlanOptions,
+) -> PartitionInfeasibleError:
+    """The error for a budget below even the finest block of some task."""
+    assembly, output = _assembly_floor(tg, floor, opts.alignment)
+    smallest = max(floor, assembly)
+    head = _infeasible_message(tg, request, budget, needed, task_id, opts.alignment)
+    culprit = tg[floor_task].line() if floor_task is not None else "none"
+    text = (
+        f"{head}. Partitioning cannot bring it within the budget: the smallest block limit "
+        f"that works is {_size(floor)}, what task %{floor_task} needs "
+        f"even split as finely as allowed ({culprit})"
+    )
+    if output is not None and assembly > floor:
+        text += (
+            f", and program output {output!r}, split, is rebuilt from its blocks by a "
+            f"Concat that needs at least {_size(assembly)}"
+        )
+    text += f". No budget below {_size(smallest)} can work."
+    return PartitionInfeasibleError(text, budget, smallest, floor_task, floor, floor_task)
+
+
+def _partition_too_large(
+    tg: TaskGraph,
+    graph: TaskGraph,
+    request: Any,
+    budget: int,
+    limit: int,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+) -> PartitionInfeasibleError:
+    """The error for a partitioned graph with a task that still does not fit: the
+    Concat that rebuilds a split program output (the one exception to the block limit),
+    or a task over the limit."""
+    asked = f"{request!r} = " if isinstance(request, str) else ""
+    task = graph[task_id]
+    original = task.block.of if task.block is not None else task_id
+    head = (
+        f"budget {asked}{_size(budget)} is below the smallest feasible "
+        f"budget {_size(needed)} of {tg.name!r} partitioned at block "
+        f"limit {_size(limit)} ({len(graph)} tasks from {len(tg)}): task {task.line()}"
+    )
+    if task.block is not None and task.block.kind == "output":
+        names = [name for name, t in tg.outputs.items() if t == original]
+        text = (
+            f"{head} rebuilds program output {names[0] if names else original!r} "
+            f"({format_bytes(tg[original].nbytes)}) from its blocks, and needs the blocks "
+            f"and the whole output on the device at once. Only a budget of at least "
+            f"{format_bytes(needed)} can hold it, whatever the block limit (any from "
+            f"{format_bytes(floor)} up works for the other tasks); or make the output "
+            f"smaller (LLM prefill: logits='last')."
+        )
+    else:
+        text = (
+            f"{head} needs {format_bytes(needed)} at once. The smallest block limit that "
+            f"works is {format_bytes(floor)} ({floor} B, task %{floor_task}); a budget of "
+            f"{format_bytes(needed)} or a smaller block limit may work."
+        )
+    return PartitionInfeasibleError(text, budget, needed, original, floor, floor_task)
 
 
 # --------------------------------------------------------------------------- state
