@@ -93,6 +93,25 @@ slice alone. A device-located input read only through such slices starts on the 
 A slice that nothing reads is made once, by a sliced reload at its place in the order,
 and freed.
 
+Partitioning
+------------
+When some task cannot run even alone in the arena (`min_budget` above the budget),
+`plan(..., partition="auto")` (the default) plans `taskgraph.partition_for_budget(tg,
+budget)` instead: the graph split into block tasks whose working sets fit a block
+limit of a quarter of the budget (room for the running block, the next one's prefetched
+operands and outputs waiting to leave), or the smallest limit the graph allows if that
+is more. Weights larger than a block are then read through slices of the input, which
+sliced reloads stream. A graph that fits is planned as it is: partitioning it would
+only add tasks. `partition="off"` never partitions; `partition="64MiB"` always does, at
+that limit.
+
+The one exception to the block limit is a split program output: a Concat rebuilds it
+on the device under its name and holds its blocks and the whole output at once (twice
+the output). If that cannot fit, `PartitionInfeasibleError` says so and names the budget
+it needs (for LLM prefill, `logits="last"` keeps the output small). It also reports,
+when no block limit can fit, the smallest budget that could work and the smallest
+block limit, with the task that needs it.
+
 Speed: everything per step is O(operands) plus O(log n) allocator work, except a
 victim search, which activates tensors only until a window forms (see
 `memgraph.eviction`). `benchmarks/plan_bench.py` measures ~50-65 us per task, linear
@@ -501,7 +520,7 @@ def _round_up(nbytes: int, alignment: int) -> int:
 
 
 def _partition_mode(partition: Any) -> str | int:
-    """ "auto", "off", or a block limit in bytes, from `plan`'s `partition` argument."""
+    """The mode `plan`'s `partition` argument asks for: "auto", "off" or a block limit."""
     if partition is True or partition == "auto":
         return "auto"
     if partition is False or partition is None or partition == "off":
@@ -570,6 +589,11 @@ def _size(nbytes: int) -> str:
     return text if text == f"{nbytes} B" else f"{text} ({nbytes} B)"
 
 
+def _brief(line: str, width: int = 160) -> str:
+    """A task's line, cut short (a Concat of many blocks lists them all)."""
+    return line if len(line) <= width else line[: width - 4] + " ..."
+
+
 def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str | None]:
     """A lower bound on what rebuilding split program outputs needs at block limit
     `limit`: an output whose task does not fit the limit is split, and the Concat that
@@ -600,7 +624,7 @@ def _no_block_fits(
     assembly, output = _assembly_floor(tg, floor, opts.alignment)
     smallest = max(floor, assembly)
     head = _infeasible_message(tg, request, budget, needed, task_id, opts.alignment)
-    culprit = tg[floor_task].line() if floor_task is not None else "none"
+    culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
     text = (
         f"{head}. Partitioning cannot bring it within the budget: the smallest block limit "
         f"that works is {_size(floor)}, what task %{floor_task} needs "
@@ -635,7 +659,7 @@ def _partition_too_large(
     head = (
         f"budget {asked}{_size(budget)} is below the smallest feasible "
         f"budget {_size(needed)} of {tg.name!r} partitioned at block "
-        f"limit {_size(limit)} ({len(graph)} tasks from {len(tg)}): task {task.line()}"
+        f"limit {_size(limit)} ({len(graph)} tasks from {len(tg)}): task {_brief(task.line())}"
     )
     if task.block is not None and task.block.kind == "output":
         names = [name for name, t in tg.outputs.items() if t == original]
