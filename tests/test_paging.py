@@ -20,7 +20,7 @@ from memgraph import MemGraph, NodeKind
 from memgraph.planner import PartitionInfeasibleError, min_budget, no_offload_peak, plan
 from taskgraph import TaskGraph
 from taskgraph.nodes import Einsum
-from taskgraph.partition import finest_block, partition, working_set
+from taskgraph.partition import BlockLimitError, finest_block, partition, working_set
 
 KiB = 1024
 TOLERANCE = {"float16": 5e-2, "float32": 1e-3, "float64": 1e-9}
@@ -175,6 +175,23 @@ def test_an_explicit_block_limit_partitions_even_a_graph_that_fits():
         if task.kind != "input" and task.block.kind != "output":
             assert working_set(parted, task.id, 256) <= 32 * KiB, task.line()
     run_and_compare(mg, tg, program_inputs(tg, 1), seeds=(4,))
+
+
+def test_an_explicit_block_limit_below_the_finest_block_is_refused():
+    tg = softmax_program()
+    floor, task = finest_block(tg, 256)
+    with pytest.raises(BlockLimitError) as caught:
+        plan(tg, "1MiB", partition=floor - 1)
+    assert (caught.value.needed, caught.value.task) == (floor, task)
+
+
+def test_a_percentage_budget_below_the_minimum_partitions():
+    tg = softmax_program()
+    peak = no_offload_peak(tg)
+    mg = plan(tg, "40%")
+    assert mg.budget == int(peak * 0.4) < min_budget(tg)[0]
+    assert mg.info["block_limit"] == mg.budget // 4 // 256 * 256
+    run_and_compare(mg, tg, program_inputs(tg, 6), seeds=())
 
 
 def test_partition_off_refuses_with_the_minimum():
