@@ -20,10 +20,14 @@ Two horizons
     further. With C(e, t) the estimated compute seconds of steps e..t-1 (the cost
     model's roofline) and H(e, t) the seconds of host-to-device transfers that steps
     e..t need (counting those already issued, as if none had started), the target is
-    the furthest t with C(e, t) < H(e, t): a step whose reloads are already covered
-    by the compute before it can be prepared later and still be hidden, and holding
-    its memory early would only crowd out other prefetches. Only steps with pending
-    transfers can be that furthest t, so the scan visits just those.
+    the furthest t with C(e + 1, t) < H(e, t): t is prepared now if preparing it at
+    the next chance, before step e + 1, would leave too little compute to hide its
+    transfers behind. A step whose reloads are covered even then can wait, and
+    holding its memory early would only crowd out other prefetches. (Comparing with
+    C(e, t) instead would wait one step too long: with one large step before t –
+    LLaMA's gate projection before the up projection – "later" is already too late.)
+    Only steps with pending transfers can be that furthest t, so the scan visits just
+    those.
   - `lookahead_seconds=<float>`: the furthest t with C(e, t) below that many seconds;
     `None`: only the step limit.
 
@@ -77,10 +81,44 @@ Lifetimes and ends
   `outputs="host"` each output is offloaded as soon as it is computed (the copy
   overlaps later compute) and freed after its last reader.
 
+Sliced reloads
+--------------
+A Slice that reads an input held in host storage (`sliced_reloads` says which) is not
+computed on the device. Like a weight, it is a tensor with a host copy from the start –
+a box of the input's storage: whenever a reader needs it, a *sliced reload* copies just
+that box, and evicting it is a drop. So an input larger than the arena (a weight that a
+partitioned graph reads block by block, see `taskgraph.partition`) is streamed in
+slices and never resident whole, and `min_budget` counts a slice's readers with the
+slice alone. A device-located input read only through such slices starts on the host.
+A slice that nothing reads is made once, by a sliced reload at its place in the order,
+and freed.
+
+Partitioning
+------------
+When some task cannot run even alone in the arena (`min_budget` above the budget),
+`plan(..., partition="auto")` (the default) plans `taskgraph.partition_for_budget(tg,
+budget)` instead: the graph split into block tasks whose working sets fit a block
+limit of a quarter of the budget (room for the running block, the next one's prefetched
+operands and outputs waiting to leave), or the smallest limit the graph allows if that
+is more. Weights larger than a block are then read through slices of the input, which
+sliced reloads stream. A graph that fits is planned as it is: partitioning it would
+only add tasks. `partition="off"` never partitions; `partition="64MiB"` always does, at
+that limit.
+
+The one exception to the block limit is a split program output: a Concat rebuilds it
+on the device under its name and holds its blocks and the whole output at once (twice
+the output). If that cannot fit, `PartitionInfeasibleError` says so and names the budget
+it needs (for LLM prefill, `logits="last"` keeps the output small). It also reports,
+when no block limit can fit, the smallest budget that could work and the smallest
+block limit, with the task that needs it.
+
 Speed: everything per step is O(operands) plus O(log n) allocator work, except a
 victim search, which activates tensors only until a window forms (see
 `memgraph.eviction`). `benchmarks/plan_bench.py` measures ~50-65 us per task, linear
 in size: a 62k-task transformer-like graph with 4,250 evictions plans in 3-4 s.
+Partitioned LLaMA prefill (`benchmarks/feasibility.py`): `plan` takes 7 s for 7B at
+batch 32 x 8192 under 16 GiB (61k block tasks) and 16 s for 65B under 32 GiB (153k),
+partitioning included (about half of it).
 
 Dependencies are exactly the verifier's rules: an alloc waits for the frees of the
 bytes it reuses (the allocator's `Block.deps`); a reload for its alloc and for the
@@ -123,7 +161,9 @@ from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input, Slice, View
+from taskgraph.partition import finest_block, partition_for_budget, working_set
+from taskgraph.partition import partition as partition_graph
 
 __all__ = [
     "PlanOptions",
@@ -132,9 +172,12 @@ __all__ = [
     "no_offload_peak",
     "resolve_budget",
     "storage_roots",
+    "sliced_reloads",
     "OUTPUTS",
     "INPUTS",
     "PLACEMENTS",
+    "PARTITION_MODES",
+    "PartitionInfeasibleError",
 ]
 
 OUTPUTS = ("device", "host")
@@ -145,6 +188,11 @@ INPUTS = ("auto", "host")
 PLACEMENTS = ("room", "best_fit")
 """Where allocations without eviction go: "room" (best fit, unless that leaves no room
 for the next step that reads the tensor, see `_Planner.keeps_room`) or plain "best_fit"."""
+PARTITION_MODES = ("auto", "off")
+"""`plan(..., partition=)`: "auto" partitions a graph with a task that cannot fit the
+budget, "off" never partitions; an explicit block limit (bytes or a size string) always
+partitions at that limit."""
+
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
 
 
@@ -216,11 +264,52 @@ def _is_nonnegative_number(value: Any) -> bool:
 # --------------------------------------------------------------------------- public API
 
 
-def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
+class PartitionInfeasibleError(InfeasibleBudgetError):
+    """The budget is too small even for the partitioned graph.
+
+    `budget` and `needed` (the smallest budget that could work: none below it does) are
+    bytes, `task` the id (in the graph given to `plan`) of a task that needs it;
+    `block_limit` is the smallest block limit `taskgraph.partition` accepts and
+    `block_task` the task that needs that limit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        budget: int,
+        needed: int,
+        task: int | None,
+        block_limit: int,
+        block_task: int | None,
+    ):
+        super().__init__(message, budget, needed, task)
+        self.block_limit = block_limit
+        self.block_task = block_task
+
+
+def plan(
+    tg: TaskGraph, budget: int | str, *, partition: bool | int | str = "auto", **options: Any
+) -> MemGraph:
     """Plan `tg` to run in a device arena of `budget` bytes; returns the MemGraph.
 
     `budget`: bytes (int), a size string (`"8GiB"`), or a percentage of the no-offload
-    peak (`"50%"`, see `no_offload_peak`). Options (all keyword):
+    peak (`"50%"`, see `no_offload_peak`).
+
+    `partition` (fine-grained paging, see "Partitioning" in the module docstring):
+
+    * "auto" (or True, the default): if some task cannot fit the budget even alone
+      (`min_budget` above it), plan `taskgraph.partition_for_budget(tg, budget)`
+      instead – the graph split into blocks of at most a quarter of the budget, or of
+      the smallest block limit the graph allows if that is more; otherwise plan `tg`;
+    * "off" (or False): never partition;
+    * a block limit (bytes or a size string, `"64MiB"`): partition at that limit.
+
+    The MemGraph then holds the partitioned TaskGraph (same input and output names, so
+    `runtime.run(mg, inputs)` takes the inputs of `tg`), and `info` records the choice:
+    "partition", "block_limit" (None when not partitioned), "original_tasks",
+    "original_min_budget" and "finest_block_limit".
+
+    Options (all keyword):
 
     * `order`: a name in `memgraph.orders.ORDERS` ("program", "memory"), or a
       topological order as a sequence of task ids;
@@ -232,30 +321,40 @@ def plan(tg: TaskGraph, budget: int | str, **options: Any) -> MemGraph:
     * `alignment`: arena alignment in bytes (default 256);
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host".
 
-    Raises `InfeasibleBudgetError` (with `needed` = `min_budget`) when the budget is
-    too small, `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
+    Raises `InfeasibleBudgetError` when the budget is too small: with `needed` =
+    `min_budget` when not partitioning, else a `PartitionInfeasibleError` that also
+    names the smallest block limit; `BudgetFormatError` for a malformed budget,
+    `PlanError` for a bad option.
     """
     opts = PlanOptions(**options)
-    resolved, needed = _resolve_budget(tg, budget, opts)
-    planner = _Planner(tg, resolved, opts)
+    mode = _partition_mode(partition)
+    resolved = _budget_bytes(tg, budget, opts)
+    graph, paging = _choose_partition(tg, budget, resolved, mode, opts)
+    needed = paging.pop("min_budget")
+    planner = _Planner(graph, resolved, opts)
     planner.run()
     info = {
         "planner": "memgraph.planner",
         **opts.info(),
         "budget_request": budget if isinstance(budget, int) else str(budget),
         "min_budget": needed,
+        **paging,
         **planner.counters(),
     }
     return planner.builder.build(info)
 
 
-def min_budget(tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT) -> tuple[int, int | None]:
+def min_budget(
+    tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT, inputs: str = "auto"
+) -> tuple[int, int | None]:
     """The smallest budget any plan needs, and the task that needs it.
 
     A compute task runs only with its distinct operands (views resolved to their bases)
     and its output resident at once, each rounded up to `alignment`; the bound is the
-    largest such sum (ties: the first task). The planner always succeeds at or above
-    it. A graph without compute tasks needs one alignment unit (task None).
+    largest such sum (ties: the first task). A Slice produced by a sliced reload
+    (`sliced_reloads`; `inputs` is the planner's option) needs only itself. The planner
+    always succeeds at or above it. A graph without compute tasks needs one alignment
+    unit (task None).
 
     >>> import einpage as ep
     >>> prog = ep.Program()
@@ -265,12 +364,15 @@ def min_budget(tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT) -> tuple[int, 
     (1024, 1)
     """
     root = storage_roots(tg)
+    sliced = sliced_reloads(tg, inputs)
     size = [_round_up(t.nbytes, alignment) for t in tg]
     best, best_task = alignment, None
     for task in tg:
         if not is_compute(tg, task.id):
             continue
-        need = size[task.id] + sum(size[r] for r in {root[i] for i in task.inputs})
+        need = size[task.id]
+        if task.id not in sliced:
+            need += sum(size[r] for r in {root[i] for i in task.inputs})
         if need > best or best_task is None and need >= best:
             best, best_task = need, task.id
     return best, best_task
@@ -283,6 +385,47 @@ def storage_roots(tg: TaskGraph) -> list[int]:
         if isinstance(task.op, View):
             root[task.id] = root[task.inputs[0]]
     return root
+
+
+def sliced_reloads(tg: TaskGraph, inputs: str = "auto") -> dict[int, int]:
+    """The Slice tasks a plan produces by *sliced reloads*: slice id -> the input it reads.
+
+    A Slice that reads an Input directly qualifies when that input starts on the host –
+    a host-located input, any input with `inputs="host"`, or a device-located one read
+    only by qualifying Slices (the planner then leaves it on the host) – unless the
+    slice holds a program output (an output needs a host copy of its own). Such a slice
+    is never computed from its input: each time a reader needs it, the planner copies
+    just its box from the input's host storage (see "Sliced reloads" in the module
+    docstring), so the input need never be on the device whole.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> w = prog.input("w", (64, 8), role="weight")
+    >>> prog.output(ep.exp(prog.slice(w, (16, 0), (8, 8))), "y")
+    >>> sliced_reloads(prog.build())
+    {1: 0}
+    """
+    root = storage_roots(tg)
+    outputs = {root[t] for t in tg.outputs.values()}
+    candidates = {
+        t.id: t.inputs[0]
+        for t in tg
+        if isinstance(t.op, Slice) and isinstance(tg[t.inputs[0]].op, Input) and t.id not in outputs
+    }
+    slices_of: dict[int, list[int]] = {}
+    for s, i in candidates.items():
+        slices_of.setdefault(i, []).append(s)
+    sliced: dict[int, int] = {}
+    for i, slices in slices_of.items():
+        op = tg[i].op
+        on_host = (
+            inputs == "host"
+            or op.location == "host"
+            or all(c in candidates for c in tg.consumers[i])
+        )
+        if on_host:
+            sliced.update((s, i) for s in slices)
+    return sliced
 
 
 def no_offload_peak(
@@ -325,19 +468,23 @@ def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None
     return _resolve_budget(tg, budget, options or PlanOptions())[0]
 
 
-def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tuple[int, int]:
-    """(budget in bytes, min_budget), or the errors of `resolve_budget`."""
+def _budget_bytes(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> int:
+    """`budget` in bytes: an int, a size string, or a percentage of `no_offload_peak`."""
     text = budget if isinstance(budget, str) else None
     match = _PERCENT.match(text) if text is not None else None
     if match is not None:
         percent = float(match.group(1))
         peak = no_offload_peak(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
-        resolved = int(peak * percent / 100)
-    else:
-        if text is not None and "%" in text:
-            raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
-        resolved = parse_bytes(budget)
-    needed, task_id = min_budget(tg, opts.alignment)
+        return int(peak * percent / 100)
+    if text is not None and "%" in text:
+        raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
+    return parse_bytes(budget)
+
+
+def _resolve_budget(tg: TaskGraph, budget: int | str, opts: PlanOptions) -> tuple[int, int]:
+    """(budget in bytes, min_budget), or the errors of `resolve_budget`."""
+    resolved = _budget_bytes(tg, budget, opts)
+    needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
     if resolved // opts.alignment * opts.alignment < needed:
         raise InfeasibleBudgetError(
             _infeasible_message(tg, budget, resolved, needed, task_id, opts.alignment),
@@ -370,6 +517,170 @@ def _infeasible_message(
 
 def _round_up(nbytes: int, alignment: int) -> int:
     return -(-nbytes // alignment) * alignment
+
+
+# --------------------------------------------------------------------------- partitioning
+
+
+def _partition_mode(partition: Any) -> str | int:
+    """The mode `plan`'s `partition` argument asks for: "auto", "off" or a block limit."""
+    if partition is True or partition == "auto":
+        return "auto"
+    if partition is False or partition is None or partition == "off":
+        return "off"
+    if isinstance(partition, int | str):
+        try:
+            limit = parse_bytes(partition)
+        except BudgetFormatError:
+            limit = -1
+        if limit > 0:
+            return limit
+    raise PlanError(
+        f"partition must be 'auto', 'off', True, False or a positive block limit (bytes or "
+        f"a size string such as '64MiB'), got {partition!r}"
+    )
+
+
+def _choose_partition(
+    tg: TaskGraph, request: Any, budget: int, mode: str | int, opts: PlanOptions
+) -> tuple[TaskGraph, dict[str, Any]]:
+    """The graph to plan (`tg` or its partition) and what `info` records of the choice,
+    with "min_budget" (the graph's); raises when the budget is infeasible."""
+    alignment = opts.alignment
+    usable = budget // alignment * alignment
+    needed, task_id = min_budget(tg, alignment, opts.inputs)
+    paging: dict[str, Any] = {
+        "partition": mode if isinstance(mode, str) else "limit",
+        "block_limit": None,
+        "original_tasks": len(tg),
+        "min_budget": needed,
+    }
+    if mode == "off" or (mode == "auto" and (usable >= needed or task_id is None)):
+        if usable < needed:
+            raise InfeasibleBudgetError(
+                _infeasible_message(tg, request, budget, needed, task_id, alignment),
+                budget,
+                needed,
+                task_id,
+            )
+        return tg, paging
+    floor, floor_task = finest_block(tg, alignment)
+    if isinstance(mode, int):
+        graph, limit = partition_graph(tg, mode, alignment=alignment), mode
+    else:
+        if floor > usable:
+            raise _no_block_fits(tg, request, budget, needed, task_id, floor, floor_task, opts)
+        chosen = partition_for_budget(tg, usable, alignment=alignment)
+        graph, limit = chosen.graph, chosen.limit
+    part_needed, part_task = min_budget(graph, alignment, opts.inputs)
+    if usable < part_needed:
+        raise _partition_too_large(
+            tg, graph, request, budget, limit, part_needed, part_task, floor, floor_task
+        )
+    paging.update(
+        block_limit=limit,
+        original_min_budget=needed,
+        finest_block_limit=floor,
+        min_budget=part_needed,
+    )
+    return graph, paging
+
+
+def _size(nbytes: int) -> str:
+    """`12.0 MiB (12582912 B)`, or `768 B` where that says it all."""
+    text = format_bytes(nbytes)
+    return text if text == f"{nbytes} B" else f"{text} ({nbytes} B)"
+
+
+def _brief(line: str, width: int = 160) -> str:
+    """A task's line, cut short (a Concat of many blocks lists them all)."""
+    return line if len(line) <= width else line[: width - 4] + " ..."
+
+
+def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str | None]:
+    """A lower bound on what rebuilding split program outputs needs at block limit
+    `limit`: an output whose task does not fit the limit is split, and the Concat that
+    rebuilds it holds its blocks and the whole output at once (at least twice its
+    aligned bytes). Returns (bytes, the output's name) for the largest such output."""
+    best, name = 0, None
+    for output, task_id in tg.outputs.items():
+        task = tg[task_id]
+        if isinstance(task.op, Input) or working_set(tg, task_id, alignment) <= limit:
+            continue
+        need = 2 * _round_up(task.nbytes, alignment)
+        if need > best:
+            best, name = need, output
+    return best, name
+
+
+def _no_block_fits(
+    tg: TaskGraph,
+    request: Any,
+    budget: int,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+    opts: PlanOptions,
+) -> PartitionInfeasibleError:
+    """The error for a budget below even the finest block of some task."""
+    assembly, output = _assembly_floor(tg, floor, opts.alignment)
+    smallest = max(floor, assembly)
+    head = _infeasible_message(tg, request, budget, needed, task_id, opts.alignment)
+    culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
+    text = (
+        f"{head}. Partitioning cannot bring it within the budget: the smallest block limit "
+        f"that works is {_size(floor)}, what task %{floor_task} needs "
+        f"even split as finely as allowed ({culprit})"
+    )
+    if output is not None and assembly > floor:
+        text += (
+            f", and program output {output!r}, split, is rebuilt from its blocks by a "
+            f"Concat that needs at least {_size(assembly)}"
+        )
+    text += f". No budget below {_size(smallest)} can work."
+    return PartitionInfeasibleError(text, budget, smallest, floor_task, floor, floor_task)
+
+
+def _partition_too_large(
+    tg: TaskGraph,
+    graph: TaskGraph,
+    request: Any,
+    budget: int,
+    limit: int,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+) -> PartitionInfeasibleError:
+    """The error for a partitioned graph with a task that still does not fit: the
+    Concat that rebuilds a split program output (the one exception to the block limit),
+    or a task over the limit."""
+    asked = f"{request!r} = " if isinstance(request, str) else ""
+    task = graph[task_id]
+    original = task.block.of if task.block is not None else task_id
+    head = (
+        f"budget {asked}{_size(budget)} is below the smallest feasible "
+        f"budget {_size(needed)} of {tg.name!r} partitioned at block "
+        f"limit {_size(limit)} ({len(graph)} tasks from {len(tg)}): task {_brief(task.line())}"
+    )
+    if task.block is not None and task.block.kind == "output":
+        names = [name for name, t in tg.outputs.items() if t == original]
+        text = (
+            f"{head} rebuilds program output {names[0] if names else original!r} "
+            f"({format_bytes(tg[original].nbytes)}) from its blocks, and needs the blocks "
+            f"and the whole output on the device at once. Only a budget of at least "
+            f"{format_bytes(needed)} can hold it, whatever the block limit (any from "
+            f"{format_bytes(floor)} up works for the other tasks); or make the output "
+            f"smaller (LLM prefill: logits='last')."
+        )
+    else:
+        text = (
+            f"{head} needs {format_bytes(needed)} at once. The smallest block limit that "
+            f"works is {format_bytes(floor)} ({floor} B, task %{floor_task}); a budget of "
+            f"{format_bytes(needed)} or a smaller block limit may work."
+        )
+    return PartitionInfeasibleError(text, budget, needed, original, floor, floor_task)
 
 
 # --------------------------------------------------------------------------- state
@@ -409,11 +720,16 @@ class _Tensor:
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """One compute task of the order: its id, distinct operand roots, and reads."""
+    """One compute task of the order: its id, distinct operand roots, and reads.
+
+    `sliced`: a Slice that nothing reads, produced by a sliced reload (and then freed)
+    instead of an apply, so that it is computed at all.
+    """
 
     task: int
     roots: tuple[int, ...]
     reads: tuple[int, ...]  # the storage root of each operand, in operand order
+    sliced: bool = False
 
 
 class _Residents:
@@ -541,11 +857,23 @@ class _Planner:
         ids = get_order(order)(tg) if isinstance(order, str) else check_order(tg, order)
         root = storage_roots(tg)
         self.root = root
+        # Slices produced by sliced reloads are host-resident tensors, not steps (unless
+        # nothing reads them: then a step makes them once).
+        self.sliced = sliced_reloads(tg, opts.inputs)
+        self.slices_of: dict[int, list[int]] = {}
+        for s, i in self.sliced.items():
+            self.slices_of.setdefault(i, []).append(s)
+        read = {root[i] for t in ids if is_compute(tg, t) for i in tg[t].inputs}
         self.steps: list[_Step] = []
         for t in ids:
-            if is_compute(tg, t):
-                reads = tuple([root[i] for i in tg[t].inputs])
-                self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
+            if not is_compute(tg, t):
+                continue
+            if t in self.sliced:
+                if t not in read:
+                    self.steps.append(_Step(t, (), (), sliced=True))
+                continue
+            reads = tuple([root[i] for i in tg[t].inputs])
+            self.steps.append(_Step(t, tuple(dict.fromkeys(reads)), reads))
         round_up = self.alloc.round_up
         self.tensors: dict[int, _Tensor] = {}
         for t in tg:
@@ -580,7 +908,7 @@ class _Planner:
         # Counters reported in info.
         self.evictions = self.offloads = self.drops = 0
         self.fragmentation_events = self.packed_steps = self.operand_moves = 0
-        self.prefetched = self.reloads = self.max_ahead = 0
+        self.prefetched = self.reloads = self.max_ahead = self.sliced_reloads = 0
         self.inputs_on_host_for_room: list[str] = []
         self.outputs_on_host: list[str] = []
 
@@ -604,6 +932,7 @@ class _Planner:
             "offloads": self.offloads,
             "drops": self.drops,
             "reloads": self.reloads,
+            "sliced_reloads": self.sliced_reloads,
             "prefetched_reloads": self.prefetched,
             "max_steps_ahead": self.max_ahead,
             "fragmentation_events": self.fragmentation_events,
@@ -621,7 +950,12 @@ class _Planner:
             if not isinstance(op, Input) or self.root[task.id] != task.id:
                 continue
             tensor = self.tensors[task.id]
-            on_device = self.opts.inputs == "auto" and op.location == "device" and bool(tensor.uses)
+            on_device = (
+                self.opts.inputs == "auto"
+                and op.location == "device"
+                and bool(tensor.uses)
+                and task.id not in self.slices_of  # read only through sliced reloads
+            )
             block = self.alloc.try_allocate(tensor.size) if on_device else None
             if block is not None:
                 region = self.bind(tensor, block)
@@ -634,6 +968,10 @@ class _Planner:
             tensor.storage = self.new_storage()
             tensor.storage_writer = self.builder.input(op.name, task.id, storage=tensor.storage)
             self.expect_reload(tensor)
+            for s in self.slices_of.get(task.id, ()):  # their boxes are in the same storage
+                part = self.tensors[s]
+                part.storage, part.storage_writer = tensor.storage, tensor.storage_writer
+                self.expect_reload(part)
 
     def advance_horizon(self, e: int) -> None:
         """Prepare steps from the allocation horizon up to the target, without evicting.
@@ -663,7 +1001,7 @@ class _Planner:
         while i < len(self.pending_at) and self.pending_at[i] <= limit:
             t = self.pending_at[i]
             backlog += self.pending[t]
-            if self.before[t] - self.before[e] < backlog:
+            if self.before[t] - self.before[e + 1] < backlog:
                 target = t
             i += 1
         return target
@@ -876,14 +1214,22 @@ class _Planner:
             tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
         )
         self.reloads += 1
+        self.sliced_reloads += tensor.id in self.sliced
 
     def execute(self, e: int) -> None:
         """Emit step e's apply, then free what it was the last reader of."""
         step = self.steps[e]
         out = self.tensors[step.task]
         operands = [self.tensors[r] for r in step.reads]
-        deps = [out.alloc, *(t.writer for t in operands)]
-        node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
+        if step.sliced:
+            node = self.builder.reload(
+                out.id, out.storage, out.region, deps=[out.alloc, out.storage_writer]
+            )
+            self.reloads += 1
+            self.sliced_reloads += 1
+        else:
+            deps = [out.alloc, *(t.writer for t in operands)]
+            node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
         out.writer, out.last_use = node, e
         self.residents.touch(out)
         self.pin(e, -1)

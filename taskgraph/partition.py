@@ -154,6 +154,7 @@ __all__ = [
     "working_set",
     "min_block_bytes",
     "smallest_feasible_block_limit",
+    "finest_block",
     "blocks_of",
     "BlockLimitError",
     "DEFAULT_BUDGET_FRACTION",
@@ -540,6 +541,21 @@ def smallest_feasible_block_limit(tg: TaskGraph, alignment: int = 1) -> int:
     """The smallest `max_block_bytes` for which `partition` succeeds: the largest
     `min_block_bytes` of any non-input task."""
     return _feasible_limit(tg, _infos(tg), alignment)[0]
+
+
+def finest_block(tg: TaskGraph, alignment: int = 1) -> tuple[int, int | None]:
+    """`smallest_feasible_block_limit` and the task that needs it (None when the graph
+    has no task but inputs, when the limit is 0).
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (64, 64), "float64")
+    >>> prog.output(prog.einsum("ij->i", x), "s")
+    >>> finest_block(prog.build())   # one element of x, and three partial sums to combine
+    (24, 1)
+    """
+    needed, culprit = _feasible_limit(tg, _infos(tg), alignment)
+    return needed, (culprit if culprit >= 0 else None)
 
 
 # -- which tasks split: forced, absorbed, components ------------------------------
@@ -1042,9 +1058,26 @@ class _Materializer:
         """The new task holding exactly `region` of the original task `producer`: one of
         its blocks, or assembly made (once per region) from its blocks."""
         key = (producer, region)
-        if key not in self.cache:
-            self.cache[key] = self.assemble(producer, region, kind=kind)
-        return self.cache[key]
+        found = self.cache.get(key)
+        if found is None:
+            index = self._block_index(producer, region)
+            if index is None:
+                found = self.assemble(producer, region, kind=kind)
+            else:  # the common case, without `_pieces`
+                found = self.blocks[producer][index]
+            self.cache[key] = found
+        return found
+
+    def _block_index(self, producer: int, region: Box) -> tuple[int, ...] | None:
+        """The index of the producer's block that is exactly `region`, or None."""
+        index = []
+        for (start, size), b, extent in zip(
+            region, self.grid[producer], self.tg[producer].shape, strict=True
+        ):
+            if start % b or size != min(b, extent - start):
+                return None
+            index.append(start // b)
+        return tuple(index)
 
     def assemble(
         self,

@@ -4,7 +4,8 @@
 host storages as byte copies: each apply reads its operands from the regions the plan
 names (views reinterpret their base's bytes) and writes its output region; allocs
 and frees poison their region, so reading bytes that were never written or were
-released shows up as a wrong answer. It shares no code with the planner.
+released shows up as a wrong answer. A sliced reload (a Slice task reloaded from its
+input's storage) copies the slice's box. It shares no code with the planner.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def replay(mg: MemGraph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]
     tg = mg.taskgraph
     arena = np.full(mg.budget, POISON_ALLOC, dtype=np.uint8)
     host: dict[int, bytes] = {}
+    holder: dict[int, int] = {}  # host storage -> the tensor whose bytes it holds
     outputs: dict[str, tuple] = {}
 
     def read(task_id: int, region) -> np.ndarray:
@@ -36,6 +38,7 @@ def replay(mg: MemGraph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]
             data = np.ascontiguousarray(inputs[node.name]).tobytes()
             if node.storage is not None:
                 host[node.storage] = data
+                holder[node.storage] = tensor
             else:
                 arena[region.offset : region.offset + len(data)] = np.frombuffer(data, np.uint8)
         elif kind is NodeKind.ALLOC:
@@ -48,8 +51,16 @@ def replay(mg: MemGraph, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]
             arena[region.offset : region.offset + len(data)] = np.frombuffer(data, np.uint8)
         elif kind is NodeKind.OFFLOAD:
             host[node.storage] = arena[region.offset : region.offset + tg[tensor].nbytes].tobytes()
+            holder[node.storage] = tensor
         elif kind is NodeKind.RELOAD:
             data = host[node.storage]
+            if holder[node.storage] != tensor:  # a sliced reload: the slice's box
+                source, task = tg[holder[node.storage]], tg[tensor]
+                whole = np.frombuffer(data, source.dtype).reshape(source.shape)
+                box = tuple(
+                    slice(s, s + n) for s, n in zip(task.op.starts, task.shape, strict=True)
+                )
+                data = np.ascontiguousarray(whole[box]).tobytes()
             arena[region.offset : region.offset + len(data)] = np.frombuffer(data, np.uint8)
         elif kind is NodeKind.FREE:
             arena[region.offset : region.end] = POISON_FREE

@@ -394,7 +394,7 @@ def test_an_infeasible_budget_names_the_task_and_the_minimum():
     needed, task = min_budget(tg)
     assert (needed, task) == (3 * KiB, tg.outputs["y"])
     with pytest.raises(InfeasibleBudgetError) as caught:
-        plan(tg, "2KiB")
+        plan(tg, "2KiB", partition="off")
     error = caught.value
     assert (error.budget, error.needed, error.task) == (2 * KiB, needed, task)
     message = str(error)
@@ -404,6 +404,8 @@ def test_an_infeasible_budget_names_the_task_and_the_minimum():
         plan(tg, 0)
     with pytest.raises(InfeasibleBudgetError):
         plan(tg, "10%")
+    with pytest.raises(InfeasibleBudgetError):
+        plan(tg, "2KiB", partition=False)
 
 
 def test_a_graph_without_compute_needs_one_alignment_unit():

@@ -1,0 +1,139 @@
+"""Small LLaMA and GPT-2 models, partitioned hard (attention split by batch, head and
+query block), still give Hugging Face transformers' logits: planned with `plan` (which
+partitions on its own at a tight budget) and run on the NumPy runtime, and evaluated
+as partitioned graphs."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import memgraph  # noqa: E402
+import runtime  # noqa: E402
+import taskgraph  # noqa: E402
+from einpage.models import gpt2, llama  # noqa: E402
+from memgraph.planner import min_budget, plan  # noqa: E402
+
+torch.set_num_threads(1)
+
+TOLERANCE = 1e-4  # of the logit scale (max |logit|), as tests/models/test_hf_equality.py
+BATCH, SEQ = 2, 12
+ALIGNMENT = 64
+KiB = 1024
+
+MODELS = {
+    "llama-mha": ("llama", {"num_attention_heads": 4, "num_key_value_heads": 4}),
+    "llama-gqa": ("llama", {"num_attention_heads": 4, "num_key_value_heads": 2}),
+    "gpt2": ("gpt2", {}),
+}
+
+
+def randomize(model, seed: int, std: float = 0.2):
+    """Redraw every parameter (norm scales near 1, the rest N(0, std²)), so attention is
+    sharp and every weight matters."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            is_scale = param.ndim == 1 and name.endswith("weight")
+            param.copy_(1 + 0.1 * noise if is_scale else std * noise)
+    return model.eval()
+
+
+@functools.cache
+def hf_model(name: str):
+    family, extra = MODELS[name]
+    if family == "llama":
+        config = transformers.LlamaConfig(
+            vocab_size=96,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            rms_norm_eps=1e-5,
+            rope_theta=500.0,
+            tie_word_embeddings=False,
+            attn_implementation="eager",
+            **extra,
+        )
+        return randomize(transformers.LlamaForCausalLM(config), seed=len(name))
+    config = transformers.GPT2Config(
+        vocab_size=96,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=16,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    return randomize(transformers.GPT2LMHeadModel(config), seed=len(name))
+
+
+def program_and_inputs(name: str, logits: str):
+    """Our program of the model, its inputs for random tokens, and HF's logits."""
+    model = hf_model(name)
+    module = llama if MODELS[name][0] == "llama" else gpt2
+    config_class = llama.LlamaConfig if module is llama else gpt2.GPT2Config
+    cfg = config_class.from_hf(model.config)
+    weights = module.weights_from_state_dict(cfg, model.state_dict())
+    tokens = np.random.default_rng(len(name)).integers(0, cfg.vocab_size, (BATCH, SEQ))
+    tg = module.prefill_program(cfg, BATCH, SEQ, logits=logits).build()
+    with torch.no_grad():
+        want = model(torch.from_numpy(tokens)).logits.numpy()
+    return tg, module.prefill_inputs(cfg, tokens, weights), want if logits == "all" else want[:, -1]
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    assert got.shape == want.shape
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+def split_hard(tg: taskgraph.TaskGraph, parted: taskgraph.TaskGraph) -> None:
+    """The attention scores ([..., heads, q, k]) are split by head and by query block."""
+    scores = [t for t in parted if t.label == "scores" and t.block.kind == "block"]
+    assert scores
+    for block in (t.block for t in scores):
+        whole = tg[block.of].shape
+        heads = slice(1, len(whole) - 2)  # the axes between batch and the query axis
+        assert math.prod(block.shape[heads]) < math.prod(whole[heads]), block
+        assert block.shape[-2] < whole[-2] and block.shape[-1] == whole[-1], block
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_auto_partitioned_prefill_runs_to_transformers_logits(name):
+    """logits="last": at a budget far below what one attention task needs, `plan`
+    partitions (block limit a quarter of the budget) and the plan runs to HF's logits."""
+    tg, inputs, want = program_and_inputs(name, "last")
+    scores = max(t.nbytes for t in tg if t.label == "scores")
+    budget = 8 * KiB
+    assert min_budget(tg, ALIGNMENT)[0] > budget
+    mg = plan(tg, budget, alignment=ALIGNMENT)
+    limit = mg.info["block_limit"]
+    assert limit == budget // 4 and 2 * limit <= scores
+    split_hard(tg, mg.taskgraph)
+    memgraph.verify(mg)
+    for seed in (1, 2):
+        got = runtime.run(mg, inputs, backend="numpy", mode="random", seed=seed)["logits"]
+        assert relative_error(got, want) <= TOLERANCE
+    evaluated = taskgraph.evaluate(mg.taskgraph, inputs)["logits"]
+    assert relative_error(evaluated, want) <= TOLERANCE
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_all_logits_with_an_explicit_block_limit_match_transformers(name):
+    """logits="all": the [batch, seq, vocab] output is split and rebuilt under its name."""
+    tg, inputs, want = program_and_inputs(name, "all")
+    mg = plan(tg, "32KiB", alignment=ALIGNMENT, partition="2KiB")
+    parted = mg.taskgraph
+    assert mg.info["block_limit"] == 2 * KiB
+    assert parted[parted.outputs["logits"]].block.kind == "output"
+    split_hard(tg, parted)
+    got = runtime.run(mg, inputs, backend="numpy", mode="random", seed=3)["logits"]
+    assert relative_error(got, want) <= TOLERANCE
+    assert relative_error(taskgraph.evaluate(parted, inputs)["logits"], want) <= TOLERANCE
