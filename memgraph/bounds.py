@@ -16,6 +16,13 @@ planner may start a device input on the host when it does not fit), so the bound
 are stated for plans that start in host storage exactly the inputs `host_inputs`
 names ("host inputs" below).
 
+A Slice read straight from a host input can be made by *sliced reloads* of its box,
+without the input on the device. The bounds hold for plans that do so and for plans
+that compute it from the whole input: such a slice counts as a host tensor of its own
+(used from its first reader on; its own step needs no memory), and an input read only
+through slices contributes the smaller of its bytes and its slices' bytes to the
+compulsory reloads.
+
 Capacity (for the order)
     Take the moment of the apply of the task at step s. The tensors that must then be
     *somewhere* are its working set W_s (its operands' storage roots and its output,
@@ -69,7 +76,7 @@ from einpage.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input, Slice, View
 
 __all__ = ["TransferBounds", "transfer_lower_bounds", "host_inputs_of"]
 
@@ -122,13 +129,32 @@ class TransferBounds:
         )
 
 
-def _check_order(tg: TaskGraph, order: Sequence[int] | None) -> list[int]:
+def _host_flags(tg: TaskGraph, names: set[str] | None) -> list[bool]:
+    """Per task: an input that starts in host storage (`names`, or by `Input.location`)."""
+    if names is None:
+        return [isinstance(t.op, Input) and t.op.location == "host" for t in tg]
+    unknown = sorted(names - set(tg.inputs))
+    if unknown:
+        raise GraphError(f"host_inputs names unknown input(s) {unknown}")
+    return [isinstance(t.op, Input) and t.op.name in names for t in tg]
+
+
+def _is_input_slice(tg: TaskGraph, t: int, host: list[bool]) -> bool:
+    """Whether task `t` is a Slice read straight from a host input (sliced reloads can make it)."""
+    task = tg[t]
+    return isinstance(task.op, Slice) and host[task.inputs[0]]
+
+
+def _check_order(tg: TaskGraph, order: Sequence[int] | None, host: list[bool]) -> list[int]:
+    """The computed tasks in `order` (program order by default), checked. Slices of host
+    inputs may be left out: a plan that makes them by sliced reloads applies none."""
     computed = [t.id for t in tg if not isinstance(t.op, Input | View)]
     if order is None:
         return computed
     order = [int(t) for t in order]
-    if sorted(order) != computed:
-        missing = sorted(set(computed) - set(order))[:5]
+    optional = {t for t in computed if _is_input_slice(tg, t, host)}
+    if sorted(set(order) | optional) != sorted(set(computed)) or len(order) != len(set(order)):
+        missing = sorted(set(computed) - set(order) - optional)[:5]
         extra = sorted(set(order) - set(computed))[:5]
         repeated = len(order) != len(set(order))
         raise GraphError(
@@ -137,7 +163,7 @@ def _check_order(tg: TaskGraph, order: Sequence[int] | None) -> list[int]:
             + (f"; not computed tasks: %{', %'.join(map(str, extra))}" if extra else "")
             + ("; some tasks repeat" if repeated else "")
         )
-    done = {t.id for t in tg if isinstance(t.op, Input)}
+    done = {t.id for t in tg if isinstance(t.op, Input)} | optional
     for t in order:
         for operand in tg[t].inputs:
             root = tg.storage_root(operand)
@@ -158,34 +184,42 @@ def transfer_lower_bounds(
     exactly the inputs named in `host_inputs` (default: those whose `Input.location` is
     "host"; `host_inputs_of(mg)` reads them off a plan). See the module docstring."""
     budget = parse_bytes(budget)
-    order = _check_order(tg, order)
+    host_names = None if host_inputs is None else set(host_inputs)
+    order = _check_order(tg, order, _host_flags(tg, host_names))
     step = {t: s for s, t in enumerate(order)}
     n = len(order)
-    if host_inputs is None:
-        host = [isinstance(t.op, Input) and t.op.location == "host" for t in tg]
-    else:
-        names = set(host_inputs)
-        unknown = sorted(names - set(tg.inputs))
-        if unknown:
-            raise GraphError(f"host_inputs names unknown input(s) {unknown}")
-        host = [isinstance(t.op, Input) and t.op.name in names for t in tg]
+    host = _host_flags(tg, host_names)
     nbytes = [t.nbytes for t in tg]
+    # A Slice read straight from a host input may be made by sliced reloads of its box
+    # (never needing the input on the device): for a bound that holds either way it is a
+    # host tensor of its own, used from its first reader on, and its own step needs nothing.
+    sliced = [_is_input_slice(tg, t.id, host) for t in tg]
     # The steps at which each storage root is used, produced or first read.
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for s, t in enumerate(order):
+        if sliced[t]:
+            continue
         first[t] = last[t] = s  # produced here
         for operand in tg[t].inputs:
             root = tg.storage_root(operand)
             first.setdefault(root, s)  # an input's first use (computed roots come earlier)
             last[root] = s
     compulsory = sum(nbytes[x] for x in first if host[x])
+    # An input read only through slices arrives whole once or slice by slice: the
+    # smaller of the two is compulsory.
+    through_slices: dict[int, int] = {}
+    for x in first:
+        if sliced[x] and tg[x].inputs[0] not in first:
+            through_slices[tg[x].inputs[0]] = through_slices.get(tg[x].inputs[0], 0) + nbytes[x]
+    compulsory += sum(min(nbytes[i], total) for i, total in through_slices.items())
+    host = [h or c for h, c in zip(host, sliced, strict=True)]
     # Sweep: bytes of the tensors that must exist at each step, and the host inputs
     # among them. A computed tensor exists from its step; an input from its first use.
     delta = [0] * (n + 1)
     host_delta = [0] * (n + 1)
     for x, begin in first.items():
-        begin = step.get(x, begin)
+        begin = begin if sliced[x] else step.get(x, begin)
         delta[begin] += nbytes[x]
         delta[last[x] + 1] -= nbytes[x]
         if host[x]:
@@ -197,7 +231,7 @@ def transfer_lower_bounds(
     for s, t in enumerate(order):
         live += delta[s]
         host_live += host_delta[s]
-        working = {t, *(tg.storage_root(i) for i in tg[t].inputs)}
+        working = set() if sliced[t] else {t, *(tg.storage_root(i) for i in tg[t].inputs)}
         working_bytes = sum(nbytes[x] for x in working)
         if working_bytes > budget:
             raise InfeasibleBudgetError(

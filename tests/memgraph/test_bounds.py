@@ -173,3 +173,24 @@ def test_bounds_follow_where_the_plan_starts_its_inputs():
     assert sorted(host_inputs_of(mg)) == ["x", "z"]
     with pytest.raises(GraphError, match=r"unknown input\(s\) \['nope'\]"):
         transfer_lower_bounds(tg, 6144, host_inputs=["nope"])
+
+
+@pytest.mark.parametrize("budget", ["256KiB", "384KiB", "1MiB"])
+def test_bounds_hold_for_plans_that_stream_a_weight_in_slices(budget):
+    # A 1 MiB weight read only through 128 KiB column slices: the plan reloads slices,
+    # never the whole weight, so the bounds must not charge the whole weight per slice.
+    from memgraph.bounds import host_inputs_of
+    from memgraph.planner import plan
+
+    prog = ep.Program("columns")
+    x = prog.input("x", (8, 256))
+    w = prog.input("w", (256, 1024), role="weight")
+    parts = [x @ prog.slice(w, (0, 128 * j), (256, 128)) for j in range(8)]
+    prog.output(ep.concat(parts, axis=1), "y")
+    tg = prog.build()
+    mg = plan(tg, budget)
+    assert mg.info["sliced_reloads"] > 0
+    bounds = transfer_lower_bounds(tg, mg.budget, apply_order(mg), host_inputs_of(mg))
+    assert bounds.compulsory_reload_bytes == 256 * 1024 * 4  # every slice once = the weight
+    assert bounds.reload_bytes <= mg.stats.reload_bytes
+    assert bounds.offload_bytes <= mg.stats.offload_bytes
