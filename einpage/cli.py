@@ -65,7 +65,6 @@ from taskgraph.partition import (
     DEFAULT_BUDGET_FRACTION,
     BlockLimitError,
     partition,
-    partition_for_budget,
     working_set,
 )
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -285,33 +284,35 @@ def compile_program(
     cost_model: str = "h100-pcie5",
     console: Console | None = None,
 ) -> Compiled:
-    """Partition `tg` if needed, then plan it within `budget`; returns a `Compiled`.
+    """Plan `tg` within `budget` (partitioning it as `memgraph.plan(partition=)` does);
+    returns a `Compiled`.
 
-    `partition_arg`: "auto" splits large tasks (`taskgraph.partition.partition_for_budget`)
-    only when the budget is below `memgraph.min_budget` of the program; "off" never
-    does (an infeasible budget then raises); a byte count splits every task whose
-    working set exceeds it. Raises `InfeasibleBudgetError` when no plan fits.
+    `partition_arg`: "auto" splits large tasks only when the budget is below
+    `memgraph.min_budget` of the program (refusing with `TooManyBlocksError` a budget
+    that would make more than `MAX_AUTO_BLOCKS` blocks); "off" never does (an
+    infeasible budget then raises); a byte count splits every task whose working set
+    exceeds it. Raises `InfeasibleBudgetError` when no plan fits.
     """
 
     console = console or Console(quiet=True, progress=False)
     with console.stage("reading the budget"):
         nbytes, note = resolve_budget_text(tg, budget, order)
         needed, _ = memgraph.min_budget(tg)
-    graph, limit = tg, None
-    with console.stage("partitioning"):
-        if partition_arg == "auto" and nbytes < needed:
-            _check_block_count(tg, nbytes)
-            chosen = partition_for_budget(tg, nbytes)
-            graph, limit = chosen.graph, chosen.limit
-        elif isinstance(partition_arg, int):
-            graph, limit = partition(tg, partition_arg, alignment=256), partition_arg
+    if partition_arg == "auto" and nbytes < needed:
+        _check_block_count(tg, nbytes)
     with console.stage("planning"):
-        mg = memgraph.plan(graph, nbytes, order=order, eviction=eviction, cost_model=cost_model)
+        mg = memgraph.plan(
+            tg,
+            nbytes,
+            partition=partition_arg,
+            order=order,
+            eviction=eviction,
+            cost_model=cost_model,
+        )
     info = {**mg.info, "budget_request": budget}
-    if limit is not None:
-        info["block_limit"] = limit
+    limit = info.get("block_limit")
     mg = memgraph.MemGraph(mg.taskgraph, mg.nodes, mg.budget, mg.alignment, info)
-    return Compiled(tg, graph, mg, nbytes, note, needed, limit, dict(console.timings))
+    return Compiled(tg, mg.taskgraph, mg, nbytes, note, needed, limit, dict(console.timings))
 
 
 MAX_AUTO_BLOCKS = 100_000
