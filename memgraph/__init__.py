@@ -16,7 +16,15 @@ from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
 from memgraph.nodes import MemNode, NodeKind, Region
 from memgraph.orders import ORDERS
-from memgraph.planner import min_budget, no_offload_peak, plan, resolve_budget
+from memgraph.planner import (
+    PARTITION_MODES,
+    PartitionInfeasibleError,
+    min_budget,
+    no_offload_peak,
+    plan,
+    resolve_budget,
+    sliced_reloads,
+)
 from memgraph.render import render_memgraph
 from memgraph.simulate import SimResult, simulate
 from memgraph.trace import StreamEvent
@@ -33,6 +41,9 @@ __all__ = [
     "min_budget",
     "no_offload_peak",
     "resolve_budget",
+    "PARTITION_MODES",
+    "PartitionInfeasibleError",
+    "sliced_reloads",
     "ORDERS",
     "verify",
     "VerifyReport",
