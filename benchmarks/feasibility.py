@@ -204,19 +204,19 @@ def grids(cells: list[Cell]) -> str:
             f"\nLLaMA-{model.upper()} under {budget}: einpage stall / layer-streaming stall "
             f"(x: infeasible; *: compute per layer >= its weights' transfer)"
         )
-        out.append(f"{'batch':>5} " + " ".join(f"{s:>17}" for s in seqs))
+        out.append(f"{'batch':>5} " + " ".join(f"{s:>8}{'':11}" for s in seqs).rstrip())
         for batch in sorted({b for b, _ in mine}):
             entries = []
             for seq in seqs:
                 c = mine.get((batch, seq))
                 if c is None:
-                    entries.append(f"{'':>17}")
+                    entries.append(f"{'':19}")
                     continue
                 ours = _pct(c.stall) if c.feasible else "x"
                 theirs = _pct(c.baseline_stall) if c.baseline_feasible else "x"
                 mark = "*" if c.ratio >= 1 else " "
-                entries.append(f"{ours + mark + ' / ' + theirs:>17}")
-            out.append(f"{batch:>5} " + " ".join(entries))
+                entries.append(f"{ours:>8}{mark} / {theirs:<7}")
+            out.append(f"{batch:>5} " + " ".join(entries).rstrip())
     return "\n".join(out)
 
 
