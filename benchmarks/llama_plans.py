@@ -9,11 +9,12 @@ and device budgets, it prints one row per cell:
   leaves the device (weights still stream in from the host just in time);
   `min`: `memgraph.min_budget` – the largest single step, below which no plan exists
   without partitioning;
-* `plan`: `memgraph.plan(tg, budget)` (default options: program order, Belady, auto
-  lookahead), verified: its peak, bytes offloaded and reloaded, and its simulated
-  makespan on the "h100-pcie5" cost model (`memgraph.simulate`: 400 TFLOP/s fp16,
-  2 TB/s HBM, 50 GB/s each way over PCIe), with `stall` = the share of the makespan the
-  compute stream waits for transfers;
+* `plan`: `memgraph.plan(tg, budget, partition="off")` (otherwise default options:
+  program order, Belady, auto lookahead; whole tasks, like the baseline), verified:
+  its peak, bytes offloaded and reloaded, and its simulated makespan on the
+  "h100-pcie5" cost model (`memgraph.simulate`: 400 TFLOP/s fp16, 2 TB/s HBM, 50 GB/s
+  each way over PCIe), with `stall` = the share of the makespan the compute stream
+  waits for transfers;
 * `stream`: `memgraph.layer_streaming_plan(tg, budget)`, the ZeRO-Inference-like
   baseline (each layer's weights copied in before it runs, one layer prefetched),
   verified and simulated the same way;
@@ -53,7 +54,8 @@ for 65B) and no plan beats max(compute, that transfer at 50 GB/s: ~270 ms, ~2.6 
   weights, 6% slower than streaming, which needs no offload there (3.4 GiB).
 * Below `min` nothing works: attention holds the scores and their masked copy
   ([b, heads, s, s] each) at once, so 2 x b x heads x s² x 2 bytes is the floor
-  (2 GiB for 7B at 4x2048, 16 GiB for 65B at 1x8192) until partitioning lands.
+  (2 GiB for 7B at 4x2048, 16 GiB for 65B at 1x8192) for whole tasks. Partitioned
+  plans (the default `partition="auto"`) go below it: `benchmarks/feasibility.py`.
 """
 
 from __future__ import annotations
@@ -169,7 +171,7 @@ def measure_cell(tg: TaskGraph, shape: Shape, budget: int) -> Cell:
         cell.plan_infeasible = cell.stream_infeasible = why
         return cell
     clock = time.perf_counter()
-    cell.plan = simulated(memgraph.plan(tg, budget, cost_model=COST_MODEL))
+    cell.plan = simulated(memgraph.plan(tg, budget, partition="off", cost_model=COST_MODEL))
     cell.seconds["plan"] = time.perf_counter() - clock
     clock = time.perf_counter()
     try:
@@ -229,7 +231,7 @@ def ms(seconds: float) -> str:
 
 LEGEND = (
     "no plan: the budget is below min, so one step (its operands and output) does not fit;\n"
-    "         no plan of this program exists – partitioning the step (issue 7) is the way\n"
+    "         no plan of the whole tasks exists; partitioned plans: benchmarks/feasibility.py\n"
     "needs X: layer streaming holds a layer's weights and the live activations at once,\n"
     "         X in all, more than the budget (the planner needs one step's operands at a time)"
 )
