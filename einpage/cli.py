@@ -626,7 +626,13 @@ def _compile_summary(compiled: Compiled, report: Any) -> str:
             "plan",
             f"{len(mg)} nodes in {seconds:.2f} s: {s.offload_count} offloads "
             f"({format_bytes(s.offload_bytes)}), {s.reload_count} reloads "
-            f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops",
+            f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops"
+            + (
+                f"; outputs {', '.join(mg.info.get('outputs_on_host', []))} assembled on "
+                f"the host from {s.sliced_offload_count} blocks"
+                if s.sliced_offload_count
+                else ""
+            ),
         ),
         (
             "verify",
