@@ -173,6 +173,8 @@ class _Verifier:
             raise self.fail("has no region")
         if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD) and node.storage is None:
             raise self.fail("has no host storage")
+        if node.into is not None and node.kind is not NodeKind.OFFLOAD:
+            raise self.fail("only an offload can fill an output assembly ('into')")
 
     def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
         """The live, written residency of `tensor`, which must be at `region`."""

@@ -184,6 +184,17 @@ def test_the_verifier_refuses_a_sliced_offload_into_a_task_that_is_not_an_assemb
         memgraph.verify(broken)
 
 
+def test_only_offloads_fill_an_assembly():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    root = mg.taskgraph.outputs["y"]
+    free = mg.of_kind(NodeKind.FREE)[0]
+    nodes = list(mg.nodes)
+    nodes[free.id] = dataclasses.replace(free, into=root)
+    broken = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+    with pytest.raises(VerificationError, match="only an offload can fill"):
+        memgraph.verify(broken)
+
+
 def test_the_verifier_refuses_writing_a_box_twice():
     mg = memgraph.plan(hand_assembled(), "64KiB")
     fill = sliced_offloads(mg)[0]
