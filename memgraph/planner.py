@@ -76,10 +76,11 @@ Lifetimes and ends
   start on the host (`inputs="host"` puts every input there; an input that nothing
   reads is always left on the host unless it is a device-side output).
 * Outputs (`outputs="device"`, the default) stay resident to the end and get a device
-  `output` node; one evicted on the way is reloaded at the end if it fits without
-  evicting, else it is output from its host copy (`info["outputs_on_host"]`). With
-  `outputs="host"` each output is offloaded as soon as it is computed (the copy
-  overlaps later compute) and freed after its last reader.
+  `output` node (except split outputs assembled on the host, see "Host assembly");
+  one evicted on the way is reloaded at the end if it fits without evicting, else it
+  is output from its host copy (`info["outputs_on_host"]`). With `outputs="host"`
+  each output is offloaded as soon as it is computed (the copy overlaps later
+  compute) and freed after its last reader.
 
 Sliced reloads
 --------------
@@ -117,10 +118,11 @@ needs it.
 
 Host assembly
 -------------
-For an output assembled on the host, each piece (a block, or the base of a View of
-one) is copied, right after its apply, by a *sliced offload* (`MemNode.into`) into its
-box of the output's host storage, and freed once that copy is done (the free depends
-on it). The tree's Concats are not steps and `min_budget` does not count them. The
+Whether `plan` partitioned the graph or was given a partitioned one, for an output
+assembled on the host each piece (a block, or the base of a View of one) is copied,
+right after its apply, by a *sliced offload* (`MemNode.into`) into its box of the
+output's host storage, and freed once that copy is done (the free depends on it).
+The tree's Concats are not steps and `min_budget` does not count them. The
 output ends on the host whatever `outputs` says, its `output` node depending on every
 sliced offload that fills it; with `outputs="device"` its name is listed in
 `info["outputs_on_host"]`, and `info["sliced_offloads"]` counts the copies.
