@@ -11,10 +11,11 @@ run and the output ends on the host.
 task is the root of such a tree, the *pieces* – the tree's leaves, each a block or a
 View of one, with its box in the output – provided that
 
-* the leaves are whole tensors (not Slices) whose storage roots are computed tasks
-  (not inputs, not Slices read from an input), each root feeding the tree through
-  exactly one leaf and read by nothing else (the leaf alone reads it, a View only by
-  the tree's Concat), and no leaf or root is itself a program output;
+* the leaves are whole tensors (not Slices) whose storage roots (*bases*) are computed
+  tasks (not inputs, not Slices read from an input); each base feeds the tree through
+  exactly one leaf and nothing else reads it (every task from the base up to the leaf,
+  through Views, has exactly one reader, and the leaf's is a Concat of the tree); no
+  leaf, base or View between them is itself a program output;
 * the tree's Concats are read only by their parent in the tree, and the root by no
   task at all.
 
