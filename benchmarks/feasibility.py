@@ -23,8 +23,10 @@ bound by the weight stream (12.6 GiB for 7B, 121.6 GiB for 65B, each loaded once
 
 `logits="last"` (the default): prefill for generation needs the next token's logits
 only. With `logits="all"` the output alone is batch x seq x 32000 x 2 bytes (16 GiB at
-32 x 8192) and, split, is rebuilt on the device by a Concat holding it twice: the
-large cells are then infeasible for any plan that keeps the output on the device.
+32 x 8192): split, it is assembled on the host (each logits block is copied into its
+box of the host array as soon as it is computed, see `taskgraph.assembly`), so it is
+never on the device whole; a plan that kept it on the device could not fit the large
+cells.
 
     python benchmarks/feasibility.py --quick               # a few cells
     python benchmarks/feasibility.py --json feasibility.json

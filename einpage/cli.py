@@ -55,7 +55,7 @@ from einpage.errors import (
 )
 from einpage.presets import PRESETS, load_program, random_inputs, read_text
 from einpage.units import BudgetFormatError, format_bytes, format_count, parse_bytes
-from memgraph import COST_MODELS, ORDERS, MemGraph
+from memgraph import COST_MODELS, ORDERS, MemGraph, NodeKind
 from memgraph.eviction import POLICIES
 from memgraph.serialize import FORMAT as PLAN_FORMAT
 from memgraph.serialize import memgraph_from_dict
@@ -626,7 +626,7 @@ def _compile_summary(compiled: Compiled, report: Any) -> str:
             "plan",
             f"{len(mg)} nodes in {seconds:.2f} s: {s.offload_count} offloads "
             f"({format_bytes(s.offload_bytes)}), {s.reload_count} reloads "
-            f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops",
+            f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops" + _assembled_note(mg),
         ),
         (
             "verify",
@@ -634,6 +634,18 @@ def _compile_summary(compiled: Compiled, report: Any) -> str:
         ),
     ]
     return format_table(rows, _plan_title(mg))
+
+
+def _assembled_note(mg: MemGraph) -> str:
+    """`; outputs logits assembled on the host from 26 blocks`, or "" (no sliced offloads)."""
+    roots = {n.into for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into is not None}
+    if not roots:
+        return ""
+    names = [n.name for n in mg.of_kind(NodeKind.OUTPUT) if n.tensor in roots]
+    return (
+        f"; outputs {', '.join(names)} assembled on the host from "
+        f"{mg.stats.sliced_offload_count} blocks"
+    )
 
 
 def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:

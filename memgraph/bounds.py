@@ -23,6 +23,11 @@ that compute it from the whole input: such a slice counts as a host tensor of it
 through slices contributes the smaller of its bytes and its slices' bytes to the
 compulsory reloads.
 
+Likewise, the Concats that rebuild a split program output may be assembled on the host
+by *sliced offloads* (`taskgraph.assembly.output_assemblies` says which): for a bound
+that holds either way, such a Concat needs no memory at its step (and may be left out
+of the order), and its pieces are live only at their own step.
+
 Capacity (for the order)
     Take the moment of the apply of the task at step s. The tensors that must then be
     *somewhere* are its working set W_s (its operands' storage roots and its output,
@@ -75,6 +80,7 @@ from einpage.errors import GraphError, InfeasibleBudgetError
 from einpage.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
+from taskgraph.assembly import assembly_tasks
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Slice, View
 
@@ -147,12 +153,14 @@ def _is_input_slice(tg: TaskGraph, t: int, host: list[bool]) -> bool:
 
 def _check_order(tg: TaskGraph, order: Sequence[int] | None, host: list[bool]) -> list[int]:
     """The computed tasks in `order` (program order by default), checked. Slices of host
-    inputs may be left out: a plan that makes them by sliced reloads applies none."""
+    inputs and the Concats of outputs that may be assembled on the host may be left out:
+    a plan that makes them by sliced reloads, or by sliced offloads, applies none."""
     computed = [t.id for t in tg if not isinstance(t.op, Input | View)]
     if order is None:
         return computed
     order = [int(t) for t in order]
-    optional = {t for t in computed if _is_input_slice(tg, t, host)}
+    on_host = assembly_tasks(tg)
+    optional = {t for t in computed if _is_input_slice(tg, t, host) or t in on_host}
     if sorted(set(order) | optional) != sorted(set(computed)) or len(order) != len(set(order)):
         missing = sorted(set(computed) - set(order) - optional)[:5]
         extra = sorted(set(order) - set(computed))[:5]
@@ -194,11 +202,14 @@ def transfer_lower_bounds(
     # (never needing the input on the device): for a bound that holds either way it is a
     # host tensor of its own, used from its first reader on, and its own step needs nothing.
     sliced = [_is_input_slice(tg, t.id, host) for t in tg]
+    # The Concats of an output that may be assembled on the host need nothing at their
+    # step either, and do not keep their pieces alive.
+    on_host = assembly_tasks(tg)
     # The steps at which each storage root is used, produced or first read.
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     for s, t in enumerate(order):
-        if sliced[t]:
+        if sliced[t] or t in on_host:
             continue
         first[t] = last[t] = s  # produced here
         for operand in tg[t].inputs:
@@ -231,7 +242,8 @@ def transfer_lower_bounds(
     for s, t in enumerate(order):
         live += delta[s]
         host_live += host_delta[s]
-        working = set() if sliced[t] else {t, *(tg.storage_root(i) for i in tg[t].inputs)}
+        skip = sliced[t] or t in on_host
+        working = set() if skip else {t, *(tg.storage_root(i) for i in tg[t].inputs)}
         working_bytes = sum(nbytes[x] for x in working)
         if working_bytes > budget:
             raise InfeasibleBudgetError(

@@ -31,7 +31,9 @@ class PlanStats:
     `peak_bytes` is the most bytes allocated at once; `high_water` the highest arena
     offset used. A *drop* frees a tensor that is needed again later without copying
     it out, because a host copy already exists (a weight, or an earlier offload).
-    `fragmentation_events` and `block_limit` are reported by the planner.
+    `fragmentation_events` and `block_limit` are reported by the planner. The offloads
+    include *sliced offloads* (blocks copied into their box of a program output
+    assembled on the host), also counted on their own in `sliced_offload_*`.
     """
 
     budget: int
@@ -47,6 +49,8 @@ class PlanStats:
     apply_count: int
     fragmentation_events: int = 0
     block_limit: int | None = None
+    sliced_offload_bytes: int = 0
+    sliced_offload_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +68,14 @@ class PlanStats:
             ("nodes", f"{self.node_count} ({self.apply_count} applies)"),
             ("fragmentation events", str(self.fragmentation_events)),
         ]
+        if self.sliced_offload_count:
+            rows.insert(
+                4,
+                (
+                    "  into outputs on host",
+                    f"{format_bytes(self.sliced_offload_bytes)} in {self.sliced_offload_count}",
+                ),
+            )
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
         return rows
@@ -110,7 +122,7 @@ class MemGraph:
         offload_bytes = offload_count = reload_bytes = reload_count = 0
         last_reload = {n.tensor: n.id for n in self.nodes if n.kind is NodeKind.RELOAD}
         offloaded_in_residency: set[int] = set()
-        drop_bytes = drop_count = 0
+        drop_bytes = drop_count = sliced_bytes = sliced_count = 0
         for node in self.nodes:
             kind = node.kind
             if kind is NodeKind.ALLOC:
@@ -127,7 +139,11 @@ class MemGraph:
             elif kind is NodeKind.OFFLOAD:
                 offload_bytes += self.taskgraph[node.tensor].nbytes
                 offload_count += 1
-                offloaded_in_residency.add(node.tensor)
+                if node.into is not None:  # a block into its box of a host output
+                    sliced_bytes += self.taskgraph[node.tensor].nbytes
+                    sliced_count += 1
+                else:
+                    offloaded_in_residency.add(node.tensor)
             elif kind is NodeKind.RELOAD:
                 reload_bytes += self.taskgraph[node.tensor].nbytes
                 reload_count += 1
@@ -145,6 +161,8 @@ class MemGraph:
             apply_count=sum(1 for n in self.nodes if n.kind is NodeKind.APPLY),
             fragmentation_events=int(self.info.get("fragmentation_events", 0)),
             block_limit=self.info.get("block_limit"),
+            sliced_offload_bytes=sliced_bytes,
+            sliced_offload_count=sliced_count,
         )
 
     # -- printing ----------------------------------------------------------------
@@ -242,6 +260,7 @@ class MemGraphBuilder:
         storage: int | None = None,
         reads: Iterable[Region] = (),
         name: str = "",
+        into: int | None = None,
     ) -> int:
         """Append a node and return its id; `deps` are sorted and deduplicated."""
         node_id = len(self.nodes)
@@ -249,7 +268,7 @@ class MemGraphBuilder:
         if ordered and not (ordered[0] >= 0 and ordered[-1] < node_id):
             raise GraphError(f"n{node_id} ({kind}): dependencies {ordered} must be earlier nodes")
         node = MemNode(
-            node_id, NodeKind(kind), ordered, tensor, region, storage, tuple(reads), name
+            node_id, NodeKind(kind), ordered, tensor, region, storage, tuple(reads), name, into
         )
         self.nodes.append(node)
         return node_id
@@ -273,8 +292,16 @@ class MemGraphBuilder:
     ) -> int:
         return self.add(NodeKind.APPLY, deps, task, region, reads=reads)
 
-    def offload(self, tensor: int, region: Region, storage: int, deps: Iterable[int] = ()) -> int:
-        return self.add(NodeKind.OFFLOAD, deps, tensor, region, storage)
+    def offload(
+        self,
+        tensor: int,
+        region: Region,
+        storage: int,
+        deps: Iterable[int] = (),
+        into: int | None = None,
+    ) -> int:
+        """An offload; with `into`, a sliced offload into that output assembly's storage."""
+        return self.add(NodeKind.OFFLOAD, deps, tensor, region, storage, into=into)
 
     def reload(self, tensor: int, storage: int, region: Region, deps: Iterable[int] = ()) -> int:
         return self.add(NodeKind.RELOAD, deps, tensor, region, storage)

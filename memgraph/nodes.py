@@ -9,7 +9,14 @@ Node kinds (`NodeKind`), and the fields each one uses:
 * `apply`   – task `tensor` is computed: it reads `reads` (one device region per
               task operand, in the task's operand order; a view operand reads its
               base's region) and writes `region`.
-* `offload` – `tensor`'s data is copied from device `region` to host `storage`.
+* `offload` – `tensor`'s data is copied from device `region` to host `storage`. When
+              `into` is set, it is a *sliced offload*: `storage` is the host array of
+              task `into`, a program output that a tree of output Concats rebuilds from
+              its blocks (`taskgraph.assembly`), and the copy fills just the box that
+              `tensor` (one of its pieces) holds in it. Those Concats then never run:
+              the output is assembled in host memory, each block leaving the device as
+              soon as it is computed, and its `output` node (on the host) depends on
+              the sliced offloads that fill it, which cover it exactly once.
 * `reload`  – `tensor`'s data is copied from host `storage` to device `region`. When
               `tensor` is a Slice task whose operand is an input held in `storage`,
               the copy takes the slice's box of that input: a *sliced reload*, which
@@ -95,6 +102,7 @@ class MemNode:
     storage: int | None = None
     reads: tuple[Region, ...] = ()
     name: str = ""
+    into: int | None = None  # a sliced offload: the output assembly `storage` belongs to
 
     @property
     def stream(self) -> str:
@@ -112,7 +120,8 @@ class MemNode:
             reads = ", ".join(str(r) for r in self.reads)
             return f"apply {tensor} ({reads}) -> {self.region}"
         if kind is NodeKind.OFFLOAD:
-            return f"offload {tensor} {self.region} -> {host}"
+            into = f" into %{self.into}" if self.into is not None else ""
+            return f"offload {tensor} {self.region} -> {host}{into}"
         if kind is NodeKind.RELOAD:
             return f"reload {tensor} {host} -> {self.region}"
         if kind is NodeKind.OUTPUT:

@@ -76,10 +76,11 @@ Lifetimes and ends
   start on the host (`inputs="host"` puts every input there; an input that nothing
   reads is always left on the host unless it is a device-side output).
 * Outputs (`outputs="device"`, the default) stay resident to the end and get a device
-  `output` node; one evicted on the way is reloaded at the end if it fits without
-  evicting, else it is output from its host copy (`info["outputs_on_host"]`). With
-  `outputs="host"` each output is offloaded as soon as it is computed (the copy
-  overlaps later compute) and freed after its last reader.
+  `output` node (except split outputs assembled on the host, see "Host assembly");
+  one evicted on the way is reloaded at the end if it fits without evicting, else it
+  is output from its host copy (`info["outputs_on_host"]`). With `outputs="host"`
+  each output is offloaded as soon as it is computed (the copy overlaps later
+  compute) and freed after its last reader.
 
 Sliced reloads
 --------------
@@ -105,12 +106,26 @@ sliced reloads stream. A graph that fits is planned as it is: partitioning it wo
 only add tasks. `partition="off"` never partitions; `partition="64MiB"` always does, at
 that limit.
 
-The one exception to the block limit is a split program output: a Concat rebuilds it
-on the device under its name and holds its blocks and the whole output at once (twice
-the output). If that cannot fit, `PartitionInfeasibleError` says so and names the budget
-it needs (for LLM prefill, `logits="last"` keeps the output small). It also reports,
-when no block limit can fit, the smallest budget that could work and the smallest
-block limit, with the task that needs it.
+A split program output is rebuilt by Concats of kind "output", the one exception to the
+block limit. They never run on the device when `taskgraph.assembly.output_assemblies`
+allows (nothing but the Concats reads the blocks): the output is *assembled on the
+host* (below). Otherwise a Concat rebuilds it on the device and holds its blocks and
+the whole output at once (twice the output); if that cannot fit,
+`PartitionInfeasibleError` says so and names the budget it needs (for LLM prefill,
+`logits="last"` keeps the output small). It also reports, when no block limit can fit,
+the smallest budget that could work and the smallest block limit, with the task that
+needs it.
+
+Host assembly
+-------------
+Whether `plan` partitioned the graph or was given a partitioned one, for an output
+assembled on the host each piece (a block, or the base of a View of one) is copied,
+right after its apply, by a *sliced offload* (`MemNode.into`) into its box of the
+output's host storage, and freed once that copy is done (the free depends on it).
+The tree's Concats are not steps and `min_budget` does not count them. The
+output ends on the host whatever `outputs` says, its `output` node depending on every
+sliced offload that fills it; with `outputs="device"` its name is listed in
+`info["outputs_on_host"]`, and `info["sliced_offloads"]` counts the copies.
 
 Speed: everything per step is O(operands) plus O(log n) allocator work, except a
 victim search, which activates tensors only until a window forms (see
@@ -160,6 +175,7 @@ from memgraph.eviction import NEVER, Segment, choose_window_ranked, get_policy
 from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
+from taskgraph.assembly import assembly_tasks, output_assemblies
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Slice, View
 from taskgraph.partition import finest_block, partition_for_budget, working_set
@@ -352,7 +368,8 @@ def min_budget(
     A compute task runs only with its distinct operands (views resolved to their bases)
     and its output resident at once, each rounded up to `alignment`; the bound is the
     largest such sum (ties: the first task). A Slice produced by a sliced reload
-    (`sliced_reloads`; `inputs` is the planner's option) needs only itself. The planner
+    (`sliced_reloads`; `inputs` is the planner's option) needs only itself, and the
+    Concats of an output assembled on the host (`taskgraph.assembly`) nothing. The planner
     always succeeds at or above it. A graph without compute tasks needs one alignment
     unit (task None).
 
@@ -365,10 +382,11 @@ def min_budget(
     """
     root = storage_roots(tg)
     sliced = sliced_reloads(tg, inputs)
+    on_host = assembly_tasks(tg)
     size = [_round_up(t.nbytes, alignment) for t in tg]
     best, best_task = alignment, None
     for task in tg:
-        if not is_compute(tg, task.id):
+        if not is_compute(tg, task.id) or task.id in on_host:
             continue
         need = size[task.id]
         if task.id not in sliced:
@@ -599,13 +617,19 @@ def _brief(line: str, width: int = 160) -> str:
 
 def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str | None]:
     """A lower bound on what rebuilding split program outputs needs at block limit
-    `limit`: an output whose task does not fit the limit is split, and the Concat that
-    rebuilds it holds its blocks and the whole output at once (at least twice its
-    aligned bytes). Returns (bytes, the output's name) for the largest such output."""
+    `limit`: an output whose task does not fit the limit is split; if other tasks read
+    it, they read its blocks too, so it cannot be assembled on the host
+    (`taskgraph.assembly`) and the Concat that rebuilds it on the device holds its
+    blocks and the whole output at once (at least twice its aligned bytes). Returns
+    (bytes, the output's name) for the largest such output. Outputs nothing reads are
+    assembled on the host (or, if their blocks are views of blocks read elsewhere, may
+    not be; no bound is claimed for them)."""
     best, name = 0, None
     for output, task_id in tg.outputs.items():
         task = tg[task_id]
-        if isinstance(task.op, Input) or working_set(tg, task_id, alignment) <= limit:
+        if isinstance(task.op, Input) or not tg.consumers[task_id]:
+            continue
+        if working_set(tg, task_id, alignment) <= limit:
             continue
         need = 2 * _round_up(task.nbytes, alignment)
         if need > best:
@@ -654,8 +678,9 @@ def _partition_too_large(
     floor_task: int | None,
 ) -> PartitionInfeasibleError:
     """The error for a partitioned graph with a task that still does not fit: the
-    Concat that rebuilds a split program output (the one exception to the block limit),
-    or a task over the limit."""
+    Concat that rebuilds a split program output on the device (the one exception to the
+    block limit, when the output cannot be assembled on the host), or a task over the
+    limit."""
     asked = f"{request!r} = " if isinstance(request, str) else ""
     task = graph[task_id]
     original = task.block.of if task.block is not None else task_id
@@ -669,7 +694,8 @@ def _partition_too_large(
         text = (
             f"{head} rebuilds program output {names[0] if names else original!r} "
             f"({format_bytes(tg[original].nbytes)}) from its blocks, and needs the blocks "
-            f"and the whole output on the device at once. Only a budget of at least "
+            f"and the whole output on the device at once (other tasks read the blocks too, "
+            f"so it cannot be assembled on the host). Only a budget of at least "
             f"{format_bytes(needed)} can hold it, whatever the block limit (any from "
             f"{format_bytes(floor)} up works for the other tasks); or make the output "
             f"smaller (LLM prefill: logits='last')."
@@ -863,10 +889,19 @@ class _Planner:
         self.slices_of: dict[int, list[int]] = {}
         for s, i in self.sliced.items():
             self.slices_of.setdefault(i, []).append(s)
-        read = {root[i] for t in ids if is_compute(tg, t) for i in tg[t].inputs}
+        # Outputs assembled on the host: their Concats are not steps; each piece's base
+        # is offloaded into its box of the output's storage as soon as it is computed.
+        self.assembled = output_assemblies(tg)
+        on_host = assembly_tasks(tg)
+        self.piece_of = {p.base: root for root, ps in self.assembled.items() for p in ps}
+        self.assembly_storage: dict[int, int] = {}  # root -> its host storage
+        self.assembly_fills: dict[int, list[int]] = {}  # root -> its sliced offloads
+        read = {
+            root[i] for t in ids if is_compute(tg, t) and t not in on_host for i in tg[t].inputs
+        }
         self.steps: list[_Step] = []
         for t in ids:
-            if not is_compute(tg, t):
+            if not is_compute(tg, t) or t in on_host:
                 continue
             if t in self.sliced:
                 if t not in read:
@@ -888,7 +923,9 @@ class _Planner:
                 tensor.uses.append(position)
                 need += tensor.size
             self.working_set.append(need)
-        self.output_roots = dict.fromkeys(root[t] for t in tg.outputs.values())
+        self.output_roots = dict.fromkeys(
+            root[t] for t in tg.outputs.values() if t not in self.assembled
+        )
         if opts.outputs == "device":
             for r in self.output_roots:
                 self.tensors[r].uses.append(len(self.steps))
@@ -909,6 +946,7 @@ class _Planner:
         self.evictions = self.offloads = self.drops = 0
         self.fragmentation_events = self.packed_steps = self.operand_moves = 0
         self.prefetched = self.reloads = self.max_ahead = self.sliced_reloads = 0
+        self.sliced_offloads = 0
         self.inputs_on_host_for_room: list[str] = []
         self.outputs_on_host: list[str] = []
 
@@ -933,6 +971,7 @@ class _Planner:
             "drops": self.drops,
             "reloads": self.reloads,
             "sliced_reloads": self.sliced_reloads,
+            "sliced_offloads": self.sliced_offloads,
             "prefetched_reloads": self.prefetched,
             "max_steps_ahead": self.max_ahead,
             "fragmentation_events": self.fragmentation_events,
@@ -1241,6 +1280,8 @@ class _Planner:
             self.residents.touch(tensor)
         if self.opts.outputs == "host" and step.task in self.output_roots:
             self.offload(out)
+        if step.task in self.piece_of:
+            self.offload_piece(out, self.piece_of[step.task])
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
             if tensor.next_use == NEVER and tensor.region is not None:
@@ -1252,6 +1293,23 @@ class _Planner:
         tensor.storage_writer = node
         tensor.users.append(node)
         self.offloads += 1
+
+    def offload_piece(self, tensor: _Tensor, root: int) -> None:
+        """Copy a just-computed piece into its box of output `root`'s host storage (a
+        sliced offload); nothing else reads it, so its free follows."""
+        if root not in self.assembly_storage:
+            self.assembly_storage[root] = self.new_storage()
+        node = self.builder.offload(
+            tensor.id,
+            tensor.region,
+            self.assembly_storage[root],
+            deps=[tensor.writer],
+            into=root,
+        )
+        tensor.users.append(node)
+        self.assembly_fills.setdefault(root, []).append(node)
+        self.offloads += 1
+        self.sliced_offloads += 1
 
     def release(self, tensor: _Tensor) -> None:
         """Emit the free of `tensor`'s residency and return its bytes to the allocator."""
@@ -1293,6 +1351,16 @@ class _Planner:
     def finish_outputs(self) -> None:
         """Output nodes: device outputs in place (reloaded if they fit), else from the host."""
         for name, task_id in self.tg.outputs.items():
+            if task_id in self.assembled:  # on the host, filled by sliced offloads
+                if self.opts.outputs == "device":
+                    self.outputs_on_host.append(name)
+                self.builder.output(
+                    name,
+                    task_id,
+                    storage=self.assembly_storage[task_id],
+                    deps=self.assembly_fills[task_id],
+                )
+                continue
             tensor = self.tensors[self.root[task_id]]
             if self.opts.outputs == "device" and tensor.region is None:
                 block = self.alloc.try_allocate(tensor.size)

@@ -30,6 +30,7 @@ from pathlib import Path
 from einpage.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
+from taskgraph.assembly import assembly_pieces
 from taskgraph.dot import (
     DotGraph,
     Line,
@@ -158,6 +159,8 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     if task is not None and kind in (NodeKind.APPLY, NodeKind.INPUT, NodeKind.OUTPUT):
         lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
     host = f"host#{node.storage}" if node.storage is not None else ""
+    if node.into is not None:  # a sliced offload: the block's box of the host output
+        host += f"[{_box_text(mg, node)}] of %{node.into}"
     region = str(node.region) if node.region is not None else ""
     where = {
         NodeKind.OFFLOAD: f"{region} → {host}",
@@ -167,6 +170,14 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     if where:
         lines.append(Line(where, "mono"))
     return lines
+
+
+def _box_text(mg: MemGraph, node: MemNode) -> str:
+    """`0:8, 0:256`: the box a sliced offload fills in its output's host storage."""
+    for piece in assembly_pieces(mg.taskgraph, node.into)[1]:
+        if piece.base == node.tensor:
+            return ", ".join(f"{start}:{start + size}" for start, size in piece.box)
+    return "?"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ A region is `[offset, size]` in bytes. Keys by kind: every node has `id` (its
 position), `kind`, `deps` (earlier ids) and `tensor` (a task id); `region` for
 alloc, apply, offload, reload, free and device-side input/output; `storage` (a host
 storage id) for offload, reload and host-side input/output; `reads` for apply;
-`name` for input and output. Keys a kind does not use are omitted.
+`name` for input and output; `into` (a task id) for a sliced offload into an output
+assembled on the host. Keys a kind does not use are omitted.
 
 The document is enough for a separate program to check (`memgraph.verify`) or run
 (`runtime.run`) the plan. Loading validates structure and types and names the JSON
@@ -58,7 +59,7 @@ _KEYS: dict[NodeKind, tuple[set[str], set[str]]] = {
     NodeKind.INPUT: ({"name"}, {"region", "storage"}),
     NodeKind.ALLOC: ({"region"}, set()),
     NodeKind.APPLY: ({"region", "reads"}, set()),
-    NodeKind.OFFLOAD: ({"region", "storage"}, set()),
+    NodeKind.OFFLOAD: ({"region", "storage"}, {"into"}),
     NodeKind.RELOAD: ({"region", "storage"}, set()),
     NodeKind.FREE: ({"region"}, set()),
     NodeKind.OUTPUT: ({"name"}, {"region", "storage"}),
@@ -81,6 +82,8 @@ def _node_to_dict(node: MemNode) -> dict[str, Any]:
         data["reads"] = [[r.offset, r.size] for r in node.reads]
     if node.kind in (NodeKind.INPUT, NodeKind.OUTPUT):
         data["name"] = node.name
+    if node.into is not None:
+        data["into"] = node.into
     return data
 
 
@@ -183,6 +186,9 @@ def memgraph_from_dict(data: Any) -> MemGraph:
         name = entry.get("name", "")
         if not isinstance(name, str):
             raise _fail(f"{path}.name", "expected a string")
+        into = _int(entry["into"], f"{path}.into") if "into" in entry else None
+        if into is not None and into >= len(tg):
+            raise _fail(f"{path}.into", f"%{into} is not a task of the TaskGraph")
         nodes.append(
             MemNode(
                 position,
@@ -193,6 +199,7 @@ def memgraph_from_dict(data: Any) -> MemGraph:
                 storage,
                 tuple(_region(r, f"{path}.reads[{k}]") for k, r in enumerate(reads)),
                 name,
+                into,
             )
         )
     return MemGraph(tg, tuple(nodes), budget, alignment, info)

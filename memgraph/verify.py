@@ -12,12 +12,20 @@ residencies and host storages, and checks:
   exactly once (a Slice read straight from an input may instead be produced, any
   number of times, by a *sliced reload* of its box from the input's storage) and every
   program output is produced;
+* host assembly: a *sliced offload* (`into` set) copies a tensor that is exactly one
+  leaf of the tree of output Concats rooted at `into` (Concats whose `Block` kind is
+  "output", nested) into that leaf's box of the root's host storage; each leaf is
+  written at most once, and a host output of such a storage must come after sliced
+  offloads of every leaf – the leaves tile the output, so every element is written
+  exactly once. Such a storage is never reloaded. The tree's Concats then count as
+  computed;
 * dependencies (so that any execution honouring only the dependencies is safe, not
   just insertion order), where "after" means reachable through `deps`:
   - read-after-write: a writer of a region (apply, reload, device input) comes after
     the region's alloc; a reader (apply, offload, device output) comes after the
     writer of the data it reads; a reload comes after the input or offload that
-    wrote its storage, as does a host output;
+    wrote its storage, as does a host output (after all the sliced offloads that
+    fill it, for an output assembled on the host);
   - write-after-read: an alloc comes after the latest free of every byte it
     overlaps; a free comes after its alloc, the writer, every reader and every
     offload of the residency it releases.
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 from einpage.errors import VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
-from taskgraph.nodes import Input, Slice, View
+from taskgraph.nodes import Concat, Input, Slice, View
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -57,6 +65,17 @@ class _Residency:
     users: list[int] = field(default_factory=list)  # readers and offloads
 
 
+@dataclass
+class _Assembly:
+    """A host storage filled by sliced offloads: output assembly `root`, the storage
+    root of each leaf of its tree (with the Concats in `concats`), and which are written."""
+
+    root: int
+    leaves: dict[int, tuple[tuple[int, int], ...]]  # leaf's storage root -> box in root
+    concats: list[int]
+    filled: dict[int, int] = field(default_factory=dict)  # leaf's storage root -> offload
+
+
 def verify(mg: MemGraph) -> VerifyReport:
     """Check every invariant of `mg`; raise `VerificationError` naming the first violation."""
     return _Verifier(mg).run()
@@ -74,6 +93,7 @@ class _Verifier:
         self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
         self.storage_tensor: dict[int, int] = {}
         self.storage_writer: dict[int, int] = {}
+        self.assemblies: dict[int, _Assembly] = {}  # storage -> what sliced offloads put there
         self.applied: set[int] = set()
         self.inputs_seen: set[str] = set()
         self.outputs_seen: set[str] = set()
@@ -153,6 +173,8 @@ class _Verifier:
             raise self.fail("has no region")
         if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD) and node.storage is None:
             raise self.fail("has no host storage")
+        if node.into is not None and node.kind is not NodeKind.OFFLOAD:
+            raise self.fail("only an offload can fill an output assembly ('into')")
 
     def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
         """The live, written residency of `tensor`, which must be at `region`."""
@@ -274,10 +296,66 @@ class _Verifier:
         residency = self.resident(node.tensor, node.region, f"offloaded %{node.tensor}")
         self.after(residency.writer, f"the write of %{node.tensor}")
         residency.users.append(node.id)
-        self.bind_storage(node.storage, node.tensor)
-        self.storage_writer[node.storage] = node.id
+        if node.into is None:
+            self.bind_storage(node.storage, node.tensor)
+            self.storage_writer[node.storage] = node.id
+            return
+        self.bind_storage(node.storage, node.into)
+        assembly = self.assemblies.get(node.storage)
+        if assembly is None:
+            assembly = self.assemblies[node.storage] = self.assembly_of(node.into)
+        if node.tensor not in assembly.leaves:
+            raise self.fail(
+                f"%{node.tensor} is not one of the pieces that output assembly %{node.into} "
+                f"joins (its leaves: {['%' + str(t) for t in list(assembly.leaves)[:8]]})"
+            )
+        if node.tensor in assembly.filled:
+            raise self.fail(
+                f"the box of %{node.tensor} in host#{node.storage} was already written by "
+                f"n{assembly.filled[node.tensor]}"
+            )
+        assembly.filled[node.tensor] = node.id
+
+    def assembly_of(self, root: int) -> _Assembly:
+        """The tree of output Concats rooted at task `root`: its leaves' boxes, by the
+        storage root of each leaf (which a sliced offload names)."""
+        if not self.is_output_concat(root):
+            raise self.fail(f"%{root} is not a Concat that assembles a program output")
+        leaves: dict[int, tuple[tuple[int, int], ...]] = {}
+        concats: list[int] = []
+        stack = [(root, (0,) * len(self.tg[root].shape))]
+        while stack:
+            task_id, starts = stack.pop()
+            task = self.tg[task_id]
+            if self.is_output_concat(task_id):
+                concats.append(task_id)
+                axis = task.op.axis % len(task.shape)
+                for operand in task.inputs:
+                    stack.append((operand, starts))
+                    shift = self.tg[operand].shape[axis]
+                    starts = starts[:axis] + (starts[axis] + shift,) + starts[axis + 1 :]
+                continue
+            base = self.tg.storage_root(task_id)
+            if base in leaves:
+                raise self.fail(
+                    f"%{base} fills two boxes of output assembly %{root}: a sliced offload "
+                    f"of it would be ambiguous"
+                )
+            leaves[base] = tuple(zip(starts, task.shape, strict=True))
+        return _Assembly(root, leaves, concats)
+
+    def is_output_concat(self, task_id: int) -> bool:
+        task = self.tg[task_id]
+        return (
+            isinstance(task.op, Concat) and task.block is not None and task.block.kind == "output"
+        )
 
     def on_reload(self, node: MemNode) -> None:
+        if node.storage in self.assemblies:
+            raise self.fail(
+                f"host#{node.storage} is output %{self.assemblies[node.storage].root}, "
+                f"assembled on the host by sliced offloads; it is never reloaded"
+            )
         writer = self.storage_writer.get(node.storage)
         if writer is None:
             raise self.fail(f"host#{node.storage} holds no data yet (no input or offload wrote it)")
@@ -329,6 +407,19 @@ class _Verifier:
             residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
             self.after(residency.writer, f"the write of %{base}")
             residency.users.append(node.id)
+            return
+        assembly = self.assemblies.get(node.storage)
+        if assembly is not None and assembly.root == base:
+            missing = [leaf for leaf in assembly.leaves if leaf not in assembly.filled]
+            if missing:
+                raise self.fail(
+                    f"host#{node.storage} (output %{base} assembled on the host) misses the "
+                    f"box(es) of {['%' + str(t) for t in missing[:5]]}: no sliced offload "
+                    f"wrote them"
+                )
+            for leaf, writer in assembly.filled.items():
+                self.after(writer, f"the sliced offload of %{leaf} into host#{node.storage}")
+            self.applied.update(assembly.concats)
             return
         if self.storage_tensor.get(node.storage) != base or node.storage not in self.storage_writer:
             raise self.fail(f"host#{node.storage} does not hold %{base}")

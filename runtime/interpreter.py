@@ -7,8 +7,15 @@ the stream they are given; which stream, in which order and after which events i
 the schedule's business (`runtime.schedule`, `runtime.session`).
 
 Host memory is one buffer laid out by `HostLayout`: a slot per host storage of the
-plan (offloaded tensors and host-resident inputs), and, on backends that stage
-transfers (pinned memory on a GPU), a slot per device-side input and output.
+plan (offloaded tensors, host-resident inputs, and outputs assembled on the host by
+sliced offloads), and, on backends that stage transfers (pinned memory on a GPU), a
+slot per device-side input and output.
+
+A sliced offload (`MemNode.into`) copies a block into its box of an output's host
+array. Without staging (NumPy) the copy writes the box in place; with staging it goes
+to a contiguous slot of its own (an asynchronous copy needs contiguous host memory),
+and `Interpreter.assemble_on_host`, called once the run has synchronized, moves the
+staged pieces into their boxes (nothing reads those storages during a run).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from einpage.errors import BackendError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
+from taskgraph.assembly import AssemblyPiece, assembly_pieces, box_index
 from taskgraph.nodes import Task
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT"]
@@ -70,6 +78,10 @@ class HostLayout:
     # Contiguous copies of the boxes that sliced reloads take from an input, by slice
     # task (staging backends only: an asynchronous copy needs contiguous host memory).
     boxes: dict[int, HostSlot] = field(default_factory=dict)
+    # Sliced offloads, by node id: the piece they copy (its box in the storage's output),
+    # and on staging backends the contiguous slot the copy lands in first.
+    pieces: dict[int, AssemblyPiece] = field(default_factory=dict)
+    staged_pieces: dict[int, HostSlot] = field(default_factory=dict)
 
     @classmethod
     def of(cls, mg: MemGraph, staging: bool) -> HostLayout:
@@ -93,8 +105,26 @@ class HostLayout:
         outputs: dict[str, HostSlot] = {}
         holders: dict[int, int] = {}
         boxes: dict[int, HostSlot] = {}
+        pieces: dict[int, AssemblyPiece] = {}
+        staged_pieces: dict[int, HostSlot] = {}
+        trees: dict[int, dict[int, AssemblyPiece]] = {}  # root -> its pieces by base
         for node in mg.nodes:
-            if node.storage is not None:
+            if node.into is not None:  # a sliced offload: the storage holds `into`
+                if node.into not in trees:
+                    leaves = assembly_pieces(tg, node.into)[1]
+                    trees[node.into] = {p.base: p for p in leaves}
+                piece = trees[node.into].get(node.tensor)
+                if piece is None:
+                    raise BackendError(
+                        f"n{node.id}: %{node.tensor} is not a piece of output assembly %{node.into}"
+                    )
+                pieces[node.id] = piece
+                holders.setdefault(node.storage, node.into)
+                if node.storage not in storages:
+                    storages[node.storage] = place(tg[node.into])
+                if staging:
+                    staged_pieces[node.id] = place(tg[piece.task])
+            elif node.storage is not None:
                 holder = holders.setdefault(node.storage, node.tensor)
                 if node.storage not in storages and node.storage not in aliased:
                     storages[node.storage] = place(tg[node.tensor])
@@ -104,7 +134,17 @@ class HostLayout:
                 inputs[node.name] = place(tg[node.tensor])
             elif staging and node.kind is NodeKind.OUTPUT:
                 outputs[node.name] = place(tg[tg.outputs[node.name]])
-        return cls(storages, inputs, outputs, top, frozenset(aliased), holders, boxes)
+        return cls(
+            storages,
+            inputs,
+            outputs,
+            top,
+            frozenset(aliased),
+            holders,
+            boxes,
+            pieces,
+            staged_pieces,
+        )
 
 
 def slice_box(task: Task) -> tuple[slice, ...]:
@@ -208,8 +248,26 @@ class Interpreter:
         self.backend.compute(task, operands, out, stream)
 
     def offload(self, node: MemNode, stream: Stream | None) -> None:
-        view = self.device_view(node.region, node.tensor)
-        self.backend.copy_to_host(self.host_view(node.storage), view, stream)
+        piece = self.layout.pieces.get(node.id)
+        if piece is None:
+            view = self.device_view(node.region, node.tensor)
+            self.backend.copy_to_host(self.host_view(node.storage), view, stream)
+            return
+        view = self.device_view(node.region, piece.task)  # the piece's own shape
+        staged = self.layout.staged_pieces.get(node.id)
+        if staged is not None:
+            self.backend.copy_to_host(staged.of(self.host), view, stream)
+        else:
+            box = self.host_view(node.storage)[box_index(piece.box)]
+            self.backend.copy_to_host(box, view, stream)
+
+    def assemble_on_host(self) -> None:
+        """Move the staged pieces of sliced offloads into their boxes (staging backends;
+        call after the run has synchronized)."""
+        for node_id, slot in self.layout.staged_pieces.items():
+            node = self.mg.nodes[node_id]
+            box = self.host_view(node.storage)[box_index(self.layout.pieces[node_id].box)]
+            np.copyto(box, slot.of(self.host))
 
     def reload(self, node: MemNode, stream: Stream | None) -> None:
         view = self.device_view(node.region, node.tensor)

@@ -352,6 +352,7 @@ class Session:
                 self._staged[name] = placed
         self.interpreter.results = self._result_buffers()
         timing = self._execute(seed, trace)
+        self.interpreter.assemble_on_host()  # staged pieces of sliced offloads, if any
         outputs = self._collect()
         seconds = time.perf_counter() - started
         memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}

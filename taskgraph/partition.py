@@ -93,8 +93,11 @@ Algorithm
    all layers before the next and reload every weight once per block).
 
 Program outputs keep their names. A split output is rebuilt by Concat tasks of kind
-`"output"`: they need twice the output's bytes and are the one exception to the limit
-(a planner can run them where outputs go, on the host).
+`"output"` (one axis at a time, nested; their leaves are the output's blocks): run on
+the device they would need twice the output's bytes, and they are the one exception
+to the limit. The planner runs them on the host instead when nothing else reads the
+blocks (`taskgraph.assembly`): each block is copied into its box of the output's host
+array as soon as it is computed, so the output is never on the device whole.
 
 Views: a view block is a view of the operand region its box maps to. Axes of a view
 that keep their size, and the leading axis of a split or merged group, may be split

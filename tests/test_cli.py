@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import einpage as ep
 import memgraph
 import runtime
 import taskgraph
@@ -271,12 +272,35 @@ def test_infeasible_budget_exits_3_with_the_smallest_that_works(capsys):
     assert code == EXIT_OK
 
 
-def test_infeasible_even_when_partitioned_exits_3(capsys):
-    # today the planner counts a slice of a weight with the whole weight (1 MiB here)
-    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB")
+def read_output_program(path: Path, batch: int) -> Path:
+    """A TaskGraph file: probs = softmax(x @ w) ([batch, 256]) and its row maxima, both
+    outputs. The blocks of probs are read by the maxima too, so once split, probs cannot be
+    assembled on the host: a Concat must hold its blocks and all of it on the device."""
+    prog = ep.Program("read-output")
+    x = prog.input("x", (batch, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    probs = ep.softmax(x @ w)
+    prog.output(probs, "probs")
+    prog.output(probs.max(axis=-1), "top")
+    path.write_text(prog.build().to_json())
+    return path
+
+
+def test_infeasible_even_when_partitioned_exits_3(capsys, tmp_path):
+    program = read_output_program(tmp_path / "read.json", batch=256)  # probs: 256 KiB
+    code, _, err = cli(capsys, "plan", program, "--budget", "256KiB")
     assert code == EXIT_INFEASIBLE
-    assert_one_error(err, "below the smallest feasible budget")
-    assert "hint: the smallest budget that works is" in err
+    assert_one_error(err, "below the smallest feasible budget", "logits='last'")
+    assert "hint: the smallest budget that works is 512.0 KiB" in err
+    code, _, _ = cli(capsys, "plan", program, "--budget", "512KiB")
+    assert code == EXIT_OK
+
+
+def test_a_split_output_nothing_else_reads_is_assembled_on_the_host(capsys):
+    # probs (256 KiB) is split; its blocks go straight to its host array
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB")
+    assert code == EXIT_OK
+    assert "outputs probs assembled on the host from" in out
 
 
 def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
@@ -288,9 +312,10 @@ def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     assert needed != "1.0 KiB"
 
 
-def test_long_error_lines_lose_their_middle(capsys):
-    # the output of a partitioned MLP is a concat of many blocks: its message lists them all
-    code, _, err = cli(capsys, "plan", "mlp", "--budget", "1MiB")
+def test_long_error_lines_lose_their_middle(capsys, tmp_path):
+    # the split output is rebuilt by a concat of many blocks: its message lists them all
+    program = read_output_program(tmp_path / "read.json", batch=4096)
+    code, _, err = cli(capsys, "plan", program, "--budget", "1MiB")
     assert code == EXIT_INFEASIBLE
     first = err.splitlines()[0]
     assert len(first) <= 620 and " … " in first

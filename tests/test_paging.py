@@ -19,6 +19,7 @@ from einpage.errors import InfeasibleBudgetError, PlanError
 from memgraph import MemGraph, NodeKind
 from memgraph.planner import PartitionInfeasibleError, min_budget, no_offload_peak, plan
 from taskgraph import TaskGraph
+from taskgraph.assembly import output_assemblies
 from taskgraph.nodes import Einsum
 from taskgraph.partition import BlockLimitError, finest_block, partition, working_set
 
@@ -129,6 +130,18 @@ def softmax_program() -> TaskGraph:
     return prog.build()
 
 
+def softmax_read_program() -> TaskGraph:
+    """`softmax_program`, with the row maxima of y as a second output: y's blocks are read
+    by the maxima too, so split, y cannot be assembled on the host."""
+    prog = ep.Program("smx-read")
+    x = prog.input("x", (64, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    y = ep.softmax(x @ w)
+    prog.output(y, "y")
+    prog.output(y.max(axis=-1), "m")
+    return prog.build()
+
+
 def wide_weight_program() -> TaskGraph:
     """A 4 MiB weight read by one matmul, reduced to a small output."""
     prog = ep.Program("wide")
@@ -210,13 +223,14 @@ def test_bad_partition_values_are_refused_with_the_valid_ones(value):
 
 
 def test_a_budget_below_every_block_names_the_smallest_budget_and_block_limit():
-    tg = softmax_program()
+    tg = softmax_read_program()
     floor, floor_task = finest_block(tg, 256)
     with pytest.raises(PartitionInfeasibleError) as caught:
         plan(tg, 512)
     error = caught.value
     assert (error.block_limit, error.block_task) == (floor, floor_task)
-    # The softmax output (64 KiB), split, is rebuilt by a Concat holding 2 x 64 KiB.
+    # The softmax output (64 KiB), split and read by the maxima, is rebuilt on the device
+    # by a Concat holding 2 x 64 KiB.
     assert error.needed == 128 * KiB and error.budget == 512
     message = str(error)
     assert "smallest block limit that works is" in message and tg[floor_task].line() in message
@@ -225,16 +239,43 @@ def test_a_budget_below_every_block_names_the_smallest_budget_and_block_limit():
 
 
 def test_rebuilding_a_split_output_that_cannot_fit_is_a_clear_error():
-    tg = softmax_program()
+    tg = softmax_read_program()
     with pytest.raises(PartitionInfeasibleError) as caught:
         plan(tg, "100KiB")
     error = caught.value
     assert error.needed == 128 * KiB and error.task == tg.outputs["y"]
     message = str(error)
     assert "rebuilds program output 'y' (64.0 KiB)" in message and "logits='last'" in message
+    assert "cannot be assembled on the host" in message
     mg = plan(tg, error.needed)
     assert mg.info["min_budget"] == 128 * KiB == mg.budget
+    y = mg.taskgraph.outputs["y"]  # the fallback: y's Concat runs on the device
+    assert "y" not in mg.info["outputs_on_host"]
+    assert any(n.kind is NodeKind.APPLY and n.tensor == y for n in mg.nodes)
+    assert not any(n.kind is NodeKind.OFFLOAD and n.into == y for n in mg.nodes)
     run_and_compare(mg, tg, program_inputs(tg, 3), seeds=(5,))
+
+
+def test_a_split_output_nothing_else_reads_is_assembled_on_the_host():
+    tg = softmax_program()  # y (64 KiB) never fits twice in 100 KiB
+    mg = plan(tg, "100KiB")
+    parted = mg.taskgraph
+    y = parted.outputs["y"]
+    assert parted[y].block.kind == "output" and mg.info["outputs_on_host"] == ["y"]
+    fills = [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into == y]
+    assert len(fills) == mg.info["sliced_offloads"] > 1
+    assert not any(n.kind is NodeKind.APPLY and parted[n.tensor].kind == "concat" for n in mg)
+    (out,) = mg.of_kind(NodeKind.OUTPUT)
+    assert out.region is None and set(out.deps) == {n.id for n in fills}
+    assert mg.info["min_budget"] < 2 * tg[tg.outputs["y"]].nbytes
+    run_and_compare(mg, tg, program_inputs(tg, 3), seeds=(5,))
+    # Below every block: the floor is now the finest block alone, and it plans.
+    floor, _ = finest_block(tg, 256)
+    with pytest.raises(PartitionInfeasibleError) as caught:
+        plan(tg, floor - 256)
+    assert caught.value.needed == floor
+    assert "No budget below 1.0 KiB (1024 B) can work" in str(caught.value)
+    run_and_compare(plan(tg, floor), tg, program_inputs(tg, 4), seeds=(6,))
 
 
 def test_a_weight_larger_than_the_budget_is_streamed_in_slices():
@@ -287,6 +328,13 @@ def test_plans_of_partitioned_random_programs_run_to_the_unpartitioned_answer(
     mg = plan(parted, budget, alignment=alignment, partition="off", **options)
     event(f"tasks x{min(len(parted) // len(tg), 20)}")
     event(f"sliced reloads: {'some' if mg.info['sliced_reloads'] else 'none'}")
+    event(f"outputs assembled on the host: {'some' if mg.info['sliced_offloads'] else 'none'}")
+    # The boxes host assembly computes from the Concats agree with the blocks' provenance.
+    for root, pieces in output_assemblies(parted).items():
+        for piece in pieces:
+            block = parted[piece.task].block
+            assert block.of == parted[root].block.of and block.kind == "block"
+            assert tuple(zip(block.starts, block.shape, strict=True)) == piece.box
     run_and_compare(mg, tg, arrays)
 
 
@@ -309,10 +357,11 @@ def test_auto_partition_below_the_minimum_budget_plans_or_says_what_would_work(t
     except PartitionInfeasibleError as error:
         assert error.needed > budget // alignment * alignment
         assert error.block_limit == floor
-        event("infeasible: a split output does not fit twice")
+        event("infeasible")
         return
     assert mg.info["block_limit"] is not None and mg.budget == budget
     event("partitioned")
+    event(f"outputs assembled on the host: {'some' if mg.info['sliced_offloads'] else 'none'}")
     run_and_compare(mg, tg, program_inputs(tg, seed=len(tg)), seeds=(7,))
 
 

@@ -1,0 +1,228 @@
+"""Host assembly: split program outputs rebuilt in host memory by sliced offloads.
+
+The planner copies each block of an output-assembly tree (`taskgraph.assembly`) into
+its box of the output's host storage; the verifier checks that the boxes are filled
+exactly once before the output, and the runtime (with and without host staging) gives
+the reference result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import einpage as ep
+import memgraph
+import runtime
+import taskgraph
+from einpage.errors import VerificationError
+from memgraph import MemGraph, NodeKind
+from memgraph.render import node_lines
+from runtime.numpy_backend import NumpyBackend
+from taskgraph import TaskGraph
+from taskgraph.assembly import assembly_tasks, output_assemblies
+from taskgraph.nodes import Block, Concat, with_blocks
+
+MODES = ("sequential", "streams", "random")
+
+
+class StagingNumpyBackend(NumpyBackend):
+    """The NumPy backend with host staging on, as the CuPy backend has it: sliced
+    offloads land in contiguous slots and are moved into their boxes after the run."""
+
+    host_staging = True
+
+
+def hand_assembled(slice_leaf: bool = False) -> TaskGraph:
+    """y [6, 32] = concat0(concat1(view(exp(x)), view(exp(2x))), exp(z)), its Concats
+    marked as output assembly (as `taskgraph.partition` marks them). With `slice_leaf`,
+    the last piece is a Slice of a larger block instead (grids that do not align)."""
+    prog = ep.Program("hand")
+    x = prog.input("x", (4, 8))
+    z = prog.input("z", (6, 32) if slice_leaf else (4, 32))
+    left = prog.view(ep.exp(x), (2, 16))
+    right = prog.view(ep.exp(x * 2.0), (2, 16))
+    top = prog.concat([left, right], axis=1)
+    bottom = ep.exp(z)
+    if slice_leaf:
+        bottom = prog.slice(bottom, (2, 0), (4, 32))
+    prog.output(prog.concat([top, bottom], axis=0), "y")
+    tg = prog.build()
+    blocks = [
+        Block(t.id, (0,) * len(t.shape), t.shape, "output") if isinstance(t.op, Concat) else None
+        for t in tg
+    ]
+    return TaskGraph(with_blocks(tg.tasks, blocks), tg.outputs, tg.name)
+
+
+def hand_inputs(tg: TaskGraph) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        name: rng.standard_normal(tg[t].shape).astype("float32") for name, t in tg.inputs.items()
+    }
+
+
+def sliced_offloads(mg: MemGraph) -> list:
+    return [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into is not None]
+
+
+def without(mg: MemGraph, victim: int) -> MemGraph:
+    """`mg` without node `victim`: its dependants wait for its dependencies instead."""
+    dropped = mg.nodes[victim]
+    nodes = []
+    for node in mg.nodes:
+        if node.id == victim:
+            continue
+        deps = set()
+        for d in node.deps:
+            deps |= set(dropped.deps) if d == victim else {d}
+        renumbered = tuple(sorted(d - (d > victim) for d in deps))
+        nodes.append(dataclasses.replace(node, id=node.id - (node.id > victim), deps=renumbered))
+    return MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+
+
+def test_the_pieces_of_a_nested_tree_and_their_boxes():
+    tg = hand_assembled()
+    root = tg.outputs["y"]
+    ((found, pieces),) = output_assemblies(tg).items()
+    assert found == root
+    boxes = {p.box: (tg[p.task].kind, tg[p.base].kind) for p in pieces}
+    assert boxes == {
+        ((0, 2), (0, 16)): ("view", "einsum"),
+        ((0, 2), (16, 16)): ("view", "einsum"),
+        ((2, 4), (0, 32)): ("einsum", "einsum"),
+    }
+    # Concats and leaf views are never applied; the einsum blocks are.
+    on_host = assembly_tasks(tg)
+    assert {tg[t].kind for t in on_host} == {"concat", "view"} and set(on_host.values()) == {root}
+
+
+def test_a_hand_made_tree_is_assembled_on_the_host_and_runs_everywhere():
+    tg = hand_assembled()
+    root = tg.outputs["y"]
+    mg = memgraph.plan(tg, "64KiB")
+    memgraph.verify(mg)
+    fills = sliced_offloads(mg)
+    assert len(fills) == 3 and {n.into for n in fills} == {root}
+    assert not any(n.kind is NodeKind.APPLY and tg[n.tensor].kind == "concat" for n in mg)
+    assert mg.info["outputs_on_host"] == ["y"] and mg.info["sliced_offloads"] == 3
+    assert mg.stats.sliced_offload_count == 3
+    assert mg.stats.sliced_offload_bytes == sum(tg[n.tensor].nbytes for n in fills)
+    # Each block is freed after (and only after) its sliced offload.
+    for fill in fills:
+        (free,) = [n for n in mg.nodes if n.kind is NodeKind.FREE and n.tensor == fill.tensor]
+        assert fill.id in free.deps
+    inputs = hand_inputs(tg)
+    want = taskgraph.evaluate(tg, inputs)["y"]
+    for mode in MODES:
+        got = runtime.run(mg, inputs, backend="numpy", mode=mode, seed=3)["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    with runtime.Session(mg, StagingNumpyBackend(), mode="sequential") as session:
+        assert set(session.layout.staged_pieces) == {n.id for n in fills}
+        np.testing.assert_allclose(session.run(inputs)["y"], want, rtol=1e-6)
+
+
+def test_a_slice_of_a_block_keeps_the_concats_on_the_device():
+    tg = hand_assembled(slice_leaf=True)
+    assert output_assemblies(tg) == {} and assembly_tasks(tg) == {}
+    mg = memgraph.plan(tg, "64KiB")
+    memgraph.verify(mg)
+    assert not sliced_offloads(mg) and mg.info["outputs_on_host"] == []
+    applied = {tg[n.tensor].kind for n in mg.of_kind(NodeKind.APPLY)}
+    assert "concat" in applied
+    inputs = hand_inputs(tg)
+    got = runtime.run(mg, inputs, backend="numpy", mode="random", seed=1)["y"]
+    np.testing.assert_allclose(got, taskgraph.evaluate(tg, inputs)["y"], rtol=1e-6)
+
+
+def test_a_block_with_another_reader_keeps_the_concats_on_the_device():
+    tg = hand_assembled()
+    prog_tasks = list(tg.tasks)
+    # A second output reads the first piece's base: that piece has another reader.
+    base = next(p.base for p in output_assemblies(tg)[tg.outputs["y"]])
+    outputs = {**tg.outputs, "piece": base}
+    shared = TaskGraph(tuple(prog_tasks), outputs, tg.name)
+    assert output_assemblies(shared) == {}
+    mg = memgraph.plan(shared, "64KiB")
+    memgraph.verify(mg)
+    assert not sliced_offloads(mg)
+    inputs = hand_inputs(shared)
+    got = runtime.run(mg, inputs, backend="numpy", mode="sequential")
+    want = taskgraph.evaluate(shared, inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+def test_the_verifier_detects_a_missing_sliced_offload():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[1]
+    with pytest.raises(VerificationError, match="misses the box"):
+        memgraph.verify(without(mg, fill.id))
+
+
+def test_the_verifier_detects_an_output_that_does_not_wait_for_every_piece():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[-1]  # no later node reaches it but the output
+    output = mg.of_kind(NodeKind.OUTPUT)[0]
+    deps = tuple(d for d in output.deps if d != fill.id)
+    nodes = list(mg.nodes)
+    nodes[output.id] = dataclasses.replace(output, deps=deps)
+    broken = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+    with pytest.raises(VerificationError, match=f"missing dependency on n{fill.id}"):
+        memgraph.verify(broken)
+
+
+def test_the_verifier_refuses_a_sliced_offload_into_a_task_that_is_not_an_assembly():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[0]
+    nodes = list(mg.nodes)
+    nodes[fill.id] = dataclasses.replace(fill, into=fill.tensor)
+    broken = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+    with pytest.raises(VerificationError, match="is not a Concat that assembles"):
+        memgraph.verify(broken)
+
+
+def test_only_offloads_fill_an_assembly():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    root = mg.taskgraph.outputs["y"]
+    free = mg.of_kind(NodeKind.FREE)[0]
+    nodes = list(mg.nodes)
+    nodes[free.id] = dataclasses.replace(free, into=root)
+    broken = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+    with pytest.raises(VerificationError, match="only an offload can fill"):
+        memgraph.verify(broken)
+
+
+def test_the_verifier_refuses_writing_a_box_twice():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[0]
+    nodes = list(mg.nodes)
+    twice = dataclasses.replace(fill, id=fill.id + 1, deps=(fill.id,))
+    shifted = [
+        dataclasses.replace(n, id=n.id + 1, deps=tuple(d + (d > fill.id) for d in n.deps))
+        for n in nodes[fill.id + 1 :]
+    ]
+    broken = MemGraph(
+        mg.taskgraph,
+        (*nodes[: fill.id + 1], twice, *shifted),
+        mg.budget,
+        mg.alignment,
+        dict(mg.info),
+    )
+    with pytest.raises(VerificationError, match="was already written"):
+        memgraph.verify(broken)
+
+
+def test_sliced_offloads_survive_json_and_show_their_box():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    again = MemGraph.from_json(mg.to_json())
+    assert again.nodes == mg.nodes
+    memgraph.verify(again)
+    root = mg.taskgraph.outputs["y"]
+    fill = next(n for n in sliced_offloads(mg) if mg.taskgraph[n.tensor].shape == (4, 32))
+    assert fill.describe().endswith(f"into %{root}")
+    label = " ".join(line.text for line in node_lines(mg, fill))
+    assert f"[2:6, 0:32] of %{root}" in label
+    assert memgraph.simulate(mg, "h100-pcie5").bytes_moved["d2h"] >= mg.stats.sliced_offload_bytes

@@ -1,0 +1,80 @@
+"""LLaMA (tiny) prefill with logits for every position, at half its no-offload peak.
+
+The [1, 64, 256] logits are split and used to need their blocks and all of them on the
+device at once (128 KiB, more than the budget): the planner refused. Assembled on the
+host by sliced offloads, the plan fits, verifies, moves at least the lower bounds and
+runs to the reference in every runtime mode, with and without host staging.
+"""
+
+from __future__ import annotations
+
+import pytest
+from runtime_cases import assert_outputs_match, make_inputs
+
+import memgraph
+import runtime
+import taskgraph
+from einpage.models import llama
+from memgraph import NodeKind
+from memgraph.bounds import host_inputs_of, transfer_lower_bounds
+from runtime.numpy_backend import NumpyBackend
+from runtime.schedule import MODES
+from taskgraph.assembly import output_assemblies
+
+
+class StagingNumpyBackend(NumpyBackend):
+    host_staging = True
+
+
+@pytest.fixture(scope="module")
+def case():
+    tg = llama.prefill_program(llama.PRESETS["tiny"], 1, 64, "float32").build()
+    mg = memgraph.plan(tg, "50%")
+    inputs = make_inputs(tg, 0)
+    return tg, mg, inputs, taskgraph.evaluate(tg, inputs)
+
+
+def test_all_logits_fit_half_the_peak_once_assembled_on_the_host(case):
+    tg, mg, _, _ = case
+    logits = tg[tg.outputs["logits"]]
+    assert mg.budget < 2 * logits.nbytes  # the device Concat could never fit
+    report = memgraph.verify(mg)
+    assert report.peak_bytes <= mg.budget
+    parted = mg.taskgraph
+    root = parted.outputs["logits"]
+    assert parted[root].block.kind == "output"
+    assert mg.info["outputs_on_host"] == ["logits"]
+    fills = [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into == root]
+    assert len(fills) == mg.info["sliced_offloads"] > 1
+    assert sum(parted[n.tensor].nbytes for n in fills) == logits.nbytes
+    # Each block's box (from the Concats) is where its provenance says it is.
+    for piece in output_assemblies(parted)[root]:
+        block = parted[piece.task].block
+        assert block.of == parted[root].block.of
+        assert tuple(zip(block.starts, block.shape, strict=True)) == piece.box
+    (output,) = [n for n in mg.of_kind(NodeKind.OUTPUT) if n.name == "logits"]
+    assert output.storage is not None and set(output.deps) == {n.id for n in fills}
+
+
+def test_the_plan_moves_at_least_the_lower_bounds(case):
+    _, mg, _, _ = case
+    order = [n.tensor for n in mg.of_kind(NodeKind.APPLY)]
+    bounds = transfer_lower_bounds(mg.taskgraph, mg.budget, order, host_inputs_of(mg))
+    stats = mg.stats
+    assert bounds.reload_bytes <= stats.reload_bytes
+    assert bounds.offload_bytes <= stats.offload_bytes
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_gives_the_reference_logits(case, mode):
+    _, mg, inputs, want = case
+    got = runtime.run(mg, inputs, backend="numpy", mode=mode, seed=11)
+    assert_outputs_match(got, want, mode)
+    assert_outputs_match(got, taskgraph.evaluate(mg.taskgraph, inputs), mode)
+
+
+def test_host_staging_gives_the_reference_logits(case):
+    _, mg, inputs, want = case
+    with runtime.Session(mg, StagingNumpyBackend(), mode="streams") as session:
+        assert len(session.layout.staged_pieces) == mg.info["sliced_offloads"]
+        assert_outputs_match(session.run(inputs), want, "staging")
