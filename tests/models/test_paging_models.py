@@ -5,7 +5,6 @@ as partitioned graphs."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -13,6 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+
+from hf_models import TOLERANCE, hf_gpt2, hf_llama, hf_logits, relative_error  # noqa: E402
 
 import memgraph  # noqa: E402
 import runtime  # noqa: E402
@@ -22,76 +23,28 @@ from memgraph.planner import min_budget, plan  # noqa: E402
 
 torch.set_num_threads(1)
 
-TOLERANCE = 1e-4  # of the logit scale (max |logit|), as tests/models/test_hf_equality.py
 BATCH, SEQ = 2, 12
 ALIGNMENT = 64
 KiB = 1024
 
-MODELS = {
-    "llama-mha": ("llama", {"num_attention_heads": 4, "num_key_value_heads": 4}),
-    "llama-gqa": ("llama", {"num_attention_heads": 4, "num_key_value_heads": 2}),
-    "gpt2": ("gpt2", {}),
+MODELS = {  # name -> (our module, the Hugging Face model of `hf_models`)
+    "llama-mha": (llama, lambda: hf_llama("mha")),
+    "llama-gqa": (llama, lambda: hf_llama("gqa-tied")),
+    "gpt2": (gpt2, lambda: hf_gpt2("base")),
 }
-
-
-def randomize(model, seed: int, std: float = 0.2):
-    """Redraw every parameter (norm scales near 1, the rest N(0, std²)), so attention is
-    sharp and every weight matters."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn(param.shape, generator=gen)
-            is_scale = param.ndim == 1 and name.endswith("weight")
-            param.copy_(1 + 0.1 * noise if is_scale else std * noise)
-    return model.eval()
-
-
-@functools.cache
-def hf_model(name: str):
-    family, extra = MODELS[name]
-    if family == "llama":
-        config = transformers.LlamaConfig(
-            vocab_size=96,
-            hidden_size=32,
-            intermediate_size=48,
-            num_hidden_layers=2,
-            rms_norm_eps=1e-5,
-            rope_theta=500.0,
-            tie_word_embeddings=False,
-            attn_implementation="eager",
-            **extra,
-        )
-        return randomize(transformers.LlamaForCausalLM(config), seed=len(name))
-    config = transformers.GPT2Config(
-        vocab_size=96,
-        n_embd=32,
-        n_layer=2,
-        n_head=4,
-        n_positions=16,
-        bos_token_id=0,
-        eos_token_id=0,
-        attn_implementation="eager",
-    )
-    return randomize(transformers.GPT2LMHeadModel(config), seed=len(name))
 
 
 def program_and_inputs(name: str, logits: str):
     """Our program of the model, its inputs for random tokens, and HF's logits."""
-    model = hf_model(name)
-    module = llama if MODELS[name][0] == "llama" else gpt2
+    module, build = MODELS[name]
+    model = build()
     config_class = llama.LlamaConfig if module is llama else gpt2.GPT2Config
     cfg = config_class.from_hf(model.config)
     weights = module.weights_from_state_dict(cfg, model.state_dict())
     tokens = np.random.default_rng(len(name)).integers(0, cfg.vocab_size, (BATCH, SEQ))
     tg = module.prefill_program(cfg, BATCH, SEQ, logits=logits).build()
-    with torch.no_grad():
-        want = model(torch.from_numpy(tokens)).logits.numpy()
+    want = hf_logits(model, tokens)
     return tg, module.prefill_inputs(cfg, tokens, weights), want if logits == "all" else want[:, -1]
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    assert got.shape == want.shape
-    return float(np.abs(got - want).max() / np.abs(want).max())
 
 
 def split_hard(tg: taskgraph.TaskGraph, parted: taskgraph.TaskGraph) -> None:
