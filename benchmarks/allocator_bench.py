@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from einpage.units import format_bytes  # noqa: E402
+from einpage_core.units import format_bytes  # noqa: E402
 from memgraph.allocator import STRATEGIES, Allocator  # noqa: E402
 
 MiB = 1024 * 1024

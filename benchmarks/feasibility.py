@@ -47,9 +47,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memgraph  # noqa: E402
-from einpage.errors import InfeasibleBudgetError  # noqa: E402
 from einpage.models import llama  # noqa: E402
-from einpage.units import format_bytes, parse_bytes  # noqa: E402
+from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
+from einpage_core.units import format_bytes, parse_bytes  # noqa: E402
 from memgraph.baselines import layer_streaming_plan  # noqa: E402
 from memgraph.cost import CostModel, get_cost_model  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402

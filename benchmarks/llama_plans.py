@@ -72,9 +72,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memgraph  # noqa: E402
-from einpage.errors import InfeasibleBudgetError  # noqa: E402
 from einpage.models import llama  # noqa: E402
-from einpage.units import format_bytes, parse_bytes  # noqa: E402
+from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
+from einpage_core.units import format_bytes, parse_bytes  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input  # noqa: E402
 

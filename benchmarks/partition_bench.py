@@ -28,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import einpage as ep
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.units import format_bytes, parse_bytes
 from taskgraph import TaskGraph
 from taskgraph.partition import partition, smallest_feasible_block_limit, working_set
 

@@ -101,9 +101,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import einpage as ep  # noqa: E402
-from einpage.errors import EinpageError, GraphError, InfeasibleBudgetError  # noqa: E402
 from einpage.models import llama  # noqa: E402
-from einpage.units import format_bytes  # noqa: E402
+from einpage_core.errors import EinpageError, GraphError, InfeasibleBudgetError  # noqa: E402
+from einpage_core.units import format_bytes  # noqa: E402
 from memgraph import (  # noqa: E402
     MemGraph,
     NodeKind,

@@ -87,7 +87,7 @@ import einpage as ep  # noqa: E402
 import memgraph  # noqa: E402
 import runtime  # noqa: E402
 import taskgraph  # noqa: E402
-from einpage.units import format_bytes, format_count  # noqa: E402
+from einpage_core.units import format_bytes, format_count  # noqa: E402
 from memgraph import MemGraph  # noqa: E402
 from runtime.numpy_backend import NumpyBackend  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402

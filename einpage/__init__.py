@@ -4,14 +4,11 @@ The user-facing API: `Program` to write programs, the op library (`einpage.ops`,
 re-exported here), and the error hierarchy under `EinpageError`.
 """
 
-# Leaf modules first: taskgraph, memgraph and runtime import einpage.errors and
-# einpage.units while einpage itself may still be initialising.
-from einpage import errors, units  # isort: skip
-from einpage.errors import *  # noqa: F403  isort: skip
-from einpage.units import format_bytes, parse_bytes  # isort: skip
-from einpage import ops
+from einpage import errors, ops, units
+from einpage.errors import *  # noqa: F403
 from einpage.ops import *  # noqa: F403
 from einpage.program import Program, Tensor
+from einpage.units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"
 

@@ -44,7 +44,8 @@ import memgraph
 import runtime
 import taskgraph
 from einpage import __version__
-from einpage.errors import (
+from einpage.presets import PRESETS, load_program, random_inputs, read_text
+from einpage_core.errors import (
     BackendUnavailableError,
     EinpageError,
     GraphvizNotFoundError,
@@ -53,14 +54,13 @@ from einpage.errors import (
     SerializationError,
     VerificationError,
 )
-from einpage.presets import PRESETS, load_program, random_inputs, read_text
-from einpage.units import BudgetFormatError, format_bytes, format_count, parse_bytes
+from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import COST_MODELS, ORDERS, MemGraph, NodeKind
 from memgraph.eviction import POLICIES
 from memgraph.serialize import FORMAT as PLAN_FORMAT
 from memgraph.serialize import memgraph_from_dict
 from taskgraph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input
 from taskgraph.partition import (
     DEFAULT_BUDGET_FRACTION,
     BlockLimitError,
@@ -329,7 +329,7 @@ def estimated_blocks(tg: TaskGraph, limit: int) -> int:
     """About how many tasks partitioning `tg` to `limit` bytes makes: per compute task,
     its working set over the limit (rounded up). Assembly and combines come on top."""
 
-    return sum(-(-working_set(tg, t.id) // limit) for t in tg if not isinstance(t.op, Input | View))
+    return sum(-(-working_set(tg, t.id) // limit) for t in tg if t.is_compute)
 
 
 def _check_block_count(tg: TaskGraph, budget: int) -> None:

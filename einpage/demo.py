@@ -27,9 +27,9 @@ from einpage.cli import (
     program_rows,
     raise_on_mismatch,
 )
-from einpage.errors import GraphvizNotFoundError
 from einpage.presets import mlp_program, random_inputs
-from einpage.units import format_bytes
+from einpage_core.errors import GraphvizNotFoundError
+from einpage_core.units import format_bytes
 
 __all__ = ["run_demo", "mlp_program", "random_inputs", "PICTURE_MAX_NODES"]
 

@@ -18,8 +18,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from einpage.errors import ProgramError, ShapeError
 from einpage.program import Program, Tensor
+from einpage_core.errors import ProgramError, ShapeError
 from taskgraph.einsum import LETTERS
 
 __all__ = [

@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 
 import einpage.ops as ops
-from einpage.errors import EinpageError, SerializationError
 from einpage.program import Program
+from einpage_core.errors import EinpageError, SerializationError
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Gather

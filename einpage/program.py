@@ -22,7 +22,7 @@ from typing import Any
 
 import opt_einsum
 
-from einpage.errors import ProgramError, ShapeError, SpecError
+from einpage_core.errors import ProgramError, ShapeError, SpecError
 from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec, normalize

@@ -6,8 +6,6 @@ on a cost model; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
 Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
 """
 
-# einpage.errors must be imported before any einpage-dependent module (see einpage/__init__.py).
-import einpage.errors  # noqa: F401  isort: skip
 from memgraph.allocator import Allocator
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import TransferBounds, transfer_lower_bounds

@@ -83,8 +83,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
-from einpage.errors import AllocationError
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.errors import AllocationError
+from einpage_core.units import format_bytes, parse_bytes
 
 __all__ = [
     "DEFAULT_ALIGNMENT",

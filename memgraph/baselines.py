@@ -50,14 +50,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from einpage.errors import AllocationError, InfeasibleBudgetError, PlanError
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.errors import AllocationError, InfeasibleBudgetError, PlanError
+from einpage_core.units import format_bytes, parse_bytes
 from memgraph.allocator import DEFAULT_ALIGNMENT, Allocator, Block, Checkpoint
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, Task, View
+from taskgraph.nodes import Input, Task
 
 __all__ = [
     "Segment",
@@ -116,7 +116,7 @@ def layer_segments(
     key_of = layer_of or (lambda task: layer_key(task.scope))
     runs: list[tuple[str | None, list[int]]] = []
     for task in tg:
-        if isinstance(task.op, Input | View):
+        if not task.is_compute:
             continue
         key = key_of(task)
         if key is not None and runs and runs[-1][0] == key:
@@ -224,7 +224,7 @@ class _Streamer:
         self.keep = {self.root[t] for t in tg.output_ids}  # stay on the device to the end
         self.last_use = [-1] * len(tg)  # task id of the last reader of each root
         for task in tg:
-            if not isinstance(task.op, Input | View):
+            if task.is_compute:
                 for operand in task.inputs:
                     self.last_use[self.root[operand]] = task.id
         # The device inputs each segment reads first, placed when its weights are loaded.

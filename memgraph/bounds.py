@@ -76,13 +76,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from einpage.errors import GraphError, InfeasibleBudgetError
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.errors import GraphError, InfeasibleBudgetError
+from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from taskgraph.assembly import assembly_tasks
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, Slice, View
+from taskgraph.nodes import Input, Slice
 
 __all__ = ["TransferBounds", "transfer_lower_bounds", "host_inputs_of"]
 
@@ -155,7 +155,7 @@ def _check_order(tg: TaskGraph, order: Sequence[int] | None, host: list[bool]) -
     """The computed tasks in `order` (program order by default), checked. Slices of host
     inputs and the Concats of outputs that may be assembled on the host may be left out:
     a plan that makes them by sliced reloads, or by sliced offloads, applies none."""
-    computed = [t.id for t in tg if not isinstance(t.op, Input | View)]
+    computed = [t.id for t in tg if t.is_compute]
     if order is None:
         return computed
     order = [int(t) for t in order]

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from einpage.errors import EinpageError
+from einpage_core.errors import EinpageError
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, View
 
 __all__ = ["CostModel", "PRESETS", "get_cost_model"]
 
@@ -50,7 +49,7 @@ class CostModel:
         Inputs and views cost nothing (they move no data on the device).
         """
         task = tg[task_id]
-        if isinstance(task.op, Input | View):
+        if not task.is_compute:
             return 0.0
         touched = task.nbytes + sum(tg[i].nbytes for i in dict.fromkeys(task.inputs))
         return self.kernel_latency_s + max(

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from einpage.errors import PlanError
+from einpage_core.errors import PlanError
 
 __all__ = [
     "NEVER",

@@ -16,8 +16,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from einpage.errors import GraphError
-from einpage.units import format_bytes
+from einpage_core.errors import GraphError
+from einpage_core.units import format_bytes
 from memgraph.nodes import MemNode, NodeKind, Region
 from taskgraph.graph import TaskGraph
 

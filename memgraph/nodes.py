@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from einpage.units import format_bytes
+from einpage_core.units import format_bytes
 
 __all__ = ["NodeKind", "Region", "MemNode", "STREAM_OF"]
 

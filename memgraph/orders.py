@@ -36,9 +36,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 
-from einpage.errors import PlanError
+from einpage_core.errors import PlanError
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input
 
 __all__ = ["ORDERS", "OrderFn", "get_order", "check_order", "program_order", "memory_order"]
 
@@ -47,7 +47,7 @@ OrderFn = Callable[[TaskGraph], list[int]]
 
 def is_compute(tg: TaskGraph, task_id: int) -> bool:
     """Whether a task is a step of the plan (it has an apply): not an input, not a view."""
-    return not isinstance(tg[task_id].op, Input | View)
+    return tg[task_id].is_compute
 
 
 def program_order(tg: TaskGraph) -> list[int]:
@@ -129,7 +129,7 @@ def with_structural_tasks(tg: TaskGraph, compute_order: Sequence[int]) -> list[i
 
     def place_views(task_id: int) -> None:
         for i in tg[task_id].inputs:
-            if not placed[i] and isinstance(tg[i].op, View):
+            if not placed[i] and tg[i].op.aliases_input:
                 place_views(i)
                 placed[i] = True
                 order.append(i)

@@ -167,8 +167,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from einpage.errors import InfeasibleBudgetError, PlanError
-from einpage.units import BudgetFormatError, format_bytes, parse_bytes
+from einpage_core.errors import InfeasibleBudgetError, PlanError
+from einpage_core.units import BudgetFormatError, format_bytes, parse_bytes
 from memgraph.allocator import DEFAULT_ALIGNMENT, Allocator, Block
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.eviction import NEVER, Segment, choose_window_ranked, get_policy
@@ -177,7 +177,7 @@ from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
 from taskgraph.assembly import assembly_tasks, output_assemblies
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, Slice, View
+from taskgraph.nodes import Input, Slice
 from taskgraph.partition import finest_block, partition_for_budget, working_set
 from taskgraph.partition import partition as partition_graph
 
@@ -400,7 +400,7 @@ def storage_roots(tg: TaskGraph) -> list[int]:
     """`tg.storage_root` of every task, in one pass (a view's input comes before it)."""
     root = list(range(len(tg)))
     for task in tg:
-        if isinstance(task.op, View):
+        if task.op.aliases_input:
             root[task.id] = root[task.inputs[0]]
     return root
 

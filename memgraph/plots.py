@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from einpage.errors import RenderError
-from einpage.units import format_bytes
+from einpage_core.errors import RenderError
+from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind, Region
 from memgraph.trace import (

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from einpage.errors import SerializationError
+from einpage_core.errors import SerializationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
 from taskgraph.serialize import taskgraph_from_dict, taskgraph_to_dict

@@ -56,8 +56,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from einpage.errors import EinpageError, GraphError
-from einpage.units import format_bytes
+from einpage_core.errors import EinpageError, GraphError
+from einpage_core.units import format_bytes
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from einpage.errors import TraceError
+from einpage_core.errors import TraceError
 
 __all__ = [
     "StreamEvent",

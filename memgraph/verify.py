@@ -38,10 +38,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from einpage.errors import VerificationError
+from einpage_core.errors import VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
-from taskgraph.nodes import Concat, Input, Slice, View
+from taskgraph.nodes import Concat, Input, Slice
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -161,7 +161,7 @@ class _Verifier:
             raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
         if node.tensor is None or not 0 <= node.tensor < len(self.tg):
             raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
-        if isinstance(self.tg[node.tensor].op, View):
+        if self.tg[node.tensor].op.aliases_input:
             raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
         for region in (node.region, *node.reads):
             if region is None:
@@ -429,7 +429,7 @@ class _Verifier:
         missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]
         if missing_inputs:
             raise self.fail(f"input(s) {missing_inputs} never appear")
-        computed = [t.id for t in self.tg if not isinstance(t.op, Input | View)]
+        computed = [t.id for t in self.tg if t.is_compute]
         missing = [t for t in computed if t not in self.applied]
         if missing:
             raise self.fail(f"task(s) {['%' + str(t) for t in missing[:5]]} are never computed")

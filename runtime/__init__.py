@@ -7,8 +7,6 @@ the order of a mode (`runtime.schedule`): sequential, streams (threaded on the C
 or random. Runs can record a timing trace in Chrome's format (`runtime.trace`).
 """
 
-# einpage.errors must be imported before any einpage-dependent module (see einpage/__init__.py).
-import einpage.errors  # noqa: F401  isort: skip
 from runtime.backend import (
     BACKEND_NAMES,
     BACKENDS,

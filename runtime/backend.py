@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage.errors import BackendError
+from einpage_core.errors import BackendError
 from taskgraph.nodes import Task
 
 __all__ = [

@@ -24,7 +24,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from einpage.errors import UnsupportedError
+from einpage_core.errors import UnsupportedError
 from taskgraph.expr import BinOp, Call, Const, Expr, Var
 
 __all__ = [

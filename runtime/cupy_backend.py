@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import BackendError, BackendUnavailableError, InputError
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.errors import BackendError, BackendUnavailableError, InputError
+from einpage_core.units import format_bytes, parse_bytes
 from runtime import cuda_codegen
 from runtime.backend import Backend, Event, Stream
 from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into, matmul_plan

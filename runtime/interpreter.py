@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import BackendError
+from einpage_core.errors import BackendError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import BackendError
+from einpage_core.errors import BackendError
 from runtime.backend import Backend, Event, NodeFailure, Stream
 from taskgraph.evaluate import evaluate_task
 from taskgraph.nodes import Task

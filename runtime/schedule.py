@@ -25,7 +25,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from einpage.errors import BackendError, VerificationError
+from einpage_core.errors import BackendError, VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 

@@ -30,8 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import BackendError, EinpageError, GraphError, InputError, VerificationError
-from einpage.units import format_bytes
+from einpage_core.errors import (
+    BackendError,
+    EinpageError,
+    GraphError,
+    InputError,
+    VerificationError,
+)
+from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import StreamEvent

@@ -1,7 +1,5 @@
 """taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator."""
 
-# einpage.errors must be imported before any taskgraph module (see einpage/__init__.py).
-import einpage.errors  # noqa: F401  isort: skip
 from taskgraph import dtypes, expr
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec

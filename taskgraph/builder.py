@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from einpage.errors import GraphError
+from einpage_core.errors import GraphError
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Op, Operand, Shape, Task

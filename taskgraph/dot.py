@@ -25,7 +25,7 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from einpage.errors import GraphvizNotFoundError, RenderError
+from einpage_core.errors import GraphvizNotFoundError, RenderError
 
 __all__ = [
     "RenderError",

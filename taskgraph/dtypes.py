@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import DTypeError
+from einpage_core.errors import DTypeError
 
 __all__ = ["DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "canonical", "itemsize", "short", "is_float"]
 

@@ -20,7 +20,7 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from einpage.errors import ShapeError, SpecError, UnsupportedError
+from einpage_core.errors import ShapeError, SpecError, UnsupportedError
 
 __all__ = ["EinsumSpec", "Normalized", "normalize", "LETTERS"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import InputError
+from einpage_core.errors import InputError
 from taskgraph import dtypes
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.graph import TaskGraph

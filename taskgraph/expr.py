@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from einpage.errors import JoinError
+from einpage_core.errors import JoinError
 
 __all__ = [
     "Expr",

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from einpage.errors import InputError
-from einpage.units import format_bytes, format_count
-from taskgraph.nodes import Input, Task, View
+from einpage_core.errors import InputError
+from einpage_core.units import format_bytes, format_count
+from taskgraph.nodes import Input, Task
 
 __all__ = ["TaskGraph"]
 
@@ -74,7 +74,7 @@ class TaskGraph:
     def storage_root(self, task_id: int) -> int:
         """The task whose bytes `task_id` occupies: itself, or for a view its base (recursively)."""
         task = self.tasks[task_id]
-        while isinstance(task.op, View):
+        while task.op.aliases_input:
             task = self.tasks[task.inputs[0]]
         return task.id
 

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
-from einpage.errors import DTypeError, GraphError, ShapeError, SpecError
+from einpage_core.errors import DTypeError, GraphError, ShapeError, SpecError
 from taskgraph import dtypes
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import Expr, default_join
@@ -104,6 +104,10 @@ class Op:
 
     __slots__ = ()
     kind: ClassVar[str]
+    is_compute: ClassVar[bool] = True
+    """A step the device executes (False for inputs, which arrive, and views, which alias)."""
+    aliases_input: ClassVar[bool] = False
+    """The output is operand 0's bytes under another shape: no memory and no work of its own."""
 
     def infer(
         self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
@@ -134,6 +138,7 @@ class Input(Op):
     """A program input. `location` is where it starts: weights on the host by default."""
 
     kind: ClassVar[str] = "input"
+    is_compute: ClassVar[bool] = False
     name: str
     role: str = "activation"
     location: str = "device"
@@ -308,6 +313,8 @@ class View(Op):
     """The operand's bytes reinterpreted with another shape of the same element count."""
 
     kind: ClassVar[str] = "view"
+    is_compute: ClassVar[bool] = False
+    aliases_input: ClassVar[bool] = True
 
     def infer(
         self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
@@ -582,6 +589,11 @@ class Task:
     @property
     def kind(self) -> str:
         return self.op.kind
+
+    @property
+    def is_compute(self) -> bool:
+        """Whether the device executes this task (see `Op.is_compute`)."""
+        return self.op.is_compute
 
     @property
     def size(self) -> int:

@@ -127,8 +127,8 @@ from fractions import Fraction
 from itertools import product
 from typing import Any
 
-from einpage.errors import GraphError, InfeasibleBudgetError, PlanError
-from einpage.units import format_bytes, parse_bytes
+from einpage_core.errors import GraphError, InfeasibleBudgetError, PlanError
+from einpage_core.units import format_bytes, parse_bytes
 from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec
@@ -216,7 +216,7 @@ def working_set(tg: TaskGraph, task_id: int, alignment: int = 1) -> int:
     """
     task = tg[task_id]
     own = _aligned(task.nbytes, alignment)
-    if isinstance(task.op, Input | View) or _is_input_block(task, tg.tasks):
+    if not task.is_compute or _is_input_block(task, tg.tasks):
         return own
     return own + sum(_aligned(tg[i].nbytes, alignment) for i in dict.fromkeys(task.inputs))
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from einpage.units import format_bytes, format_count
+from einpage_core.units import format_bytes, format_count
 from taskgraph.dot import (
     DotGraph,
     Line,

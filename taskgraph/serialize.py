@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from einpage.errors import EinpageError, SerializationError
+from einpage_core.errors import EinpageError, SerializationError
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Block, Task, op_from_attributes, with_blocks

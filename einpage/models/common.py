@@ -15,9 +15,9 @@ from dataclasses import fields
 from typing import Any
 
 from einpage import ops
-from einpage.errors import ProgramError
 from einpage.models.errors import ConfigError, ConfigMismatchError
 from einpage.program import Program, Tensor
+from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
 __all__ = [

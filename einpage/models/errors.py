@@ -6,7 +6,7 @@ can catch one family, or `EinpageError` for everything einpage raises on purpose
 
 from __future__ import annotations
 
-from einpage.errors import EinpageError, UnsupportedError
+from einpage_core.errors import EinpageError, UnsupportedError
 
 __all__ = [
     "ModelError",

@@ -63,7 +63,6 @@ from typing import Any
 import numpy as np
 
 from einpage import ops
-from einpage.errors import ProgramError
 from einpage.models.checkpoint import (
     open_source,
     read_hf_config,
@@ -83,6 +82,7 @@ from einpage.models.common import (
 from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
 from einpage.models.weights import WeightSpec, check_layer_count, load_weights, resolve_prefix
 from einpage.program import Program, Tensor
+from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
 __all__ = [

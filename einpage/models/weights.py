@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from einpage.errors import DTypeError
 from einpage.models.checkpoint import Part, Source
 from einpage.models.errors import ConfigMismatchError, WeightError
+from einpage_core.errors import DTypeError
 from taskgraph import dtypes
 
 __all__ = ["WeightSpec", "load_weights", "resolve_prefix", "check_layer_count"]

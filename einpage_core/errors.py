@@ -1,0 +1,130 @@
+"""The error hierarchy: every error einpage raises on purpose derives from `EinpageError`.
+
+This module is a leaf (it imports nothing of the project), so every package may use it;
+`einpage.errors` re-exports it for users.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EinpageError",
+    "ProgramError",
+    "SpecError",
+    "ShapeError",
+    "JoinError",
+    "DTypeError",
+    "GraphError",
+    "SerializationError",
+    "InputError",
+    "UnsupportedError",
+    "PlanError",
+    "InfeasibleBudgetError",
+    "VerificationError",
+    "AllocationError",
+    "BackendError",
+    "BackendUnavailableError",
+    "RenderError",
+    "GraphvizNotFoundError",
+    "TraceError",
+]
+
+
+class EinpageError(Exception):
+    """Base class of every error einpage raises about its input or its environment."""
+
+
+class ProgramError(EinpageError, ValueError):
+    """A `Program` was used wrongly (unknown tensor, duplicate name, bad argument)."""
+
+
+class SpecError(ProgramError):
+    """An einsum spec is malformed or does not fit its operands."""
+
+
+class ShapeError(ProgramError):
+    """Shapes disagree: an index with two sizes, a non-positive dimension, a bad reshape."""
+
+
+class JoinError(ProgramError):
+    """A join expression cannot be parsed; the message gives the column."""
+
+    def __init__(self, message: str, expression: str = "", column: int | None = None):
+        self.expression = expression
+        self.column = column
+        if expression and column is not None:
+            message = f"{message}\n  {expression}\n  {' ' * column}^"
+        super().__init__(message)
+
+
+class DTypeError(ProgramError, TypeError):
+    """An unknown dtype, or operands of different dtypes without an explicit cast."""
+
+
+class UnsupportedError(EinpageError, NotImplementedError):
+    """Valid input that einpage deliberately does not handle (the message says what)."""
+
+
+class GraphError(EinpageError, ValueError):
+    """A TaskGraph or MemGraph is malformed (bad ids, cycles, inconsistent shapes)."""
+
+
+class SerializationError(GraphError):
+    """A JSON document is not a valid serialized graph; the message gives the JSON path."""
+
+
+class InputError(EinpageError, ValueError):
+    """Arrays given for a graph's inputs are missing, extra, or of the wrong shape or dtype."""
+
+
+class PlanError(EinpageError):
+    """The planner could not make a plan."""
+
+
+class InfeasibleBudgetError(PlanError):
+    """No plan fits the budget; `needed` is the smallest budget that could work.
+
+    Attributes: `budget` (bytes asked for), `needed` (bytes, a lower bound on any
+    feasible budget), `task` (the TaskGraph id of the task that needs it, or None).
+    """
+
+    def __init__(self, message: str, budget: int, needed: int, task: int | None = None):
+        super().__init__(message)
+        self.budget = budget
+        self.needed = needed
+        self.task = task
+
+
+class VerificationError(EinpageError):
+    """A MemGraph breaks one of its invariants; the message names the node."""
+
+    def __init__(self, message: str, node: int | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+class AllocationError(PlanError):
+    """The device arena cannot satisfy an allocation request."""
+
+
+class BackendError(EinpageError, RuntimeError):
+    """A runtime backend failed (e.g. the arena could not be allocated)."""
+
+
+class BackendUnavailableError(BackendError):
+    """The requested backend cannot run here (CuPy missing, no GPU); the message says how to fix."""
+
+
+class RenderError(EinpageError, RuntimeError):
+    """A picture could not be made: an unknown output format, or Graphviz failed."""
+
+
+class GraphvizNotFoundError(RenderError):
+    """Graphviz's `dot` program is not installed; `dot_path` is where the DOT source went."""
+
+    def __init__(self, message: str, dot_path=None):
+        super().__init__(message)
+        self.dot_path = dot_path
+
+
+class TraceError(EinpageError, ValueError):
+    """A timeline trace (Chrome trace JSON) is malformed; the message says where."""
