@@ -353,7 +353,14 @@ class ModelFamily:
     """One model family: its `name` (as in `einpage.models.FAMILIES` and the CLI's
     `llama:7b` presets), its config class, its `presets` (size -> config) and its
     program builders: `prefill_program(cfg, batch, seq, dtype, logits)` and
-    `prefill_inputs(cfg, tokens, weights, dtype)`."""
+    `prefill_inputs(cfg, tokens, weights, dtype)`.
+
+    >>> from einpage.models import FAMILIES
+    >>> FAMILIES["gpt2"]
+    ModelFamily(name='gpt2', config=<class 'einpage.models.gpt2.GPT2Config'>)
+    >>> sorted(FAMILIES["llama"].presets)
+    ['13b', '65b', '70b', '7b', 'tiny', 'tiny-gqa']
+    """
 
     name: str
     config: type[ModelConfig]
