@@ -13,12 +13,13 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # One stamp per set of extras, remade when the package metadata changes.
+# `.core` is what the demo needs: the package and its pictures (the viz extra).
 $(VENV)/.core: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[viz]'
 	touch $@
 
 $(VENV)/.dev: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,test]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,test,viz]'
 	touch $@ $(VENV)/.core
 
 dot:

@@ -26,6 +26,7 @@ __all__ = [
     "RenderError",
     "GraphvizNotFoundError",
     "TraceError",
+    "MissingDependencyError",
 ]
 
 
@@ -128,3 +129,14 @@ class GraphvizNotFoundError(RenderError):
 
 class TraceError(EinpageError, ValueError):
     """A timeline trace (Chrome trace JSON) is malformed; the message says where."""
+
+
+class MissingDependencyError(EinpageError, ImportError):
+    """An optional package is not installed; the message names the einpage extra that
+    installs it (`pip install 'einpage[viz]'`). Attributes: `package` (also `name`, as
+    on any ImportError) and `extra`."""
+
+    def __init__(self, message: str, package: str, extra: str):
+        super().__init__(message, name=package)
+        self.package = package
+        self.extra = extra

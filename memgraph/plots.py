@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from einpage_core.errors import RenderError
+from einpage_core.optional import require
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind, Region
@@ -261,7 +262,7 @@ def _time_unit(seconds: float) -> tuple[float, str]:
 def _figure(ax: Axes | None, figsize: tuple[float, float]) -> tuple[Figure, Axes]:
     if ax is not None:
         return ax.figure, ax
-    from matplotlib.figure import Figure
+    Figure = require("matplotlib.figure", extra="viz").Figure
 
     fig = Figure(figsize=figsize, dpi=100, layout="constrained")
     return fig, fig.add_subplot()
@@ -323,9 +324,9 @@ def memory_map(
     `PolyCollection` per kind (gid `"residencies:<kind>"`), so plans with tens of
     thousands of nodes draw quickly.
     """
-    from matplotlib.collections import PolyCollection
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    PolyCollection = require("matplotlib.collections", extra="viz").PolyCollection
+    Line2D = require("matplotlib.lines", extra="viz").Line2D
+    Patch = require("matplotlib.patches", extra="viz").Patch
 
     fig, ax = _figure(ax, figsize)
     stays = residencies(mg)
@@ -401,7 +402,7 @@ def _transfer_markers(
     xscale: float,
     yscale: float,
 ) -> list[Any]:
-    from matplotlib.lines import Line2D
+    Line2D = require("matplotlib.lines", extra="viz").Line2D
 
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in _MARKERS}
     for node in mg.nodes:
@@ -494,7 +495,7 @@ def live_bytes_timeline(
     or to a curve `(xs, ys)` in bytes, e.g. a no-offload baseline. `times` applies to
     `mg` only. The budget of `mg` is a dashed line; the peak is marked.
     """
-    from matplotlib.lines import Line2D
+    Line2D = require("matplotlib.lines", extra="viz").Line2D
 
     fig, ax = _figure(ax, figsize)
     curves: list[tuple[str, np.ndarray, np.ndarray]] = []

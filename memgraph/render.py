@@ -27,13 +27,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from einpage_core.units import format_bytes
-from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind
-from taskgraph.assembly import assembly_pieces
-from taskgraph.dot import (
+from einpage_core.dot import (
+    DEFAULT_MAX_NODES,
+    GRAPH_ATTRS,
+    NODE_ATTRS,
+    NOTE_ATTRS,
+    REPR_MAX_NODES,
+    STUB_ATTRS,
     DotGraph,
     Line,
+    NodeStyle,
     Selection,
     clip,
     describe_ids,
@@ -44,15 +47,11 @@ from taskgraph.dot import (
     select_ids,
     svg_source,
 )
-from taskgraph.render import (
-    DEFAULT_MAX_NODES,
-    GRAPH_ATTRS,
-    NOTE_ATTRS,
-    REPR_MAX_NODES,
-    STUB_ATTRS,
-    NodeStyle,
-    op_lines,
-)
+from einpage_core.units import format_bytes
+from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind
+from taskgraph.assembly import assembly_pieces
+from taskgraph.labels import op_lines
 
 __all__ = [
     "DepKind",
@@ -237,20 +236,18 @@ def memgraph_dot(
     by their task's scope (an int limits the depth). `legend`: node kinds and edge
     classes drawn. `rankdir`: "TB" or "LR".
     """
-    tg = mg.taskgraph
     folding = _fold(mg) if collapse else _Folding({}, {})
-    folded = set(folding.into)
-
-    def scope_of(i: int) -> str:
-        tensor = mg.nodes[i].tensor
-        return tg[tensor].scope if tensor is not None else ""
-
     predicate = (lambda i: select(mg.nodes[i])) if callable(select) else None
     chosen = select_ids(
-        len(mg), predicate or select, scope, scope_of, max_nodes, "node", hidden=folded
+        len(mg),
+        predicate or select,
+        scope,
+        lambda i: _scope_of(mg, i),
+        max_nodes,
+        "node",
+        hidden=set(folding.into),
     )
-    shown = set(chosen.shown)
-
+    tg = mg.taskgraph
     graph = DotGraph(
         f"{tg.name} plan",
         graph_attrs={
@@ -258,27 +255,63 @@ def memgraph_dot(
             "rankdir": rankdir,
             "tooltip": f"MemGraph {tg.name}: {len(mg)} nodes",
         },
-        node_attrs={"fontname": "Helvetica", "fontsize": 10, "margin": "0.08,0.04"},
+        node_attrs={**NODE_ATTRS},
         edge_attrs={"arrowsize": 0.7},
         clusters=clusters,
     )
-    kinds_drawn: dict[str, None] = {}
-    for i in chosen.shown:
+    kinds_drawn = _add_nodes(graph, mg, chosen.shown, folding)
+    edges = _dep_edges(mg, set(chosen.shown), folding, collapse)
+    if collapse if prune is None else prune:
+        edges = _prune_implied(edges)
+    classes_drawn = _add_edges(graph, mg, edges, set(chosen.shown))
+    if chosen.omitted:
+        _add_note(graph, mg, chosen, max_nodes, folding)
+    if legend and kinds_drawn:
+        nodes = [(s.legend, s.attrs()) for k, s in MEM_STYLES.items() if k in kinds_drawn]
+        edge_samples = [
+            (text, attrs) for cls, (text, attrs) in DEP_STYLES.items() if cls in classes_drawn
+        ]
+        graph.add_raw(legend_cluster(nodes, edge_samples))
+    return graph.source()
+
+
+def _scope_of(mg: MemGraph, node_id: int) -> str:
+    """The scope of the task whose tensor node `node_id` handles ("" for none)."""
+    tensor = mg.nodes[node_id].tensor
+    return mg.taskgraph[tensor].scope if tensor is not None else ""
+
+
+def _add_nodes(
+    graph: DotGraph, mg: MemGraph, shown: tuple[int, ...], folding: _Folding
+) -> set[str]:
+    """Draw the `shown` nodes (a folded free noted on the node it went into); returns
+    the style kinds drawn."""
+    kinds_drawn: set[str] = set()
+    for i in shown:
         node = mg.nodes[i]
         kind = style_kind(node)
-        kinds_drawn[kind] = None
+        kinds_drawn.add(kind)
         lines = node_lines(mg, node)
         freed = folding.frees_at.get(i)
         if freed:
             lines.append(Line(clip("then frees " + ", ".join(f"%{t}" for t in freed)), "note"))
         graph.add_node(
             f"n{i}",
-            scope_of(i),
+            _scope_of(mg, i),
             label=html_label(lines),
             tooltip=node.line(),
             **MEM_STYLES[kind].attrs(),
         )
+    return kinds_drawn
 
+
+def _dep_edges(
+    mg: MemGraph, shown: set[int], folding: _Folding, collapse: bool
+) -> dict[tuple[int, int], DepKind]:
+    """The edges into shown nodes, (src, dst) -> class, between the nodes that stand for
+    the ends after folding; of several deps folded onto one edge, the highest-priority
+    class wins."""
+    folded = folding.into
     edges: dict[tuple[int, int], DepKind] = {}
     for i in range(len(mg)):
         dst_node = mg.nodes[i]
@@ -297,9 +330,15 @@ def memgraph_dot(
             old = edges.get((src, dst))
             if old is None or _PRIORITY[cls] < _PRIORITY[old]:
                 edges[(src, dst)] = cls
-    if collapse if prune is None else prune:
-        edges = _prune_implied(edges)
-    classes_drawn: dict[DepKind, None] = {}
+    return edges
+
+
+def _add_edges(
+    graph: DotGraph, mg: MemGraph, edges: dict[tuple[int, int], DepKind], shown: set[int]
+) -> set[DepKind]:
+    """Draw `edges` in their class's style (a grey stub for a source outside the
+    selection), by destination then source; returns the classes drawn."""
+    classes_drawn: set[DepKind] = set()
     for (src, dst), cls in sorted(edges.items(), key=lambda item: (item[0][1], item[0][0])):
         if src not in shown and f"n{src}" not in graph:
             node = mg.nodes[src]
@@ -309,17 +348,9 @@ def memgraph_dot(
                 tooltip="outside the selection: " + node.line(),
                 **STUB_ATTRS,
             )
-        classes_drawn[cls] = None
+        classes_drawn.add(cls)
         graph.add_edge(f"n{src}", f"n{dst}", **DEP_STYLES[cls][1])
-    if chosen.omitted:
-        _add_note(graph, mg, chosen, max_nodes, folding)
-    if legend and kinds_drawn:
-        nodes = [(s.legend, s.attrs()) for k, s in MEM_STYLES.items() if k in kinds_drawn]
-        edge_samples = [
-            (text, attrs) for cls, (text, attrs) in DEP_STYLES.items() if cls in classes_drawn
-        ]
-        graph.add_raw(legend_cluster(nodes, edge_samples))
-    return graph.source()
+    return classes_drawn
 
 
 PRUNE_LIMIT = 20_000

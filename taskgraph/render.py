@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from einpage_core.units import format_bytes, format_count
-from taskgraph.dot import (
+from einpage_core.dot import (
+    DEFAULT_MAX_NODES,
+    GRAPH_ATTRS,
+    NODE_ATTRS,
+    NOTE_ATTRS,
+    REPR_MAX_NODES,
+    STUB_ATTRS,
     DotGraph,
     Line,
-    clip,
+    NodeStyle,
     describe_ids,
     html_label,
     legend_cluster,
@@ -38,7 +42,8 @@ from taskgraph.dot import (
     svg_source,
 )
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Input, Slice, Task
+from taskgraph.labels import op_lines, task_lines
+from taskgraph.nodes import Input, Task
 
 __all__ = [
     "taskgraph_dot",
@@ -53,26 +58,6 @@ __all__ = [
     "REPR_MAX_NODES",
 ]
 
-DEFAULT_MAX_NODES = 400
-"""Default cap on the tasks one picture shows (the rest are summarised in a note node)."""
-REPR_MAX_NODES = 120
-"""The cap used when a notebook displays a graph (`_repr_svg_`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeStyle:
-    """How one kind of node looks: Graphviz `shape`, `style` and `fillcolor`, and what the
-    legend calls it."""
-
-    legend: str
-    shape: str
-    fillcolor: str
-    style: str = "filled"
-
-    def attrs(self) -> dict[str, object]:
-        return {"shape": self.shape, "style": self.style, "fillcolor": self.fillcolor}
-
-
 TASK_STYLES: dict[str, NodeStyle] = {
     "weight": NodeStyle("weight input", "cylinder", "#fdd49e"),
     "activation": NodeStyle("activation input", "invhouse", "#c7e9c0"),
@@ -86,70 +71,10 @@ TASK_STYLES: dict[str, NodeStyle] = {
 }
 """Node styles by kind; inputs are split into weights and activations."""
 
-STUB_ATTRS: dict[str, object] = {
-    "shape": "box",
-    "style": "rounded,dashed",
-    "color": "#999999",
-    "fontcolor": "#666666",
-    "fontsize": 9,
-}
-NOTE_ATTRS: dict[str, object] = {
-    "shape": "note",
-    "style": "filled",
-    "fillcolor": "#ffffcc",
-    "color": "#b8860b",
-    "fontsize": 10,
-}
-GRAPH_ATTRS: dict[str, object] = {
-    "rankdir": "TB",
-    "fontname": "Helvetica",
-    "nodesep": 0.25,
-    "ranksep": 0.35,
-    "newrank": True,
-}
-
 
 def style_kind(task: Task) -> str:
     """The style key of a task: its op kind, with inputs split into weight/activation."""
     return task.op.role if isinstance(task.op, Input) else task.kind
-
-
-def op_lines(task: Task) -> list[Line]:
-    """The attributes of a task's op, one per line (the spec, join and agg of an einsum)."""
-    op = task.op
-    if isinstance(op, Einsum):
-        lines = [Line(clip(str(op.spec)), "mono")]
-        if op.join is not None:
-            lines.append(Line(clip(f"join: {op.join}"), "mono"))
-        if op.agg != "sum" and op.spec.reduced:
-            lines.append(Line(f"agg: {op.agg}", "mono"))
-        return lines
-    if isinstance(op, Input):
-        return [Line(f"{op.role}, starts on {op.location}", "note")]
-    if isinstance(op, Fill):
-        origin = f" at {list(op.origin)}" if any(op.origin) else ""
-        return [Line(f"{op.pattern} {op.value:g}{origin}", "mono")]
-    if isinstance(op, Slice):
-        return [Line(clip(f"starts {list(op.starts)}"), "mono")]
-    if isinstance(op, Concat):
-        return [Line(f"axis {op.axis}", "mono")]
-    return []
-
-
-def task_lines(task: Task) -> list[Line]:
-    """The label of a task: id and kind, its op's attributes, type and size, FLOPs."""
-    title = (
-        f'%{task.id} input "{task.op.name}"'
-        if isinstance(task.op, Input)
-        else (f"%{task.id} {task.kind}")
-    )
-    if task.label:
-        title += f" · {clip(task.label, 24)}"
-    lines = [Line(title, "title"), *op_lines(task)]
-    lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
-    if task.flops and task.kind not in ("input", "view"):
-        lines.append(Line(format_count(task.flops, "FLOP"), "note"))
-    return lines
 
 
 def _tooltip(task: Task) -> str:
@@ -184,7 +109,7 @@ def taskgraph_dot(
     graph = DotGraph(
         tg.name,
         graph_attrs={**GRAPH_ATTRS, "rankdir": rankdir, "tooltip": f"TaskGraph {tg.name}"},
-        node_attrs={"fontname": "Helvetica", "fontsize": 10, "margin": "0.08,0.04"},
+        node_attrs={**NODE_ATTRS},
         edge_attrs={"color": "#444444", "arrowsize": 0.7},
         clusters=clusters,
     )

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import einpage as ep
 from memgraph import MemGraph, MemGraphBuilder, Region
 from taskgraph import TaskGraph
-from taskgraph.nodes import Input, View
+from taskgraph.nodes import Input, Task, View
 
 
 @dataclass
@@ -32,70 +32,98 @@ def reference_plan(
     alignment: int = 256,
     outputs_to_host: bool = False,
 ) -> MemGraph:
-    b = MemGraphBuilder(tg, budget=1, alignment=alignment)
-    free_list: list[tuple[Region, int]] = []
-    top = 0
-    resident: dict[int, _Resident] = {}
-    storage: dict[int, tuple[int, int]] = {}  # tensor -> (storage id, writer node)
-    root = [tg.storage_root(t.id) for t in tg]
-    uses = {t.id: 0 for t in tg}
-    for task in tg:
-        for i in task.inputs:
-            uses[root[i]] += 1
-    for t in tg.outputs.values():
-        uses[root[t]] += 1
-
-    def allocate(tensor: int) -> tuple[int, Region]:
-        nonlocal top
-        size = -(-max(tg[tensor].nbytes, 1) // alignment) * alignment
-        if reuse:
-            for k, (region, freed_by) in enumerate(free_list):
-                if region.size >= size:
-                    del free_list[k]
-                    if region.size > size:
-                        rest = Region(region.offset + size, region.size - size)
-                        free_list.insert(k, (rest, freed_by))
-                    chosen = Region(region.offset, size)
-                    return b.alloc(tensor, chosen, deps=[freed_by]), chosen
-        chosen = Region(top, size)
-        top += size
-        return b.alloc(tensor, chosen), chosen
-
-    def release(tensor: int) -> None:
-        r = resident.pop(tensor)
-        node = b.free(tensor, r.region, deps=[r.alloc, r.writer, *r.users])
-        free_list.append((r.region, node))
-
-    def ensure(tensor: int) -> _Resident:
-        if tensor not in resident:
-            sid, writer = storage[tensor]
-            alloc, region = allocate(tensor)
-            node = b.reload(tensor, sid, region, deps=[alloc, writer])
-            resident[tensor] = _Resident(alloc, region, node)
-        return resident[tensor]
-
-    def after_use(tensor: int) -> None:
-        uses[tensor] -= 1
-        if uses[tensor] == 0 or tensor in storage:
-            release(tensor)
-
+    """A plan of `tg` in program order: first-fit allocation from freed regions (none
+    with `reuse=False`), the tensors in `offload` offloaded right after they are made
+    and reloaded before each use, outputs left on the device (or offloaded to the host
+    with `outputs_to_host`). The budget is the arena's top."""
+    maker = _ReferencePlanner(tg, alignment, reuse)
     for task in tg:
         if isinstance(task.op, Input):
-            if task.op.location == "host":
-                sid = len(storage)
-                storage[task.id] = (sid, b.input(task.op.name, task.id, storage=sid))
-            else:
-                alloc, region = allocate(task.id)
-                node = b.input(task.op.name, task.id, region=region, deps=[alloc])
-                resident[task.id] = _Resident(alloc, region, node)
-            continue
-        if isinstance(task.op, View):
-            continue
-        operands = []
-        for i in task.inputs:
-            operands.append(ensure(root[i]))
-        alloc, region = allocate(task.id)
-        node = b.apply(
+            maker.input(task)
+        elif not isinstance(task.op, View):
+            maker.apply(task, offload=task.id in offload)
+    for name, t in tg.outputs.items():
+        maker.output(name, maker.root[t], outputs_to_host)
+    maker.b.budget = max(maker.top, alignment)
+    return maker.b.build({"planner": "tests.reference_plan"})
+
+
+class _ReferencePlanner:
+    """The state of `reference_plan`: the builder, the free list, what is resident and
+    what has a host copy, and how many uses each tensor has left."""
+
+    def __init__(self, tg: TaskGraph, alignment: int, reuse: bool):
+        self.tg = tg
+        self.alignment = alignment
+        self.reuse = reuse
+        self.b = MemGraphBuilder(tg, budget=1, alignment=alignment)
+        self.free_list: list[tuple[Region, int]] = []  # (region, the free that released it)
+        self.top = 0
+        self.resident: dict[int, _Resident] = {}
+        self.storage: dict[int, tuple[int, int]] = {}  # tensor -> (storage id, writer node)
+        self.root = [tg.storage_root(t.id) for t in tg]
+        self.uses = {t.id: 0 for t in tg}
+        for task in tg:
+            for i in task.inputs:
+                self.uses[self.root[i]] += 1
+        for t in tg.outputs.values():
+            self.uses[self.root[t]] += 1
+
+    def allocate(self, tensor: int) -> tuple[int, Region]:
+        """An alloc node for `tensor`: the first freed region that fits, else the top."""
+        alignment = self.alignment
+        size = -(-max(self.tg[tensor].nbytes, 1) // alignment) * alignment
+        if self.reuse:
+            for k, (region, freed_by) in enumerate(self.free_list):
+                if region.size >= size:
+                    del self.free_list[k]
+                    if region.size > size:
+                        rest = Region(region.offset + size, region.size - size)
+                        self.free_list.insert(k, (rest, freed_by))
+                    chosen = Region(region.offset, size)
+                    return self.b.alloc(tensor, chosen, deps=[freed_by]), chosen
+        chosen = Region(self.top, size)
+        self.top += size
+        return self.b.alloc(tensor, chosen), chosen
+
+    def release(self, tensor: int) -> None:
+        r = self.resident.pop(tensor)
+        node = self.b.free(tensor, r.region, deps=[r.alloc, r.writer, *r.users])
+        self.free_list.append((r.region, node))
+
+    def ensure(self, tensor: int) -> _Resident:
+        """`tensor` on the device: reloaded from its host copy when it is not."""
+        if tensor not in self.resident:
+            sid, writer = self.storage[tensor]
+            alloc, region = self.allocate(tensor)
+            node = self.b.reload(tensor, sid, region, deps=[alloc, writer])
+            self.resident[tensor] = _Resident(alloc, region, node)
+        return self.resident[tensor]
+
+    def after_use(self, tensor: int) -> None:
+        self.uses[tensor] -= 1
+        if self.uses[tensor] == 0 or tensor in self.storage:
+            self.release(tensor)
+
+    def new_storage(self, tensor: int, writer: int) -> int:
+        sid = len(self.storage)
+        self.storage[tensor] = (sid, writer)
+        return sid
+
+    def input(self, task: Task) -> None:
+        name = task.op.name
+        if task.op.location == "host":
+            sid = len(self.storage)
+            self.storage[task.id] = (sid, self.b.input(name, task.id, storage=sid))
+        else:
+            alloc, region = self.allocate(task.id)
+            node = self.b.input(name, task.id, region=region, deps=[alloc])
+            self.resident[task.id] = _Resident(alloc, region, node)
+
+    def apply(self, task: Task, offload: bool) -> None:
+        operands = [self.ensure(self.root[i]) for i in task.inputs]
+        alloc, region = self.allocate(task.id)
+        node = self.b.apply(
             task.id,
             [o.region for o in operands],
             region,
@@ -103,33 +131,42 @@ def reference_plan(
         )
         for o in operands:
             o.users.append(node)
-        resident[task.id] = _Resident(alloc, region, node)
-        for i in dict.fromkeys(root[i] for i in task.inputs):
-            after_use(i)
-        if task.id in offload and uses[task.id] > 0:
-            sid = len(storage)
-            off = b.offload(task.id, region, sid, deps=[node])
-            resident[task.id].users.append(off)
-            storage[task.id] = (sid, off)
-            release(task.id)
+        self.resident[task.id] = _Resident(alloc, region, node)
+        for i in dict.fromkeys(self.root[i] for i in task.inputs):
+            self.after_use(i)
+        if offload and self.uses[task.id] > 0:
+            off = self.b.offload(task.id, region, len(self.storage), deps=[node])
+            self.resident[task.id].users.append(off)
+            self.new_storage(task.id, off)
+            self.release(task.id)
 
-    for name, t in tg.outputs.items():
-        base = root[t]
-        if outputs_to_host:
-            if base not in storage:
-                r = ensure(base)
-                sid = len(storage)
-                off = b.offload(base, r.region, sid, deps=[r.writer])
-                r.users.append(off)
-                storage[base] = (sid, off)
-            sid, writer = storage[base]
-            b.output(name, base, storage=sid, deps=[writer])
-        else:
-            r = ensure(base)
-            node = b.output(name, base, region=r.region, deps=[r.writer])
+    def output(self, name: str, base: int, to_host: bool) -> None:
+        if not to_host:
+            r = self.ensure(base)
+            node = self.b.output(name, base, region=r.region, deps=[r.writer])
             r.users.append(node)
-    b.budget = max(top, alignment)
-    return b.build({"planner": "tests.reference_plan"})
+            return
+        if base not in self.storage:
+            r = self.ensure(base)
+            off = self.b.offload(base, r.region, len(self.storage), deps=[r.writer])
+            r.users.append(off)
+            self.new_storage(base, off)
+        sid, writer = self.storage[base]
+        self.b.output(name, base, storage=sid, deps=[writer])
+
+
+def two_output_mlp() -> TaskGraph:
+    """A small MLP, `softmax(gelu(x @ w1) @ w2 + x)` with two weights, whose hidden layer
+    is also an output through a view (`h_flat`)."""
+    prog = ep.Program("mlp")
+    x = prog.input("x", (4, 8))
+    w1 = prog.input("w1", (8, 16), role="weight")
+    w2 = prog.input("w2", (16, 8), role="weight")
+    h = ep.gelu(x @ w1)
+    y = ep.softmax(h @ w2 + x)
+    prog.output(y, "y")
+    prog.output(h.reshape(64), "h_flat")
+    return prog.build()
 
 
 def sliced_weight_plan(reload_tensor=None):

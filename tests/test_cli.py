@@ -562,9 +562,9 @@ def test_render_errors(capsys, plan_file, tmp_path):
 
 
 def test_render_without_graphviz_exits_4_and_keeps_the_dot_source(capsys, plan_file, monkeypatch):
-    import taskgraph.dot
+    import einpage_core.dot
 
-    monkeypatch.setattr(taskgraph.dot, "find_dot", lambda: None)
+    monkeypatch.setattr(einpage_core.dot, "find_dot", lambda: None)
     svg = plan_file.with_name("plan.svg")
     code, _, err = cli(capsys, "render", plan_file, "-o", svg)
     assert code == EXIT_UNAVAILABLE

@@ -1,8 +1,11 @@
 """Models as einsum programs: LLaMA (`einpage.models.llama`) and GPT-2 (`einpage.models.gpt2`).
 
-Each model module has the same shape: a frozen config with `from_hf` and `PRESETS`,
-`prefill_program(cfg, batch, seq, dtype, logits)` returning an `einpage.Program`, and
-weight loaders from a Hugging Face state dict or safetensors checkpoint.
+Each model module is a family with the same shape: a frozen config (a
+`base.ModelConfig`) with `from_hf`, `from_checkpoint` and `PRESETS`,
+`prefill_program(cfg, batch, seq, dtype, logits)` returning an `einpage.Program`,
+`prefill_inputs`, and weight loaders from a Hugging Face state dict or safetensors
+checkpoint. `FAMILIES` maps each family's name to its `base.ModelFamily` record;
+`einpage.models.base` says how to add a family.
 
 >>> from einpage.models import llama
 >>> llama.PRESETS["7b"].num_parameters()
@@ -32,7 +35,20 @@ through the same steps with a small model, and `benchmarks/llama_plans.py` plans
 7B and 65B shapes.
 """
 
-from einpage.models import errors, gpt2, llama
+from einpage.models import base, errors, gpt2, llama
+from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.errors import *  # noqa: F403
 
-__all__ = ["llama", "gpt2", "errors", *errors.__all__]
+FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (llama.FAMILY, gpt2.FAMILY)}
+"""Every model family by name (`"llama"`, `"gpt2"`), as the CLI's presets name them."""
+
+__all__ = [
+    "llama",
+    "gpt2",
+    "base",
+    "errors",
+    "FAMILIES",
+    "ModelConfig",
+    "ModelFamily",
+    *errors.__all__,
+]

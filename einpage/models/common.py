@@ -1,4 +1,11 @@
-"""Pieces the LLaMA and GPT-2 programs share: causal attention, argument checks, HF configs.
+"""Program pieces every model family shares: the prefill scaffolding, the layer loop, the
+logits head, causal attention, and the checks of `prefill_program`/`prefill_inputs`.
+
+A family's `prefill_program` reads as: `begin_prefill` (check the arguments, make the
+program, declare the tokens), the family's own embedding, `decoder_layers` (scopes
+`layers.{i}.attn` and `layers.{i}.mlp` around the family's attention and MLP), and
+`logits_head` (scope `head`: the last position when asked, the final norm, the
+projection onto the vocabulary, output "logits").
 
 Attention is written with explicit indices – batch `b`, head `h` (or kv-head `g` and
 group `r` for grouped-query attention), query position `q`, key position `k`, head
@@ -9,29 +16,37 @@ never split by the layout.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import fields
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from einpage import ops
-from einpage.models.errors import ConfigError, ConfigMismatchError
+from einpage.models.base import ModelConfig
+from einpage.models.checkpoint import to_numpy
+from einpage.models.errors import ConfigError
 from einpage.program import Program, Tensor
 from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
 __all__ = [
     "LOGITS",
+    "Weight",
+    "Prefill",
+    "begin_prefill",
+    "decoder_layers",
+    "logits_head",
+    "token_ids",
     "causal_attention",
     "last_position",
     "check_prefill_args",
-    "hf_getter",
-    "check_positive_int",
-    "check_positive_float",
-    "check_same_config",
     "scaled",
     "weight_input",
 ]
+
+Weight = Callable[[str], Tensor]
+"""`weight(name)`: declares the weight input `name` (with its shape) and returns it."""
 
 LOGITS = ("all", "last")
 """What `prefill_program(..., logits=...)` may return: every position's logits, or the last's."""
@@ -81,22 +96,16 @@ def check_prefill_args(batch: Any, seq: Any, dtype: Any, logits: Any) -> str:
     return name
 
 
-def hf_getter(config: Any) -> Callable[[str, Any], Any]:
-    """`get(name, default)` over a transformers config object or a `config.json` dict."""
-    if isinstance(config, Mapping):
-        return lambda name, default: config.get(name, default)
-    return lambda name, default: getattr(config, name, default)
-
-
-def check_positive_int(owner: str, field: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"{owner}: {field} must be a positive int, got {value!r}")
-
-
-def check_positive_float(owner: str, field: str, value: Any) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{owner}: {field} must be a positive finite number, got {value!r}")
+def token_ids(tokens: Any) -> np.ndarray:
+    """The token ids of `prefill_inputs` as an int64 array [batch, seq] (a NumPy array or
+    a torch tensor); `ConfigError` for another rank or a non-integer dtype."""
+    ids = to_numpy(tokens)
+    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(
+            f"prefill_inputs: tokens must be an integer array [batch, seq], got "
+            f"{ids.dtype}{list(ids.shape)}"
+        )
+    return ids.astype(np.int64)
 
 
 def scaled(join: str, factor: float) -> str:
@@ -104,9 +113,7 @@ def scaled(join: str, factor: float) -> str:
     return join if factor == 1.0 else f"({join}) * {float(factor)!r}"
 
 
-def weight_input(
-    prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str
-) -> Callable[[str], Tensor]:
+def weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Weight:
     """A function `weight(name)` declaring the weight input `name` with its shape."""
 
     def weight(name: str) -> Tensor:
@@ -115,16 +122,74 @@ def weight_input(
     return weight
 
 
-def check_same_config(cfg: Any, on_disk: Any, path: Any) -> None:
-    """Raise `ConfigMismatchError` listing every field where `cfg` differs from the config
-    read from the checkpoint's `config.json` (`name` is ignored)."""
-    diffs = [
-        f"{f.name}={getattr(cfg, f.name)!r} (checkpoint: {getattr(on_disk, f.name)!r})"
-        for f in fields(cfg)
-        if f.compare and getattr(cfg, f.name) != getattr(on_disk, f.name)
-    ]
-    if diffs:
-        raise ConfigMismatchError(
-            f"the config does not describe the checkpoint {str(path)!r} (its config.json): "
-            + ", ".join(diffs)
+# -- the prefill scaffolding -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A prefill program being built: the `prog`, its canonical float `dtype`, the
+    `tokens` input (int64 [batch, seq]) and `weight(name)`, which declares a weight input
+    with the shape the config's `weight_shapes` gives it."""
+
+    prog: Program
+    dtype: str
+    tokens: Tensor
+    weight: Weight
+
+
+def begin_prefill(
+    cfg: ModelConfig,
+    batch: Any,
+    seq: Any,
+    dtype: Any,
+    logits: Any,
+    max_positions: int | None = None,
+) -> Prefill:
+    """Check `prefill_program`'s arguments (`seq` at most `max_positions` when the model
+    has a longest prompt) and start the program `"{cfg.name}-prefill-b{batch}-s{seq}"`
+    with its tokens input."""
+    dtype = check_prefill_args(batch, seq, dtype, logits)
+    if max_positions is not None and seq > max_positions:
+        raise ProgramError(
+            f"prefill_program: seq={seq} exceeds the model's {max_positions} positions"
         )
+    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
+    weight = weight_input(prog, cfg.weight_shapes(), dtype)
+    tokens = prog.input("tokens", (batch, seq), "int64")
+    return Prefill(prog, dtype, tokens, weight)
+
+
+Block = Callable[[Tensor, str], Tensor]
+"""`block(x, prefix) -> x`: a layer's attention or MLP; `prefix` is `"layers.{i}.attn."`
+(or `.mlp.`), the start of its weights' names."""
+
+
+def decoder_layers(x: Tensor, num_layers: int, attention: Block, mlp: Block) -> Tensor:
+    """`num_layers` layers of `attention` then `mlp`, in scopes `layers.{i}.attn` and
+    `layers.{i}.mlp`; returns the last layer's hidden states."""
+    prog = x.program
+    for i in range(num_layers):
+        with prog.scope(f"layers.{i}"):
+            with prog.scope("attn"):
+                x = attention(x, f"layers.{i}.attn.")
+            with prog.scope("mlp"):
+                x = mlp(x, f"layers.{i}.mlp.")
+    return x
+
+
+def logits_head(
+    x: Tensor,
+    logits: str,
+    norm: Callable[[Tensor], Tensor],
+    table: Callable[[], Tensor],
+) -> None:
+    """The head, in scope `head`: the last position's hidden states when `logits` is
+    "last", the final `norm`, then `bsd,vd->bsv` (or `bd,vd->bv`) against `table()`
+    (the LM head, or the tied embedding), as the program's output "logits"."""
+    prog = x.program
+    with prog.scope("head"):
+        if logits == "last":
+            x = last_position(x)
+        h = norm(x)
+        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
+        prog.output(prog.einsum(spec, h, table(), label="logits"), "logits")

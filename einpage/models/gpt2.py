@@ -55,39 +55,32 @@ The einsums of one layer (h heads, e head_dim, m MLP features)
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from einpage import ops
-from einpage.models.checkpoint import (
-    open_source,
-    read_hf_config,
-    require_hf_config,
-    to_numpy,
-)
+from einpage.models import base
+from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily, check_positive_int
 from einpage.models.common import (
+    Weight,
+    begin_prefill,
     causal_attention,
-    check_positive_float,
-    check_positive_int,
-    check_prefill_args,
-    check_same_config,
-    hf_getter,
-    last_position,
-    weight_input,
+    decoder_layers,
+    logits_head,
+    token_ids,
 )
-from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
-from einpage.models.weights import WeightSpec, check_layer_count, load_weights, resolve_prefix
+from einpage.models.errors import ModelError, UnsupportedConfigError
+from einpage.models.weights import WeightSpec
 from einpage.program import Program, Tensor
-from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
 __all__ = [
     "GPT2Config",
     "PRESETS",
+    "FAMILY",
     "prefill_program",
     "prefill_inputs",
     "weight_specs",
@@ -96,15 +89,19 @@ __all__ = [
     "weights_from_safetensors",
 ]
 
-_OWNER = "GPT2Config"
 _ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 """Hugging Face names of the tanh-approximated GELU (the same function)."""
 
 
 @dataclass(frozen=True)
-class GPT2Config:
+class GPT2Config(ModelConfig):
     """The shape of a GPT-2 model. `intermediate_size` defaults to 4 * hidden_size;
-    `max_positions` is the number of learned positions (the longest prompt).
+    `max_positions` is the number of learned positions (the longest prompt). The LM head
+    is always the embedding (tied).
+
+    `from_hf` rejects settings this program does not implement with
+    `UnsupportedConfigError`: cross-attention, an untied LM head, activations other than
+    the tanh GELU, unscaled or layer-scaled attention.
 
     >>> PRESETS["124m"].num_parameters()
     124439808
@@ -119,60 +116,68 @@ class GPT2Config:
     layer_norm_eps: float = 1e-5
     name: str = field(default="gpt2", compare=False)
 
+    model_type: ClassVar[str] = "gpt2"
+    hf_layout: ClassVar[HFLayout] = HFLayout(
+        prefixes=("transformer.", ""), embedding="wte.weight", layers="h."
+    )
+    positive_ints: ClassVar[tuple[str, ...]] = (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "vocab_size",
+        "max_positions",
+        "intermediate_size",
+    )
+    positive_floats: ClassVar[tuple[str, ...]] = ("layer_norm_eps",)
+
     def __post_init__(self) -> None:
         if self.intermediate_size is None:
-            check_positive_int(_OWNER, "hidden_size", self.hidden_size)
+            check_positive_int(type(self).__name__, "hidden_size", self.hidden_size)
             object.__setattr__(self, "intermediate_size", 4 * self.hidden_size)
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "vocab_size",
-            "max_positions",
-            "intermediate_size",
-        ):
-            check_positive_int(_OWNER, name, getattr(self, name))
-        check_positive_float(_OWNER, "layer_norm_eps", self.layer_norm_eps)
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"{_OWNER}: num_heads={self.num_heads} does not divide "
-                f"hidden_size={self.hidden_size}"
-            )
+        super().__post_init__()
 
     @property
-    def head_dim(self) -> int:
-        """Features per attention head: hidden_size / num_heads."""
-        return self.hidden_size // self.num_heads
+    def ties_lm_head(self) -> bool:
+        return True
 
-    def num_parameters(self) -> int:
-        """Number of parameters (the tied LM head counted once)."""
-        return sum(math.prod(shape) for shape in weight_shapes(self).values())
+    def untied_head_error(self, where: str) -> ModelError:
+        return UnsupportedConfigError(
+            f"{where} has an 'lm_head.weight' that differs from the embedding; "
+            "only GPT-2 with a tied LM head is supported"
+        )
+
+    def hf_shapes(self) -> dict[str, dict[str, int]]:
+        return {
+            **super().hf_shapes(),
+            "wpe.weight": {"max_positions": self.max_positions, "hidden_size": self.hidden_size},
+        }
+
+    def weight_specs(self, prefix: str = "transformer.") -> list[WeightSpec]:
+        """Every weight of the program and the Hugging Face tensor it comes from (the keys
+        of `GPT2LMHeadModel`; `prefix=""` for `GPT2Model` and the original checkpoints)."""
+        d, h, e, v = self.hidden_size, self.num_heads, self.head_dim, self.vocab_size
+        m = self.intermediate_size
+        assert m is not None  # set by __post_init__
+        p = self.max_positions
+        specs = [
+            WeightSpec("embed", (v, d), f"{prefix}wte.weight", (v, d)),
+            WeightSpec("pos_embed", (p, d), f"{prefix}wpe.weight", (p, d)),
+        ]
+        for i in range(self.num_layers):
+            specs += _layer_specs(f"layers.{i}.", f"{prefix}h.{i}.", d, h, e, m)
+        specs += [
+            WeightSpec("norm", (d,), f"{prefix}ln_f.weight", (d,)),
+            WeightSpec("norm_bias", (d,), f"{prefix}ln_f.bias", (d,)),
+        ]
+        return specs
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike[str], name: str | None = None) -> GPT2Config:
-        """The config of a checkpoint directory as `save_pretrained` writes it (its
-        `config.json`; a weights file inside it also works), named after the directory
-        unless `name` is given. Raises `CheckpointError` when there is no `config.json`,
-        and what `from_hf` raises for a config this program does not implement."""
-        config, folder = require_hf_config(path, _OWNER)
-        return cls.from_hf(config, name=folder if name is None else name)
-
-    @classmethod
-    def from_hf(cls, config: Any, name: str = "gpt2") -> GPT2Config:
-        """The config of a Hugging Face `transformers.GPT2Config` (or its `config.json` as a
-        dict). Settings this program does not implement raise `UnsupportedConfigError`:
-        cross-attention, an untied LM head, activations other than the tanh GELU,
-        unscaled or layer-scaled attention."""
-        get = hf_getter(config)
-        model_type = get("model_type", "gpt2")
-        if model_type != "gpt2":
-            raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: model_type {model_type!r} is not 'gpt2'"
-            )
+    def hf_fields(cls, get: Getter) -> dict[str, Any]:
+        owner = f"{cls.__name__}.from_hf"
         act = get("activation_function", "gelu_new")
         if act not in _ACTIVATIONS:
             raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: activation_function={act!r} is not supported; "
+                f"{owner}: activation_function={act!r} is not supported; "
                 f"valid: {', '.join(_ACTIVATIONS)} (the tanh-approximated GELU)"
             )
         required = {
@@ -184,20 +189,53 @@ class GPT2Config:
         for flag, value in required.items():
             if bool(get(flag, value)) != value:
                 raise UnsupportedConfigError(
-                    f"{_OWNER}.from_hf: {flag}={not value} is not supported (only {value})"
+                    f"{owner}: {flag}={not value} is not supported (only {value})"
                 )
         # reorder_and_upcast_attn changes only where mixed-precision training rounds:
         # the function is the same, so it is accepted.
-        return cls(
-            hidden_size=get("n_embd", None),
-            num_layers=get("n_layer", None),
-            num_heads=get("n_head", None),
-            vocab_size=get("vocab_size", None),
-            max_positions=get("n_positions", None),
-            intermediate_size=get("n_inner", None),
-            layer_norm_eps=get("layer_norm_epsilon", 1e-5),
-            name=name,
-        )
+        return {
+            "hidden_size": get("n_embd", None),
+            "num_layers": get("n_layer", None),
+            "num_heads": get("n_head", None),
+            "vocab_size": get("vocab_size", None),
+            "max_positions": get("n_positions", None),
+            "intermediate_size": get("n_inner", None),
+            "layer_norm_eps": get("layer_norm_epsilon", 1e-5),
+        }
+
+
+def _layer_specs(ours: str, hf: str, d: int, h: int, e: int, m: int) -> list[WeightSpec]:
+    """The weights of one layer: `ours` is `"layers.{i}."`, `hf` the checkpoint's
+    `"transformer.h.{i}."`; the fused QKV weight and bias are split into thirds."""
+    specs = [
+        WeightSpec(ours + "attn.norm", (d,), hf + "ln_1.weight", (d,)),
+        WeightSpec(ours + "attn.norm_bias", (d,), hf + "ln_1.bias", (d,)),
+    ]
+    for third, part in enumerate("qkv"):
+        columns = (third * d, (third + 1) * d)
+        specs += [
+            WeightSpec(
+                ours + f"attn.w{part}",
+                (h, e, d),
+                hf + "attn.c_attn.weight",
+                (d, 3 * d),
+                part=columns,
+                transpose=True,
+            ),
+            WeightSpec(
+                ours + f"attn.b{part}", (h, e), hf + "attn.c_attn.bias", (3 * d,), part=columns
+            ),
+        ]
+    return specs + [
+        WeightSpec(ours + "attn.wo", (h, e, d), hf + "attn.c_proj.weight", (d, d)),
+        WeightSpec(ours + "attn.bo", (d,), hf + "attn.c_proj.bias", (d,)),
+        WeightSpec(ours + "mlp.norm", (d,), hf + "ln_2.weight", (d,)),
+        WeightSpec(ours + "mlp.norm_bias", (d,), hf + "ln_2.bias", (d,)),
+        WeightSpec(ours + "mlp.w_fc", (m, d), hf + "mlp.c_fc.weight", (d, m), transpose=True),
+        WeightSpec(ours + "mlp.b_fc", (m,), hf + "mlp.c_fc.bias", (m,)),
+        WeightSpec(ours + "mlp.w_proj", (m, d), hf + "mlp.c_proj.weight", (m, d)),
+        WeightSpec(ours + "mlp.b_proj", (d,), hf + "mlp.c_proj.bias", (d,)),
+    ]
 
 
 PRESETS: dict[str, GPT2Config] = {
@@ -214,109 +252,10 @@ PRESETS: dict[str, GPT2Config] = {
 
 # -- weights --------------------------------------------------------------------
 
-
-def weight_specs(cfg: GPT2Config, prefix: str = "transformer.") -> list[WeightSpec]:
-    """Every weight of the program and the Hugging Face tensor it comes from (the keys of
-    `GPT2LMHeadModel`; `prefix=""` for `GPT2Model` and the original checkpoints)."""
-    d, h, e, v = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.vocab_size
-    m = cfg.intermediate_size
-    assert m is not None  # set by __post_init__
-    specs = [
-        WeightSpec("embed", (v, d), f"{prefix}wte.weight", (v, d)),
-        WeightSpec(
-            "pos_embed", (cfg.max_positions, d), f"{prefix}wpe.weight", (cfg.max_positions, d)
-        ),
-    ]
-    for i in range(cfg.num_layers):
-        ours, hf = f"layers.{i}.", f"{prefix}h.{i}."
-        specs += [
-            WeightSpec(ours + "attn.norm", (d,), hf + "ln_1.weight", (d,)),
-            WeightSpec(ours + "attn.norm_bias", (d,), hf + "ln_1.bias", (d,)),
-        ]
-        for third, part in enumerate("qkv"):
-            columns = (third * d, (third + 1) * d)
-            specs += [
-                WeightSpec(
-                    ours + f"attn.w{part}",
-                    (h, e, d),
-                    hf + "attn.c_attn.weight",
-                    (d, 3 * d),
-                    part=columns,
-                    transpose=True,
-                ),
-                WeightSpec(
-                    ours + f"attn.b{part}", (h, e), hf + "attn.c_attn.bias", (3 * d,), part=columns
-                ),
-            ]
-        specs += [
-            WeightSpec(ours + "attn.wo", (h, e, d), hf + "attn.c_proj.weight", (d, d)),
-            WeightSpec(ours + "attn.bo", (d,), hf + "attn.c_proj.bias", (d,)),
-            WeightSpec(ours + "mlp.norm", (d,), hf + "ln_2.weight", (d,)),
-            WeightSpec(ours + "mlp.norm_bias", (d,), hf + "ln_2.bias", (d,)),
-            WeightSpec(ours + "mlp.w_fc", (m, d), hf + "mlp.c_fc.weight", (d, m), transpose=True),
-            WeightSpec(ours + "mlp.b_fc", (m,), hf + "mlp.c_fc.bias", (m,)),
-            WeightSpec(ours + "mlp.w_proj", (m, d), hf + "mlp.c_proj.weight", (m, d)),
-            WeightSpec(ours + "mlp.b_proj", (d,), hf + "mlp.c_proj.bias", (d,)),
-        ]
-    specs += [
-        WeightSpec("norm", (d,), f"{prefix}ln_f.weight", (d,)),
-        WeightSpec("norm_bias", (d,), f"{prefix}ln_f.bias", (d,)),
-    ]
-    return specs
-
-
-def weight_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every weight input's name and shape, in program order."""
-    return {spec.name: spec.shape for spec in weight_specs(cfg)}
-
-
-def weights_from_state_dict(
-    cfg: GPT2Config, state_dict: Mapping[str, Any], dtype: Any = "float32"
-) -> dict[str, np.ndarray]:
-    """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
-    (`GPT2LMHeadModel`, `GPT2Model`; torch tensors or NumPy arrays).
-
-    Arrays that need no conversion may share memory with the state dict's tensors.
-    Raises `ConfigMismatchError` when the checkpoint's vocabulary, hidden size, positions
-    or layer count differ from `cfg`, and `WeightError` for a missing or mis-shaped weight.
-    """
-    return _load(cfg, open_source(state_dict), dtype)
-
-
-def weights_from_safetensors(
-    cfg: GPT2Config, path: str | os.PathLike[str], dtype: Any = "float32"
-) -> dict[str, np.ndarray]:
-    """The program's weights from a safetensors checkpoint directory or file, reading only
-    the tensors (and the QKV columns) the program uses. A `config.json` beside the
-    weights must describe the same model as `cfg` (`ConfigMismatchError` otherwise)."""
-    on_disk = read_hf_config(path)
-    if on_disk is not None:
-        check_same_config(cfg, GPT2Config.from_hf(on_disk), path)
-    with open_source(path) as source:
-        return _load(cfg, source, dtype)
-
-
-def _load(cfg: GPT2Config, source: Any, dtype: Any) -> dict[str, np.ndarray]:
-    keys = source.keys()
-    prefix = resolve_prefix(keys, "wte.weight", ("transformer.", ""), source.where)
-    for key, expected, names in (
-        (f"{prefix}wte.weight", (cfg.vocab_size, cfg.hidden_size), "vocab_size, hidden_size"),
-        (f"{prefix}wpe.weight", (cfg.max_positions, cfg.hidden_size), "max_positions, hidden_size"),
-    ):
-        if key in keys and source.shape(key) != expected:
-            raise ConfigMismatchError(
-                f"the config has ({names}) = {expected}, but {key!r} in {source.where} has "
-                f"shape {source.shape(key)}"
-            )
-    check_layer_count(keys, f"{prefix}h.", cfg.num_layers, "num_layers", source.where)
-    if "lm_head.weight" in keys:
-        head, embed = source.read("lm_head.weight"), source.read(f"{prefix}wte.weight")
-        if head.shape != embed.shape or not np.array_equal(head, embed):
-            raise UnsupportedConfigError(
-                f"{source.where} has an 'lm_head.weight' that differs from the embedding; "
-                "only GPT-2 with a tied LM head is supported"
-            )
-    return load_weights(weight_specs(cfg, prefix), source, dtypes.canonical(dtype))
+weight_specs = GPT2Config.weight_specs
+weight_shapes = GPT2Config.weight_shapes
+weights_from_state_dict = base.weights_from_state_dict
+weights_from_safetensors = base.weights_from_safetensors
 
 
 def prefill_inputs(
@@ -329,13 +268,7 @@ def prefill_inputs(
     the weights (as given; without them, only the tokens, for a `runtime.Session` whose
     weights are staged). `dtype` is accepted for symmetry with LLaMA."""
     dtypes.canonical(dtype)
-    ids = to_numpy(tokens)
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise ConfigError(
-            f"prefill_inputs: tokens must be an integer array [batch, seq], got "
-            f"{ids.dtype}{list(ids.shape)}"
-        )
-    return {"tokens": ids.astype(np.int64), **(weights or {})}
+    return {"tokens": token_ids(tokens), **(weights or {})}
 
 
 # -- the program ----------------------------------------------------------------------
@@ -351,37 +284,31 @@ def prefill_program(
     position (`logits="last"`). Tasks are scoped `embed`, `layers.{i}.attn`,
     `layers.{i}.mlp` and `head`.
     """
-    dtype = check_prefill_args(batch, seq, dtype, logits)
-    if seq > cfg.max_positions:
-        raise ProgramError(
-            f"prefill_program: seq={seq} exceeds the model's {cfg.max_positions} positions"
-        )
-    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
-    weight = weight_input(prog, weight_shapes(cfg), dtype)
-    tokens = prog.input("tokens", (batch, seq), "int64")
+    build = begin_prefill(cfg, batch, seq, dtype, logits, max_positions=cfg.max_positions)
+    prog, weight = build.prog, build.weight
     with prog.scope("embed"):
         embed = weight("embed")
         positions = weight("pos_embed")
         if seq < cfg.max_positions:
             positions = prog.slice(positions, (0, 0), (seq, cfg.hidden_size), label="positions")
-        x = prog.gather(embed, tokens, label="tokens")
+        x = prog.gather(embed, build.tokens, label="tokens")
         x = prog.einsum("bsd,sd->bsd", x, positions, join="a + b", label="x")
-    for i in range(cfg.num_layers):
-        with prog.scope(f"layers.{i}"):
-            with prog.scope("attn"):
-                x = _attention(cfg, x, weight, f"layers.{i}.attn.")
-            with prog.scope("mlp"):
-                x = _mlp(cfg, x, weight, f"layers.{i}.mlp.")
-    with prog.scope("head"):
-        if logits == "last":
-            x = last_position(x)
-        h = ops.layernorm(x, weight("norm"), weight("norm_bias"), cfg.layer_norm_eps)
-        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
-        prog.output(prog.einsum(spec, h, embed, label="logits"), "logits")
+    x = decoder_layers(
+        x,
+        cfg.num_layers,
+        lambda x, prefix: _attention(cfg, x, weight, prefix),
+        lambda x, prefix: _mlp(cfg, x, weight, prefix),
+    )
+    logits_head(
+        x,
+        logits,
+        norm=lambda x: ops.layernorm(x, weight("norm"), weight("norm_bias"), cfg.layer_norm_eps),
+        table=lambda: embed,
+    )
     return prog
 
 
-def _attention(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
+def _attention(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     prog = x.program
     h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
     scale = 1.0 / math.sqrt(cfg.head_dim)
@@ -397,7 +324,7 @@ def _attention(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
     return prog.einsum("bsd,bsd,d->bsd", x, o, bias, join="a + b + c", label="residual")
 
 
-def _mlp(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
+def _mlp(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     prog = x.program
     h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
     fc = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_fc"), label="fc")
@@ -405,3 +332,7 @@ def _mlp(cfg: GPT2Config, x: Tensor, weight: Any, prefix: str) -> Tensor:
     proj = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_proj"), label="proj")
     bias = weight(prefix + "b_proj")
     return prog.einsum("bsd,bsd,d->bsd", x, proj, bias, join="a + b + c", label="residual")
+
+
+FAMILY = ModelFamily("gpt2", GPT2Config, PRESETS, prefill_program, prefill_inputs)
+"""GPT-2 as a family of `einpage.models.FAMILIES`."""

@@ -64,48 +64,33 @@ e head_dim, t/u halves of e and c a feature within a half, m MLP features)
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from einpage import ops
-from einpage.models.checkpoint import (
-    open_source,
-    read_hf_config,
-    require_hf_config,
-    to_numpy,
-)
+from einpage.models import base
+from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily
 from einpage.models.common import (
+    Weight,
+    begin_prefill,
     causal_attention,
-    check_positive_float,
-    check_positive_int,
-    check_prefill_args,
-    check_same_config,
-    hf_getter,
-    last_position,
+    decoder_layers,
+    logits_head,
     scaled,
-    weight_input,
+    token_ids,
 )
-from einpage.models.errors import (
-    ConfigError,
-    ConfigMismatchError,
-    UnsupportedConfigError,
-)
-from einpage.models.weights import (
-    WeightSpec,
-    check_layer_count,
-    load_weights,
-    resolve_prefix,
-)
+from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
+from einpage.models.weights import WeightSpec
 from einpage.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [
     "LlamaConfig",
     "PRESETS",
+    "FAMILY",
     "prefill_program",
     "prefill_inputs",
     "rope_tables",
@@ -115,16 +100,18 @@ __all__ = [
     "weights_from_safetensors",
 ]
 
-_OWNER = "LlamaConfig"
-
 
 @dataclass(frozen=True)
-class LlamaConfig:
+class LlamaConfig(ModelConfig):
     """The shape of a LLaMA model.
 
     `num_kv_heads` < `num_heads` is grouped-query attention (Llama-2-70B: 64 query
     heads share 8 K/V heads); equal is multi-head attention. `name` only labels
     programs and is ignored by `==`.
+
+    `from_hf` rejects settings this program does not implement with
+    `UnsupportedConfigError`: RoPE scaling, attention or MLP biases, an activation
+    other than SiLU, a head_dim other than hidden_size / num_heads.
 
     >>> cfg = PRESETS["7b"]
     >>> cfg.head_dim, cfg.group_size, cfg.num_parameters()
@@ -142,106 +129,118 @@ class LlamaConfig:
     tie_embeddings: bool = False
     name: str = field(default="llama", compare=False)
 
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "intermediate_size",
-            "vocab_size",
-        ):
-            check_positive_int(_OWNER, name, getattr(self, name))
-        check_positive_float(_OWNER, "rope_theta", self.rope_theta)
-        check_positive_float(_OWNER, "rms_norm_eps", self.rms_norm_eps)
-        if not isinstance(self.tie_embeddings, bool):
-            raise ConfigError(
-                f"{_OWNER}: tie_embeddings must be a bool, got {self.tie_embeddings!r}"
-            )
-        if self.hidden_size % self.num_heads:
-            raise ConfigError(
-                f"{_OWNER}: num_heads={self.num_heads} does not divide "
-                f"hidden_size={self.hidden_size}"
-            )
+    model_type: ClassVar[str] = "llama"
+    hf_layout: ClassVar[HFLayout] = HFLayout(
+        prefixes=("model.", ""), embedding="embed_tokens.weight", layers="layers."
+    )
+    positive_ints: ClassVar[tuple[str, ...]] = (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "intermediate_size",
+        "vocab_size",
+    )
+    positive_floats: ClassVar[tuple[str, ...]] = ("rope_theta", "rms_norm_eps")
+    bools: ClassVar[tuple[str, ...]] = ("tie_embeddings",)
+
+    def check(self) -> None:
+        super().check()
+        owner = type(self).__name__
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(
-                f"{_OWNER}: num_kv_heads={self.num_kv_heads} does not divide "
+                f"{owner}: num_kv_heads={self.num_kv_heads} does not divide "
                 f"num_heads={self.num_heads} (each K/V head serves a whole group of query heads)"
             )
         if self.head_dim % 2:
             raise ConfigError(
-                f"{_OWNER}: head_dim={self.head_dim} (hidden_size / num_heads) must be even "
+                f"{owner}: head_dim={self.head_dim} (hidden_size / num_heads) must be even "
                 "for the rotary embedding"
             )
-
-    @property
-    def head_dim(self) -> int:
-        """Features per attention head: hidden_size / num_heads."""
-        return self.hidden_size // self.num_heads
 
     @property
     def group_size(self) -> int:
         """Query heads per K/V head (1 without grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
-    def num_parameters(self) -> int:
-        """Number of parameters (a tied LM head counted once)."""
-        return sum(math.prod(shape) for shape in weight_shapes(self).values())
+    @property
+    def ties_lm_head(self) -> bool:
+        return self.tie_embeddings
+
+    def untied_head_error(self, where: str) -> ConfigMismatchError:
+        return ConfigMismatchError(
+            f"the config ties the LM head to the embedding, but {where} has an "
+            "'lm_head.weight' that differs from it (set tie_embeddings=False)"
+        )
+
+    def weight_specs(self, prefix: str = "model.") -> list[WeightSpec]:
+        """Every weight of the program and the Hugging Face tensor it comes from (the keys
+        of `LlamaForCausalLM`; `prefix=""` for a bare `LlamaModel`)."""
+        d, e, m, v = self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size
+        g, r = self.num_kv_heads, self.group_size
+        specs = [WeightSpec("embed", (v, d), f"{prefix}embed_tokens.weight", (v, d))]
+        for i in range(self.num_layers):
+            ours, hf = f"layers.{i}.", f"{prefix}layers.{i}."
+            specs += [
+                WeightSpec(ours + "attn.norm", (d,), hf + "input_layernorm.weight", (d,)),
+                WeightSpec(
+                    ours + "attn.wq", (g, r, e, d), hf + "self_attn.q_proj.weight", (g * r * e, d)
+                ),
+                WeightSpec(ours + "attn.wk", (g, e, d), hf + "self_attn.k_proj.weight", (g * e, d)),
+                WeightSpec(ours + "attn.wv", (g, e, d), hf + "self_attn.v_proj.weight", (g * e, d)),
+                WeightSpec(
+                    ours + "attn.wo",
+                    (g, r, e, d),
+                    hf + "self_attn.o_proj.weight",
+                    (d, g * r * e),
+                    transpose=True,
+                ),
+                WeightSpec(ours + "mlp.norm", (d,), hf + "post_attention_layernorm.weight", (d,)),
+                WeightSpec(ours + "mlp.w_gate", (m, d), hf + "mlp.gate_proj.weight", (m, d)),
+                WeightSpec(ours + "mlp.w_up", (m, d), hf + "mlp.up_proj.weight", (m, d)),
+                WeightSpec(
+                    ours + "mlp.w_down", (m, d), hf + "mlp.down_proj.weight", (d, m), transpose=True
+                ),
+            ]
+        specs.append(WeightSpec("norm", (d,), f"{prefix}norm.weight", (d,)))
+        if not self.tie_embeddings:
+            specs.append(WeightSpec("lm_head", (v, d), "lm_head.weight", (v, d)))
+        return specs
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike[str], name: str | None = None) -> LlamaConfig:
-        """The config of a checkpoint directory as `save_pretrained` writes it (its
-        `config.json`; a weights file inside it also works), named after the directory
-        unless `name` is given. Raises `CheckpointError` when there is no `config.json`,
-        and what `from_hf` raises for a config this program does not implement."""
-        config, folder = require_hf_config(path, _OWNER)
-        return cls.from_hf(config, name=folder if name is None else name)
-
-    @classmethod
-    def from_hf(cls, config: Any, name: str = "llama") -> LlamaConfig:
-        """The config of a Hugging Face `transformers.LlamaConfig` (or its `config.json` as
-        a dict). Settings this program does not implement raise `UnsupportedConfigError`:
-        RoPE scaling, attention or MLP biases, an activation other than SiLU, a head_dim
-        other than hidden_size / num_heads."""
-        get = hf_getter(config)
-        model_type = get("model_type", "llama")
-        if model_type != "llama":
-            raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: model_type {model_type!r} is not 'llama'"
-            )
+    def hf_fields(cls, get: Getter) -> dict[str, Any]:
+        owner = f"{cls.__name__}.from_hf"
         act = get("hidden_act", "silu")
         if act != "silu":
             raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: hidden_act={act!r} is not supported "
-                "(the SwiGLU MLP uses 'silu')"
+                f"{owner}: hidden_act={act!r} is not supported (the SwiGLU MLP uses 'silu')"
             )
         for flag in ("attention_bias", "mlp_bias"):
             if get(flag, False):
-                raise UnsupportedConfigError(f"{_OWNER}.from_hf: {flag}=True is not supported")
+                raise UnsupportedConfigError(f"{owner}: {flag}=True is not supported")
         hidden, heads = get("hidden_size", None), get("num_attention_heads", None)
         kv_heads = get("num_key_value_heads", None)
         head_dim = get("head_dim", None)
         known = isinstance(hidden, int) and isinstance(heads, int) and heads > 0
         if head_dim is not None and known and head_dim != hidden // heads:
             raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: head_dim={head_dim} differs from hidden_size / "
+                f"{owner}: head_dim={head_dim} differs from hidden_size / "
                 f"num_attention_heads = {hidden} / {heads}; only the default is supported"
             )
-        return cls(
-            hidden_size=hidden,
-            num_layers=get("num_hidden_layers", None),
-            num_heads=heads,
-            num_kv_heads=heads if kv_heads is None else kv_heads,
-            intermediate_size=get("intermediate_size", None),
-            vocab_size=get("vocab_size", None),
-            rope_theta=_rope_theta(get),
-            rms_norm_eps=get("rms_norm_eps", 1e-6),
-            tie_embeddings=bool(get("tie_word_embeddings", False)),
-            name=name,
-        )
+        return {
+            "hidden_size": hidden,
+            "num_layers": get("num_hidden_layers", None),
+            "num_heads": heads,
+            "num_kv_heads": heads if kv_heads is None else kv_heads,
+            "intermediate_size": get("intermediate_size", None),
+            "vocab_size": get("vocab_size", None),
+            "rope_theta": _rope_theta(get, owner),
+            "rms_norm_eps": get("rms_norm_eps", 1e-6),
+            "tie_embeddings": bool(get("tie_word_embeddings", False)),
+        }
 
 
-def _rope_theta(get: Any) -> float:
+def _rope_theta(get: Getter, owner: str) -> float:
     """RoPE's base from a HF config; only the default (unscaled) RoPE is supported.
 
     transformers >= 5 keeps it in `rope_parameters` (`{"rope_type": "default",
@@ -255,12 +254,12 @@ def _rope_theta(get: Any) -> float:
         if params is None:
             continue
         if not isinstance(params, Mapping):
-            raise ConfigError(f"{_OWNER}.from_hf: {key} must be a dict, got {params!r}")
+            raise ConfigError(f"{owner}: {key} must be a dict, got {params!r}")
         rope_type = params.get("rope_type", params.get("type", "default"))
         extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
         if rope_type != "default" or extra:
             raise UnsupportedConfigError(
-                f"{_OWNER}.from_hf: RoPE scaling is not supported ({key} {dict(params)}); "
+                f"{owner}: RoPE scaling is not supported ({key} {dict(params)}); "
                 "only the default rotary embedding is"
             )
         theta = params.get("rope_theta", theta)
@@ -283,93 +282,10 @@ PRESETS: dict[str, LlamaConfig] = {
 
 # -- weights --------------------------------------------------------------------
 
-
-def weight_specs(cfg: LlamaConfig, prefix: str = "model.") -> list[WeightSpec]:
-    """Every weight of the program and the Hugging Face tensor it comes from (the keys of
-    `LlamaForCausalLM`; `prefix=""` for a bare `LlamaModel`)."""
-    d, e, m, v = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.vocab_size
-    g, r = cfg.num_kv_heads, cfg.group_size
-    specs = [WeightSpec("embed", (v, d), f"{prefix}embed_tokens.weight", (v, d))]
-    for i in range(cfg.num_layers):
-        ours, hf = f"layers.{i}.", f"{prefix}layers.{i}."
-        specs += [
-            WeightSpec(ours + "attn.norm", (d,), hf + "input_layernorm.weight", (d,)),
-            WeightSpec(
-                ours + "attn.wq", (g, r, e, d), hf + "self_attn.q_proj.weight", (g * r * e, d)
-            ),
-            WeightSpec(ours + "attn.wk", (g, e, d), hf + "self_attn.k_proj.weight", (g * e, d)),
-            WeightSpec(ours + "attn.wv", (g, e, d), hf + "self_attn.v_proj.weight", (g * e, d)),
-            WeightSpec(
-                ours + "attn.wo",
-                (g, r, e, d),
-                hf + "self_attn.o_proj.weight",
-                (d, g * r * e),
-                transpose=True,
-            ),
-            WeightSpec(ours + "mlp.norm", (d,), hf + "post_attention_layernorm.weight", (d,)),
-            WeightSpec(ours + "mlp.w_gate", (m, d), hf + "mlp.gate_proj.weight", (m, d)),
-            WeightSpec(ours + "mlp.w_up", (m, d), hf + "mlp.up_proj.weight", (m, d)),
-            WeightSpec(
-                ours + "mlp.w_down", (m, d), hf + "mlp.down_proj.weight", (d, m), transpose=True
-            ),
-        ]
-    specs.append(WeightSpec("norm", (d,), f"{prefix}norm.weight", (d,)))
-    if not cfg.tie_embeddings:
-        specs.append(WeightSpec("lm_head", (v, d), "lm_head.weight", (v, d)))
-    return specs
-
-
-def weight_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every weight input's name and shape, in program order."""
-    return {spec.name: spec.shape for spec in weight_specs(cfg)}
-
-
-def weights_from_state_dict(
-    cfg: LlamaConfig, state_dict: Mapping[str, Any], dtype: Any = "float32"
-) -> dict[str, np.ndarray]:
-    """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
-    (`LlamaForCausalLM` or `LlamaModel`; torch tensors or NumPy arrays).
-
-    Arrays that need no conversion may share memory with the state dict's tensors.
-    Raises `ConfigMismatchError` when the checkpoint's vocabulary, hidden size or layer
-    count differ from `cfg`, and `WeightError` for a missing or mis-shaped weight.
-    """
-    return _load(cfg, open_source(state_dict), dtype)
-
-
-def weights_from_safetensors(
-    cfg: LlamaConfig, path: str | os.PathLike[str], dtype: Any = "float32"
-) -> dict[str, np.ndarray]:
-    """The program's weights from a safetensors checkpoint directory (`save_pretrained`:
-    `model.safetensors`, or shards listed in `model.safetensors.index.json`) or file,
-    reading only the tensors the program uses. A `config.json` beside the weights must
-    describe the same model as `cfg` (`ConfigMismatchError` otherwise)."""
-    on_disk = read_hf_config(path)
-    if on_disk is not None:
-        check_same_config(cfg, LlamaConfig.from_hf(on_disk), path)
-    with open_source(path) as source:
-        return _load(cfg, source, dtype)
-
-
-def _load(cfg: LlamaConfig, source: Any, dtype: Any) -> dict[str, np.ndarray]:
-    keys = source.keys()
-    prefix = resolve_prefix(keys, "embed_tokens.weight", ("model.", ""), source.where)
-    embed_key = f"{prefix}embed_tokens.weight"
-    vocab, width = (source.shape(embed_key) + (0, 0))[:2]
-    if (vocab, width) != (cfg.vocab_size, cfg.hidden_size):
-        raise ConfigMismatchError(
-            f"the config has vocab_size={cfg.vocab_size}, hidden_size={cfg.hidden_size}, but "
-            f"{embed_key!r} in {source.where} has shape {source.shape(embed_key)}"
-        )
-    check_layer_count(keys, f"{prefix}layers.", cfg.num_layers, "num_layers", source.where)
-    if cfg.tie_embeddings and "lm_head.weight" in keys:
-        head, embed = source.read("lm_head.weight"), source.read(embed_key)
-        if head.shape != embed.shape or not np.array_equal(head, embed):
-            raise ConfigMismatchError(
-                f"the config ties the LM head to the embedding, but {source.where} has an "
-                "'lm_head.weight' that differs from it (set tie_embeddings=False)"
-            )
-    return load_weights(weight_specs(cfg, prefix), source, dtypes.canonical(dtype))
+weight_specs = LlamaConfig.weight_specs
+weight_shapes = LlamaConfig.weight_shapes
+weights_from_state_dict = base.weights_from_state_dict
+weights_from_safetensors = base.weights_from_safetensors
 
 
 # -- rotary tables and inputs ------------------------------------------------------
@@ -410,14 +326,9 @@ def prefill_inputs(
     """Every input of `prefill_program(cfg, *tokens.shape, dtype)`: the tokens as int64,
     the RoPE tables and the weights (as given). Without `weights`, only the activations:
     what each run of a `runtime.Session` whose weights are staged needs."""
-    ids = to_numpy(tokens)
-    if ids.ndim != 2 or not np.issubdtype(ids.dtype, np.integer):
-        raise ConfigError(
-            f"prefill_inputs: tokens must be an integer array [batch, seq], got "
-            f"{ids.dtype}{list(ids.shape)}"
-        )
+    ids = token_ids(tokens)
     cos, sin = rope_tables(cfg, ids.shape[1], dtype)
-    inputs = {"tokens": ids.astype(np.int64), "rope.cos": cos, "rope.sin": sin}
+    inputs = {"tokens": ids, "rope.cos": cos, "rope.sin": sin}
     return {**inputs, **(weights or {})}
 
 
@@ -438,30 +349,27 @@ def prefill_program(
     >>> len(tg), len(tg.inputs), tg.tasks[tg.outputs["logits"]].shape
     (1167, 294, (1, 2048, 32000))
     """
-    dtype = check_prefill_args(batch, seq, dtype, logits)
-    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
-    weight = weight_input(prog, weight_shapes(cfg), dtype)
-    tokens = prog.input("tokens", (batch, seq), "int64")
+    build = begin_prefill(cfg, batch, seq, dtype, logits)
+    prog, weight = build.prog, build.weight
     with prog.scope("rope"):
-        cos = prog.input("rope.cos", (seq, cfg.head_dim), dtype)
-        sin = prog.input("rope.sin", (seq, cfg.head_dim), dtype)
+        cos = prog.input("rope.cos", (seq, cfg.head_dim), build.dtype)
+        sin = prog.input("rope.sin", (seq, cfg.head_dim), build.dtype)
         rot_q, rot_k = _rotation_tables(cos, sin, 1.0 / math.sqrt(cfg.head_dim))
     with prog.scope("embed"):
         embed = weight("embed")
-        x = prog.gather(embed, tokens, label="x")
-    for i in range(cfg.num_layers):
-        with prog.scope(f"layers.{i}"):
-            with prog.scope("attn"):
-                x = _attention(cfg, x, rot_q, rot_k, weight, f"layers.{i}.attn.")
-            with prog.scope("mlp"):
-                x = _mlp(cfg, x, weight, f"layers.{i}.mlp.")
-    with prog.scope("head"):
-        if logits == "last":
-            x = last_position(x)
-        h = ops.rmsnorm(x, weight("norm"), cfg.rms_norm_eps)
-        table = embed if cfg.tie_embeddings else weight("lm_head")
-        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
-        prog.output(prog.einsum(spec, h, table, label="logits"), "logits")
+        x = prog.gather(embed, build.tokens, label="x")
+    x = decoder_layers(
+        x,
+        cfg.num_layers,
+        lambda x, prefix: _attention(cfg, x, rot_q, rot_k, weight, prefix),
+        lambda x, prefix: _mlp(cfg, x, weight, prefix),
+    )
+    logits_head(
+        x,
+        logits,
+        norm=lambda x: ops.rmsnorm(x, weight("norm"), cfg.rms_norm_eps),
+        table=lambda: embed if cfg.tie_embeddings else weight("lm_head"),
+    )
     return prog
 
 
@@ -506,7 +414,7 @@ def _rotate(x: Tensor, rot: Tensor) -> Tensor:
 
 
 def _attention(
-    cfg: LlamaConfig, x: Tensor, rot_q: Tensor, rot_k: Tensor, weight: Any, prefix: str
+    cfg: LlamaConfig, x: Tensor, rot_q: Tensor, rot_k: Tensor, weight: Weight, prefix: str
 ) -> Tensor:
     prog = x.program
     h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
@@ -518,7 +426,7 @@ def _attention(
     return prog.einsum("bsd,bsd->bsd", x, o, join="a + b", label="residual")
 
 
-def _mlp(cfg: LlamaConfig, x: Tensor, weight: Any, prefix: str) -> Tensor:
+def _mlp(cfg: LlamaConfig, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     prog = x.program
     h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
     gate = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_gate"), label="gate")
@@ -526,3 +434,7 @@ def _mlp(cfg: LlamaConfig, x: Tensor, weight: Any, prefix: str) -> Tensor:
     act = prog.einsum("bsm,bsm->bsm", gate, up, join="silu(a) * b", label="swiglu")
     down = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_down"), label="down")
     return prog.einsum("bsd,bsd->bsd", x, down, join="a + b", label="residual")
+
+
+FAMILY = ModelFamily("llama", LlamaConfig, PRESETS, prefill_program, prefill_inputs)
+"""LLaMA as a family of `einpage.models.FAMILIES`."""

@@ -6,7 +6,7 @@ import pytest
 from inspect_fixtures import WEIRD, mlp_graph
 
 from einpage.errors import EinpageError
-from taskgraph.dot import (
+from einpage_core.dot import (
     DotGraph,
     GraphvizNotFoundError,
     Html,
@@ -170,3 +170,43 @@ def test_dot_failure_is_a_render_error(tmp_path):
 def test_repr_svg_returns_none_on_dot_errors():
     with pytest.warns(RuntimeWarning, match="cannot draw this graph"):
         assert repr_svg(lambda: "digraph { broken") is None
+
+
+# -- where the helpers live ------------------------------------------------------------
+
+
+def test_taskgraph_dot_is_an_alias_of_the_shared_helpers():
+    import einpage_core.dot
+    import taskgraph.dot
+    import taskgraph.render
+
+    for name in einpage_core.dot.__all__:
+        assert getattr(taskgraph.dot, name) is getattr(einpage_core.dot, name), name
+    for name in ("DEFAULT_MAX_NODES", "REPR_MAX_NODES", "NodeStyle", "op_lines", "task_lines"):
+        assert name in taskgraph.render.__all__
+    assert taskgraph.render.NodeStyle is einpage_core.dot.NodeStyle
+
+
+def test_drawing_helpers_are_a_leaf_and_memgraph_draws_without_taskgraphs_renderer():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import einpage_core.dot\n"
+        "project = ('einpage', 'taskgraph', 'memgraph', 'runtime')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in project)\n"
+        "assert loaded == [], loaded\n"
+        "import memgraph.render\n"
+        "assert 'taskgraph.render' not in sys.modules and 'taskgraph.dot' not in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import einpage_core.dot
+
+    assert doctest.testmod(einpage_core.dot, optionflags=doctest.ELLIPSIS).failed == 0

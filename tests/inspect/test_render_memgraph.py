@@ -8,6 +8,7 @@ import pytest
 from inspect_fixtures import cluster_labels, dot_edges, dot_nodes, mlp_graph, mlp_plan
 from plans import reference_plan
 
+from einpage_core.dot import find_dot
 from memgraph import MemGraph, MemNode, NodeKind, Region, verify
 from memgraph.render import (
     DEP_STYLES,
@@ -18,7 +19,6 @@ from memgraph.render import (
     render_memgraph,
     style_kind,
 )
-from taskgraph.dot import find_dot
 
 needs_dot = pytest.mark.skipif(find_dot() is None, reason="Graphviz's dot is not installed")
 

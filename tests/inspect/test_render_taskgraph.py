@@ -7,8 +7,8 @@ import re
 import pytest
 from inspect_fixtures import all_kinds_graph, cluster_labels, dot_edges, dot_nodes, mlp_graph
 
+from einpage_core.dot import find_dot
 from taskgraph import TaskGraph
-from taskgraph.dot import find_dot
 from taskgraph.render import TASK_STYLES, render_taskgraph, taskgraph_dot, taskgraph_svg
 
 needs_dot = pytest.mark.skipif(find_dot() is None, reason="Graphviz's dot is not installed")

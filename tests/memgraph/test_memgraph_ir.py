@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from plans import reference_plan
-from test_verify import mlp_graph
+from plans import reference_plan, two_output_mlp
 
 from einpage.errors import GraphError, SerializationError
 from memgraph import MemGraph, MemGraphBuilder, NodeKind, Region, verify
@@ -20,7 +19,7 @@ def test_region():
 
 
 def test_node_lines_and_graph_listing():
-    mg = reference_plan(mlp_graph(), offload=frozenset({3}))
+    mg = reference_plan(two_output_mlp(), offload=frozenset({3}))
     text = str(mg)
     assert text.splitlines()[0].startswith("MemGraph 'mlp': ")
     lines = {n.kind: n.line() for n in mg.nodes}
@@ -36,7 +35,7 @@ def test_node_lines_and_graph_listing():
 
 
 def test_stats_count_transfers_and_drops():
-    tg = mlp_graph()
+    tg = two_output_mlp()
     mg = reference_plan(tg, offload=frozenset({3}))
     s = mg.stats
     assert s.offload_count == 1 and s.offload_bytes == tg[3].nbytes
@@ -64,14 +63,14 @@ def test_stats_count_drops_of_reused_weights():
 
 
 def test_builder_rejects_forward_dependencies():
-    b = MemGraphBuilder(mlp_graph(), budget=1024)
+    b = MemGraphBuilder(two_output_mlp(), budget=1024)
     b.alloc(0, Region(0, 256))
     with pytest.raises(GraphError, match="must be earlier nodes"):
         b.free(0, Region(0, 256), deps=[1])
 
 
 def test_json_round_trip():
-    mg = reference_plan(mlp_graph(), offload=frozenset({3, 5}), outputs_to_host=True)
+    mg = reference_plan(two_output_mlp(), offload=frozenset({3, 5}), outputs_to_host=True)
     text = mg.to_json()
     again = MemGraph.from_json(text)
     assert again.nodes == mg.nodes
@@ -90,7 +89,7 @@ def first_input(data):
 
 
 def corrupted(edit):
-    data = json.loads(reference_plan(mlp_graph()).to_json())
+    data = json.loads(reference_plan(two_output_mlp()).to_json())
     edit(data)
     return json.dumps(data)
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from planner_checks import check_outputs, check_plan
+from replay import check_outputs, check_plan
 from strategies import program_inputs
 
 import einpage as ep

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from planner_checks import check_outputs, check_plan
+from replay import check_outputs, check_plan
 from strategies import einsum_programs, program_inputs
 
 from einpage.errors import InfeasibleBudgetError

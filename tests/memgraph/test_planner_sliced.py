@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from planner_checks import check_outputs, check_plan
+from replay import check_outputs, check_plan
 from strategies import program_inputs
 
 import einpage as ep

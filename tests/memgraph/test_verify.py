@@ -9,23 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from plans import reference_plan, sliced_weight_plan
+from plans import two_output_mlp as mlp_graph
 from strategies import einsum_cases
 
 import einpage as ep
 from einpage.errors import VerificationError
 from memgraph import MemGraph, NodeKind, Region, verify
-
-
-def mlp_graph():
-    prog = ep.Program("mlp")
-    x = prog.input("x", (4, 8))
-    w1 = prog.input("w1", (8, 16), role="weight")
-    w2 = prog.input("w2", (16, 8), role="weight")
-    h = ep.gelu(x @ w1)
-    y = ep.softmax(h @ w2 + x)
-    prog.output(y, "y")
-    prog.output(h.reshape(64), "h_flat")
-    return prog.build()
 
 
 def replace_node(mg: MemGraph, node_id: int, **changes) -> MemGraph:
