@@ -8,7 +8,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["einpage", "taskgraph", "memgraph", "runtime"]
+PACKAGES = ["einpage_core", "einpage", "taskgraph", "memgraph", "runtime"]
 
 
 def modules():
