@@ -171,7 +171,7 @@ from einpage_core.errors import InfeasibleBudgetError, PlanError
 from einpage_core.units import BudgetFormatError, format_bytes, parse_bytes
 from memgraph.allocator import DEFAULT_ALIGNMENT, Allocator, Block
 from memgraph.cost import CostModel, get_cost_model
-from memgraph.eviction import NEVER, Segment, choose_window_ranked, get_policy
+from memgraph.eviction import NEVER, EvictionContext, Segment, choose_window_ranked, get_policy
 from memgraph.graph import MemGraph, MemGraphBuilder
 from memgraph.nodes import Region
 from memgraph.orders import check_order, get_order, is_compute
@@ -758,6 +758,12 @@ class _Step:
     sliced: bool = False
 
 
+def _context(tensor: _Tensor) -> EvictionContext:
+    """What the eviction policy sees of a live tensor."""
+    transfer = 0 if tensor.storage is not None else tensor.nbytes
+    return EvictionContext(tensor.next_use, tensor.last_use, tensor.size, transfer)
+
+
 class _Residents:
     """The live tensors of the arena: by offset, and by eviction rank for victim search.
 
@@ -793,16 +799,14 @@ class _Residents:
 
     def touch(self, tensor: _Tensor, placed: bool = False) -> None:
         """Re-rank a live tensor after its next or last use changed (or it was `placed`)."""
-        rank = self.rank(tensor.next_use, tensor.last_use)
+        rank = self.rank(_context(tensor))
         if rank == tensor.rank and not placed:
             return  # its heap entry is still valid
         tensor.rank = rank
         tensor.version += 1
         heapq.heappush(self.heap, (-rank, tensor.id, tensor.version))
         if len(self.heap) > 4 * len(self.offsets) + 1024:
-            self.heap = [
-                (-self.rank(t.next_use, t.last_use), t.id, t.version) for t in self.at.values()
-            ]
+            self.heap = [(-self.rank(_context(t)), t.id, t.version) for t in self.at.values()]
             heapq.heapify(self.heap)
 
     def segment(self, tensor: _Tensor) -> Segment:
@@ -810,7 +814,7 @@ class _Residents:
             tensor.region.offset,
             tensor.region.size,
             tensor.id,
-            self.rank(tensor.next_use, tensor.last_use),
+            self.rank(_context(tensor)),
             0 if tensor.storage is not None else tensor.nbytes,
             tensor.pins == 0 and tensor.writer is not None,
         )
@@ -880,7 +884,7 @@ class _Planner:
         self.alloc = Allocator(budget, opts.alignment)
         self.builder = MemGraphBuilder(tg, budget, opts.alignment)
         order = opts.order
-        ids = get_order(order)(tg) if isinstance(order, str) else check_order(tg, order)
+        ids = check_order(tg, get_order(order)(tg) if isinstance(order, str) else order)
         root = storage_roots(tg)
         self.root = root
         # Slices produced by sliced reloads are host-resident tensors, not steps (unless
@@ -1293,6 +1297,7 @@ class _Planner:
         tensor.storage_writer = node
         tensor.users.append(node)
         self.offloads += 1
+        self.residents.touch(tensor)  # a host copy makes it free to drop
 
     def offload_piece(self, tensor: _Tensor, root: int) -> None:
         """Copy a just-computed piece into its box of output `root`'s host storage (a

@@ -18,7 +18,7 @@ from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
 from einpage.units import BudgetFormatError
 from memgraph import MemGraph, NodeKind
-from memgraph.eviction import POLICIES
+from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.orders import ORDERS, check_order, get_order
 from memgraph.planner import min_budget, no_offload_peak, plan
 
@@ -138,6 +138,31 @@ def test_belady_beats_lru_on_cyclic_weights():
     # is needed next.
     assert reloads["belady"] == 6
     assert reloads["lru"] >= 10
+
+
+def test_a_registered_policy_decides_the_victims():
+    """A policy that sees the transfer bytes: it evicts a tensor with a host copy (a
+    weight, dropped for free) before an activation that would have to be offloaded,
+    whatever their next uses; and the context it gets describes the live tensor."""
+    seen: list[EvictionContext] = []
+
+    def drop_first(ctx: EvictionContext) -> int:
+        seen.append(ctx)
+        return ctx.next_use - (1 << 40 if ctx.transfer_bytes else 0)
+
+    tg = cyclic_weights(passes=2)
+    register_policy("drop-first", drop_first)
+    try:
+        mg = plan(tg, 5 * KiB, eviction="drop-first", lookahead=0)
+    finally:
+        del eviction_module.POLICIES["drop-first"]
+    check_plan(mg)
+    check_outputs(mg, program_inputs(tg, 3))
+    assert mg.info["eviction"] == "drop-first"
+    assert mg.stats.offload_count == 0 and mg.stats.drop_count > 0
+    assert seen and all(ctx.size == KiB for ctx in seen)
+    assert {ctx.transfer_bytes for ctx in seen} == {0, KiB}  # weights, then activations
+    assert plan(tg, 5 * KiB, eviction="belady", lookahead=0).to_json() != mg.to_json()
 
 
 def test_prefetch_issues_a_future_weight_ahead_and_lets_it_overlap():
