@@ -334,9 +334,15 @@ def test_info_records_options_and_counters_as_json():
     assert info["order"] == "memory" and info["eviction"] == "lru"
     assert info["budget_request"] == "50%" and info["outputs"] == "host"
     assert info["min_budget"] == min_budget(tg)[0]
-    for counter in ("evictions", "offloads", "drops", "fragmentation_events", "steps"):
+    for counter in ("evictions", "fragmentation_events", "steps"):
         assert isinstance(info[counter], int)
     assert mg.stats.fragmentation_events == info["fragmentation_events"]
+    # What the nodes tell is counted from them (mg.stats), not kept twice in info.
+    for counter in ("offloads", "reloads", "drops", "sliced_offloads", "high_water"):
+        assert counter not in info
+    s = mg.stats
+    assert min(s.offload_count, s.reload_count, s.drop_count, s.high_water) >= 0
+    assert s.offload_count + s.drop_count >= info["evictions"] > 0
 
 
 def test_a_custom_order_is_checked_and_used():
@@ -419,17 +425,19 @@ def test_an_infeasible_budget_names_the_task_and_the_minimum():
     needed, task = min_budget(tg)
     assert (needed, task) == (3 * KiB, tg.outputs["y"])
     with pytest.raises(InfeasibleBudgetError) as caught:
-        plan(tg, "2KiB", partition="off")
+        plan(tg, "2KiB")
     error = caught.value
     assert (error.budget, error.needed, error.task) == (2 * KiB, needed, task)
     message = str(error)
     assert "3.0 KiB (3072 B)" in message and tg[task].line() in message
     assert "'block.0'" in message
+    # the way out: partitioning, by the pipeline or by hand
+    assert "einpage.compile(" in message and "taskgraph.partition_for_budget(" in message
     with pytest.raises(InfeasibleBudgetError):
         plan(tg, 0)
-    with pytest.raises(InfeasibleBudgetError):
+    with pytest.raises(InfeasibleBudgetError, match="'10%' = "):
         plan(tg, "10%")
-    with pytest.raises(InfeasibleBudgetError):
+    with pytest.raises(PlanError, match="does not partition: use einpage.compile"):
         plan(tg, "2KiB", partition=False)
 
 
