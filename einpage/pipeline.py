@@ -436,16 +436,22 @@ def _auto_limit(budget: int) -> int:
 
 def check_block_count(tg: TaskGraph, budget: int, max_blocks: int = MAX_AUTO_BLOCKS) -> None:
     """Raise `TooManyBlocksError` when `partition_for_budget(tg, budget)` would make more
-    than `max_blocks` blocks (by `estimated_blocks`)."""
+    than `max_blocks` blocks (by `estimated_blocks`); its `needed` is about the smallest
+    budget that would not (at most the program's `min_budget`, where nothing is split)."""
     count = estimated_blocks(tg, _auto_limit(budget))
     if count <= max_blocks:
         return
+    unsplit, _ = min_budget(tg)
+
+    def too_many(nbytes: int) -> bool:
+        return nbytes < unsplit and estimated_blocks(tg, _auto_limit(nbytes)) > max_blocks
+
     low, high = budget, max(budget, 1) * 2
-    while estimated_blocks(tg, _auto_limit(high)) > max_blocks:
+    while too_many(high):
         low, high = high, high * 2
     while high - low > max(256, high // 100):  # within 1%: it is an estimate anyway
         middle = (low + high) // 2
-        if estimated_blocks(tg, _auto_limit(middle)) > max_blocks:
+        if too_many(middle):
             low = middle
         else:
             high = middle

@@ -45,7 +45,9 @@ positions precomputed per tensor as sorted lists with a moving pointer), ties to
 fewer bytes that need a transfer (a tensor with a valid host copy – a weight, or
 anything offloaded before, as tensors are immutable – is dropped with no transfer),
 then to fewer bytes evicted. Step e's operands and output are never victims. The
-`"lru"` policy uses the same machinery with last-use positions.
+`"lru"` policy uses the same machinery with last-use positions, and so does any policy
+added with `memgraph.eviction.register_policy` (it ranks an `EvictionContext`: next and
+last use, size, and the bytes evicting the tensor would transfer).
 
 Placement and fragmentation
 ---------------------------
