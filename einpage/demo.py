@@ -48,7 +48,7 @@ def run_demo(
     """
     console = console or Console()
     say = console.print
-    with console.stages(9):
+    with console.stages(8):
         with console.stage("building the program"):
             tg = mlp_program().build()
             rows = program_rows(tg)

@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import einsum_programs
 
+import einpage as ep
 from einpage.errors import PlanError
+from memgraph import NodeKind, plan, verify
 from memgraph.eviction import (
     NEVER,
     POLICIES,
@@ -183,19 +185,28 @@ def test_unknown_orders_list_the_valid_ones():
 
 
 def test_a_registered_order_is_listed_and_used():
-    def backwards_inputs(tg):  # inputs last-first, then program order: still topological
+    def last_first(tg):  # the inputs, then tanh before exp, then their sum
         inputs = [t.id for t in tg if t.kind == "input"]
-        return [*reversed(inputs), *(t.id for t in tg if t.kind != "input")]
+        return [*inputs, 2, 1, 3]
 
-    register_order("backwards-inputs", backwards_inputs)
+    prog = ep.Program("branches")
+    x = prog.input("x", (16, 16))
+    prog.output(ep.exp(x) + ep.tanh(x), "y")  # tasks: x, exp, tanh, add
+    tg = prog.build()
+    register_order("last-first", last_first)
     try:
-        assert get_order("backwards-inputs") is backwards_inputs
+        assert get_order("last-first") is last_first
+        mg = plan(tg, "64KiB", order="last-first")
+        verify(mg)
+        assert mg.info["order"] == "last-first"
+        applies = [n.tensor for n in mg.nodes if n.kind is NodeKind.APPLY]
+        assert applies == [2, 1, 3]  # tanh before exp, as the order says
         with pytest.raises(PlanError, match="already registered"):
-            register_order("backwards-inputs", program_order)
-        with pytest.raises(PlanError, match="'program', 'memory', 'backwards-inputs'"):
+            register_order("last-first", program_order)
+        with pytest.raises(PlanError, match="'program', 'memory', 'last-first'"):
             get_order("fastest")
     finally:
-        del ORDERS["backwards-inputs"]
+        del ORDERS["last-first"]
     with pytest.raises(PlanError, match="must be a function"):
         register_order("nothing", None)
     assert set(ORDERS) == {"program", "memory"}
