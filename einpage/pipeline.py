@@ -410,8 +410,7 @@ def _choose_graph(
             raise _no_block_fits(tg, reading, needed, task_id, floor, floor_task, alignment)
         chosen = partition_for_budget(tg, usable, alignment=alignment)
         graph, limit, fraction = chosen.graph, chosen.limit, DEFAULT_BUDGET_FRACTION
-        share = int(usable * fraction) // alignment * alignment
-        how = f"auto: {fraction:.0%} of the budget" if limit == share else "auto: the finest block"
+        how = "auto: the finest block" if limit == floor else f"auto: {fraction:.0%} of the budget"
     part_needed, part_task = min_budget(graph, alignment, opts.inputs)
     if usable < part_needed:
         raise _partition_too_large(

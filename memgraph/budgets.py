@@ -28,6 +28,7 @@ from taskgraph.assembly import assembly_tasks
 from taskgraph.graph import TaskGraph
 
 __all__ = [
+    "PERCENT",
     "NO_OFFLOAD_PEAK",
     "BudgetReading",
     "read_budget",
