@@ -3,14 +3,14 @@
 For LLaMA-7B under a 16 GiB budget and LLaMA-65B under 32 GiB (float16 weights and
 activations), every cell of batch {1, 2, 4, 8, 16, 32} x sequence {512, ..., 8192}:
 
-* **einpage**: `memgraph.plan(tg, budget)`, which partitions the graph on its own when
-  a task cannot fit (fine-grained paging; the block limit is then a quarter of the
-  budget), verified with `memgraph.verify`, and timed with `memgraph.simulate` on the
+* **einpage**: `einpage.compile(tg, budget)`, which partitions the graph when a task
+  cannot fit (fine-grained paging; the block limit is then a quarter of the budget)
+  and plans it, verified with `memgraph.verify`, and timed with `memgraph.simulate` on the
   "h100-pcie5" cost model (400 TFLOP/s sustained, 50 GB/s each way over PCIe 5). Reported:
   peak device bytes, bytes moved (host to device plus device to host), simulated time
   against the pure compute time, the stall (simulated - compute, in % of compute),
-  the block limit (- when not partitioned), the tasks planned and the seconds `plan`
-  took (partitioning included).
+  the block limit (- when not partitioned), the tasks planned and the seconds
+  `compile` took to partition and plan (verification apart).
 * **layer streaming** (ZeRO-Inference-like, `memgraph.baselines.layer_streaming_plan`
   with one layer of prefetch): feasible only if a whole layer's weights plus the
   layer's activations fit; else its `needed` bytes are reported.
@@ -46,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import einpage  # noqa: E402
 import memgraph  # noqa: E402
 from einpage.models import llama  # noqa: E402
 from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
@@ -137,7 +138,7 @@ def run_cell(
     cell = Cell(model, budget, batch, seq, compute, transfer, feasible=False)
     started = time.perf_counter()
     try:
-        mg = memgraph.plan(tg, budget, cost_model=cost)
+        mg = einpage.compile(tg, budget, cost_model=cost, verify=False).plan
     except InfeasibleBudgetError as error:
         cell.plan_seconds = time.perf_counter() - started
         cell.error = str(error).split(". ")[0]

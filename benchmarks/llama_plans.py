@@ -9,8 +9,8 @@ and device budgets, it prints one row per cell:
   leaves the device (weights still stream in from the host just in time);
   `min`: `memgraph.min_budget` – the largest single step, below which no plan exists
   without partitioning;
-* `plan`: `memgraph.plan(tg, budget, partition="off")` (otherwise default options:
-  program order, Belady, auto lookahead; whole tasks, like the baseline), verified:
+* `plan`: `memgraph.plan(tg, budget)` (default options: program order, Belady, auto
+  lookahead; whole tasks, like the baseline: `plan` never partitions), verified:
   its peak, bytes offloaded and reloaded, and its simulated makespan on the
   "h100-pcie5" cost model (`memgraph.simulate`: 400 TFLOP/s fp16, 2 TB/s HBM, 50 GB/s
   each way over PCIe), with `stall` = the share of the makespan the compute stream
@@ -55,7 +55,8 @@ for 65B) and no plan beats max(compute, that transfer at 50 GB/s: ~270 ms, ~2.6 
 * Below `min` nothing works: attention holds the scores and their masked copy
   ([b, heads, s, s] each) at once, so 2 x b x heads x s² x 2 bytes is the floor
   (2 GiB for 7B at 4x2048, 16 GiB for 65B at 1x8192) for whole tasks. Partitioned
-  plans (the default `partition="auto"`) go below it: `benchmarks/feasibility.py`.
+  plans (`einpage.compile`, which partitions when needed) go below it:
+  `benchmarks/feasibility.py`.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ def measure_cell(tg: TaskGraph, shape: Shape, budget: int) -> Cell:
         cell.plan_infeasible = cell.stream_infeasible = why
         return cell
     clock = time.perf_counter()
-    cell.plan = simulated(memgraph.plan(tg, budget, partition="off", cost_model=COST_MODEL))
+    cell.plan = simulated(memgraph.plan(tg, budget, cost_model=COST_MODEL))
     cell.seconds["plan"] = time.perf_counter() - clock
     clock = time.perf_counter()
     try:

@@ -385,12 +385,12 @@ def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:
 
 COST_MODEL = "h100-pcie5"
 
-# The planner's own partitioning is off: `quality_cell` partitions a graph once, when
-# the graph allows it, so that every policy plans the same graph.
+# `plan` never partitions: `quality_cell` partitions a graph once, when the graph allows
+# it, so that every policy plans the same graph.
 QUALITY_PLANS: dict[str, Callable[[TaskGraph, int], MemGraph]] = {
-    "einpage": lambda tg, budget: plan(tg, budget, partition="off"),
-    "einpage-mem": lambda tg, budget: plan(tg, budget, order="memory", partition="off"),
-    "lru": lambda tg, budget: plan(tg, budget, eviction="lru", partition="off"),
+    "einpage": lambda tg, budget: plan(tg, budget),
+    "einpage-mem": lambda tg, budget: plan(tg, budget, order="memory"),
+    "lru": lambda tg, budget: plan(tg, budget, eviction="lru"),
     "streaming": lambda tg, budget: layer_streaming_plan(tg, budget),
 }
 """The plans compared: the planner's defaults (Belady, program order), the planner in

@@ -1,12 +1,14 @@
 """einpage: compile einsum tensor programs into memory plans for GPUs smaller than the program.
 
 The user-facing API: `Program` to write programs, the op library (`einpage.ops`,
-re-exported here), and the error hierarchy under `EinpageError`.
+re-exported here), `compile` (the pipeline: partition when needed, plan, verify; see
+`einpage.pipeline`), and the error hierarchy under `EinpageError`.
 """
 
 from einpage import errors, ops, units
 from einpage.errors import *  # noqa: F403
 from einpage.ops import *  # noqa: F403
+from einpage.pipeline import Compiled, PartitionInfeasibleError, TooManyBlocksError, compile
 from einpage.program import Program, Tensor
 from einpage.units import format_bytes, parse_bytes
 
@@ -15,6 +17,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Program",
     "Tensor",
+    "compile",
+    "Compiled",
+    "PartitionInfeasibleError",
+    "TooManyBlocksError",
     "ops",
     "errors",
     "units",

@@ -1,6 +1,7 @@
 """memgraph: the MemGraph IR (memory plans), the planner, the verifier and the simulator.
 
-`plan(tg, budget)` makes a plan, `verify(mg)` checks any plan, `simulate(mg)` times it
+`plan(tg, budget)` makes a plan of a TaskGraph as it is (no partitioning inside: that is
+`einpage.compile`'s), `verify(mg)` checks any plan, `simulate(mg)` times it
 on a cost model; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
 `plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points.
 Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
@@ -9,14 +10,15 @@ Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
 from memgraph.allocator import Allocator
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import TransferBounds, transfer_lower_bounds
+from memgraph.budgets import BudgetReading, read_budget
 from memgraph.cost import PRESETS as COST_MODELS
 from memgraph.cost import CostModel, get_cost_model
+from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
 from memgraph.nodes import MemNode, NodeKind, Region
-from memgraph.orders import ORDERS
+from memgraph.orders import ORDERS, register_order
 from memgraph.planner import (
-    PARTITION_MODES,
-    PartitionInfeasibleError,
+    PlanOptions,
     min_budget,
     no_offload_peak,
     plan,
@@ -36,13 +38,18 @@ __all__ = [
     "PlanStats",
     "Region",
     "plan",
+    "PlanOptions",
     "min_budget",
     "no_offload_peak",
     "resolve_budget",
-    "PARTITION_MODES",
-    "PartitionInfeasibleError",
+    "read_budget",
+    "BudgetReading",
     "sliced_reloads",
     "ORDERS",
+    "register_order",
+    "POLICIES",
+    "EvictionContext",
+    "register_policy",
     "verify",
     "VerifyReport",
     "simulate",

@@ -194,55 +194,90 @@ def transfer_lower_bounds(
     budget = parse_bytes(budget)
     host_names = None if host_inputs is None else set(host_inputs)
     order = _check_order(tg, order, _host_flags(tg, host_names))
-    step = {t: s for s, t in enumerate(order)}
-    n = len(order)
-    host = _host_flags(tg, host_names)
+    uses = _Uses.of(tg, order, _host_flags(tg, host_names))
+    return _sweep(tg, order, budget, uses)
+
+
+@dataclass
+class _Uses:
+    """Where each storage root is used in the order (module docstring).
+
+    `first` and `last`: the steps at which each root is produced or first read, and last
+    read; `host`: per task, whether it is a host tensor (a host input, or a Slice of one
+    that sliced reloads may make); `sliced`: per task, such a Slice; `on_host`: the
+    Concats of outputs that may be assembled on the host; `compulsory`: the bytes of the
+    compulsory reloads.
+    """
+
+    first: dict[int, int]
+    last: dict[int, int]
+    host: list[bool]
+    sliced: list[bool]
+    on_host: frozenset[int]
+    compulsory: int
+
+    @classmethod
+    def of(cls, tg: TaskGraph, order: list[int], host: list[bool]) -> _Uses:
+        nbytes = [t.nbytes for t in tg]
+        # A Slice read straight from a host input may be made by sliced reloads of its
+        # box (never needing the input on the device): for a bound that holds either way
+        # it is a host tensor of its own, used from its first reader on, and its own step
+        # needs nothing.
+        sliced = [_is_input_slice(tg, t.id, host) for t in tg]
+        # The Concats of an output that may be assembled on the host need nothing at
+        # their step either, and do not keep their pieces alive.
+        on_host = frozenset(assembly_tasks(tg))
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for s, t in enumerate(order):
+            if sliced[t] or t in on_host:
+                continue
+            first[t] = last[t] = s  # produced here
+            for operand in tg[t].inputs:
+                root = tg.storage_root(operand)
+                first.setdefault(root, s)  # an input's first use (computed roots come earlier)
+                last[root] = s
+        compulsory = sum(nbytes[x] for x in first if host[x])
+        # An input read only through slices arrives whole once or slice by slice: the
+        # smaller of the two is compulsory.
+        through_slices: dict[int, int] = {}
+        for x in first:
+            if sliced[x] and tg[x].inputs[0] not in first:
+                source = tg[x].inputs[0]
+                through_slices[source] = through_slices.get(source, 0) + nbytes[x]
+        compulsory += sum(min(nbytes[i], total) for i, total in through_slices.items())
+        host = [h or c for h, c in zip(host, sliced, strict=True)]
+        return cls(first, last, host, sliced, on_host, compulsory)
+
+    def live_deltas(self, tg: TaskGraph, order: list[int]) -> tuple[list[int], list[int]]:
+        """Per step, the change in bytes of the tensors that must exist, and in those of
+        the host tensors among them. A computed tensor exists from its step; an input
+        from its first use."""
+        step = {t: s for s, t in enumerate(order)}
+        delta = [0] * (len(order) + 1)
+        host_delta = [0] * (len(order) + 1)
+        for x, begin in self.first.items():
+            begin = begin if self.sliced[x] else step.get(x, begin)
+            nbytes = tg[x].nbytes
+            delta[begin] += nbytes
+            delta[self.last[x] + 1] -= nbytes
+            if self.host[x]:
+                host_delta[begin] += nbytes
+                host_delta[self.last[x] + 1] -= nbytes
+        return delta, host_delta
+
+
+def _sweep(tg: TaskGraph, order: list[int], budget: int, uses: _Uses) -> TransferBounds:
+    """The capacity bounds of the module docstring, step by step."""
+    delta, host_delta = uses.live_deltas(tg, order)
     nbytes = [t.nbytes for t in tg]
-    # A Slice read straight from a host input may be made by sliced reloads of its box
-    # (never needing the input on the device): for a bound that holds either way it is a
-    # host tensor of its own, used from its first reader on, and its own step needs nothing.
-    sliced = [_is_input_slice(tg, t.id, host) for t in tg]
-    # The Concats of an output that may be assembled on the host need nothing at their
-    # step either, and do not keep their pieces alive.
-    on_host = assembly_tasks(tg)
-    # The steps at which each storage root is used, produced or first read.
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for s, t in enumerate(order):
-        if sliced[t] or t in on_host:
-            continue
-        first[t] = last[t] = s  # produced here
-        for operand in tg[t].inputs:
-            root = tg.storage_root(operand)
-            first.setdefault(root, s)  # an input's first use (computed roots come earlier)
-            last[root] = s
-    compulsory = sum(nbytes[x] for x in first if host[x])
-    # An input read only through slices arrives whole once or slice by slice: the
-    # smaller of the two is compulsory.
-    through_slices: dict[int, int] = {}
-    for x in first:
-        if sliced[x] and tg[x].inputs[0] not in first:
-            through_slices[tg[x].inputs[0]] = through_slices.get(tg[x].inputs[0], 0) + nbytes[x]
-    compulsory += sum(min(nbytes[i], total) for i, total in through_slices.items())
-    host = [h or c for h, c in zip(host, sliced, strict=True)]
-    # Sweep: bytes of the tensors that must exist at each step, and the host inputs
-    # among them. A computed tensor exists from its step; an input from its first use.
-    delta = [0] * (n + 1)
-    host_delta = [0] * (n + 1)
-    for x, begin in first.items():
-        begin = begin if sliced[x] else step.get(x, begin)
-        delta[begin] += nbytes[x]
-        delta[last[x] + 1] -= nbytes[x]
-        if host[x]:
-            host_delta[begin] += nbytes[x]
-            host_delta[last[x] + 1] -= nbytes[x]
     live = host_live = 0
     peak = excess = offload = 0
     peak_task = excess_task = offload_task = None
     for s, t in enumerate(order):
         live += delta[s]
         host_live += host_delta[s]
-        skip = sliced[t] or t in on_host
+        skip = uses.sliced[t] or t in uses.on_host
         working = set() if skip else {t, *(tg.storage_root(i) for i in tg[t].inputs)}
         working_bytes = sum(nbytes[x] for x in working)
         if working_bytes > budget:
@@ -259,12 +294,12 @@ def transfer_lower_bounds(
         over = live - budget
         if over > excess:
             excess, excess_task = over, t
-        droppable = host_live - sum(nbytes[x] for x in working if host[x])
+        droppable = host_live - sum(nbytes[x] for x in working if uses.host[x])
         if over - droppable > offload:
             offload, offload_task = over - droppable, t
     return TransferBounds(
         budget=budget,
-        compulsory_reload_bytes=compulsory,
+        compulsory_reload_bytes=uses.compulsory,
         peak_live_bytes=peak,
         peak_task=peak_task,
         excess_bytes=excess,

@@ -13,13 +13,19 @@ live tensors (`Segment`s):
   copy must be offloaded; tensors with one are dropped for free), then fewer bytes
   evicted at all, then the lowest offset (so choices are deterministic).
 
-The rank is the policy, looked up by name in `POLICIES` (larger = evict sooner):
+The rank is the policy, looked up by name in `POLICIES` (larger = evict sooner). A
+policy is a function of an `EvictionContext` (the tensor's next and last use, its size
+in the arena, and the bytes evicting it would copy to the host: 0 when a host copy
+exists) returning an int; `register_policy(name, fn)` adds one:
 
 * `"belady"` (the default): the position of the tensor's next use, so the window
   whose soonest-needed occupant is needed furthest in the future wins (Belady's MIN
   generalised to contiguous windows);
 * `"lru"`: minus the position of the tensor's last use, so the window whose most
   recently used occupant was used longest ago wins (the classic baseline).
+
+The planner ranks a tensor when it is placed or used, and again when it gains a host
+copy while resident (its `transfer_bytes` drops to 0).
 
 Two searches give the same answer:
 
@@ -53,6 +59,7 @@ from einpage_core.errors import PlanError
 __all__ = [
     "NEVER",
     "POLICIES",
+    "EvictionContext",
     "Policy",
     "Segment",
     "Window",
@@ -62,27 +69,69 @@ __all__ = [
     "Arena",
     "get_policy",
     "lru",
+    "register_policy",
 ]
 
 NEVER = 1 << 62
 """The rank of free bytes, and the next-use position of a tensor never used again."""
 
-Policy = Callable[[int, int], int]
-"""`rank(next_use, last_use) -> int`: larger means a better victim."""
+
+@dataclass(frozen=True, slots=True)
+class EvictionContext:
+    """What a policy knows of a live tensor when it ranks it.
+
+    `next_use` and `last_use` are step positions (`NEVER`: not used again; -1: not used
+    yet); `size` the bytes it occupies in the arena (aligned); `transfer_bytes` the bytes
+    evicting it would copy to the host (its bytes, or 0 when a host copy exists and it
+    is simply dropped).
+    """
+
+    next_use: int
+    last_use: int
+    size: int
+    transfer_bytes: int
 
 
-def belady(next_use: int, last_use: int) -> int:
+Policy = Callable[[EvictionContext], int]
+"""`rank(context) -> int`: larger means a better victim."""
+
+
+def belady(context: EvictionContext) -> int:
     """Evict what is needed furthest in the future (reuse distance)."""
-    return next_use
+    return context.next_use
 
 
-def lru(next_use: int, last_use: int) -> int:
+def lru(context: EvictionContext) -> int:
     """Evict what was used longest ago (least recently used)."""
-    return -last_use
+    return -context.last_use
 
 
 POLICIES: dict[str, Policy] = {"belady": belady, "lru": lru}
-"""Victim-choice policies by name."""
+"""Victim-choice policies by name (add one with `register_policy`)."""
+
+
+def register_policy(name: str, policy: Policy) -> None:
+    """Make `policy` available as `plan(..., eviction=name)`.
+
+    A policy maps an `EvictionContext` to an int rank (larger: evict sooner); ranks must
+    not depend on anything but the context, so that plans stay deterministic. A name
+    already registered to another function is refused (`PlanError`).
+
+    >>> def biggest_first(context):
+    ...     return context.size
+    >>> register_policy("biggest-first", biggest_first)
+    >>> get_policy("biggest-first") is biggest_first
+    True
+    >>> del POLICIES["biggest-first"]
+    """
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"a policy name must be a non-empty string, got {name!r}")
+    if not callable(policy):
+        raise PlanError(f"policy {name!r} must be a function of an EvictionContext")
+    known = POLICIES.get(name)
+    if known is not None and known is not policy:
+        raise PlanError(f"eviction policy {name!r} is already registered ({known!r})")
+    POLICIES[name] = policy
 
 
 def get_policy(name: str) -> Policy:

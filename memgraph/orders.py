@@ -40,7 +40,15 @@ from einpage_core.errors import PlanError
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
-__all__ = ["ORDERS", "OrderFn", "get_order", "check_order", "program_order", "memory_order"]
+__all__ = [
+    "ORDERS",
+    "OrderFn",
+    "get_order",
+    "check_order",
+    "program_order",
+    "memory_order",
+    "register_order",
+]
 
 OrderFn = Callable[[TaskGraph], list[int]]
 
@@ -146,7 +154,25 @@ ORDERS: dict[str, OrderFn] = {
     "program": program_order,
     "memory": memory_order,
 }
-"""Topological orders by name: function(tg) -> list of task ids."""
+"""Topological orders by name: function(tg) -> list of task ids (add one with
+`register_order`)."""
+
+
+def register_order(name: str, order: OrderFn) -> None:
+    """Make `order` available as `plan(..., order=name)`.
+
+    An order maps a TaskGraph to all its task ids, each after the tasks it reads; the
+    planner checks what it returns (`check_order`). A name already registered to another
+    function is refused (`PlanError`).
+    """
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"an order name must be a non-empty string, got {name!r}")
+    if not callable(order):
+        raise PlanError(f"order {name!r} must be a function of a TaskGraph")
+    known = ORDERS.get(name)
+    if known is not None and known is not order:
+        raise PlanError(f"order {name!r} is already registered ({known!r})")
+    ORDERS[name] = order
 
 
 def get_order(name: str) -> OrderFn:

@@ -36,7 +36,6 @@ import memgraph
 import runtime
 import taskgraph
 from einpage.units import format_bytes
-from taskgraph.partition import partition_for_budget
 
 # %% [markdown]
 # ## 1. A program
@@ -180,19 +179,21 @@ print(repr(again))
 # %% [markdown]
 # ## 5. Below the smallest budget: partitioning
 #
-# `taskgraph.partition.partition_for_budget` rewrites the program so that tasks too
-# large for the budget run as blocks over parts of their output (and partial sums when
-# a reduced index is split). The result is an ordinary TaskGraph: the planner, the
-# runtime and the reference evaluator use it unchanged.
+# `memgraph.plan` plans the TaskGraph it is given, as it is. `einpage.compile` is the
+# whole pipeline: when a task is too large for the budget it partitions the program
+# first (`taskgraph.partition.partition_for_budget`: tasks run as blocks over parts of
+# their output, with partial sums when a reduced index is split), then plans and
+# verifies. The partitioned graph is an ordinary TaskGraph: the planner, the runtime
+# and the reference evaluator use it unchanged. `Compiled` keeps both graphs, the plan,
+# and how the budget and the block limit were chosen.
 
 # %%
 small = need // 2
-split = partition_for_budget(tg, small)
-mg_small = memgraph.plan(split.graph, small)
-memgraph.verify(mg_small)
+compiled = ep.compile(tg, small)
+mg_small = compiled.plan
 out_small = runtime.run(mg_small, inputs, backend="auto")["p"]
-print(f"{len(tg)} tasks -> {len(split.graph)} tasks, blocks of at most {format_bytes(split.limit)}")
-print(repr(mg_small))
+print(compiled)
+print(f"{len(tg)} tasks -> {len(compiled.graph)} tasks, {compiled.partitioning.describe()}")
 print(f"max |run - reference| = {np.abs(out_small - ref).max():.2e}")
 mg_small.memory_map(figsize=(10, 4.5))
 

@@ -23,6 +23,7 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
+from einpage.checks import compare_outputs
 from einpage.cli import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -30,12 +31,9 @@ from einpage.cli import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     Console,
-    compare_outputs,
-    compile_program,
-    load_inputs,
     main,
-    save_arrays,
 )
+from einpage.files import load_inputs, save_arrays
 from einpage.presets import load_program, random_inputs
 from einpage.units import format_bytes
 from taskgraph.dot import find_dot
@@ -199,7 +197,7 @@ def test_plan_prints_stats_simulation_and_writes_a_valid_plan(capsys, tmp_path):
     memgraph.verify(mg)
     s = mg.stats
     assert s.offload_count > 0 and s.reload_count > 0
-    expected = compile_program(load_program("mlp", batch=256), "75%").plan
+    expected = ep.compile(load_program("mlp", batch=256), "75%").plan
     assert mg.to_json() == expected.to_json()  # plans are deterministic
     for label, value in s.rows():
         assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
@@ -222,7 +220,7 @@ def test_plan_options_reach_the_planner(capsys, tmp_path):
 def test_plan_partitions_automatically_when_the_budget_needs_it(capsys, tmp_path):
     path = tmp_path / "plan.json"
     tg = load_program("mlp", batch=256)
-    budget, _ = compile_program(tg, "40%").budget, None
+    budget = ep.compile(tg, "40%").budget.nbytes
     assert budget < memgraph.min_budget(tg)[0]
     code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "40%", "-o", path)
     assert code == EXIT_OK
@@ -586,7 +584,7 @@ def test_demo_plans_offloads_runs_checks_and_draws(capsys, tmp_path):
     code, out, err = cli(capsys, "demo", "--out", tmp_path, "--backend", "numpy")
     assert code == EXIT_OK, err
     # the numbers are the plan's: recompute it independently
-    mg = compile_program(load_program("mlp"), "50%").plan
+    mg = ep.compile(load_program("mlp"), "50%").plan
     s = mg.stats
     assert _number(r"offloads\s+(\d+) \(", out) == s.offload_count > 0
     assert _number(r"reloads\s+(\d+) \(", out) == s.reload_count > 0
@@ -604,7 +602,7 @@ def test_demo_plans_offloads_runs_checks_and_draws(capsys, tmp_path):
 def test_demo_numbers_follow_the_budget(capsys, tmp_path):
     code, out, _ = cli(capsys, "demo", "--out", tmp_path, "--budget", "80%", "--backend", "numpy")
     assert code == EXIT_OK
-    mg = compile_program(load_program("mlp"), "80%").plan
+    mg = ep.compile(load_program("mlp"), "80%").plan
     assert "partition" not in out.split("run\n")[0].split("plan\n")[1]  # it fits unsplit
     assert _number(r"offloads\s+(\d+) \(", out) == mg.stats.offload_count
 

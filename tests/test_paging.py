@@ -1,6 +1,6 @@
-"""Fine-grained paging end to end: `plan` partitions what cannot fit, and the plans of
-partitioned graphs verify and run (NumPy runtime, random order too) to the answers of
-the unpartitioned graph."""
+"""Fine-grained paging end to end: `einpage.compile` partitions what cannot fit, and the
+plans of partitioned graphs verify and run (NumPy runtime, random order too) to the
+answers of the unpartitioned graph."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import memgraph
 import runtime
 import taskgraph
 from einpage.errors import InfeasibleBudgetError, PlanError
+from einpage.pipeline import PartitionInfeasibleError
 from memgraph import MemGraph, NodeKind
-from memgraph.planner import PartitionInfeasibleError, min_budget, no_offload_peak, plan
+from memgraph.planner import min_budget, no_offload_peak, plan
 from taskgraph import TaskGraph
 from taskgraph.assembly import output_assemblies
 from taskgraph.nodes import Einsum
@@ -151,13 +152,18 @@ def wide_weight_program() -> TaskGraph:
     return prog.build()
 
 
-# -- plan(..., partition=) -----------------------------------------------------------------
+def compiled(tg: TaskGraph, budget, **options) -> MemGraph:
+    """The plan `einpage.compile` makes (partitioning `tg` when needed), verified."""
+    return ep.compile(tg, budget, **options).plan
+
+
+# -- compile(..., partition=) --------------------------------------------------------------
 
 
 def test_auto_partitions_a_graph_with_a_task_over_the_budget():
     tg = softmax_program()
     assert min_budget(tg)[0] == 384 * KiB
-    mg = plan(tg, "200KiB")
+    mg = compiled(tg, "200KiB")
     info = mg.info
     assert info["partition"] == "auto" and info["block_limit"] == 50 * KiB
     assert info["original_tasks"] == len(tg) < len(mg.taskgraph)
@@ -175,13 +181,13 @@ def test_auto_partitions_a_graph_with_a_task_over_the_budget():
 
 def test_auto_plans_a_graph_that_fits_as_it_is():
     tg = softmax_program()
-    mg = plan(tg, "1MiB")
+    mg = compiled(tg, "1MiB")
     assert mg.taskgraph is tg and mg.info["block_limit"] is None and mg.stats.block_limit is None
 
 
 def test_an_explicit_block_limit_partitions_even_a_graph_that_fits():
     tg = softmax_program()
-    mg = plan(tg, "1MiB", partition="32KiB")
+    mg = compiled(tg, "1MiB", partition="32KiB")
     assert mg.info["partition"] == "limit" and mg.info["block_limit"] == 32 * KiB
     parted = mg.taskgraph
     for task in parted:
@@ -194,14 +200,14 @@ def test_an_explicit_block_limit_below_the_finest_block_is_refused():
     tg = softmax_program()
     floor, task = finest_block(tg, 256)
     with pytest.raises(BlockLimitError) as caught:
-        plan(tg, "1MiB", partition=floor - 1)
+        compiled(tg, "1MiB", partition=floor - 1)
     assert (caught.value.needed, caught.value.task) == (floor, task)
 
 
 def test_a_percentage_budget_below_the_minimum_partitions():
     tg = softmax_program()
     peak = no_offload_peak(tg)
-    mg = plan(tg, "40%")
+    mg = compiled(tg, "40%")
     assert mg.budget == int(peak * 0.4) < min_budget(tg)[0]
     assert mg.info["block_limit"] == mg.budget // 4 // 256 * 256
     run_and_compare(mg, tg, program_inputs(tg, 6), seeds=())
@@ -211,7 +217,7 @@ def test_partition_off_refuses_with_the_minimum():
     tg = softmax_program()
     for off in ("off", False, None):
         with pytest.raises(InfeasibleBudgetError) as caught:
-            plan(tg, "200KiB", partition=off)
+            compiled(tg, "200KiB", partition=off)
         assert not isinstance(caught.value, PartitionInfeasibleError)
         assert caught.value.needed == 384 * KiB
 
@@ -219,14 +225,14 @@ def test_partition_off_refuses_with_the_minimum():
 @pytest.mark.parametrize("value", ["sometimes", "-1KiB", 0, -5, 1.5, "lots"])
 def test_bad_partition_values_are_refused_with_the_valid_ones(value):
     with pytest.raises(PlanError, match="'auto', 'off'"):
-        plan(softmax_program(), "1MiB", partition=value)
+        compiled(softmax_program(), "1MiB", partition=value)
 
 
 def test_a_budget_below_every_block_names_the_smallest_budget_and_block_limit():
     tg = softmax_read_program()
     floor, floor_task = finest_block(tg, 256)
     with pytest.raises(PartitionInfeasibleError) as caught:
-        plan(tg, 512)
+        compiled(tg, 512)
     error = caught.value
     assert (error.block_limit, error.block_task) == (floor, floor_task)
     # The softmax output (64 KiB), split and read by the maxima, is rebuilt on the device
@@ -235,19 +241,19 @@ def test_a_budget_below_every_block_names_the_smallest_budget_and_block_limit():
     message = str(error)
     assert "smallest block limit that works is" in message and tg[floor_task].line() in message
     assert "'y'" in message and "No budget below 128.0 KiB (131072 B) can work" in message
-    run_and_compare(plan(tg, error.needed), tg, program_inputs(tg, 2), seeds=())
+    run_and_compare(compiled(tg, error.needed), tg, program_inputs(tg, 2), seeds=())
 
 
 def test_rebuilding_a_split_output_that_cannot_fit_is_a_clear_error():
     tg = softmax_read_program()
     with pytest.raises(PartitionInfeasibleError) as caught:
-        plan(tg, "100KiB")
+        compiled(tg, "100KiB")
     error = caught.value
     assert error.needed == 128 * KiB and error.task == tg.outputs["y"]
     message = str(error)
     assert "rebuilds program output 'y' (64.0 KiB)" in message and "logits='last'" in message
     assert "cannot be assembled on the host" in message
-    mg = plan(tg, error.needed)
+    mg = compiled(tg, error.needed)
     assert mg.info["min_budget"] == 128 * KiB == mg.budget
     y = mg.taskgraph.outputs["y"]  # the fallback: y's Concat runs on the device
     assert "y" not in mg.info["outputs_on_host"]
@@ -258,12 +264,12 @@ def test_rebuilding_a_split_output_that_cannot_fit_is_a_clear_error():
 
 def test_a_split_output_nothing_else_reads_is_assembled_on_the_host():
     tg = softmax_program()  # y (64 KiB) never fits twice in 100 KiB
-    mg = plan(tg, "100KiB")
+    mg = compiled(tg, "100KiB")
     parted = mg.taskgraph
     y = parted.outputs["y"]
     assert parted[y].block.kind == "output" and mg.info["outputs_on_host"] == ["y"]
     fills = [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into == y]
-    assert len(fills) == mg.info["sliced_offloads"] > 1
+    assert len(fills) == mg.stats.sliced_offload_count > 1
     assert not any(n.kind is NodeKind.APPLY and parted[n.tensor].kind == "concat" for n in mg)
     (out,) = mg.of_kind(NodeKind.OUTPUT)
     assert out.region is None and set(out.deps) == {n.id for n in fills}
@@ -272,16 +278,16 @@ def test_a_split_output_nothing_else_reads_is_assembled_on_the_host():
     # Below every block: the floor is now the finest block alone, and it plans.
     floor, _ = finest_block(tg, 256)
     with pytest.raises(PartitionInfeasibleError) as caught:
-        plan(tg, floor - 256)
+        compiled(tg, floor - 256)
     assert caught.value.needed == floor
     assert "No budget below 1.0 KiB (1024 B) can work" in str(caught.value)
-    run_and_compare(plan(tg, floor), tg, program_inputs(tg, 4), seeds=(6,))
+    run_and_compare(compiled(tg, floor), tg, program_inputs(tg, 4), seeds=(6,))
 
 
 def test_a_weight_larger_than_the_budget_is_streamed_in_slices():
     tg = wide_weight_program()
     w = tg.inputs["w"]
-    mg = plan(tg, "1MiB")
+    mg = compiled(tg, "1MiB")
     parted = mg.taskgraph
     reloads = mg.of_kind(NodeKind.RELOAD)
     assert reloads and all(parted[n.tensor].kind == "slice" for n in reloads)
@@ -325,10 +331,10 @@ def test_plans_of_partitioned_random_programs_run_to_the_unpartitioned_answer(
         "outputs": data.draw(st.sampled_from(["device", "host"]), label="outputs"),
         "inputs": inputs,
     }
-    mg = plan(parted, budget, alignment=alignment, partition="off", **options)
+    mg = plan(parted, budget, alignment=alignment, **options)
     event(f"tasks x{min(len(parted) // len(tg), 20)}")
     event(f"sliced reloads: {'some' if mg.info['sliced_reloads'] else 'none'}")
-    event(f"outputs assembled on the host: {'some' if mg.info['sliced_offloads'] else 'none'}")
+    event(f"outputs assembled on the host: {'some' if mg.stats.sliced_offload_count else 'none'}")
     # The boxes host assembly computes from the Concats agree with the blocks' provenance.
     for root, pieces in output_assemblies(parted).items():
         for piece in pieces:
@@ -340,8 +346,8 @@ def test_plans_of_partitioned_random_programs_run_to_the_unpartitioned_answer(
 
 @given(tg=einsum_programs(dtypes=("float32", "float64")), data=st.data())
 def test_auto_partition_below_the_minimum_budget_plans_or_says_what_would_work(tg, data):
-    """Budgets below `min_budget`: `plan` partitions on its own; where even that cannot
-    fit, the error's smallest budget is above the budget asked for."""
+    """Budgets below `min_budget`: `compile` partitions on its own; where even that
+    cannot fit, the error's smallest budget is above the budget asked for."""
     alignment = data.draw(st.sampled_from([16, 64]), label="alignment")
     needed, _ = min_budget(tg, alignment)
     floor, _ = finest_block(tg, alignment)
@@ -353,7 +359,7 @@ def test_auto_partition_below_the_minimum_budget_plans_or_says_what_would_work(t
         return
     budget = data.draw(st.integers(low, needed - 1), label="budget")
     try:
-        mg = plan(tg, budget, alignment=alignment)
+        mg = compiled(tg, budget, alignment=alignment, verify=False)
     except PartitionInfeasibleError as error:
         assert error.needed > budget // alignment * alignment
         assert error.block_limit == floor
@@ -361,7 +367,7 @@ def test_auto_partition_below_the_minimum_budget_plans_or_says_what_would_work(t
         return
     assert mg.info["block_limit"] is not None and mg.budget == budget
     event("partitioned")
-    event(f"outputs assembled on the host: {'some' if mg.info['sliced_offloads'] else 'none'}")
+    event(f"outputs assembled on the host: {'some' if mg.stats.sliced_offload_count else 'none'}")
     run_and_compare(mg, tg, program_inputs(tg, seed=len(tg)), seeds=(7,))
 
 

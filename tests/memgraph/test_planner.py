@@ -18,7 +18,7 @@ from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
 from einpage.units import BudgetFormatError
 from memgraph import MemGraph, NodeKind
-from memgraph.eviction import POLICIES
+from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.orders import ORDERS, check_order, get_order
 from memgraph.planner import min_budget, no_offload_peak, plan
 
@@ -138,6 +138,31 @@ def test_belady_beats_lru_on_cyclic_weights():
     # is needed next.
     assert reloads["belady"] == 6
     assert reloads["lru"] >= 10
+
+
+def test_a_registered_policy_decides_the_victims():
+    """A policy that sees the transfer bytes: it evicts a tensor with a host copy (a
+    weight, dropped for free) before an activation that would have to be offloaded,
+    whatever their next uses; and the context it gets describes the live tensor."""
+    seen: list[EvictionContext] = []
+
+    def drop_first(ctx: EvictionContext) -> int:
+        seen.append(ctx)
+        return ctx.next_use - (1 << 40 if ctx.transfer_bytes else 0)
+
+    tg = cyclic_weights(passes=2)
+    register_policy("drop-first", drop_first)
+    try:
+        mg = plan(tg, 5 * KiB, eviction="drop-first", lookahead=0)
+    finally:
+        del eviction_module.POLICIES["drop-first"]
+    check_plan(mg)
+    check_outputs(mg, program_inputs(tg, 3))
+    assert mg.info["eviction"] == "drop-first"
+    assert mg.stats.offload_count == 0 and mg.stats.drop_count > 0
+    assert seen and all(ctx.size == KiB for ctx in seen)
+    assert {ctx.transfer_bytes for ctx in seen} == {0, KiB}  # weights, then activations
+    assert plan(tg, 5 * KiB, eviction="belady", lookahead=0).to_json() != mg.to_json()
 
 
 def test_prefetch_issues_a_future_weight_ahead_and_lets_it_overlap():
@@ -309,9 +334,15 @@ def test_info_records_options_and_counters_as_json():
     assert info["order"] == "memory" and info["eviction"] == "lru"
     assert info["budget_request"] == "50%" and info["outputs"] == "host"
     assert info["min_budget"] == min_budget(tg)[0]
-    for counter in ("evictions", "offloads", "drops", "fragmentation_events", "steps"):
+    for counter in ("evictions", "fragmentation_events", "steps"):
         assert isinstance(info[counter], int)
     assert mg.stats.fragmentation_events == info["fragmentation_events"]
+    # What the nodes tell is counted from them (mg.stats), not kept twice in info.
+    for counter in ("offloads", "reloads", "drops", "sliced_offloads", "high_water"):
+        assert counter not in info
+    s = mg.stats
+    assert min(s.offload_count, s.reload_count, s.drop_count, s.high_water) >= 0
+    assert s.offload_count + s.drop_count >= info["evictions"] > 0
 
 
 def test_a_custom_order_is_checked_and_used():
@@ -394,17 +425,19 @@ def test_an_infeasible_budget_names_the_task_and_the_minimum():
     needed, task = min_budget(tg)
     assert (needed, task) == (3 * KiB, tg.outputs["y"])
     with pytest.raises(InfeasibleBudgetError) as caught:
-        plan(tg, "2KiB", partition="off")
+        plan(tg, "2KiB")
     error = caught.value
     assert (error.budget, error.needed, error.task) == (2 * KiB, needed, task)
     message = str(error)
     assert "3.0 KiB (3072 B)" in message and tg[task].line() in message
     assert "'block.0'" in message
+    # the way out: partitioning, by the pipeline or by hand
+    assert "einpage.compile(" in message and "taskgraph.partition_for_budget(" in message
     with pytest.raises(InfeasibleBudgetError):
         plan(tg, 0)
-    with pytest.raises(InfeasibleBudgetError):
+    with pytest.raises(InfeasibleBudgetError, match="'10%' = "):
         plan(tg, "10%")
-    with pytest.raises(InfeasibleBudgetError):
+    with pytest.raises(PlanError, match="does not partition: use einpage.compile"):
         plan(tg, "2KiB", partition=False)
 
 

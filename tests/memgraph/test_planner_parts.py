@@ -9,10 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from strategies import einsum_programs
 
+import einpage as ep
 from einpage.errors import PlanError
+from memgraph import NodeKind, plan, verify
 from memgraph.eviction import (
     NEVER,
     POLICIES,
+    EvictionContext,
     Segment,
     Window,
     belady,
@@ -20,8 +23,9 @@ from memgraph.eviction import (
     choose_window_ranked,
     get_policy,
     lru,
+    register_policy,
 )
-from memgraph.orders import ORDERS, check_order, get_order
+from memgraph.orders import ORDERS, check_order, get_order, program_order, register_order
 
 U = 256  # one alignment unit
 
@@ -64,10 +68,38 @@ def test_ties_go_to_fewer_transferred_then_fewer_evicted_bytes_then_lower_offset
 def test_policies_rank_by_next_use_and_by_last_use():
     assert set(POLICIES) == {"belady", "lru"}
     assert get_policy("belady") is belady and get_policy("lru") is lru
-    assert belady(next_use=10, last_use=3) > belady(next_use=5, last_use=8)
-    assert lru(next_use=10, last_use=3) > lru(next_use=5, last_use=8)
+    early, late = context(next_use=10, last_use=3), context(next_use=5, last_use=8)
+    assert belady(early) > belady(late)
+    assert lru(early) > lru(late)
     with pytest.raises(PlanError, match="valid policies: 'belady', 'lru'"):
         get_policy("random")
+
+
+def context(next_use: int, last_use: int, size: int = U, transfer_bytes: int = 0):
+    return EvictionContext(next_use, last_use, size, transfer_bytes)
+
+
+def test_a_registered_policy_is_listed_and_sees_size_and_transfer_bytes():
+    def cheapest_to_move(ctx: EvictionContext) -> int:
+        return -ctx.transfer_bytes
+
+    register_policy("cheapest-to-move", cheapest_to_move)
+    try:
+        assert get_policy("cheapest-to-move") is cheapest_to_move
+        register_policy("cheapest-to-move", cheapest_to_move)  # the same again is fine
+        with pytest.raises(PlanError, match="already registered"):
+            register_policy("cheapest-to-move", belady)
+        with pytest.raises(PlanError, match="'belady', 'lru', 'cheapest-to-move'"):
+            get_policy("random")
+        dropped, offloaded = context(5, 1, transfer_bytes=0), context(5, 1, transfer_bytes=U)
+        assert cheapest_to_move(dropped) > cheapest_to_move(offloaded)
+    finally:
+        del POLICIES["cheapest-to-move"]
+    with pytest.raises(PlanError, match="non-empty string"):
+        register_policy("", belady)
+    with pytest.raises(PlanError, match="must be a function"):
+        register_policy("numbers", 42)
+    assert set(POLICIES) == {"belady", "lru"}
 
 
 class ListArena:
@@ -150,6 +182,34 @@ def test_the_ranked_search_finds_the_same_window_as_the_sweep(segments, units):
 def test_unknown_orders_list_the_valid_ones():
     with pytest.raises(PlanError, match="valid orders: 'program', 'memory'"):
         get_order("fastest")
+
+
+def test_a_registered_order_is_listed_and_used():
+    def last_first(tg):  # the inputs, then tanh before exp, then their sum
+        inputs = [t.id for t in tg if t.kind == "input"]
+        return [*inputs, 2, 1, 3]
+
+    prog = ep.Program("branches")
+    x = prog.input("x", (16, 16))
+    prog.output(ep.exp(x) + ep.tanh(x), "y")  # tasks: x, exp, tanh, add
+    tg = prog.build()
+    register_order("last-first", last_first)
+    try:
+        assert get_order("last-first") is last_first
+        mg = plan(tg, "64KiB", order="last-first")
+        verify(mg)
+        assert mg.info["order"] == "last-first"
+        applies = [n.tensor for n in mg.nodes if n.kind is NodeKind.APPLY]
+        assert applies == [2, 1, 3]  # tanh before exp, as the order says
+        with pytest.raises(PlanError, match="already registered"):
+            register_order("last-first", program_order)
+        with pytest.raises(PlanError, match="'program', 'memory', 'last-first'"):
+            get_order("fastest")
+    finally:
+        del ORDERS["last-first"]
+    with pytest.raises(PlanError, match="must be a function"):
+        register_order("nothing", None)
+    assert set(ORDERS) == {"program", "memory"}
 
 
 @given(tg=einsum_programs(), name=st.sampled_from(sorted(ORDERS)))

@@ -52,7 +52,7 @@ def test_budgets_below_the_minimum_are_refused_with_the_minimum(tg, data):
     needed, task = min_budget(tg, alignment)
     budget = data.draw(st.integers(0, needed - 1), label="budget")
     with pytest.raises(InfeasibleBudgetError) as caught:
-        plan(tg, budget, alignment=alignment, partition="off")
+        plan(tg, budget, alignment=alignment)
     assert caught.value.needed == needed
     assert caught.value.task == task
     assert caught.value.budget == budget

@@ -1,7 +1,7 @@
 """Small LLaMA and GPT-2 models, partitioned hard (attention split by batch, head and
-query block), still give Hugging Face transformers' logits: planned with `plan` (which
-partitions on its own at a tight budget) and run on the NumPy runtime, and evaluated
-as partitioned graphs."""
+query block), still give Hugging Face transformers' logits: compiled with
+`einpage.compile` (which partitions at a tight budget) and run on the NumPy runtime, and
+evaluated as partitioned graphs."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ transformers = pytest.importorskip("transformers")
 
 from hf_models import TOLERANCE, hf_gpt2, hf_llama, hf_logits, relative_error  # noqa: E402
 
+import einpage as ep  # noqa: E402
 import memgraph  # noqa: E402
 import runtime  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
-from memgraph.planner import min_budget, plan  # noqa: E402
+from memgraph.planner import min_budget  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -60,13 +61,13 @@ def split_hard(tg: taskgraph.TaskGraph, parted: taskgraph.TaskGraph) -> None:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_auto_partitioned_prefill_runs_to_transformers_logits(name):
-    """logits="last": at a budget far below what one attention task needs, `plan`
+    """logits="last": at a budget far below what one attention task needs, `compile`
     partitions (block limit a quarter of the budget) and the plan runs to HF's logits."""
     tg, inputs, want = program_and_inputs(name, "last")
     scores = max(t.nbytes for t in tg if t.label == "scores")
     budget = 8 * KiB
     assert min_budget(tg, ALIGNMENT)[0] > budget
-    mg = plan(tg, budget, alignment=ALIGNMENT)
+    mg = ep.compile(tg, budget, alignment=ALIGNMENT, verify=False).plan
     limit = mg.info["block_limit"]
     assert limit == budget // 4 and 2 * limit <= scores
     split_hard(tg, mg.taskgraph)
@@ -82,7 +83,7 @@ def test_auto_partitioned_prefill_runs_to_transformers_logits(name):
 def test_all_logits_with_an_explicit_block_limit_match_transformers(name):
     """logits="all": the [batch, seq, vocab] output is split and rebuilt under its name."""
     tg, inputs, want = program_and_inputs(name, "all")
-    mg = plan(tg, "32KiB", alignment=ALIGNMENT, partition="2KiB")
+    mg = ep.compile(tg, "32KiB", alignment=ALIGNMENT, partition="2KiB", verify=False).plan
     parted = mg.taskgraph
     assert mg.info["block_limit"] == 2 * KiB
     assert parted[parted.outputs["logits"]].block.kind == "output"

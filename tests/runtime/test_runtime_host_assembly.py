@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from runtime_cases import assert_outputs_match, make_inputs
 
+import einpage as ep
 import memgraph
 import runtime
 import taskgraph
@@ -29,7 +30,7 @@ class StagingNumpyBackend(NumpyBackend):
 @pytest.fixture(scope="module")
 def case():
     tg = llama.prefill_program(llama.PRESETS["tiny"], 1, 64, "float32").build()
-    mg = memgraph.plan(tg, "50%")
+    mg = ep.compile(tg, "50%", verify=False).plan  # partitioned: see the docstring
     inputs = make_inputs(tg, 0)
     return tg, mg, inputs, taskgraph.evaluate(tg, inputs)
 
@@ -45,7 +46,7 @@ def test_all_logits_fit_half_the_peak_once_assembled_on_the_host(case):
     assert parted[root].block.kind == "output"
     assert mg.info["outputs_on_host"] == ["logits"]
     fills = [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into == root]
-    assert len(fills) == mg.info["sliced_offloads"] > 1
+    assert len(fills) == mg.stats.sliced_offload_count > 1
     assert sum(parted[n.tensor].nbytes for n in fills) == logits.nbytes
     # Each block's box (from the Concats) is where its provenance says it is.
     for piece in output_assemblies(parted)[root]:
@@ -76,5 +77,5 @@ def test_every_mode_gives_the_reference_logits(case, mode):
 def test_host_staging_gives_the_reference_logits(case):
     _, mg, inputs, want = case
     with runtime.Session(mg, StagingNumpyBackend(), mode="streams") as session:
-        assert len(session.layout.staged_pieces) == mg.info["sliced_offloads"]
+        assert len(session.layout.staged_pieces) == mg.stats.sliced_offload_count
         assert_outputs_match(session.run(inputs), want, "staging")

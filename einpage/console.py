@@ -1,0 +1,149 @@
+"""How the CLI and the demo print: a console with progress per stage, tables, summaries.
+
+`Console` writes results to stdout (unless quiet) and shows a progress bar per stage on
+stderr; `format_table` lays out (label, value) rows; `program_rows` and `plan_report`
+summarize a TaskGraph and a plan.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import memgraph
+from einpage_core.units import format_bytes, format_count
+from memgraph import MemGraph
+from taskgraph import TaskGraph
+from taskgraph.nodes import Input
+
+__all__ = ["Console", "format_table", "program_rows", "plan_report", "plan_title"]
+
+
+class Console:
+    """Where the CLI writes: results to stdout (unless quiet), per-stage progress to stderr.
+
+    `stage(name)` is a context manager; with progress on, a tqdm bar on stderr names the
+    running stage and counts finished ones (the planner and runtime have no finer hook).
+    """
+
+    def __init__(self, quiet: bool = False, progress: bool | None = None, out=None, err=None):
+        self.quiet = quiet
+        self.out = out if out is not None else sys.stdout
+        self.err = err if err is not None else sys.stderr
+        if progress is None:
+            progress = not quiet and _is_tty(self.out) and _is_tty(self.err)
+        self.progress = progress
+        self._bar: Any = None
+        self.timings: dict[str, float] = {}
+
+    def print(self, text: str = "") -> None:
+        if not self.quiet:
+            self._clear_bar()
+            print(text, file=self.out, flush=True)
+
+    @contextmanager
+    def stages(self, total: int) -> Iterator[None]:
+        """A progress bar for `total` stages (none when progress is off)."""
+        if self.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total,
+                file=self.err,
+                leave=False,
+                bar_format="{desc:<24} {bar:20} {n_fmt}/{total_fmt} stages [{elapsed}]",
+            )
+        try:
+            yield
+        finally:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage (in `timings`) and show it on the progress bar."""
+        if self._bar is not None:
+            self._bar.set_description_str(name)
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[name] = time.perf_counter() - started
+            if self._bar is not None:
+                self._bar.update(1)
+
+    def _clear_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.clear()
+
+
+def _is_tty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def format_table(rows: Sequence[tuple[str, str]], title: str | None = None) -> str:
+    """Rows of (label, value) as aligned text, under an optional title.
+
+    >>> print(format_table([("budget", "4.0 MiB"), ("peak allocated", "3.5 MiB")], "plan"))
+    plan
+      budget          4.0 MiB
+      peak allocated  3.5 MiB
+    """
+    width = max((len(label) for label, _ in rows), default=0)
+    lines = [title] if title else []
+    lines += [f"  {label:<{width}}  {value}" for label, value in rows]
+    return "\n".join(lines)
+
+
+def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
+    """Sizes of a TaskGraph and its memory needs, as table rows."""
+
+    weights = sum(t.nbytes for t in tg if isinstance(t.op, Input) and t.op.location == "host")
+    needed, task = memgraph.min_budget(tg)
+    at = (
+        f" (task %{task}{', ' + tg[task].scope if tg[task].scope else ''})"
+        if task is not None
+        else ""
+    )
+    return [
+        (
+            "tasks",
+            f"{len(tg)} ({_plural(len(tg.inputs), 'input')}, {_plural(len(tg.outputs), 'output')})",
+        ),
+        ("compute", format_count(tg.total_flops, "FLOP")),
+        ("inputs", f"{format_bytes(tg.input_bytes)} ({format_bytes(weights)} start on the host)"),
+        ("no-offload peak", format_bytes(memgraph.no_offload_peak(tg))),
+        ("smallest budget", f"{format_bytes(needed)}{at}, without partitioning"),
+    ]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def plan_title(mg: MemGraph) -> str:
+    info = mg.info
+    words = {"order": "order", "eviction": "eviction", "cost_model": "cost model"}
+    options = ", ".join(f"{word} {info[key]}" for key, word in words.items() if key in info)
+    return f"plan of {mg.taskgraph.name!r}: {len(mg)} nodes, {len(mg.taskgraph)} tasks" + (
+        f" ({options})" if options else ""
+    )
+
+
+def plan_report(mg: MemGraph, cost_model: str | None = None) -> str:
+    """The PlanStats table and the simulator's summary of `mg`."""
+
+    sim = memgraph.simulate(mg, cost_model or mg.info.get("cost_model") or None)
+    return "\n\n".join(
+        [
+            format_table(mg.stats.rows(), "memory"),
+            format_table(sim.rows(), f"simulated on {sim.cost_model.name}"),
+        ]
+    )

@@ -1,0 +1,86 @@
+"""The files the CLI reads and writes: plans (JSON), TaskGraphs (JSON), arrays (.npz).
+
+Plans and TaskGraphs are validated on load (`SerializationError` names the JSON path);
+arrays go through `numpy`'s .npz format without pickles.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from einpage.presets import read_text
+from einpage_core.errors import InputError, SerializationError
+from memgraph import MemGraph
+from memgraph.serialize import FORMAT as PLAN_FORMAT
+from memgraph.serialize import memgraph_from_dict
+from taskgraph import TaskGraph
+from taskgraph.serialize import FORMAT as GRAPH_FORMAT
+from taskgraph.serialize import taskgraph_from_dict
+
+__all__ = ["load_plan", "load_inputs", "save_arrays", "load_json_graph"]
+
+
+def load_plan(path: str | Path) -> MemGraph:
+    """The MemGraph in a plan file, validated (`SerializationError` names the JSON path)."""
+
+    text = read_text(path)
+    try:
+        return MemGraph.from_json(text)
+    except SerializationError as err:
+        hint = ""
+        if '"einpage.taskgraph"' in text[:200]:
+            hint = " (this is a TaskGraph: plan it with `einpage plan` first)"
+        raise SerializationError(f"{path}: not a valid plan{hint}: {err}") from None
+
+
+def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
+    """Arrays by input name from an .npz file (`numpy.savez`); pickles are refused."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no such inputs file: {path}")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise InputError(f"{path}: expected an .npz archive of named arrays (np.savez)")
+            return {name: data[name] for name in data.files}
+    except (OSError, ValueError) as err:
+        raise InputError(f"{path}: cannot read arrays from it: {err}") from None
+
+
+def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write arrays by name to an .npz file at exactly `path` (what `load_inputs` reads).
+
+    Unlike `numpy.savez`, any name works (even "file") and no suffix is added.
+    """
+    import zipfile
+
+    with zipfile.ZipFile(path, "w", allowZip64=True) as archive:
+        for name, value in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.asanyarray(value), allow_pickle=False)
+
+
+def load_json_graph(path: str | Path) -> MemGraph | TaskGraph:
+    """A plan or a TaskGraph, by the document's `format`."""
+
+    text = read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SerializationError(f"{path}: not valid JSON: {err}") from None
+    kind = data.get("format") if isinstance(data, dict) else None
+    try:
+        if kind == PLAN_FORMAT:
+            return memgraph_from_dict(data)
+        if kind == GRAPH_FORMAT:
+            return taskgraph_from_dict(data)
+    except SerializationError as err:
+        raise SerializationError(f"{path}: {err}") from None
+    raise SerializationError(
+        f"{path}: $.format: expected {PLAN_FORMAT!r} (a plan) or {GRAPH_FORMAT!r} "
+        f"(a TaskGraph), got {kind!r}"
+    )

@@ -1,0 +1,562 @@
+"""The pipeline: `einpage.compile(program, budget)` partitions when needed, plans, verifies.
+
+Each pass is a pure function of its IR (`taskgraph.partition(tg, limit)`,
+`memgraph.plan(tg, budget)`, `memgraph.verify(mg)`); this module chains them and keeps
+what a user wants to know beside the plan (`Compiled`): the TaskGraph given and the
+one actually planned, how the budget was read, and how the block limit was chosen.
+
+Partitioning (`partition=`):
+
+* `"auto"` (the default): when some task cannot run even alone in the budget
+  (`memgraph.min_budget` of the program above it), plan
+  `taskgraph.partition_for_budget(tg, budget)` instead – the graph split into block
+  tasks whose working sets fit a block limit of `DEFAULT_BUDGET_FRACTION` (a quarter)
+  of the budget (room for the running block, the next one's prefetched operands and
+  outputs waiting to leave), or the smallest limit the graph allows if that is more.
+  Weights larger than a block are then read through slices, which sliced reloads
+  stream. A program that fits is planned as it is: partitioning it would only add
+  tasks. With `max_blocks`, a budget that would make more (estimated) blocks than that
+  is refused with `TooManyBlocksError` (the CLI's guard, `MAX_AUTO_BLOCKS`).
+* `"off"`: never partition (an infeasible budget raises `memgraph.plan`'s error);
+* a block limit (bytes or a size string, `"64MiB"`): partition at that limit.
+
+A split program output is rebuilt by Concats of kind "output", the one exception to
+the block limit; it is assembled on the host when nothing else reads its blocks
+(`memgraph.host_assembly`). Otherwise a Concat rebuilds it on the device, holding its
+blocks and the whole output at once; if that cannot fit, `PartitionInfeasibleError`
+says so and names the budget it needs (for LLM prefill, `logits="last"` keeps the
+output small). It also reports, when no block limit can fit, the smallest budget that
+could work and the smallest block limit, with the task that needs it.
+
+>>> import einpage as ep
+>>> prog = ep.Program("smx")
+>>> x = prog.input("x", (64, 256))
+>>> w = prog.input("w", (256, 256), role="weight")
+>>> prog.output(ep.softmax(x @ w), "y")
+>>> compiled = ep.compile(prog, "200KiB")  # the matmul alone needs 384 KiB
+>>> compiled.block_limit, len(compiled.program) < len(compiled.graph)
+(51200, True)
+>>> compiled.partitioning.how
+'auto: 25% of the budget'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+import memgraph
+from einpage.program import Program
+from einpage_core.errors import InfeasibleBudgetError, InputError, PlanError
+from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
+from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
+from memgraph.budgets import BudgetReading, infeasible_message, min_budget, read_budget
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
+from taskgraph.partition import (
+    DEFAULT_BUDGET_FRACTION,
+    finest_block,
+    partition_for_budget,
+    working_set,
+)
+from taskgraph.partition import partition as partition_graph
+
+__all__ = [
+    "compile",
+    "Compiled",
+    "Partitioning",
+    "PARTITION_MODES",
+    "MAX_AUTO_BLOCKS",
+    "PartitionInfeasibleError",
+    "TooManyBlocksError",
+    "partition_mode",
+    "parse_partition",
+    "parse_block_size",
+    "estimated_blocks",
+    "check_block_count",
+]
+
+PARTITION_MODES = ("auto", "off")
+"""`compile(..., partition=)` besides a block limit: split only what does not fit, or never."""
+
+MAX_AUTO_BLOCKS = 100_000
+"""The CLI's `--partition auto` refuses budgets that would cut the program into more
+blocks than this (estimated): such a graph takes minutes to build and plan, and is
+rarely meant (`compile(..., max_blocks=MAX_AUTO_BLOCKS)`)."""
+
+
+# -- errors ------------------------------------------------------------------------------
+
+
+class PartitionInfeasibleError(InfeasibleBudgetError):
+    """The budget is too small even for the partitioned graph.
+
+    `budget` and `needed` (the smallest budget that could work: none below it does) are
+    bytes, `task` the id (in the graph given to `compile`) of a task that needs it;
+    `block_limit` is the smallest block limit `taskgraph.partition` accepts and
+    `block_task` the task that needs that limit.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        budget: int,
+        needed: int,
+        task: int | None,
+        block_limit: int,
+        block_task: int | None,
+    ):
+        super().__init__(message, budget, needed, task)
+        self.block_limit = block_limit
+        self.block_task = block_task
+
+
+class TooManyBlocksError(InfeasibleBudgetError):
+    """Automatic partitioning would cut the program into more than `max_blocks` blocks
+    (estimated: `count` blocks of at most `limit` bytes); `needed` is about the smallest
+    budget that stays under it. `spelled` rewords it for the command line."""
+
+    def __init__(
+        self,
+        name: str,
+        budget: int,
+        needed: int,
+        count: int,
+        limit: int,
+        max_blocks: int,
+        auto: str = "partition='auto'",
+        explicit: str = "a block limit (partition=SIZE)",
+    ):
+        message = (
+            f"budget {format_bytes(budget)} would cut {name!r} into about {count:,} blocks "
+            f"of at most {format_bytes(limit)}; {auto} stops at {max_blocks:,} (about "
+            f"{format_bytes(needed)} of budget). Give a larger budget, or split explicitly "
+            f"with {explicit}"
+        )
+        super().__init__(message, budget, needed)
+        self.name, self.count, self.limit, self.max_blocks = name, count, limit, max_blocks
+
+    def spelled(self, auto: str, explicit: str) -> TooManyBlocksError:
+        """The same error, naming the options as `auto` and `explicit`."""
+        return TooManyBlocksError(
+            self.name, self.budget, self.needed, self.count, self.limit, self.max_blocks,
+            auto, explicit,
+        )  # fmt: skip
+
+
+# -- reading the partition argument ----------------------------------------------------
+
+
+def partition_mode(partition: Any) -> str | int:
+    """What `compile`'s `partition` asks for: "auto" (also True), "off" (also False and
+    None) or a block limit in bytes (a positive int or a size string)."""
+    if partition is True or partition == "auto":
+        return "auto"
+    if partition is False or partition is None or partition == "off":
+        return "off"
+    if isinstance(partition, int | str):
+        try:
+            limit = parse_bytes(partition)
+        except BudgetFormatError:
+            limit = -1
+        if limit > 0:
+            return limit
+    raise PlanError(
+        f"partition must be 'auto', 'off', True, False or a positive block limit (bytes or "
+        f"a size string such as '64MiB'), got {partition!r}"
+    )
+
+
+def parse_partition(value: str) -> str | int:
+    """The CLI's `--partition`: "auto", "off", or a block size in bytes."""
+    if value in PARTITION_MODES:
+        return value
+    try:
+        return parse_bytes(value)
+    except BudgetFormatError:
+        raise BudgetFormatError(
+            f"--partition must be auto, off or a block size such as 64MiB, got {value!r}"
+        ) from None
+
+
+def parse_block_size(value: str) -> int:
+    """The CLI's `show --partition`: a block size in bytes."""
+    try:
+        return parse_bytes(value)
+    except BudgetFormatError:
+        raise BudgetFormatError(
+            f"--partition must be a block size such as 64MiB, got {value!r}"
+        ) from None
+
+
+# -- the record --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """How `compile` chose the graph it planned.
+
+    `mode` is the `partition` argument read ("auto", "off" or "limit": an explicit block
+    limit); `block_limit` the limit the program was split at (None: planned as given),
+    and `how` says how it was chosen ("none", "explicit", or "auto: 25% of the budget" /
+    "auto: the finest block" when that share was too small); `fraction` is the budget
+    fraction of "auto"; `finest_block` the smallest block limit the program allows
+    (when split); `program_min_budget` the program's `min_budget` unsplit.
+    """
+
+    mode: str
+    block_limit: int | None = None
+    how: str = "none"
+    fraction: float | None = None
+    finest_block: int | None = None
+    program_min_budget: int = 0
+
+    def describe(self) -> str:
+        """`block limit 50.0 KiB (auto: 25% of the budget)`, or `not partitioned (...)`."""
+        if self.block_limit is None:
+            why = "partition off" if self.mode == "off" else "the program fits unsplit"
+            return f"not partitioned ({why})"
+        return f"block limit {format_bytes(self.block_limit)} ({self.how})"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A program and its plan, with how they were made.
+
+    `program` is the TaskGraph given (built from a `Program`), `graph` the one planned
+    (`program` partitioned when `block_limit` is set), `plan` its MemGraph, `budget` how
+    the budget was read, `partitioning` how the block limit was chosen, `report` the
+    verifier's (None with `verify=False`) and `timings` the seconds of each stage.
+    """
+
+    program: TaskGraph
+    graph: TaskGraph
+    plan: MemGraph
+    budget: BudgetReading
+    partitioning: Partitioning
+    report: VerifyReport | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def block_limit(self) -> int | None:
+        return self.partitioning.block_limit
+
+    @property
+    def min_budget(self) -> int:
+        """The program's `min_budget`, unsplit."""
+        return self.partitioning.program_min_budget
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a table: program, budget, partition, plan, verify."""
+        tg, mg = self.program, self.plan
+        rows = [
+            ("program", f"{tg.name!r}: {len(tg)} tasks, {format_count(tg.total_flops, 'FLOP')}"),
+            ("budget", str(self.budget)),
+        ]
+        if self.block_limit is not None:
+            rows.append(
+                (
+                    "partition",
+                    f"{len(tg)} -> {len(self.graph)} tasks, block limit "
+                    f"{format_bytes(self.block_limit)} (the program needs "
+                    f"{format_bytes(self.min_budget)} unsplit)",
+                )
+            )
+        s = mg.stats
+        seconds = self.timings.get("planning", 0.0)
+        rows.append(
+            (
+                "plan",
+                f"{len(mg)} nodes in {seconds:.2f} s: {s.offload_count} offloads "
+                f"({format_bytes(s.offload_bytes)}), {s.reload_count} reloads "
+                f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops" + _assembled_note(mg),
+            )
+        )
+        if self.report is not None:
+            report = self.report
+            rows.append(
+                (
+                    "verify",
+                    f"ok: {report.nodes} nodes, {report.dependencies_checked} dependencies checked",
+                )
+            )
+        return rows
+
+    def __repr__(self) -> str:
+        verified = "verified" if self.report is not None else "not verified"
+        return (
+            f"<Compiled {self.program.name!r}: {len(self.program)} tasks -> "
+            f"{len(self.graph)}, budget {self.budget}, {self.partitioning.describe()}, "
+            f"plan {len(self.plan)} nodes, {verified}>"
+        )
+
+
+def _assembled_note(mg: MemGraph) -> str:
+    """`; outputs logits assembled on the host from 26 blocks`, or "" (no sliced offloads)."""
+    roots = {n.into for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into is not None}
+    if not roots:
+        return ""
+    names = [n.name for n in mg.of_kind(NodeKind.OUTPUT) if n.tensor in roots]
+    return (
+        f"; outputs {', '.join(names)} assembled on the host from "
+        f"{mg.stats.sliced_offload_count} blocks"
+    )
+
+
+# -- the pipeline ------------------------------------------------------------------------
+
+
+def compile(  # the name shadows the builtin here, as `torch.compile` does
+    source: Program | TaskGraph,
+    budget: int | str,
+    *,
+    partition: bool | int | str | None = "auto",
+    verify: bool = True,
+    max_blocks: int | None = None,
+    **options: Any,
+) -> Compiled:
+    """Partition `source` when needed, plan it within `budget`, verify; a `Compiled`.
+
+    `source` is a `Program` (built first) or a TaskGraph. `budget` is bytes, a size
+    string (`"8GiB"`) or a percentage of the program's no-offload peak (`"50%"`,
+    `memgraph.no_offload_peak`). `partition` is "auto", "off" or a block limit (see the
+    module docstring); `max_blocks` refuses automatic partitioning into more (estimated)
+    blocks than that (`TooManyBlocksError`). `verify` runs `memgraph.verify` on the
+    plan (raising `VerificationError` if it fails). Other keywords are the planner's
+    options (`memgraph.plan`: order, eviction, lookahead, cost_model, alignment, ...).
+
+    The MemGraph's `info` records the choice too: "partition", "block_limit" (None when
+    not partitioned), "original_tasks", and when partitioned "original_min_budget" and
+    "finest_block_limit". Raises `InfeasibleBudgetError` (a `PartitionInfeasibleError`
+    when even partitioning cannot fit), `BudgetFormatError`, `PlanError`.
+    """
+    tg = _taskgraph(source)
+    opts = PlanOptions(**options)
+    mode = partition_mode(partition)
+    timings: dict[str, float] = {}
+    with _timed(timings, "reading the budget"):
+        reading = read_budget(tg, budget, opts)
+        needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
+    with _timed(timings, "partitioning"):
+        graph, chosen = _choose_graph(tg, reading, needed, task_id, mode, opts, max_blocks)
+    with _timed(timings, "planning"):
+        mg = memgraph.plan(graph, reading, **options)
+    mg = replace(mg, info={**mg.info, **_info(tg, chosen)})
+    report = None
+    if verify:
+        with _timed(timings, "verifying"):
+            report = memgraph.verify(mg)
+    return Compiled(tg, graph, mg, reading, chosen, report, MappingProxyType(timings))
+
+
+def _taskgraph(source: Any) -> TaskGraph:
+    if isinstance(source, TaskGraph):
+        return source
+    if isinstance(source, Program):
+        return source.build()
+    raise InputError(f"einpage.compile takes a Program or a TaskGraph, got {type(source).__name__}")
+
+
+@contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = time.perf_counter() - started
+
+
+def _info(tg: TaskGraph, chosen: Partitioning) -> dict[str, Any]:
+    """What the MemGraph's `info` records of the partitioning."""
+    info: dict[str, Any] = {
+        "partition": chosen.mode,
+        "block_limit": chosen.block_limit,
+        "original_tasks": len(tg),
+    }
+    if chosen.block_limit is not None:
+        info["original_min_budget"] = chosen.program_min_budget
+        info["finest_block_limit"] = chosen.finest_block
+    return info
+
+
+def _choose_graph(
+    tg: TaskGraph,
+    reading: BudgetReading,
+    needed: int,
+    task_id: int | None,
+    mode: str | int,
+    opts: PlanOptions,
+    max_blocks: int | None,
+) -> tuple[TaskGraph, Partitioning]:
+    """The graph to plan (`tg` or its partition) and how it was chosen; raises when no
+    partition can fit the budget (`memgraph.plan` raises for "off")."""
+    alignment = opts.alignment
+    usable = reading.nbytes // alignment * alignment
+    label = mode if isinstance(mode, str) else "limit"
+    if mode == "off" or (mode == "auto" and (usable >= needed or task_id is None)):
+        return tg, Partitioning(label, program_min_budget=needed)
+    floor, floor_task = finest_block(tg, alignment)
+    if isinstance(mode, int):
+        graph = partition_graph(tg, mode, alignment=alignment)
+        limit, how, fraction = mode, "explicit", None
+    else:
+        if max_blocks is not None:
+            check_block_count(tg, reading.nbytes, max_blocks)
+        if floor > usable:
+            raise _no_block_fits(tg, reading, needed, task_id, floor, floor_task, alignment)
+        chosen = partition_for_budget(tg, usable, alignment=alignment)
+        graph, limit, fraction = chosen.graph, chosen.limit, DEFAULT_BUDGET_FRACTION
+        how = "auto: the finest block" if limit == floor else f"auto: {fraction:.0%} of the budget"
+    part_needed, part_task = min_budget(graph, alignment, opts.inputs)
+    if usable < part_needed:
+        raise _partition_too_large(
+            tg, graph, reading, limit, part_needed, part_task, floor, floor_task
+        )
+    return graph, Partitioning(label, limit, how, fraction, floor, needed)
+
+
+# -- how many blocks ---------------------------------------------------------------------
+
+
+def estimated_blocks(tg: TaskGraph, limit: int) -> int:
+    """About how many tasks partitioning `tg` to `limit` bytes makes: per compute task,
+    its working set over the limit (rounded up). Assembly and combines come on top."""
+    return sum(-(-working_set(tg, t.id) // limit) for t in tg if t.is_compute)
+
+
+def _auto_limit(budget: int) -> int:
+    """The block limit automatic partitioning aims at for `budget` (before the floor)."""
+    return max(256, int(budget * DEFAULT_BUDGET_FRACTION) // 256 * 256)
+
+
+def check_block_count(tg: TaskGraph, budget: int, max_blocks: int = MAX_AUTO_BLOCKS) -> None:
+    """Raise `TooManyBlocksError` when `partition_for_budget(tg, budget)` would make more
+    than `max_blocks` blocks (by `estimated_blocks`); its `needed` is about the smallest
+    budget that would not (at most the program's `min_budget`, where nothing is split)."""
+    count = estimated_blocks(tg, _auto_limit(budget))
+    if count <= max_blocks:
+        return
+    unsplit, _ = min_budget(tg)
+
+    def too_many(nbytes: int) -> bool:
+        return nbytes < unsplit and estimated_blocks(tg, _auto_limit(nbytes)) > max_blocks
+
+    low, high = budget, max(budget, 1) * 2
+    while too_many(high):
+        low, high = high, high * 2
+    while high - low > max(256, high // 100):  # within 1%: it is an estimate anyway
+        middle = (low + high) // 2
+        if too_many(middle):
+            low = middle
+        else:
+            high = middle
+    raise TooManyBlocksError(tg.name, budget, high, count, _auto_limit(budget), max_blocks)
+
+
+# -- errors of partitioning for a budget -------------------------------------------------
+
+
+def _size(nbytes: int) -> str:
+    """`12.0 MiB (12582912 B)`, or `768 B` where that says it all."""
+    text = format_bytes(nbytes)
+    return text if text == f"{nbytes} B" else f"{text} ({nbytes} B)"
+
+
+def _brief(line: str, width: int = 160) -> str:
+    """A task's line, cut short (a Concat of many blocks lists them all)."""
+    return line if len(line) <= width else line[: width - 4] + " ..."
+
+
+def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str | None]:
+    """A lower bound on what rebuilding split program outputs needs at block limit
+    `limit`: an output whose task does not fit the limit is split; if other tasks read
+    it, they read its blocks too, so it cannot be assembled on the host
+    (`taskgraph.assembly`) and the Concat that rebuilds it on the device holds its
+    blocks and the whole output at once (at least twice its aligned bytes). Returns
+    (bytes, the output's name) for the largest such output. Outputs nothing reads are
+    assembled on the host (or, if their blocks are views of blocks read elsewhere, may
+    not be; no bound is claimed for them)."""
+    best, name = 0, None
+    for output, task_id in tg.outputs.items():
+        task = tg[task_id]
+        if isinstance(task.op, Input) or not tg.consumers[task_id]:
+            continue
+        if working_set(tg, task_id, alignment) <= limit:
+            continue
+        need = 2 * (-(-task.nbytes // alignment) * alignment)
+        if need > best:
+            best, name = need, output
+    return best, name
+
+
+def _no_block_fits(
+    tg: TaskGraph,
+    reading: BudgetReading,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+    alignment: int,
+) -> PartitionInfeasibleError:
+    """The error for a budget below even the finest block of some task."""
+    assembly, output = _assembly_floor(tg, floor, alignment)
+    smallest = max(floor, assembly)
+    head = infeasible_message(tg, reading, needed, task_id, alignment)
+    culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
+    text = (
+        f"{head}. Partitioning cannot bring it within the budget: the smallest block limit "
+        f"that works is {_size(floor)}, what task %{floor_task} needs "
+        f"even split as finely as allowed ({culprit})"
+    )
+    if output is not None and assembly > floor:
+        text += (
+            f", and program output {output!r}, split, is rebuilt from its blocks by a "
+            f"Concat that needs at least {_size(assembly)}"
+        )
+    text += f". No budget below {_size(smallest)} can work."
+    return PartitionInfeasibleError(text, reading.nbytes, smallest, floor_task, floor, floor_task)
+
+
+def _partition_too_large(
+    tg: TaskGraph,
+    graph: TaskGraph,
+    reading: BudgetReading,
+    limit: int,
+    needed: int,
+    task_id: int | None,
+    floor: int,
+    floor_task: int | None,
+) -> PartitionInfeasibleError:
+    """The error for a partitioned graph with a task that still does not fit: the
+    Concat that rebuilds a split program output on the device (the one exception to the
+    block limit, when the output cannot be assembled on the host), or a task over the
+    limit."""
+    task = graph[task_id]
+    original = task.block.of if task.block is not None else task_id
+    head = (
+        f"budget {reading.asked}{_size(reading.nbytes)} is below the smallest feasible "
+        f"budget {_size(needed)} of {tg.name!r} partitioned at block "
+        f"limit {_size(limit)} ({len(graph)} tasks from {len(tg)}): task {_brief(task.line())}"
+    )
+    if task.block is not None and task.block.kind == "output":
+        names = [name for name, t in tg.outputs.items() if t == original]
+        text = (
+            f"{head} rebuilds program output {names[0] if names else original!r} "
+            f"({format_bytes(tg[original].nbytes)}) from its blocks, and needs the blocks "
+            f"and the whole output on the device at once (other tasks read the blocks too, "
+            f"so it cannot be assembled on the host). Only a budget of at least "
+            f"{format_bytes(needed)} can hold it, whatever the block limit (any from "
+            f"{format_bytes(floor)} up works for the other tasks); or make the output "
+            f"smaller (LLM prefill: logits='last')."
+        )
+    else:
+        text = (
+            f"{head} needs {format_bytes(needed)} at once. The smallest block limit that "
+            f"works is {format_bytes(floor)} ({floor} B, task %{floor_task}); a budget of "
+            f"{format_bytes(needed)} or a smaller block limit may work."
+        )
+    return PartitionInfeasibleError(text, reading.nbytes, needed, original, floor, floor_task)

@@ -1,0 +1,234 @@
+"""Budgets: how a budget is read, and the smallest arenas a TaskGraph can be planned in.
+
+A budget is bytes (an int), a size string (`"8GiB"`) or a percentage (`"50%"`) of the
+graph's **no-offload peak** (`no_offload_peak`: the arena the planner needs when nothing
+may leave the device; 100% moves nothing). `read_budget` reads one into a
+`BudgetReading` (what was given, the bytes, and the reference point of a percentage);
+this is the one place percentages are parsed.
+
+`min_budget` is the smallest budget any plan of the graph needs (the largest single
+task's working set); below it `memgraph.plan` refuses with an `InfeasibleBudgetError`
+naming the task, and the way out: partitioning (`einpage.compile` does it when needed,
+or `taskgraph.partition_for_budget`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from einpage_core.errors import InfeasibleBudgetError, PlanError
+from einpage_core.units import BudgetFormatError, format_bytes, parse_bytes
+from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.horizon import HorizonPlanner
+from memgraph.options import PlanOptions
+from memgraph.steps import sliced_reloads, storage_roots
+from taskgraph.assembly import assembly_tasks
+from taskgraph.graph import TaskGraph
+
+__all__ = [
+    "PERCENT",
+    "NO_OFFLOAD_PEAK",
+    "BudgetReading",
+    "read_budget",
+    "resolve_budget",
+    "min_budget",
+    "no_offload_peak",
+    "check_budget",
+    "infeasible_error",
+    "infeasible_message",
+]
+
+PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+"""A percentage budget: `"50%"`, `"12.5 %"`."""
+
+NO_OFFLOAD_PEAK = "no-offload peak"
+"""The reference point of percentage budgets (`no_offload_peak`)."""
+
+WAY_OUT = (
+    "Partition the graph so that its tasks fit: einpage.compile(program, budget) does it "
+    "when needed, or plan taskgraph.partition_for_budget(tg, budget).graph"
+)
+"""What an infeasible budget's message suggests when a task is too large."""
+
+
+@dataclass(frozen=True)
+class BudgetReading:
+    """How a budget was read: `request` as given, `nbytes` the bytes it means; for a
+    percentage, `percent` of the `reference` point, whose value is `reference_bytes`.
+
+    >>> str(BudgetReading("50%", 4096, 50.0, NO_OFFLOAD_PEAK, 8192))
+    '50% of the no-offload peak 8.0 KiB = 4.0 KiB'
+    >>> str(BudgetReading("8KiB", 8192))
+    '8.0 KiB'
+    """
+
+    request: int | str
+    nbytes: int
+    percent: float | None = None
+    reference: str | None = None
+    reference_bytes: int | None = None
+
+    def __str__(self) -> str:
+        if self.percent is None:
+            return format_bytes(self.nbytes)
+        return (
+            f"{self.percent:g}% of the {self.reference} {format_bytes(self.reference_bytes)} "
+            f"= {format_bytes(self.nbytes)}"
+        )
+
+    @property
+    def asked(self) -> str:
+        """`'50%' = ` when the request was text (for messages), else ""."""
+        return f"{self.request!r} = " if isinstance(self.request, str) else ""
+
+
+def read_budget(
+    tg: TaskGraph, budget: int | str, options: PlanOptions | None = None
+) -> BudgetReading:
+    """Read `budget` (bytes, a size string, or a percentage of `tg`'s `no_offload_peak`
+    under `options`); raises `BudgetFormatError` for a malformed one.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program(); x = prog.input("x", (1024,)); prog.output(ep.exp(x), "y")
+    >>> read_budget(prog.build(), "50%").nbytes
+    4096
+    """
+    if isinstance(budget, BudgetReading):
+        return budget
+    match = PERCENT.match(budget) if isinstance(budget, str) else None
+    if match is None:
+        if isinstance(budget, str) and "%" in budget:
+            raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
+        return BudgetReading(budget, parse_bytes(budget))
+    percent = float(match.group(1))
+    if percent <= 0:
+        raise BudgetFormatError(f"budget {budget!r} must be a positive percentage")
+    opts = options or PlanOptions()
+    peak = no_offload_peak(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
+    return BudgetReading(budget, int(peak * percent / 100), percent, NO_OFFLOAD_PEAK, peak)
+
+
+def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None = None) -> int:
+    """`budget` in bytes: an int, a size string, or a percentage of `no_offload_peak`.
+
+    Raises `BudgetFormatError` for a malformed budget and `InfeasibleBudgetError` when
+    it is below `min_budget`.
+    """
+    opts = options or PlanOptions()
+    reading = read_budget(tg, budget, opts)
+    check_budget(tg, reading, opts)
+    return reading.nbytes
+
+
+def check_budget(tg: TaskGraph, reading: BudgetReading, options: PlanOptions) -> int:
+    """`tg`'s `min_budget`, after checking the budget holds it (else the error of
+    `infeasible_error`)."""
+    needed, task_id = min_budget(tg, options.alignment, options.inputs)
+    if reading.nbytes // options.alignment * options.alignment < needed:
+        raise infeasible_error(tg, reading, needed, task_id, options.alignment)
+    return needed
+
+
+def min_budget(
+    tg: TaskGraph, alignment: int = DEFAULT_ALIGNMENT, inputs: str = "auto"
+) -> tuple[int, int | None]:
+    """The smallest budget any plan needs, and the task that needs it.
+
+    A compute task runs only with its distinct operands (views resolved to their bases)
+    and its output resident at once, each rounded up to `alignment`; the bound is the
+    largest such sum (ties: the first task). A Slice produced by a sliced reload
+    (`memgraph.steps.sliced_reloads`; `inputs` is the planner's option) needs only
+    itself, and the Concats of an output assembled on the host (`taskgraph.assembly`)
+    nothing. The planner always succeeds at or above it. A graph without compute tasks
+    needs one alignment unit (task None).
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (100,))
+    >>> prog.output(x * x, "y")
+    >>> min_budget(prog.build())  # x (400 B) and x * x, each rounded up to 512 B
+    (1024, 1)
+    """
+    root = storage_roots(tg)
+    sliced = sliced_reloads(tg, inputs)
+    on_host = assembly_tasks(tg)
+    size = [_round_up(t.nbytes, alignment) for t in tg]
+    best, best_task = alignment, None
+    for task in tg:
+        if not task.is_compute or task.id in on_host:
+            continue
+        need = size[task.id]
+        if task.id not in sliced:
+            need += sum(size[r] for r in {root[i] for i in task.inputs})
+        if need > best or best_task is None and need >= best:
+            best, best_task = need, task.id
+    return best, best_task
+
+
+def no_offload_peak(
+    tg: TaskGraph,
+    order: str | Sequence[int] = "program",
+    alignment: int = DEFAULT_ALIGNMENT,
+    outputs: str = "device",
+    inputs: str = "auto",
+) -> int:
+    """The smallest arena the planner needs when nothing may leave the device.
+
+    It plans with an arena large enough for every tensor at once and without any
+    prefetching (`lookahead=0`: each reload just before its step, so nothing is held
+    early), and returns the arena high-water mark. Percentage budgets ("50%") are
+    relative to it. At that budget a plan with prefetching may still evict a little,
+    as prefetching holds memory earlier and the layout differs.
+    """
+    opts = PlanOptions(  # in an arena this large, "room" placement is plain best fit
+        order=order,
+        alignment=alignment,
+        outputs=outputs,
+        inputs=inputs,
+        lookahead=0,
+        placement="best_fit",
+    )
+    everything = sum(_round_up(t.nbytes, alignment) for t in tg) + alignment
+    planner = HorizonPlanner(tg, everything, opts)
+    planner.run()
+    if planner.counts.evictions:  # pragma: no cover - the arena holds every tensor at once
+        raise PlanError("no_offload_peak: the unbounded arena had to evict")
+    return max(planner.high_water, alignment)
+
+
+def infeasible_message(
+    tg: TaskGraph, reading: BudgetReading, needed: int, task_id: int | None, alignment: int
+) -> str:
+    """Why `reading` is below `needed` (`min_budget`): the task and what it holds at once."""
+    budget = reading.nbytes
+    head = (
+        f"budget {reading.asked}{format_bytes(budget)} ({budget} B) is below the smallest "
+        f"feasible budget {format_bytes(needed)} ({needed} B)"
+    )
+    if task_id is None:
+        return f"{head}: the arena needs at least one alignment unit ({alignment} B)"
+    task = tg[task_id]
+    roots = dict.fromkeys(tg.storage_root(i) for i in task.inputs)
+    operands = ", ".join(f"%{r} ({format_bytes(tg[r].nbytes)})" for r in roots) or "none"
+    scope = f" in scope {task.scope!r}" if task.scope else ""
+    return (
+        f"{head}: task {task.line()}{scope} needs its operands [{operands}] and its "
+        f"output ({format_bytes(task.nbytes)}) resident at once, each aligned to {alignment} B"
+    )
+
+
+def infeasible_error(
+    tg: TaskGraph, reading: BudgetReading, needed: int, task_id: int | None, alignment: int
+) -> InfeasibleBudgetError:
+    """The error for a budget below `min_budget`: `infeasible_message`, and the way out
+    (partitioning) when a task is too large."""
+    text = infeasible_message(tg, reading, needed, task_id, alignment)
+    if task_id is not None:
+        text = f"{text}. {WAY_OUT}."
+    return InfeasibleBudgetError(text, reading.nbytes, needed, task_id)
+
+
+def _round_up(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment

@@ -1,0 +1,517 @@
+"""The planner's walk: two horizons over the steps, preparing, evicting and emitting nodes.
+
+`HorizonPlanner` is one planning run (see `memgraph.planner` for what it does and why):
+the simulated arena (`memgraph.allocator`), the tensors' state (`memgraph.residents`),
+and the MemGraph it emits. `run()` walks the steps of the order; before each apply the
+allocation horizon advances as far as free memory and the lookahead target allow
+(`advance_horizon`, `horizon_target`); a step the horizon did not reach is prepared at
+the execution horizon, evicting the best windows (`prepare_evicting`); the apply is
+emitted and what it was the last reader of is freed (`execute`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from einpage_core.errors import PlanError
+from memgraph.allocator import Allocator, Block
+from memgraph.cost import get_cost_model
+from memgraph.eviction import NEVER, choose_window_ranked, get_policy
+from memgraph.graph import MemGraphBuilder
+from memgraph.host_assembly import HostAssembly
+from memgraph.nodes import Region
+from memgraph.options import PlanOptions
+from memgraph.orders import check_order, get_order
+from memgraph.residents import Residents, TensorState
+from memgraph.steps import Step, plan_steps, sliced_reloads, storage_roots
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
+
+__all__ = ["HorizonPlanner", "PlanCounters"]
+
+
+@dataclass
+class PlanCounters:
+    """What a planning run counts that its MemGraph's nodes cannot tell (in `info`).
+
+    Transfers, drops and the high-water mark are `MemGraph.stats`: counted from the
+    nodes, not kept twice.
+    """
+
+    steps: int = 0  # compute steps walked (applies, and sliced steps)
+    evictions: int = 0  # victims moved off the device (offloaded or dropped)
+    sliced_reloads: int = 0  # reloads of a Slice's box of its input's host storage
+    prefetched_reloads: int = 0  # reloads issued ahead of the execution horizon
+    max_steps_ahead: int = 0  # the furthest the allocation horizon ran ahead
+    fragmentation_events: int = 0  # evictions needed although enough bytes were free
+    packed_steps: int = 0  # steps whose missing tensors were packed into one window
+    operand_moves: int = 0  # steps that also moved resident operands into that window
+    inputs_on_host_for_room: list[str] = field(default_factory=list)
+    outputs_on_host: list[str] = field(default_factory=list)
+
+
+class HorizonPlanner:
+    """One planning run: the simulated arena, the tensors' state, and the emitted nodes."""
+
+    def __init__(self, tg: TaskGraph, budget: int, opts: PlanOptions):
+        self.tg = tg
+        self.opts = opts
+        self.cost = get_cost_model(opts.cost_model)
+        self.alloc = Allocator(budget, opts.alignment)
+        self.builder = MemGraphBuilder(tg, budget, opts.alignment)
+        order = opts.order
+        ids = check_order(tg, get_order(order)(tg) if isinstance(order, str) else order)
+        self.root = storage_roots(tg)
+        # Slices produced by sliced reloads are host-resident tensors, not steps (unless
+        # nothing reads them: then a step makes them once).
+        self.sliced = sliced_reloads(tg, opts.inputs)
+        self.slices_of: dict[int, list[int]] = {}
+        for s, i in self.sliced.items():
+            self.slices_of.setdefault(i, []).append(s)
+        # Outputs assembled on the host: their Concats are not steps; each piece's base
+        # is offloaded into its box of the output's storage as soon as it is computed.
+        self.assembly = HostAssembly(tg)
+        self.steps: list[Step] = plan_steps(tg, ids, self.root, self.sliced, self.assembly.tasks)
+        self.tensors = self.make_tensors()
+        self.working_set = self.record_uses()  # aligned bytes each step needs at once
+        self.output_roots = dict.fromkeys(
+            self.root[t] for t in tg.outputs.values() if t not in self.assembly
+        )
+        if opts.outputs == "device":
+            for r in self.output_roots:
+                self.tensors[r].uses.append(len(self.steps))
+        self.residents = Residents(self.alloc.size, get_policy(opts.eviction), self.tensors)
+        self.before = self.compute_before()
+        self.pending: dict[int, float] = {}  # position -> H2D seconds its step awaits
+        self.pending_at: list[int] = []  # sorted positions with pending transfers
+        self.horizon = 0  # the allocation horizon a
+        self.frees = 0  # frees so far, to retry a stalled step only when memory was freed
+        self.stalled: tuple[int, int] | None = None  # (step, frees) of the last failed try
+        self.storages = 0
+        self.high_water = 0
+        self.counts = PlanCounters(steps=len(self.steps))
+
+    def make_tensors(self) -> dict[int, TensorState]:
+        """A `TensorState` per storage root (views share their base's)."""
+        round_up = self.alloc.round_up
+        return {
+            t.id: TensorState(t.id, t.nbytes, round_up(t.nbytes))
+            for t in self.tg
+            if self.root[t.id] == t.id
+        }
+
+    def record_uses(self) -> list[int]:
+        """Record each tensor's uses (step positions); return each step's working set."""
+        working_set = []
+        for position, step in enumerate(self.steps):
+            need = self.tensors[step.task].size
+            for r in step.roots:
+                tensor = self.tensors[r]
+                tensor.uses.append(position)
+                need += tensor.size
+            working_set.append(need)
+        return working_set
+
+    def compute_before(self) -> list[float]:
+        """Estimated compute seconds before each step (prefix sums), for the lookahead in
+        seconds; only the first entry when the lookahead does not use them."""
+        before = [0.0]
+        if self.opts.lookahead and self.opts.lookahead_seconds is not None:
+            for step in self.steps:
+                before.append(before[-1] + self.cost.task_seconds(self.tg, step.task))
+        return before
+
+    # -- the walk -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Walk every step: advance the allocation horizon, prepare, apply; then the outputs."""
+        counts = self.counts
+        self.place_inputs()
+        for e in range(len(self.steps)):
+            self.advance_horizon(e)
+            if self.horizon == e:
+                self.prepare_evicting(e)
+                self.horizon = e + 1
+            counts.max_steps_ahead = max(counts.max_steps_ahead, self.horizon - e - 1)
+            self.execute(e)
+        self.finish_outputs()
+
+    def info(self) -> dict[str, Any]:
+        """What `info` records of this run: the counts the nodes cannot tell."""
+        return asdict(self.counts)
+
+    def place_inputs(self) -> None:
+        """Input nodes: on the host (a storage) or in a freshly allocated device region."""
+        for task in self.tg:
+            op = task.op
+            if not isinstance(op, Input) or self.root[task.id] != task.id:
+                continue
+            tensor = self.tensors[task.id]
+            on_device = (
+                self.opts.inputs == "auto"
+                and op.location == "device"
+                and bool(tensor.uses)
+                and task.id not in self.slices_of  # read only through sliced reloads
+            )
+            block = self.alloc.try_allocate(tensor.size) if on_device else None
+            if block is not None:
+                region = self.bind(tensor, block)
+                tensor.writer = self.builder.input(
+                    op.name, task.id, region=region, deps=[tensor.alloc]
+                )
+                continue
+            if on_device:
+                self.counts.inputs_on_host_for_room.append(op.name)
+            tensor.storage = self.new_storage()
+            tensor.storage_writer = self.builder.input(op.name, task.id, storage=tensor.storage)
+            self.expect_reload(tensor)
+            for s in self.slices_of.get(task.id, ()):  # their boxes are in the same storage
+                part = self.tensors[s]
+                part.storage, part.storage_writer = tensor.storage, tensor.storage_writer
+                self.expect_reload(part)
+
+    def advance_horizon(self, e: int) -> None:
+        """Prepare steps from the allocation horizon up to the target, without evicting.
+
+        A step that did not fit is retried only once something was freed since.
+        """
+        target = self.horizon_target(e)
+        while self.horizon <= target:
+            if self.stalled == (self.horizon, self.frees):
+                return
+            if not self.prepare_fitting(self.horizon, ahead=self.horizon > e):
+                self.stalled = (self.horizon, self.frees)
+                return
+            self.horizon += 1
+
+    def horizon_target(self, e: int) -> int:
+        """The furthest step the allocation horizon should reach before step e's apply."""
+        limit = min(len(self.steps) - 1, e + self.opts.lookahead)
+        seconds = self.opts.lookahead_seconds
+        if seconds is None or limit == e:
+            return limit
+        if seconds != "auto":
+            reach = bisect.bisect_left(self.before, self.before[e] + seconds) - 1
+            return max(e, min(limit, reach))
+        target, backlog = e, 0.0
+        i = bisect.bisect_left(self.pending_at, e)
+        while i < len(self.pending_at) and self.pending_at[i] <= limit:
+            t = self.pending_at[i]
+            backlog += self.pending[t]
+            if self.before[t] - self.before[e + 1] < backlog:
+                target = t
+            i += 1
+        return target
+
+    # -- preparing a step -----------------------------------------------------------
+
+    def missing(self, position: int) -> list[TensorState]:
+        """The tensors step `position` still needs placed: absent operands, then its output."""
+        step = self.steps[position]
+        needed = [self.tensors[r] for r in step.roots if self.tensors[r].region is None]
+        return [*needed, self.tensors[step.task]]
+
+    def prepare_fitting(self, position: int, ahead: bool) -> bool:
+        """Prepare a step using free memory only (all or nothing); False if it does not fit."""
+        needed = self.missing(position)
+        if len(needed) == 1:  # the common case, no checkpoint needed
+            block = self.fit(needed[0])
+            if block is None:
+                return False
+            blocks = [block]
+        else:
+            token = self.alloc.checkpoint()
+            blocks = []
+            for tensor in needed:
+                block = self.fit(tensor)
+                if block is None:
+                    self.alloc.rollback(token)
+                    return False
+                blocks.append(block)
+            self.alloc.release(token)
+        for tensor, block in zip(needed, blocks, strict=True):
+            self.place(tensor, block, position, ahead)
+        self.pin(position, +1)
+        return True
+
+    def prepare_evicting(self, e: int) -> None:
+        """Prepare step e at the execution horizon, evicting as needed (the horizon is empty).
+
+        First each missing tensor, largest first, goes to the best window for it. If some
+        tensor finds no window (the arena is split by step e's own tensors), the missing
+        tensors are packed into one window of their total size, with step e's resident
+        operands kept in place; failing that, into one window that may also take those
+        operands (they are moved: evicted, then placed in the window). That last window
+        always exists at a budget of at least `min_budget`, since then everything is
+        evictable and the arena holds all of step e's tensors.
+        """
+        if self.prepare_fitting(e, ahead=False) or self.place_evicting(e):
+            return
+        self.unprepare(e)
+        self.counts.packed_steps += 1
+        if self.place_packed(e, move_operands=False):
+            return
+        self.counts.operand_moves += 1
+        if not self.place_packed(e, move_operands=True):  # pragma: no cover - see above
+            raise PlanError(f"step %{self.steps[e].task} found no window of its size")
+
+    def place_evicting(self, e: int) -> bool:
+        """Place step e's missing tensors, largest first, evicting the best window for each;
+        if one finds no window, unpin what was pinned and return False."""
+        step = self.steps[e]
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        for tensor in held:
+            tensor.pins += 1
+        for tensor in sorted(self.missing(e), key=lambda t: -t.size):
+            block = self.fit(tensor) or self.make_room(tensor.size)
+            if block is None:
+                for pinned in held:
+                    pinned.pins -= 1
+                return False
+            self.place(tensor, block, e, ahead=False)
+            tensor.pins += 1
+            held.append(tensor)
+        return True
+
+    def place_packed(self, e: int, move_operands: bool) -> bool:
+        """Clear one window for all of step e's missing tensors (and, with `move_operands`,
+        room for its resident operands too, which may then be evicted) and place them
+        there back to back, largest first."""
+        step = self.steps[e]
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        total = sum(t.size for t in self.missing(e))
+        if move_operands:
+            total += sum(t.size for t in held)
+        else:
+            for tensor in held:
+                tensor.pins += 1
+        offset = self.clear_window(total)
+        if not move_operands:
+            for tensor in held:
+                tensor.pins -= 1
+        if offset is None:
+            return False
+        for tensor in sorted(self.missing(e), key=lambda t: -t.size):
+            self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
+            offset += tensor.size
+        self.pin(e, +1)
+        return True
+
+    def unprepare(self, e: int) -> None:
+        """Undo a failed preparation of step e: free its output if allocated, unwritten."""
+        output = self.tensors[self.steps[e].task]
+        if output.region is not None:
+            self.release(output)
+
+    def fit(self, tensor: TensorState) -> Block | None:
+        """A free block for `tensor` without evicting (see `keeps_room`)."""
+        largest = self.alloc.largest_free
+        if largest < tensor.size:
+            return None
+        reader = tensor.next_use
+        if (
+            self.opts.placement == "best_fit"
+            or reader >= len(self.steps)
+            or largest >= self.working_set[reader]
+        ):  # wherever best fit puts it, a free gap as large as that step's needs remains
+            return self.alloc.try_allocate(tensor.size)
+        token = self.alloc.checkpoint()
+        block = self.alloc.try_allocate(tensor.size)
+        if block is None or self.keeps_room(tensor, block.offset):
+            self.alloc.release(token)
+            return block
+        self.alloc.rollback(token)
+        best = None
+        for free in self.alloc.free_intervals():
+            if free.size < tensor.size:
+                continue
+            for offset in (free.offset, free.end - tensor.size):
+                if self.keeps_room(tensor, offset) and (best is None or free.size < best[0]):
+                    best = (free.size, offset)
+        if best is None:
+            return self.alloc.try_allocate(tensor.size)
+        return self.alloc.allocate_at(best[1], tensor.size)
+
+    def keeps_room(self, tensor: TensorState, offset: int) -> bool:
+        """Whether placing `tensor` at `offset` leaves room for the next step that reads it:
+        between that step's tensors already on the device (and this one), one gap as large
+        as the rest of the step's working set, so the step can clear one window there
+        instead of moving a tensor through the host."""
+        position = tensor.next_use
+        if position >= len(self.steps):
+            return True
+        step = self.steps[position]
+        placed = [(offset, offset + tensor.size)]
+        for r in (*step.roots, step.task):
+            other = self.tensors[r]
+            if other is not tensor and other.region is not None:
+                placed.append((other.region.offset, other.region.end))
+        need = self.working_set[position] - sum(end - start for start, end in placed)
+        placed.sort()
+        cursor = 0
+        for start, end in placed:
+            if start - cursor >= need:
+                return True
+            cursor = max(cursor, end)
+        return self.alloc.size - cursor >= need
+
+    def make_room(self, nbytes: int) -> Block | None:
+        """Evict the best window for `nbytes` (see `memgraph.eviction`) and allocate there."""
+        if self.alloc.bytes_free >= nbytes:
+            self.counts.fragmentation_events += 1
+        offset = self.clear_window(nbytes)
+        return None if offset is None else self.alloc.allocate_at(offset, nbytes)
+
+    def clear_window(self, nbytes: int) -> int | None:
+        """Evict the occupants of the best window of `nbytes`; its offset, or None."""
+        if self.alloc.largest_free >= nbytes:  # a free block is the best window
+            fitting = [f for f in self.alloc.free_intervals() if f.size >= nbytes]
+            return min(fitting, key=lambda f: (f.size, f.offset)).offset
+        window = choose_window_ranked(self.residents, self.residents.ranked_groups(), nbytes)
+        self.residents.restore()
+        if window is None:
+            return None
+        for victim in window.victims:
+            self.evict(self.tensors[victim])
+        return window.offset
+
+    def pin(self, position: int, delta: int) -> None:
+        step = self.steps[position]
+        for r in step.roots:
+            self.tensors[r].pins += delta
+        self.tensors[step.task].pins += delta
+
+    # -- node emission --------------------------------------------------------------
+
+    def bind(self, tensor: TensorState, block: Block) -> Region:
+        """Emit the alloc node of `block` for `tensor` and record the residency."""
+        region = Region(block.offset, block.size)
+        tensor.alloc = self.builder.alloc(tensor.id, region, deps=block.deps)
+        tensor.region, tensor.writer, tensor.users = region, None, []
+        self.residents.add(tensor)
+        self.high_water = max(self.high_water, region.end)
+        return region
+
+    def place(self, tensor: TensorState, block: Block, position: int, ahead: bool) -> None:
+        """Allocate `tensor` at `block`; reload it unless it is step `position`'s output."""
+        if tensor.id == self.steps[position].task:
+            self.bind(tensor, block)
+            return
+        self.reload(tensor, block)
+        tensor.last_use = position
+        self.residents.touch(tensor)
+        self.counts.prefetched_reloads += ahead
+
+    def reload(self, tensor: TensorState, block: Block) -> None:
+        """Allocate `block` for a host-resident tensor and copy it there."""
+        if tensor.storage is None:  # pragma: no cover - a non-resident tensor has a host copy
+            raise PlanError(f"%{tensor.id} is needed but is neither resident nor on the host")
+        region = self.bind(tensor, block)
+        tensor.writer = self.builder.reload(
+            tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
+        )
+        self.counts.sliced_reloads += tensor.id in self.sliced
+
+    def execute(self, e: int) -> None:
+        """Emit step e's apply, then free what it was the last reader of."""
+        step = self.steps[e]
+        out = self.tensors[step.task]
+        operands = [self.tensors[r] for r in step.reads]
+        if step.sliced:
+            node = self.builder.reload(
+                out.id, out.storage, out.region, deps=[out.alloc, out.storage_writer]
+            )
+            self.counts.sliced_reloads += 1
+        else:
+            deps = [out.alloc, *(t.writer for t in operands)]
+            node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
+        out.writer, out.last_use = node, e
+        self.residents.touch(out)
+        self.pin(e, -1)
+        for r in step.roots:
+            tensor = self.tensors[r]
+            tensor.users.append(node)
+            tensor.last_use = e
+            tensor.ptr += 1
+            self.residents.touch(tensor)
+        if self.opts.outputs == "host" and step.task in self.output_roots:
+            self.offload(out)
+        if step.task in self.assembly.piece_of:
+            out.users.append(self.assembly.offload_piece(self.builder, out, self.new_storage))
+        for r in (*step.roots, step.task):
+            tensor = self.tensors[r]
+            if tensor.next_use == NEVER and tensor.region is not None:
+                self.release(tensor)
+
+    def offload(self, tensor: TensorState) -> None:
+        tensor.storage = self.new_storage()
+        node = self.builder.offload(tensor.id, tensor.region, tensor.storage, deps=[tensor.writer])
+        tensor.storage_writer = node
+        tensor.users.append(node)
+        self.residents.touch(tensor)  # a host copy makes it free to drop
+
+    def release(self, tensor: TensorState) -> None:
+        """Emit the free of `tensor`'s residency and return its bytes to the allocator."""
+        host_output = tensor.id in self.output_roots and self.opts.outputs == "host"
+        if host_output and tensor.storage is None and tensor.writer is not None:
+            self.offload(tensor)  # e.g. a device input that is also an output
+        deps = tensor.users or [tensor.writer if tensor.writer is not None else tensor.alloc]
+        node = self.builder.free(tensor.id, tensor.region, deps=deps)
+        self.frees += 1
+        self.alloc.free(tensor.region.offset, freed_by=node)
+        self.residents.remove(tensor)
+        tensor.region = tensor.alloc = tensor.writer = None
+        tensor.users = []
+
+    def evict(self, tensor: TensorState) -> None:
+        """Move a live tensor off the device: offload it unless a host copy exists."""
+        self.counts.evictions += 1
+        if tensor.storage is None:
+            self.offload(tensor)
+        self.release(tensor)
+        self.expect_reload(tensor)
+
+    def expect_reload(self, tensor: TensorState) -> None:
+        """Record the H2D seconds a host-resident tensor costs at its next step."""
+        position = tensor.next_use
+        if position >= len(self.steps):
+            return
+        if position not in self.pending:
+            bisect.insort(self.pending_at, position)
+            self.pending[position] = 0.0
+        self.pending[position] += self.cost.transfer_seconds(tensor.nbytes, "h2d")
+
+    def new_storage(self) -> int:
+        self.storages += 1
+        return self.storages - 1
+
+    def finish_outputs(self) -> None:
+        """Output nodes: device outputs in place (reloaded if they fit), else from the host;
+        outputs assembled on the host from their storage."""
+        device = self.opts.outputs == "device"
+        for name, task_id in self.tg.outputs.items():
+            if task_id in self.assembly:  # on the host, filled by sliced offloads
+                if device:
+                    self.counts.outputs_on_host.append(name)
+                self.assembly.output(self.builder, name, task_id)
+                continue
+            tensor = self.tensors[self.root[task_id]]
+            if device and tensor.region is None:
+                block = self.alloc.try_allocate(tensor.size)
+                if block is not None:
+                    self.reload(tensor, block)
+            if device and tensor.region is not None:
+                node = self.builder.output(
+                    name, tensor.id, region=tensor.region, deps=[tensor.writer]
+                )
+                tensor.users.append(node)
+                continue
+            if tensor.storage is None:
+                self.offload(tensor)
+            if device:
+                self.counts.outputs_on_host.append(name)
+            self.builder.output(
+                name, tensor.id, storage=tensor.storage, deps=[tensor.storage_writer]
+            )

@@ -1,0 +1,92 @@
+"""The planner's options (`PlanOptions`), validated once, and the values each may take."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from einpage_core.errors import PlanError
+from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.cost import CostModel, get_cost_model
+from memgraph.eviction import get_policy
+from memgraph.orders import get_order
+
+__all__ = ["PlanOptions", "OUTPUTS", "INPUTS", "PLACEMENTS"]
+
+OUTPUTS = ("device", "host")
+"""Where program outputs end: resident on the device, or offloaded to host storage."""
+INPUTS = ("auto", "host")
+"""Where inputs start: "auto" follows each `Input.location` (device ones while they fit)."""
+PLACEMENTS = ("room", "best_fit")
+"""Where allocations without eviction go: "room" (best fit, unless that leaves no room
+for the next step that reads the tensor, see `memgraph.horizon`) or plain "best_fit"."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """The planner's options (see `memgraph.plan`), validated; `info()` is their JSON form.
+
+    >>> PlanOptions(eviction="lru").info()["eviction"]
+    'lru'
+    """
+
+    order: str | tuple[int, ...] = "program"
+    eviction: str = "belady"
+    lookahead: int = 64
+    lookahead_seconds: float | str | None = "auto"
+    cost_model: str | CostModel = "h100-pcie5"
+    alignment: int = DEFAULT_ALIGNMENT
+    outputs: str = "device"
+    inputs: str = "auto"
+    placement: str = "room"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.order, str):
+            object.__setattr__(self, "order", tuple(self.order))
+        else:
+            get_order(self.order)
+        get_policy(self.eviction)
+        get_cost_model(self.cost_model)
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int):
+            raise PlanError(f"lookahead must be a number of steps >= 0, got {self.lookahead!r}")
+        if self.lookahead < 0:
+            raise PlanError(f"lookahead must be a number of steps >= 0, got {self.lookahead}")
+        seconds = self.lookahead_seconds
+        if not (seconds is None or seconds == "auto" or _is_nonnegative_number(seconds)):
+            raise PlanError(
+                f"lookahead_seconds must be 'auto', None or seconds >= 0, got {seconds!r}"
+            )
+        if isinstance(self.alignment, bool) or not isinstance(self.alignment, int):
+            raise PlanError(f"alignment must be a positive int, got {self.alignment!r}")
+        if self.alignment <= 0:
+            raise PlanError(f"alignment must be a positive int, got {self.alignment}")
+        if self.outputs not in OUTPUTS:
+            raise PlanError(f"outputs must be one of {OUTPUTS}, got {self.outputs!r}")
+        if self.inputs not in INPUTS:
+            raise PlanError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
+        if self.placement not in PLACEMENTS:
+            raise PlanError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+
+    def info(self) -> dict[str, Any]:
+        cost = get_cost_model(self.cost_model)
+        return {
+            "order": self.order if isinstance(self.order, str) else "custom",
+            "eviction": self.eviction,
+            "lookahead": self.lookahead,
+            "lookahead_seconds": self.lookahead_seconds,
+            "cost_model": cost.name,
+            "alignment": self.alignment,
+            "outputs": self.outputs,
+            "inputs": self.inputs,
+            "placement": self.placement,
+        }
+
+
+def _is_nonnegative_number(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )

@@ -1,0 +1,196 @@
+"""The pipeline, `einpage.compile`: partition when needed, plan, verify, and say how.
+
+`memgraph.plan` is a pure TaskGraph -> MemGraph pass (it plans the graph it is given and
+refuses a task that cannot fit, naming the way out); `compile` chains the passes and
+keeps the graph given, the graph planned, how the budget was read and how the block
+limit was chosen.
+"""
+
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+import einpage as ep
+import einpage.pipeline as pipeline_module
+import memgraph
+from einpage.errors import InfeasibleBudgetError, InputError, PlanError
+from einpage.pipeline import (
+    MAX_AUTO_BLOCKS,
+    Compiled,
+    PartitionInfeasibleError,
+    TooManyBlocksError,
+    check_block_count,
+    estimated_blocks,
+    partition_mode,
+)
+from einpage.units import BudgetFormatError
+from memgraph.budgets import NO_OFFLOAD_PEAK, BudgetReading, read_budget
+from taskgraph.partition import DEFAULT_BUDGET_FRACTION, finest_block, partition_for_budget
+
+KiB = 1024
+
+
+def softmax_program() -> ep.Program:
+    """y = softmax(x @ w): the matmul needs 384 KiB at once (x 64 KiB, w 256 KiB, x @ w
+    64 KiB)."""
+    prog = ep.Program("smx")
+    x = prog.input("x", (64, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    prog.output(ep.softmax(x @ w), "y")
+    return prog
+
+
+def test_module_doctests():
+    result = doctest.testmod(pipeline_module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def test_the_pipeline_is_exported_from_einpage():
+    assert ep.compile is pipeline_module.compile and ep.Compiled is Compiled
+    assert issubclass(ep.PartitionInfeasibleError, ep.InfeasibleBudgetError)
+    assert issubclass(ep.TooManyBlocksError, ep.InfeasibleBudgetError)
+
+
+def test_plan_is_a_pure_pass_that_names_the_way_out():
+    tg = softmax_program().build()
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        memgraph.plan(tg, "200KiB")
+    error = caught.value
+    assert not isinstance(error, PartitionInfeasibleError)
+    assert (error.budget, error.needed) == (200 * KiB, 384 * KiB)
+    message = str(error)
+    assert "einpage.compile(" in message and "taskgraph.partition_for_budget(" in message
+    mg = memgraph.plan(tg, "1MiB")
+    assert mg.taskgraph is tg  # never a graph the user did not give it
+    assert "block_limit" not in mg.info and mg.stats.block_limit is None
+
+
+def test_compile_partitions_what_cannot_fit_and_says_how():
+    prog = softmax_program()
+    compiled = ep.compile(prog, "200KiB")
+    tg = compiled.program
+    assert tg.to_json() == prog.build().to_json()  # a Program is built first
+    assert len(compiled.graph) > len(tg) and compiled.plan.taskgraph is compiled.graph
+    chosen = compiled.partitioning
+    assert (chosen.mode, chosen.block_limit, chosen.how) == (
+        "auto",
+        50 * KiB,
+        "auto: 25% of the budget",
+    )
+    assert chosen.fraction == DEFAULT_BUDGET_FRACTION
+    assert chosen.finest_block == finest_block(tg, 256)[0]
+    assert compiled.min_budget == chosen.program_min_budget == 384 * KiB
+    assert compiled.block_limit == 50 * KiB == compiled.plan.stats.block_limit
+    assert compiled.budget == BudgetReading("200KiB", 200 * KiB)
+    assert compiled.report is not None and compiled.report.peak_bytes <= 200 * KiB
+    assert set(compiled.timings) == {"reading the budget", "partitioning", "planning", "verifying"}
+    # The plan is exactly `plan` of `partition_for_budget`'s graph; compile adds to info.
+    by_hand = memgraph.plan(partition_for_budget(tg, 200 * KiB).graph, "200KiB")
+    assert by_hand.nodes == compiled.plan.nodes
+    assert {**by_hand.info, **compiled.plan.info} == dict(compiled.plan.info)
+    info = compiled.plan.info
+    assert (info["partition"], info["block_limit"], info["original_tasks"]) == (
+        "auto",
+        50 * KiB,
+        len(tg),
+    )
+    assert info["original_min_budget"] == 384 * KiB and info["budget_request"] == "200KiB"
+
+
+def test_compile_plans_a_program_that_fits_as_it_is():
+    tg = softmax_program().build()
+    compiled = ep.compile(tg, "1MiB", eviction="lru", verify=False)
+    assert compiled.graph is tg and compiled.block_limit is None and compiled.report is None
+    assert compiled.partitioning.describe() == "not partitioned (the program fits unsplit)"
+    assert "verifying" not in compiled.timings
+    assert compiled.plan.to_json() != memgraph.plan(tg, "1MiB").to_json()  # info differs
+    assert compiled.plan.nodes == memgraph.plan(tg, "1MiB", eviction="lru").nodes
+    assert compiled.plan.info["eviction"] == "lru" and compiled.plan.info["block_limit"] is None
+
+
+def test_a_percentage_is_read_against_the_programs_no_offload_peak():
+    tg = softmax_program().build()
+    peak = memgraph.no_offload_peak(tg)
+    compiled = ep.compile(tg, "40%")
+    reading = compiled.budget
+    assert reading == BudgetReading("40%", int(peak * 0.4), 40.0, NO_OFFLOAD_PEAK, peak)
+    assert str(reading).startswith("40% of the no-offload peak ")
+    assert compiled.plan.budget == reading.nbytes and compiled.plan.info["budget_request"] == "40%"
+    assert read_budget(tg, "40%") == reading
+    with pytest.raises(BudgetFormatError, match="positive percentage"):
+        read_budget(tg, "0%")
+
+
+def test_an_explicit_block_limit_and_the_finest_block():
+    tg = softmax_program().build()
+    explicit = ep.compile(tg, "1MiB", partition="32KiB")
+    assert (explicit.partitioning.mode, explicit.partitioning.how) == ("limit", "explicit")
+    assert explicit.block_limit == 32 * KiB and explicit.plan.info["partition"] == "limit"
+    assert explicit.partitioning.describe() == "block limit 32.0 KiB (explicit)"
+    # A budget whose quarter is below the finest block gets the finest block.
+    floor, _ = finest_block(tg, 256)
+    tight = ep.compile(tg, 2 * floor)
+    assert tight.block_limit == floor and tight.partitioning.how == "auto: the finest block"
+
+
+def test_partition_off_lets_plan_refuse_with_the_budget_as_asked():
+    tg = softmax_program().build()
+    with pytest.raises(InfeasibleBudgetError) as caught:
+        ep.compile(tg, "40%", partition="off")
+    assert not isinstance(caught.value, PartitionInfeasibleError)
+    assert str(caught.value).startswith("budget '40%' = ")
+
+
+def test_partition_arguments():
+    assert partition_mode("auto") == partition_mode(True) == "auto"
+    assert partition_mode("off") == partition_mode(False) == partition_mode(None) == "off"
+    assert partition_mode("64KiB") == partition_mode(64 * KiB) == 64 * KiB
+    with pytest.raises(PlanError, match="'auto', 'off'"):
+        partition_mode("sometimes")
+    with pytest.raises(InputError, match="a Program or a TaskGraph, got str"):
+        ep.compile("mlp", "1MiB")
+    with pytest.raises(PlanError, match="eviction policy 'random'"):
+        ep.compile(softmax_program(), "1MiB", eviction="random")
+
+
+def test_too_many_blocks_is_refused_only_when_asked():
+    tg = softmax_program().build()
+    assert estimated_blocks(tg, 1024) > estimated_blocks(tg, 64 * KiB) > 0
+    check_block_count(tg, 200 * KiB, max_blocks=MAX_AUTO_BLOCKS)  # a handful of blocks
+    with pytest.raises(TooManyBlocksError) as caught:
+        ep.compile(tg, "200KiB", max_blocks=3)
+    error = caught.value
+    assert error.count > 3 and error.needed > error.budget == 200 * KiB
+    assert "partition='auto' stops at 3" in str(error)
+    cli = error.spelled("--partition auto", "--partition SIZE")
+    assert "--partition auto stops at 3" in str(cli) and cli.needed == error.needed
+    # Without max_blocks the same budget compiles.
+    assert ep.compile(tg, "200KiB", verify=False).block_limit == 50 * KiB
+
+
+def test_no_block_fits_names_the_smallest_budget_and_block_limit():
+    tg = softmax_program().build()
+    floor, floor_task = finest_block(tg, 256)
+    with pytest.raises(PartitionInfeasibleError) as caught:
+        ep.compile(tg, floor - 256)
+    error = caught.value
+    assert (error.block_limit, error.block_task, error.needed) == (floor, floor_task, floor)
+    assert "Partitioning cannot bring it within the budget" in str(error)
+
+
+def test_compiled_repr_and_rows():
+    compiled = ep.compile(softmax_program(), "200KiB")
+    text = repr(compiled)
+    tasks = len(compiled.program)
+    assert text.startswith(f"<Compiled 'smx': {tasks} tasks -> {len(compiled.graph)}, ")
+    assert "budget 200.0 KiB" in text and "block limit 50.0 KiB (auto: 25% of the budget)" in text
+    assert text.endswith("verified>")
+    labels = [label for label, _ in compiled.rows()]
+    assert labels == ["program", "budget", "partition", "plan", "verify"]
+    rows = dict(compiled.rows())
+    assert rows["partition"].startswith(
+        f"{tasks} -> {len(compiled.graph)} tasks, block limit 50.0 KiB"
+    )
+    assert "assembled on the host" in rows["plan"]  # y's blocks go straight to the host
