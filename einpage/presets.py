@@ -139,18 +139,20 @@ def _mlp(batch: int, seq: int | None, dtype: str) -> Program:
 
 
 def _model_presets() -> dict[str, Preset]:
-    from einpage.models import gpt2, llama
+    from einpage.models import FAMILIES
 
+    seq_default = 128
     presets: dict[str, Preset] = {}
-    for family, module, seq_default in (("llama", llama, 128), ("gpt2", gpt2, 128)):
-        for size, cfg in module.PRESETS.items():
+    for family in FAMILIES.values():
+        for size, cfg in family.presets.items():
 
-            def make(batch: int, seq: int | None, dtype: str, cfg=cfg, module=module) -> Program:
-                return module.prefill_program(cfg, batch, seq, dtype)
+            def make(batch: int, seq: int | None, dtype: str, cfg=cfg, family=family) -> Program:
+                return family.prefill_program(cfg, batch, seq, dtype)
 
             seq = min(seq_default, getattr(cfg, "max_positions", seq_default))
             summary = f"{cfg.name} prefill, {_count(cfg.num_parameters())} parameters"
-            presets[f"{family}:{size}"] = Preset(f"{family}:{size}", summary, make, 1, seq)
+            name = f"{family.name}:{size}"
+            presets[name] = Preset(name, summary, make, 1, seq)
     return presets
 
 
