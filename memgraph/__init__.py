@@ -10,9 +10,9 @@ from memgraph.allocator import Allocator
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import TransferBounds, transfer_lower_bounds
 from memgraph.cost import PRESETS as COST_MODELS
-from memgraph.cost import CostModel, get_cost_model
+from memgraph.cost import CostModel, get_cost_model, register_cost_model
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
-from memgraph.nodes import MemNode, NodeKind, Region
+from memgraph.nodes import NODE_FIELDS, HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.orders import ORDERS
 from memgraph.planner import (
     PARTITION_MODES,
@@ -24,6 +24,7 @@ from memgraph.planner import (
     sliced_reloads,
 )
 from memgraph.render import render_memgraph
+from memgraph.residency import Residencies, Residency
 from memgraph.simulate import SimResult, simulate
 from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
@@ -35,6 +36,11 @@ __all__ = [
     "NodeKind",
     "PlanStats",
     "Region",
+    "HostBox",
+    "HostStorage",
+    "NODE_FIELDS",
+    "Residency",
+    "Residencies",
     "plan",
     "min_budget",
     "no_offload_peak",
@@ -50,6 +56,7 @@ __all__ = [
     "CostModel",
     "COST_MODELS",
     "get_cost_model",
+    "register_cost_model",
     "layer_streaming_plan",
     "transfer_lower_bounds",
     "TransferBounds",

@@ -13,8 +13,10 @@ from runtime.backend import (
     Backend,
     Event,
     Stream,
+    backend_names,
     cupy_usable,
     get_backend,
+    register_backend,
 )
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
@@ -36,6 +38,8 @@ __all__ = [
     "Interpreter",
     "HostLayout",
     "get_backend",
+    "register_backend",
+    "backend_names",
     "cupy_usable",
     "random_order",
     "verified",

@@ -43,7 +43,7 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
-from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, slice_box
+from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
@@ -313,15 +313,12 @@ class Session:
         interp = self.interpreter
         if node.storage in self.layout.aliased:  # read in place: no copy unless kept
             held = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
+            held = held.reshape(self.mg.storages[node.storage].shape)  # 0-d stays 0-d
             interp.bind_host(node.storage, held)
             return held
         if node.storage is not None:
             slot = interp.host_view(node.storage)
             np.copyto(slot, value)
-            for task_id, box in self.layout.boxes.items():  # staged boxes of sliced reloads
-                task = self.tg[task_id]
-                if task.inputs[0] == node.tensor:
-                    np.copyto(box.of(self.host), slot[slice_box(task)])
             return slot
         if self.backend.host_staging:
             slot = self.layout.inputs[name].of(self.host)
@@ -358,7 +355,6 @@ class Session:
                 self._staged[name] = placed
         self.interpreter.results = self._result_buffers()
         timing = self._execute(seed, trace)
-        self.interpreter.assemble_on_host()  # staged pieces of sliced offloads, if any
         outputs = self._collect()
         seconds = time.perf_counter() - started
         memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}
@@ -528,9 +524,10 @@ class Session:
                     args=args,
                 )
             )
-        clock = "cuda" if self.backend.name == "cupy" else "wall"
         title = f"einpage {self.tg.name} ({self.backend.name}, {self.mode})"
-        return Trace(spans, clock=clock, title=title, metadata={"budget": self.mg.budget})
+        return Trace(
+            spans, clock=self.backend.clock, title=title, metadata={"budget": self.mg.budget}
+        )
 
 
 def _public_error(failure: BaseException) -> BaseException:
