@@ -228,3 +228,75 @@ def test_sliced_offloads_survive_json_and_show_their_box():
     label = " ".join(line.text for line in node_lines(mg, fill))
     assert f"[2:6, 0:32] of %{root}" in label
     assert memgraph.simulate(mg, "h100-pcie5").bytes_moved["d2h"] >= mg.stats.sliced_offload_bytes
+
+
+def with_node(mg: MemGraph, node) -> MemGraph:
+    nodes = list(mg.nodes)
+    nodes[node.id] = node
+    return MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+
+
+def test_sliced_offloads_carry_the_boxes_that_tile_the_output():
+    tg = hand_assembled()
+    mg = memgraph.plan(tg, "64KiB")
+    root = tg.outputs["y"]
+    fills = sliced_offloads(mg)
+    (storage,) = {n.storage for n in fills}
+    assert mg.storages[storage] == memgraph.HostStorage(
+        storage, (6, 32), "float32", 768, root, "assembly"
+    )
+    boxes = sorted((n.box.starts, n.box.sizes) for n in fills)
+    assert boxes == [((0, 0), (2, 16)), ((0, 16), (2, 16)), ((2, 0), (4, 32))]
+    assert all(n.box.shape == (6, 32) and n.box.dtype == "float32" for n in fills)
+
+
+def test_the_verifier_refuses_overlapping_boxes():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    small = sorted((n for n in sliced_offloads(mg) if n.box.sizes == (2, 16)), key=lambda n: n.id)
+    first, second = small
+    bad = with_node(mg, dataclasses.replace(second, box=first.box))
+    with pytest.raises(VerificationError, match=f"was already written by n{first.id}"):
+        memgraph.verify(bad)
+
+
+def test_the_verifier_refuses_a_box_that_is_not_its_leaf_s_place():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    first, second = sorted(
+        (n for n in sliced_offloads(mg) if n.box.sizes == (2, 16)), key=lambda n: n.id
+    )
+    bad = with_node(mg, dataclasses.replace(first, box=second.box))
+    with pytest.raises(VerificationError, match="but its box in output assembly"):
+        memgraph.verify(bad)
+
+
+@pytest.mark.parametrize(
+    "starts, sizes, message",
+    [
+        ((5, 0), (2, 16), r"box \[5:7, 0:16\] does not lie inside host#"),
+        ((0, 0), (2, 8), "holds 64 bytes of float32, but %.* has 128 bytes"),
+    ],
+)
+def test_the_verifier_checks_each_sliced_offload_box(starts, sizes, message):
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = next(n for n in sliced_offloads(mg) if n.box.sizes == (2, 16))
+    box = dataclasses.replace(fill.box, starts=starts, sizes=sizes)
+    with pytest.raises(VerificationError, match=message):
+        memgraph.verify(with_node(mg, dataclasses.replace(fill, box=box)))
+
+
+def test_a_sliced_offload_needs_its_box():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[0]
+    with pytest.raises(VerificationError, match="a sliced offload into host#.* carries no box"):
+        memgraph.verify(with_node(mg, dataclasses.replace(fill, box=None)))
+
+
+def test_the_assembly_storage_has_the_output_s_size():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    storage = sliced_offloads(mg)[0].storage
+    entry = dataclasses.replace(mg.storages[storage], shape=(6, 16), nbytes=384)
+    bad = MemGraph(
+        mg.taskgraph, mg.nodes, mg.budget, mg.alignment, mg.info, {**mg.storages, storage: entry}
+    )
+    with pytest.raises(VerificationError, match=r"float32\[6,16\].*but it holds assembly"):
+        memgraph.verify(bad)
