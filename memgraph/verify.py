@@ -51,6 +51,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from einpage_core.errors import VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
@@ -87,8 +89,40 @@ class _Assembly:
     leaves: dict[int, tuple[tuple[int, int], ...]]  # leaf's storage root -> box in root
     concats: list[int]
     filled: dict[int, int] = field(default_factory=dict)  # leaf's storage root -> offload
-    boxes: list[tuple[HostBox, int]] = field(default_factory=list)  # written, by which node
+    boxes: _WrittenBoxes = field(default_factory=lambda: _WrittenBoxes())
     covered: int = 0  # elements the written boxes hold
+
+
+class _WrittenBoxes:
+    """The boxes written into one storage so far, as arrays, so that finding one a new box
+    overlaps is one vectorized test (host outputs can have thousands of boxes)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lo = np.empty((0, 0), dtype=np.int64)
+        self.hi = np.empty((0, 0), dtype=np.int64)
+        self.writers: list[int] = []
+        self.boxes: list[HostBox] = []
+
+    def overlapping(self, box: HostBox) -> int | None:
+        """The position of a written box that `box` overlaps, if any."""
+        if not self.count:
+            return None
+        lo, hi = np.array(box.starts), np.array(box.starts) + np.array(box.sizes)
+        hits = np.all((self.lo[: self.count] < hi) & (lo < self.hi[: self.count]), axis=1)
+        return int(np.argmax(hits)) if hits.any() else None
+
+    def add(self, box: HostBox, writer: int) -> None:
+        if self.count == len(self.lo):
+            grown = max(16, 2 * self.count)
+            rank = len(box.starts)
+            self.lo = np.resize(self.lo, (grown, rank))
+            self.hi = np.resize(self.hi, (grown, rank))
+        self.lo[self.count] = box.starts
+        self.hi[self.count] = np.array(box.starts) + np.array(box.sizes)
+        self.count += 1
+        self.writers.append(writer)
+        self.boxes.append(box)
 
 
 def verify(mg: MemGraph) -> VerifyReport:
@@ -366,12 +400,13 @@ class _Verifier:
                 f"box {box} of host#{node.storage} holds {box.nbytes} bytes of {box.dtype}, "
                 f"but %{task.id} has {task.nbytes} bytes of {task.dtype}"
             )
-        for other, writer in assembly.boxes:
-            if box.overlaps(other):
-                raise self.fail(
-                    f"the box {box} of host#{node.storage} was already written by n{writer} "
-                    f"(in whole or in part: it wrote {other})"
-                )
+        hit = assembly.boxes.overlapping(box)
+        if hit is not None:
+            raise self.fail(
+                f"the box {box} of host#{node.storage} was already written by "
+                f"n{assembly.boxes.writers[hit]} (in whole or in part: it wrote "
+                f"{assembly.boxes.boxes[hit]})"
+            )
         if node.tensor not in assembly.leaves:
             raise self.fail(
                 f"%{node.tensor} is not one of the pieces that output assembly %{node.into} "
@@ -385,7 +420,7 @@ class _Verifier:
                 f"in output assembly %{node.into} is {where}"
             )
         assembly.filled[node.tensor] = node.id
-        assembly.boxes.append((box, node.id))
+        assembly.boxes.add(box, node.id)
         assembly.covered += box.size
 
     def assembly_of(self, root: int) -> _Assembly:

@@ -73,17 +73,23 @@ def verified(mg: MemGraph) -> VerifyReport:
 BUFFER_CACHE_PLANS = 4
 """How many plans' buffers the cache behind `run` keeps (the most recently used)."""
 
-_BufferKey = tuple[int, str]  # (id of the plan, backend name)
+_BufferKey = tuple[int, str, bool]  # (id of the plan, backend name, host staging)
 _buffer_cache: OrderedDict[_BufferKey, tuple[weakref.ref[MemGraph], Any, np.ndarray]] = (
     OrderedDict()
 )
 _buffer_lock = threading.Lock()
 
 
+def _buffer_key(mg: MemGraph, backend: Backend) -> _BufferKey:
+    """Buffers fit a plan on backends of one name laying out host memory alike (staging
+    or not: a staging backend's host buffer also holds its input and output slots)."""
+    return (id(mg), backend.name, backend.host_staging)
+
+
 def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | None:
     """The cached (arena, host buffer) of `mg` on `backend`'s kind, removed from the cache."""
     with _buffer_lock:
-        entry = _buffer_cache.pop((id(mg), backend.name), None)
+        entry = _buffer_cache.pop(_buffer_key(mg, backend), None)
     if entry is None or entry[0]() is not mg:
         return None
     return entry[1], entry[2]
@@ -91,7 +97,7 @@ def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | No
 
 def _give_buffers(mg: MemGraph, backend: Backend, arena: Any, host: np.ndarray) -> None:
     """Keep a closed session's buffers for the next session of `mg` (see the module docstring)."""
-    key = (id(mg), backend.name)
+    key = _buffer_key(mg, backend)
 
     def forget(ref: weakref.ref[MemGraph]) -> None:  # the plan died: drop its buffers
         with _buffer_lock:

@@ -275,3 +275,27 @@ def fake_cupy_backend():
     backend.cp = SimpleNamespace(cuda=SimpleNamespace(runtime=cuda_runtime))
     stream = SimpleNamespace(cuda=SimpleNamespace(ptr=0))
     return backend, cuda_runtime, stream
+
+
+def _numpy_backend_class():
+    from runtime.numpy_backend import NumpyBackend
+
+    return NumpyBackend
+
+
+class CudaCopiesBackend(_numpy_backend_class()):
+    """The NumPy backend with host staging (as CuPy has it) whose copies are the CuPy
+    backend's (`fake_cupy_backend`), issued in order on the NumPy streams."""
+
+    host_staging = True
+
+    def __init__(self):
+        super().__init__()
+        self.cupy, self.cuda_runtime, self.fake_stream = fake_cupy_backend()
+
+    def copy_box(self, host, starts, device, direction, stream):
+        def work():
+            wrapped = FakeDeviceArray(device)
+            self.cupy.copy_box(host, starts, wrapped, direction, self.fake_stream)
+
+        stream.submit(work)

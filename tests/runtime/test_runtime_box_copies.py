@@ -3,24 +3,22 @@
 The CuPy backend copies a box of a pinned host array as memcpy / memcpy2D planes
 (`runtime.boxcopy`); `cpu_cuda.fake_cupy_backend` runs exactly that code with copies done
 by `ctypes.memmove`, so every box, in both directions, is checked against NumPy slicing,
-and whole plans (sliced reloads, outputs assembled on the host) run through it.
+and whole plans run through it (outputs assembled on the host: in
+test_runtime_host_assembly).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from cpu_cuda import FakeDeviceArray, fake_cupy_backend
+from cpu_cuda import CudaCopiesBackend, FakeDeviceArray, fake_cupy_backend
 from hypothesis import given
 from hypothesis import strategies as st
 from plans import sliced_weight_plan
-from runtime_cases import assert_outputs_match, make_inputs
 
-import memgraph
 import runtime
 import taskgraph
 from einpage.errors import BackendError
-from einpage.models import llama
 from runtime.boxcopy import BoxRuns
 from runtime.numpy_backend import ImmediateStream, NumpyBackend
 
@@ -103,24 +101,6 @@ def test_box_copies_refuse_bad_arguments():
         NumpyBackend().copy_box(host, (3, 0), np.zeros((2, 4), "float32"), "h2d", None)
 
 
-class CudaCopiesBackend(NumpyBackend):
-    """The NumPy backend with host staging (as CuPy has it) whose copies are the CuPy
-    backend's, issued on the CPU stand-in, in order on the NumPy streams."""
-
-    host_staging = True
-
-    def __init__(self):
-        super().__init__()
-        self.cupy, self.cuda_runtime, self.fake_stream = fake_cupy_backend()
-
-    def copy_box(self, host, starts, device, direction, stream):
-        def work():
-            wrapped = FakeDeviceArray(device)
-            self.cupy.copy_box(host, starts, wrapped, direction, self.fake_stream)
-
-        stream.submit(work)
-
-
 @pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
 def test_plans_run_to_the_reference_through_the_cupy_copies(mode):
     weights = {"w": np.arange(64 * 8, dtype="float32").reshape(64, 8) / 100}
@@ -131,12 +111,11 @@ def test_plans_run_to_the_reference_through_the_cupy_copies(mode):
     assert ("memcpyAsync", 256) in backend.cuda_runtime.calls  # just the box's 8 rows
 
 
-def test_llama_logits_assembled_on_the_host_through_the_cupy_copies():
-    tg = llama.prefill_program(llama.PRESETS["tiny"], 1, 64, "float32").build()
-    mg = memgraph.plan(tg, "50%")
-    assert mg.info["sliced_offloads"] > 1
-    inputs = make_inputs(tg, 0)
-    backend = CudaCopiesBackend()
-    got = runtime.run(mg, inputs, backend, mode="streams")
-    assert_outputs_match(got, taskgraph.evaluate(tg, inputs), "cupy copies")
-    assert backend.cuda_runtime.calls
+def test_the_buffer_cache_tells_staging_from_plain_backends():
+    """`run` keeps buffers per plan and backend; a staging backend of the same name lays
+    out more host memory (input and output slots), so it must not take a plain one's."""
+    weights = {"w": np.arange(64 * 8, dtype="float32").reshape(64, 8) / 100}
+    mg = sliced_weight_plan()
+    want = taskgraph.evaluate(mg.taskgraph, weights)["y"]
+    for backend in ("numpy", CudaCopiesBackend(), "numpy", CudaCopiesBackend()):
+        np.testing.assert_array_equal(runtime.run(mg, weights, backend)["y"], want)

@@ -9,6 +9,7 @@ runs to the reference in every runtime mode, with and without host staging.
 from __future__ import annotations
 
 import pytest
+from cpu_cuda import CudaCopiesBackend
 from runtime_cases import assert_outputs_match, make_inputs
 
 import memgraph
@@ -98,4 +99,14 @@ def test_host_staging_gives_the_reference_logits(case):
     logits = mg.taskgraph[root].shape
     boxes = {(c[1], c[2]) for c in backend.copies if c[0] == logits and c[3] == "d2h"}
     assert boxes == {(n.box.starts, n.box.sizes) for n in fills}
-    assert len(boxes) == mg.info["sliced_offloads"]
+    assert len(boxes) == mg.stats.sliced_offload_count
+
+
+def test_the_cupy_box_copies_give_the_reference_logits(case):
+    """The CuPy backend's copies (memcpy / memcpy2D planes, on the CPU stand-in) write
+    each block straight into its box of the pinned logits."""
+    _, mg, inputs, want = case
+    backend = CudaCopiesBackend()
+    assert_outputs_match(runtime.run(mg, inputs, backend, mode="streams"), want, "cupy copies")
+    planes = [n for name, n in backend.cuda_runtime.calls if name == "memcpy2DAsync"]
+    assert planes  # blocks of the logits are strided boxes of the host array
