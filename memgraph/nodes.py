@@ -121,6 +121,8 @@ class HostBox:
     >>> box = HostBox((64, 8), "float32", (16, 0), (8, 8))
     >>> str(box), box.nbytes, box.inside()
     ('[16:24, 0:8]', 256, True)
+    >>> box.overlaps(HostBox((64, 8), "float32", (20, 4), (8, 4))), box.index
+    (True, (slice(16, 24, None), slice(0, 8, None)))
     """
 
     shape: tuple[int, ...]
