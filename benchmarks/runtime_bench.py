@@ -199,13 +199,9 @@ class NoTransferNumpyBackend(NumpyBackend):
     results are wrong, but its time is the interpreter's and the kernels' alone (an
     ablation row). Integer data (token ids) is still copied: a gather checks its ids."""
 
-    def copy_to_device(self, dst, src, stream) -> None:
-        if src.dtype.kind != "f":
-            super().copy_to_device(dst, src, stream)
-
-    def copy_to_host(self, dst, src, stream) -> None:
-        if src.dtype.kind != "f":
-            super().copy_to_host(dst, src, stream)
+    def copy_box(self, host, starts, device, direction, stream) -> None:
+        if host.dtype.kind != "f":
+            super().copy_box(host, starts, device, direction, stream)
 
 
 # -- timing -----------------------------------------------------------------------
@@ -353,7 +349,7 @@ def gpu_rows(tg, inputs, plans, repeat) -> list[Row]:
     return [row for row, _ in rows]
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here as JSON")
     parser.add_argument("--quick", action="store_true", help="a small program (a smoke test)")
@@ -367,8 +363,41 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--blas-threads", help="threads of NumPy's BLAS (set before NumPy loads; default: its own)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
+
+def print_rows(rows: list[Row], baseline: dict[str, float]) -> None:
+    print(f"\n{'':<42} {'median':>10} {'ratio':>7}  plan")
+    for row in rows:
+        ratio = row.median / baseline[row.group]
+        plan = ""
+        if "budget" in row.notes:
+            plan = (
+                f"budget {format_bytes(row.notes['budget'])}, offload "
+                f"{format_bytes(row.notes['offload_bytes'])}, reload "
+                f"{format_bytes(row.notes['reload_bytes'])}"
+            )
+        print(f"{row.name:<42} {row.median * 1e3:>8.1f}ms {ratio:>6.3f}x  {plan}")
+
+
+def interpreter_overhead(rows: list[Row], baseline: dict[str, float]) -> dict[str, float]:
+    """The NumPy rows at an unlimited budget, as ratios to `evaluate`; printed."""
+    overhead = {
+        " ".join(row.name.split()[1:-1]): row.median / baseline["cpu"]
+        for row in rows
+        if row.group == "cpu" and row.name.startswith("numpy") and row.name.endswith("unlimited")
+    }
+    met = all(ratio <= OVERHEAD_TARGET for ratio in overhead.values())
+    print(
+        f"\ninterpreter overhead at an unlimited budget (target <= {OVERHEAD_TARGET}x): "
+        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in overhead.items())
+        + (" - met" if met else " - not met")
+    )
+    return overhead
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     cfg = (
         Config(layers=1, seq=64, width=64, heads=4, ffn=128, vocab=128) if args.quick else Config()
     )
@@ -392,28 +421,9 @@ def main(argv: list[str] | None = None) -> dict:
         for group in ("cpu", "gpu")
         if any(r.group == group for r in rows)
     }
-    print(f"\n{'':<42} {'median':>10} {'ratio':>7}  plan")
-    for row in rows:
-        ratio = row.median / baseline[row.group]
-        plan = ""
-        if "budget" in row.notes:
-            plan = (
-                f"budget {format_bytes(row.notes['budget'])}, offload "
-                f"{format_bytes(row.notes['offload_bytes'])}, reload "
-                f"{format_bytes(row.notes['reload_bytes'])}"
-            )
-        print(f"{row.name:<42} {row.median * 1e3:>8.1f}ms {ratio:>6.3f}x  {plan}")
-    overhead = {
-        " ".join(row.name.split()[1:-1]): row.median / baseline["cpu"]
-        for row in rows
-        if row.group == "cpu" and row.name.startswith("numpy") and row.name.endswith("unlimited")
-    }
+    print_rows(rows, baseline)
+    overhead = interpreter_overhead(rows, baseline)
     met = all(ratio <= OVERHEAD_TARGET for ratio in overhead.values())
-    print(
-        f"\ninterpreter overhead at an unlimited budget (target <= {OVERHEAD_TARGET}x): "
-        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in overhead.items())
-        + (" - met" if met else " - not met")
-    )
     result = {
         "program": {**asdict(cfg), "tasks": len(tg), "flops": tg.total_flops,
                     "input_bytes": tg.input_bytes},

@@ -12,10 +12,10 @@ from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import TransferBounds, transfer_lower_bounds
 from memgraph.budgets import BudgetReading, read_budget
 from memgraph.cost import PRESETS as COST_MODELS
-from memgraph.cost import CostModel, get_cost_model
+from memgraph.cost import CostModel, get_cost_model, register_cost_model
 from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
-from memgraph.nodes import MemNode, NodeKind, Region
+from memgraph.nodes import NODE_FIELDS, HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.orders import ORDERS, register_order
 from memgraph.planner import (
     PlanOptions,
@@ -26,6 +26,7 @@ from memgraph.planner import (
     sliced_reloads,
 )
 from memgraph.render import render_memgraph
+from memgraph.residency import Residencies, Residency
 from memgraph.simulate import SimResult, simulate
 from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
@@ -37,6 +38,11 @@ __all__ = [
     "NodeKind",
     "PlanStats",
     "Region",
+    "HostBox",
+    "HostStorage",
+    "NODE_FIELDS",
+    "Residency",
+    "Residencies",
     "plan",
     "PlanOptions",
     "min_budget",
@@ -57,6 +63,7 @@ __all__ = [
     "CostModel",
     "COST_MODELS",
     "get_cost_model",
+    "register_cost_model",
     "layer_streaming_plan",
     "transfer_lower_bounds",
     "TransferBounds",

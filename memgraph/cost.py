@@ -9,6 +9,10 @@ bandwidth of its direction.
 >>> h100 = PRESETS["h100-pcie5"]
 >>> round(h100.transfer_seconds(2**30, "h2d") * 1e3, 1)  # ms for 1 GiB host -> device
 21.5
+
+Machines are found by name in `PRESETS`; `register_cost_model(name, model)` adds one,
+so that `memgraph.simulate(mg, name)`, the planner's `cost_model=` and the CLI's
+`--cost-model` (choices read at startup) know it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 from einpage_core.errors import EinpageError
 from taskgraph.graph import TaskGraph
 
-__all__ = ["CostModel", "PRESETS", "get_cost_model"]
+__all__ = ["CostModel", "PRESETS", "get_cost_model", "register_cost_model"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,3 +86,24 @@ def get_cost_model(model: str | CostModel) -> CostModel:
     if model not in PRESETS:
         raise EinpageError(f"unknown cost model {model!r}; presets: {', '.join(PRESETS)}")
     return PRESETS[model]
+
+
+def register_cost_model(name: str, model: CostModel) -> None:
+    """Make `model` available by `name` wherever a cost model is named (`PRESETS`).
+
+    Names are unique: registering a name again raises `EinpageError`.
+
+    >>> register_cost_model("a100-pcie4", CostModel("a100-pcie4", 250e12, 1.5e12, 25e9, 25e9))
+    >>> get_cost_model("a100-pcie4").h2d_bytes_per_s
+    25000000000.0
+    >>> del PRESETS["a100-pcie4"]
+    """
+    if not isinstance(name, str) or not name:
+        raise EinpageError(f"a cost model name must be a non-empty string, got {name!r}")
+    if not isinstance(model, CostModel):
+        raise EinpageError(f"cost model {name!r}: expected a CostModel, got {type(model).__name__}")
+    if name in PRESETS:
+        raise EinpageError(
+            f"cost model {name!r} is already registered; registered: {', '.join(PRESETS)}"
+        )
+    PRESETS[name] = model

@@ -1,9 +1,11 @@
 """The MemGraph (a memory plan), its builder, and the statistics it reports.
 
 A MemGraph pairs a TaskGraph with the nodes that execute it inside a device arena
-of `budget` bytes. It is immutable; planners make one with `MemGraphBuilder`. Its
-insertion order is a valid sequential schedule, and its dependencies are enough for
-concurrent execution on separate streams (`memgraph.verify` checks both).
+of `budget` bytes, and with the table of its host storages (`storages`: the shape,
+dtype and size of each). It is immutable; planners make one with `MemGraphBuilder`,
+which also works out each host storage and the box of each sliced copy as nodes are
+added. Its insertion order is a valid sequential schedule, and its dependencies are
+enough for concurrent execution on separate streams (`memgraph.verify` checks both).
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from typing import Any
 
 from einpage_core.errors import GraphError
 from einpage_core.units import format_bytes
-from memgraph.nodes import MemNode, NodeKind, Region
+from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
+from memgraph.residency import Residencies, analyze
+from taskgraph.assembly import assembly_pieces
 from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Slice
 
-__all__ = ["MemGraph", "MemGraphBuilder", "PlanStats"]
+__all__ = ["MemGraph", "MemGraphBuilder", "PlanStats", "HostFacts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +95,10 @@ class MemGraph:
     """A memory plan: `nodes` executing `taskgraph` within `budget` bytes of device memory.
 
     `alignment` is the arena alignment the plan was made with; `info` holds what the
-    planner chose to record (options, order, counters), JSON-ready.
+    planner chose to record (options, order, counters), JSON-ready. `storages` is the
+    plan's host storages by id (`HostStorage`: shape, dtype, bytes, what each holds);
+    when not given, it is worked out from the nodes as `MemGraphBuilder` does
+    (`HostFacts`), so a MemGraph remade from another's nodes keeps its table.
     """
 
     taskgraph: TaskGraph
@@ -98,9 +106,18 @@ class MemGraph:
     budget: int
     alignment: int = 256
     info: Mapping[str, Any] = field(default_factory=dict)
+    storages: Mapping[int, HostStorage] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
+        storages = self.storages
+        if storages is None:
+            facts = HostFacts(self.taskgraph)
+            for node in self.nodes:
+                facts.see(node.kind, node.tensor, node.storage, node.into)
+            storages = facts.storages
+        table = {sid: storages[sid] for sid in sorted(storages)}
+        object.__setattr__(self, "storages", MappingProxyType(table))
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -115,54 +132,42 @@ class MemGraph:
         """The nodes of one kind, in order."""
         return [n for n in self.nodes if n.kind is kind]
 
+    @property
+    def host_bytes(self) -> int:
+        """Bytes of all host storages together (what a runtime keeps in host memory for
+        the plan, besides the caller's arrays)."""
+        return sum(s.nbytes for s in self.storages.values())
+
+    @cached_property
+    def residencies(self) -> Residencies:
+        """Every stay of a tensor on the device (`memgraph.residency.analyze`)."""
+        return analyze(self)
+
     @cached_property
     def stats(self) -> PlanStats:
         """Statistics computed from the nodes (plus the planner's recorded counters)."""
-        live = peak = high = 0
-        offload_bytes = offload_count = reload_bytes = reload_count = 0
-        last_reload = {n.tensor: n.id for n in self.nodes if n.kind is NodeKind.RELOAD}
-        offloaded_in_residency: set[int] = set()
-        drop_bytes = drop_count = sliced_bytes = sliced_count = 0
-        for node in self.nodes:
-            kind = node.kind
-            if kind is NodeKind.ALLOC:
-                live += node.region.size
-                peak = max(peak, live)
-                high = max(high, node.region.end)
-                offloaded_in_residency.discard(node.tensor)
-            elif kind is NodeKind.FREE:
-                live -= node.region.size
-                reloaded_later = last_reload.get(node.tensor, -1) > node.id
-                if reloaded_later and node.tensor not in offloaded_in_residency:
-                    drop_bytes += self.taskgraph[node.tensor].nbytes
-                    drop_count += 1
-            elif kind is NodeKind.OFFLOAD:
-                offload_bytes += self.taskgraph[node.tensor].nbytes
-                offload_count += 1
-                if node.into is not None:  # a block into its box of a host output
-                    sliced_bytes += self.taskgraph[node.tensor].nbytes
-                    sliced_count += 1
-                else:
-                    offloaded_in_residency.add(node.tensor)
-            elif kind is NodeKind.RELOAD:
-                reload_bytes += self.taskgraph[node.tensor].nbytes
-                reload_count += 1
+        tg = self.taskgraph
+        stays = self.residencies
+        offloads = self.of_kind(NodeKind.OFFLOAD)
+        reloads = self.of_kind(NodeKind.RELOAD)
+        sliced = [n for n in offloads if n.into is not None]
+        dropped = stays.dropped()
         return PlanStats(
             budget=self.budget,
-            peak_bytes=peak,
-            high_water=high,
-            offload_bytes=offload_bytes,
-            offload_count=offload_count,
-            reload_bytes=reload_bytes,
-            reload_count=reload_count,
-            drop_bytes=drop_bytes,
-            drop_count=drop_count,
+            peak_bytes=stays.peak_bytes,
+            high_water=stays.high_water,
+            offload_bytes=sum(tg[n.tensor].nbytes for n in offloads),
+            offload_count=len(offloads),
+            reload_bytes=sum(tg[n.tensor].nbytes for n in reloads),
+            reload_count=len(reloads),
+            drop_bytes=sum(tg[s.tensor].nbytes for s in dropped),
+            drop_count=len(dropped),
             node_count=len(self.nodes),
-            apply_count=sum(1 for n in self.nodes if n.kind is NodeKind.APPLY),
+            apply_count=len(self.of_kind(NodeKind.APPLY)),
             fragmentation_events=int(self.info.get("fragmentation_events", 0)),
             block_limit=self.info.get("block_limit"),
-            sliced_offload_bytes=sliced_bytes,
-            sliced_offload_count=sliced_count,
+            sliced_offload_bytes=sum(tg[n.tensor].nbytes for n in sliced),
+            sliced_offload_count=len(sliced),
         )
 
     # -- printing ----------------------------------------------------------------
@@ -238,11 +243,72 @@ class MemGraph:
         return memgraph_from_json(text)
 
 
+class HostFacts:
+    """Host storages and the boxes of sliced copies, learnt node by node.
+
+    A storage holds what the first node that names it puts there: an input node's
+    input, an offload's tensor, or, for a sliced offload (`into`), the whole output
+    assembly `into` (kind "assembly"). A sliced offload copies its tensor into the box
+    that tensor's leaf holds in the assembly's tree of output Concats
+    (`taskgraph.assembly`); a reload of a Slice of the input a storage holds copies the
+    slice's box. Anything else copies a whole storage (no box). Nodes that name no valid
+    task are skipped (the verifier reports them).
+    """
+
+    def __init__(self, taskgraph: TaskGraph):
+        self.taskgraph = taskgraph
+        self.storages: dict[int, HostStorage] = {}
+        self._pieces: dict[int, dict[int, tuple[tuple[int, int], ...]]] = {}
+
+    def _task(self, task_id: int | None) -> Any:
+        tg = self.taskgraph
+        return tg[task_id] if task_id is not None and 0 <= task_id < len(tg) else None
+
+    def see(
+        self, kind: NodeKind, tensor: int | None, storage: int | None, into: int | None
+    ) -> None:
+        """Register the storage a node writes, if it is the first to name it."""
+        if storage is None or storage in self.storages:
+            return
+        if kind is NodeKind.OFFLOAD and into is not None:
+            held, what = self._task(into), "assembly"
+        elif kind in (NodeKind.INPUT, NodeKind.OFFLOAD):
+            held, what = self._task(tensor), "input" if kind is NodeKind.INPUT else "offload"
+        else:
+            return
+        if held is not None:
+            self.storages[storage] = HostStorage.of(storage, held.shape, held.dtype, held.id, what)
+
+    def box(
+        self, kind: NodeKind, tensor: int | None, storage: int | None, into: int | None
+    ) -> HostBox | None:
+        """The box of `storage` that a node copies, or None for a whole copy (or none)."""
+        held = self.storages.get(storage) if storage is not None else None
+        task = self._task(tensor)
+        if held is None or task is None:
+            return None
+        if kind is NodeKind.OFFLOAD and into is not None:
+            if into not in self._pieces and self._task(into) is not None:
+                pieces = assembly_pieces(self.taskgraph, into)[1]
+                self._pieces[into] = {p.base: p.box for p in pieces}
+            found = self._pieces.get(into, {}).get(tensor)
+            if found is None:
+                return None
+            starts, sizes = zip(*found, strict=True) if found else ((), ())
+            return HostBox(held.shape, held.dtype, tuple(starts), tuple(sizes))
+        sliced = isinstance(task.op, Slice) and task.inputs[0] == held.tensor
+        if kind is NodeKind.RELOAD and held.tensor != tensor and sliced:
+            return HostBox(held.shape, held.dtype, tuple(task.op.starts), tuple(task.shape))
+        return None
+
+
 class MemGraphBuilder:
     """Appends MemGraph nodes in schedule order; `build()` returns the MemGraph.
 
     The builder checks only structure (dependencies point to earlier nodes); the
-    meaning of a plan is checked by `memgraph.verify`.
+    meaning of a plan is checked by `memgraph.verify`. It records the plan's host
+    storages and gives each sliced offload or reload its box (`HostFacts`), so callers
+    name only the storage (and, for a sliced offload, the output assembly `into`).
     """
 
     def __init__(self, taskgraph: TaskGraph, budget: int, alignment: int = 256):
@@ -250,6 +316,7 @@ class MemGraphBuilder:
         self.budget = budget
         self.alignment = alignment
         self.nodes: list[MemNode] = []
+        self.host = HostFacts(taskgraph)
 
     def add(
         self,
@@ -261,14 +328,22 @@ class MemGraphBuilder:
         reads: Iterable[Region] = (),
         name: str = "",
         into: int | None = None,
+        box: HostBox | None = None,
     ) -> int:
-        """Append a node and return its id; `deps` are sorted and deduplicated."""
+        """Append a node and return its id; `deps` are sorted and deduplicated.
+
+        A node that first names a host storage records it; an offload or reload without
+        a `box` gets the one `HostFacts.box` finds (None for a whole copy)."""
         node_id = len(self.nodes)
+        kind = NodeKind(kind)
         ordered = tuple(sorted(set(deps)))
         if ordered and not (ordered[0] >= 0 and ordered[-1] < node_id):
             raise GraphError(f"n{node_id} ({kind}): dependencies {ordered} must be earlier nodes")
+        self.host.see(kind, tensor, storage, into)
+        if box is None and kind in (NodeKind.OFFLOAD, NodeKind.RELOAD):
+            box = self.host.box(kind, tensor, storage, into)
         node = MemNode(
-            node_id, NodeKind(kind), ordered, tensor, region, storage, tuple(reads), name, into
+            node_id, kind, ordered, tensor, region, storage, tuple(reads), name, into, box
         )
         self.nodes.append(node)
         return node_id
@@ -320,5 +395,17 @@ class MemGraphBuilder:
     ) -> int:
         return self.add(NodeKind.OUTPUT, deps, tensor, region, storage, name=name)
 
+    @property
+    def storages(self) -> dict[int, HostStorage]:
+        """The host storages named so far, by id."""
+        return self.host.storages
+
     def build(self, info: Mapping[str, Any] | None = None) -> MemGraph:
-        return MemGraph(self.taskgraph, tuple(self.nodes), self.budget, self.alignment, info or {})
+        return MemGraph(
+            self.taskgraph,
+            tuple(self.nodes),
+            self.budget,
+            self.alignment,
+            info or {},
+            dict(self.host.storages),
+        )

@@ -12,15 +12,15 @@ Node kinds (`NodeKind`), and the fields each one uses:
 * `offload` – `tensor`'s data is copied from device `region` to host `storage`. When
               `into` is set, it is a *sliced offload*: `storage` is the host array of
               task `into`, a program output that a tree of output Concats rebuilds from
-              its blocks (`taskgraph.assembly`), and the copy fills just the box that
-              `tensor` (one of its pieces) holds in it. Those Concats then never run:
-              the output is assembled in host memory, each block leaving the device as
-              soon as it is computed, and its `output` node (on the host) depends on
-              the sliced offloads that fill it, which cover it exactly once.
+              its blocks (`taskgraph.assembly`), and the copy fills just `box`, the box
+              that `tensor` (one of its pieces) holds in it. Those Concats then never
+              run: the output is assembled in host memory, each block leaving the
+              device as soon as it is computed, and its `output` node (on the host)
+              depends on the sliced offloads that fill it, which tile it exactly once.
 * `reload`  – `tensor`'s data is copied from host `storage` to device `region`. When
-              `tensor` is a Slice task whose operand is an input held in `storage`,
-              the copy takes the slice's box of that input: a *sliced reload*, which
-              produces the slice without the whole input on the device (how a
+              `box` is set, `tensor` is a Slice task whose operand is the input held in
+              `storage`, and the copy takes just that box of it: a *sliced reload*,
+              which produces the slice without the whole input on the device (how a
               partitioned program streams a weight larger than a block).
 * `free`    – `region`, holding `tensor`, is released.
 * `output`  – program output `name` is final: on the device in `region`, or on the
@@ -30,16 +30,37 @@ Node kinds (`NodeKind`), and the fields each one uses:
 a view, its base task: views occupy no memory of their own). Every node lists in
 `deps` the earlier nodes it must wait for; the dependencies alone make execution on
 separate compute / host-to-device / device-to-host streams safe (see `verify`).
+
+The fields each kind uses are declared once, in `NODE_FIELDS`; the JSON schema
+(`memgraph.serialize`), `MemNode.describe` and the verifier's structural checks are
+derived from it. A copy between host and device moves a whole host storage, or, when
+the node carries a `HostBox`, just that box of it: the plan holds every fact a runtime
+needs (each host storage's shape, dtype and size is in `MemGraph.storages`, a
+`HostStorage` each), so a runtime copies boxes without reading the TaskGraph.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from einpage_core.units import format_bytes
 
-__all__ = ["NodeKind", "Region", "MemNode", "STREAM_OF"]
+__all__ = [
+    "NodeKind",
+    "Region",
+    "HostBox",
+    "HostStorage",
+    "STORAGE_KINDS",
+    "KindFields",
+    "NODE_FIELDS",
+    "FIELDS",
+    "MemNode",
+    "STREAM_OF",
+]
 
 
 class NodeKind(str, enum.Enum):
@@ -87,9 +108,183 @@ class Region:
         return f"[{self.offset:#010x}, +{format_bytes(self.size)})"
 
 
+# -- host memory ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HostBox:
+    """The part of a host storage a sliced copy moves: of the storage's C-contiguous
+    array (`shape`, `dtype`), the elements `starts[k] <= i[k] < starts[k] + sizes[k]`.
+
+    On the device the box is contiguous: `sizes` of `dtype`, `nbytes` bytes.
+
+    >>> box = HostBox((64, 8), "float32", (16, 0), (8, 8))
+    >>> str(box), box.nbytes, box.inside()
+    ('[16:24, 0:8]', 256, True)
+    >>> box.overlaps(HostBox((64, 8), "float32", (20, 4), (8, 4))), box.index
+    (True, (slice(16, 24, None), slice(0, 8, None)))
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    starts: tuple[int, ...]
+    sizes: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, shape: tuple[int, ...], dtype: str) -> HostBox:
+        """The box of all of an array."""
+        return cls(tuple(shape), dtype, (0,) * len(shape), tuple(shape))
+
+    @property
+    def size(self) -> int:
+        """Elements in the box."""
+        return math.prod(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    @property
+    def index(self) -> tuple[slice, ...]:
+        """The NumPy index of the box in the storage's array."""
+        return tuple(slice(s, s + n) for s, n in zip(self.starts, self.sizes, strict=True))
+
+    def inside(self) -> bool:
+        """Whether the box has one (start, size) per axis and lies inside the array."""
+        return (
+            len(self.starts) == len(self.sizes) == len(self.shape)
+            and all(s >= 0 and n >= 1 for s, n in zip(self.starts, self.sizes, strict=True))
+            and all(s + n <= d for s, n, d in zip(self.starts, self.sizes, self.shape, strict=True))
+        )
+
+    def overlaps(self, other: HostBox) -> bool:
+        """Whether the two boxes (of arrays of one rank) share an element."""
+        return all(
+            a < b + m and b < a + n
+            for a, n, b, m in zip(self.starts, self.sizes, other.starts, other.sizes, strict=True)
+        )
+
+    def __str__(self) -> str:
+        pairs = zip(self.starts, self.sizes, strict=False)
+        return "[" + ", ".join(f"{s}:{s + n}" for s, n in pairs) + "]"
+
+
+STORAGE_KINDS = ("input", "offload", "assembly")
+"""What fills a host storage: a program input placed there before the run ("input"), an
+offload that copies a tensor there whole ("offload"), or sliced offloads that write the
+boxes of a program output assembled on the host ("assembly")."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostStorage:
+    """Host storage `id` of a plan: a C-contiguous array of `shape` and `dtype` (`nbytes`
+    bytes) that holds task `tensor` (an input, an offloaded tensor, or an output
+    assembled on the host), filled as its `kind` says (`STORAGE_KINDS`)."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    tensor: int
+    kind: str
+
+    @classmethod
+    def of(cls, storage: int, shape: tuple[int, ...], dtype: str, tensor: int, kind: str):
+        """A storage whose `nbytes` is that of `shape` and `dtype`."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        return cls(storage, tuple(shape), dtype, nbytes, tensor, kind)
+
+    @property
+    def box(self) -> HostBox:
+        """The box of the whole storage."""
+        return HostBox.whole(self.shape, self.dtype)
+
+    def __str__(self) -> str:
+        dims = ",".join(map(str, self.shape))
+        size = format_bytes(self.nbytes)
+        return f"host#{self.id}: {self.dtype}[{dims}] {size} {self.kind} %{self.tensor}"
+
+
+# -- which fields each kind uses ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KindFields:
+    """The fields a node kind uses besides `id`, `kind`, `deps` and `tensor` (which every
+    node has): `required` ones, `optional` ones, and `one_of`, of which exactly one is set.
+    `template` is how `MemNode.describe` prints the kind (`{field}` placeholders)."""
+
+    required: tuple[str, ...]
+    template: str
+    optional: tuple[str, ...] = ()
+    one_of: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(self.required + self.optional + self.one_of)
+
+
+FIELDS: dict[str, str] = {
+    "region": "a device region",
+    "storage": "host storage",
+    "reads": "operand regions",
+    "name": "a name",
+    "into": "an output assembly",
+    "box": "a host box",
+}
+"""The optional fields of a `MemNode`, each with what it is (for messages)."""
+
+_USE = {
+    "region": "use a device region ('region')",
+    "storage": "use host storage ('storage')",
+    "reads": "read operand regions ('reads')",
+    "name": "name a program input or output ('name')",
+    "into": "fill an output assembly ('into')",
+    "box": "copy a box of host storage ('box')",
+}
+
+_ONE_PLACE = ("storage", "region")  # an input or output is on the host or on the device
+
+NODE_FIELDS: dict[NodeKind, KindFields] = {
+    NodeKind.INPUT: KindFields(
+        required=("name",), one_of=_ONE_PLACE, template='input "{name}" {tensor} -> {where}'
+    ),
+    NodeKind.ALLOC: KindFields(required=("region",), template="alloc {tensor} {region}"),
+    NodeKind.APPLY: KindFields(
+        required=("region", "reads"), template="apply {tensor} ({reads}) -> {region}"
+    ),
+    NodeKind.OFFLOAD: KindFields(
+        required=("region", "storage"),
+        optional=("into", "box"),
+        template="offload {tensor} {region} -> {host}{into}",
+    ),
+    NodeKind.RELOAD: KindFields(
+        required=("region", "storage"),
+        optional=("box",),
+        template="reload {tensor} {host} -> {region}",
+    ),
+    NodeKind.FREE: KindFields(required=("region",), template="free {tensor} {region}"),
+    NodeKind.OUTPUT: KindFields(
+        required=("name",), one_of=_ONE_PLACE, template='output "{name}" {tensor} {where}'
+    ),
+}
+"""The fields of each node kind, declared once: serialization, `MemNode.describe` and the
+verifier's structural checks read them from here."""
+
+
+def _users(field: str) -> str:
+    """`an offload`, `an input or an output`, ...: the kinds that use `field`."""
+    kinds = [k.value for k, spec in NODE_FIELDS.items() if field in spec.allowed]
+    named = [f"an {k}" if k[0] in "aeiou" else f"a {k}" for k in kinds]
+    return named[0] if len(named) == 1 else ", ".join(named[:-1]) + " or " + named[-1]
+
+
+# -- the node ---------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class MemNode:
-    """One step of a memory plan. Which fields are set depends on `kind` (module docstring).
+    """One step of a memory plan. Which fields are set depends on `kind` (`NODE_FIELDS`).
 
     `id` equals the node's position in the MemGraph; `deps` are ids of earlier nodes.
     """
@@ -103,31 +298,61 @@ class MemNode:
     reads: tuple[Region, ...] = ()
     name: str = ""
     into: int | None = None  # a sliced offload: the output assembly `storage` belongs to
+    box: HostBox | None = None  # a sliced offload or reload: the box of `storage` it copies
 
     @property
     def stream(self) -> str:
         return STREAM_OF[self.kind]
 
+    @property
+    def copies(self) -> str | None:
+        """The host<->device copy this node makes in the plan: "h2d" (a reload, an input put
+        on the device), "d2h" (an offload), or None (no copy)."""
+        if self.kind is NodeKind.RELOAD or (
+            self.kind is NodeKind.INPUT and self.region is not None
+        ):
+            return "h2d"
+        return "d2h" if self.kind is NodeKind.OFFLOAD else None
+
+    def fields_set(self) -> frozenset[str]:
+        """The optional fields this node sets (`FIELDS`; empty `reads` and `name` are unset)."""
+        values = {
+            "region": self.region,
+            "storage": self.storage,
+            "reads": self.reads or None,
+            "name": self.name or None,
+            "into": self.into,
+            "box": self.box,
+        }
+        return frozenset(f for f, value in values.items() if value is not None)
+
+    def field_problem(self) -> str | None:
+        """What is wrong with the fields this node sets for its kind (`NODE_FIELDS`), or None."""
+        spec = NODE_FIELDS[self.kind]
+        have = self.fields_set()
+        for f in spec.required:
+            if f not in have and f not in ("reads", "name"):  # may be legitimately empty
+                return f"has no {FIELDS[f].removeprefix('a ').removeprefix('an ')}"
+        for f in sorted(have - spec.allowed):
+            return f"sets '{f}', but only {_users(f)} can {_USE[f]}"
+        if spec.one_of and len(have & set(spec.one_of)) != 1:
+            choices = " and ".join(FIELDS[f] for f in spec.one_of)
+            return f"an {self.kind} is in exactly one of {choices}"
+        return None
+
     def describe(self) -> str:
         """The node without id and dependencies: `reload %7 host#3 -> [0x0000a000, +1.0 KiB)`."""
-        tensor = f"%{self.tensor}"
-        host = f"host#{self.storage}"
-        kind = self.kind
-        if kind is NodeKind.INPUT:
-            where = host if self.storage is not None else str(self.region)
-            return f'input "{self.name}" {tensor} -> {where}'
-        if kind is NodeKind.APPLY:
-            reads = ", ".join(str(r) for r in self.reads)
-            return f"apply {tensor} ({reads}) -> {self.region}"
-        if kind is NodeKind.OFFLOAD:
-            into = f" into %{self.into}" if self.into is not None else ""
-            return f"offload {tensor} {self.region} -> {host}{into}"
-        if kind is NodeKind.RELOAD:
-            return f"reload {tensor} {host} -> {self.region}"
-        if kind is NodeKind.OUTPUT:
-            where = host if self.storage is not None else str(self.region)
-            return f'output "{self.name}" {tensor} {where}'
-        return f"{kind} {tensor} {self.region}"
+        host = f"host#{self.storage}" + (str(self.box) if self.box is not None else "")
+        parts = {
+            "tensor": f"%{self.tensor}",
+            "name": self.name,
+            "region": str(self.region),
+            "host": host,
+            "where": host if self.storage is not None else str(self.region),
+            "reads": ", ".join(str(r) for r in self.reads),
+            "into": f" into %{self.into}" if self.into is not None else "",
+        }
+        return NODE_FIELDS[self.kind].template.format(**parts)
 
     def line(self) -> str:
         """One readable line: `n15: reload %7 host#3 -> [0x0000a000, +1.0 KiB)  after n11, n14`."""

@@ -3,7 +3,8 @@
 * `memory_map(mg)`: arena offset against plan step, one rectangle per residency of a
   tensor (alloc to free), coloured by kind (weight, activation, output), with
   offloads, reloads and drops marked and the budget drawn. It shows fragmentation
-  and eviction at a glance.
+  and eviction at a glance. Residencies, drops and live bytes come from the one
+  residency analysis (`memgraph.residency`, `MemGraph.residencies`).
 * `live_bytes_timeline(mg, compare=...)`: device bytes allocated against step, with
   other plans (e.g. a no-offload baseline) or curves beside it, and the budget.
 * `stream_timeline(events)`: compute / H2D / D2H lanes from `StreamEvent`s, which a
@@ -31,7 +32,8 @@ from einpage_core.errors import RenderError
 from einpage_core.optional import require
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
-from memgraph.nodes import NodeKind, Region
+from memgraph.nodes import NodeKind
+from memgraph.residency import Residency, residencies
 from memgraph.trace import (
     StreamEvent,
     lane_name,
@@ -40,7 +42,6 @@ from memgraph.trace import (
     to_chrome_trace,
 )
 from memgraph.trace import busy as timeline_busy
-from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -80,83 +81,6 @@ _STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759"}
 
 
 # -- what a plan holds, step by step --------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Residency:
-    """One stay of a tensor on the device: from its alloc to its free (or the plan's end).
-
-    `kind` is "weight", "activation" or "output" (read from the TaskGraph); `source`
-    how its data got there ("apply", "reload", "input", or "none" when nothing wrote
-    it); `offload` is the id of an offload node during the stay, if any; `dropped`
-    says the free discarded it with no transfer while it is reloaded later (a host
-    copy already existed).
-    """
-
-    tensor: int
-    region: Region
-    alloc: int
-    free: int | None
-    kind: str
-    source: str
-    offload: int | None = None
-    dropped: bool = False
-
-
-def _tensor_kinds(mg: MemGraph) -> list[str]:
-    tg = mg.taskgraph
-    outputs = {tg.storage_root(i) for i in tg.output_ids}
-    kinds = []
-    for task in tg:
-        if isinstance(task.op, Input) and task.op.role == "weight":
-            kinds.append("weight")
-        elif task.id in outputs:
-            kinds.append("output")
-        else:
-            kinds.append("activation")
-    return kinds
-
-
-@dataclass
-class _Stay:
-    """A residency being replayed (mutable until its free)."""
-
-    alloc: int
-    region: Region
-    source: str = "none"
-    offload: int | None = None
-
-    def done(self, tensor: int, free: int | None, kind: str, dropped: bool) -> Residency:
-        return Residency(
-            tensor, self.region, self.alloc, free, kind, self.source, self.offload, dropped
-        )
-
-
-_WRITERS = {NodeKind.APPLY: "apply", NodeKind.RELOAD: "reload", NodeKind.INPUT: "input"}
-
-
-def residencies(mg: MemGraph) -> list[Residency]:
-    """Every residency of the plan, in order of their allocs (one per alloc node)."""
-    kinds = _tensor_kinds(mg)
-    last_reload = {n.tensor: n.id for n in mg.nodes if n.kind is NodeKind.RELOAD}
-    open_: dict[int, _Stay] = {}
-    done: list[Residency] = []
-    for node in mg.nodes:
-        kind, tensor = node.kind, node.tensor
-        if kind is NodeKind.ALLOC:
-            open_[tensor] = _Stay(node.id, node.region)
-        elif tensor not in open_:
-            continue
-        elif kind in _WRITERS and node.region is not None:
-            open_[tensor].source = _WRITERS[kind]
-        elif kind is NodeKind.OFFLOAD:
-            open_[tensor].offload = node.id
-        elif kind is NodeKind.FREE:
-            stay = open_.pop(tensor)
-            dropped = stay.offload is None and last_reload.get(tensor, -1) > node.id
-            done.append(stay.done(tensor, node.id, kinds[tensor], dropped))
-    done.extend(stay.done(t, None, kinds[t], False) for t, stay in open_.items())
-    return sorted(done, key=lambda r: r.alloc)
 
 
 def step_positions(
@@ -214,16 +138,14 @@ def live_bytes(
     at: list[float] = []
     order: list[int] = []
     delta: list[int] = []
-    for node in mg.nodes:
-        if node.kind is NodeKind.ALLOC:
-            at.append(start[node.id])
-            delta.append(node.region.size)
-        elif node.kind is NodeKind.FREE:
-            at.append(end[node.id])
-            delta.append(-node.region.size)
-        else:
-            continue
-        order.append(node.id)
+    for stay in mg.residencies.stays:
+        at.append(start[stay.alloc])
+        delta.append(stay.region.size)
+        order.append(stay.alloc)
+        if stay.free is not None:
+            at.append(end[stay.free])
+            delta.append(-stay.region.size)
+            order.append(stay.free)
     first, last = float(start[0]), float(end.max())
     if not at:
         return np.array([first, last]), np.zeros(2)
@@ -324,7 +246,6 @@ def memory_map(
     `PolyCollection` per kind (gid `"residencies:<kind>"`), so plans with tens of
     thousands of nodes draw quickly.
     """
-    PolyCollection = require("matplotlib.collections", extra="viz").PolyCollection
     Line2D = require("matplotlib.lines", extra="viz").Line2D
     Patch = require("matplotlib.patches", extra="viz").Patch
 
@@ -335,15 +256,63 @@ def memory_map(
     top = max(mg.budget, mg.stats.high_water, 1)
     yscale, yunit = _byte_unit(top)
     xlabel, xscale = _x_axis(mg, x, times)
+    scale = _Scale(start, end, plan_end, xscale, yscale)
+    _rectangles(ax, stays, scale)
+
+    handles: list[Any] = [
+        Patch(facecolor=shades[0], label=kind)
+        for kind, shades in TENSOR_KINDS.items()
+        if any(r.kind == kind for r in stays)
+    ]
+    if transfers:
+        handles += _transfer_markers(ax, stays, scale)
+    ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2, zorder=3)
+    handles.append(
+        Line2D([], [], color="#d62728", linestyle="--", label=f"budget {format_bytes(mg.budget)}")
+    )
+    if annotate if annotate is not None else len(stays) <= 80:
+        _annotate(ax, stays, scale, top)
+
+    lo = float(start[0]) if len(start) else 0.0
+    margin = 0.01 * (plan_end - lo)
+    ax.set_xlim((lo - margin) / xscale, (plan_end + margin) / xscale)
+    ax.set_ylim(0, top * 1.04 / yscale)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"arena offset ({yunit})")
+    ax.grid(True, axis="y", color="#dddddd", linewidth=0.6, zorder=0)
+    ax.set_title(title or f"{mg.taskgraph.name}: memory map\n{_stats_line(mg)}", fontsize=10)
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    _save(fig, path)
+    return fig
+
+
+@dataclass(frozen=True, slots=True)
+class _Scale:
+    """Where nodes lie on the x axis (`start`, `end`, `plan_end`) and the units of both axes."""
+
+    start: np.ndarray
+    end: np.ndarray
+    plan_end: float
+    xscale: float
+    yscale: float
+
+    def span(self, r: Residency) -> tuple[float, float]:
+        """A residency's (x0, x1), unscaled: its alloc's start to its free's end."""
+        return self.start[r.alloc], self.end[r.free] if r.free is not None else self.plan_end
+
+
+def _rectangles(ax: Axes, stays: list[Residency], scale: _Scale) -> None:
+    """One PolyCollection of rectangles per tensor kind (gid `residencies:<kind>`)."""
+    PolyCollection = require("matplotlib.collections", extra="viz").PolyCollection
 
     for kind, shades in TENSOR_KINDS.items():
         mine = [r for r in stays if r.kind == kind]
         if not mine:
             continue
-        x0 = np.array([start[r.alloc] for r in mine]) / xscale
-        x1 = np.array([end[r.free] if r.free is not None else plan_end for r in mine]) / xscale
-        y0 = np.array([r.region.offset for r in mine], dtype=float) / yscale
-        y1 = np.array([r.region.end for r in mine], dtype=float) / yscale
+        spans = np.array([scale.span(r) for r in mine], dtype=float) / scale.xscale
+        x0, x1 = spans[:, 0], spans[:, 1]
+        y0 = np.array([r.region.offset for r in mine], dtype=float) / scale.yscale
+        y1 = np.array([r.region.end for r in mine], dtype=float) / scale.yscale
         verts = np.stack(
             [
                 np.stack([x0, y0], 1),
@@ -366,61 +335,29 @@ def memory_map(
             )
         )
 
-    handles: list[Any] = [
-        Patch(facecolor=shades[0], label=kind)
-        for kind, shades in TENSOR_KINDS.items()
-        if any(r.kind == kind for r in stays)
-    ]
-    if transfers:
-        handles += _transfer_markers(ax, mg, stays, start, end, xscale, yscale)
-    ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2, zorder=3)
-    handles.append(
-        Line2D([], [], color="#d62728", linestyle="--", label=f"budget {format_bytes(mg.budget)}")
-    )
-    if annotate if annotate is not None else len(stays) <= 80:
-        _annotate(ax, stays, start, end, plan_end, top, xscale, yscale)
 
-    lo = float(start[0]) if len(start) else 0.0
-    margin = 0.01 * (plan_end - lo)
-    ax.set_xlim((lo - margin) / xscale, (plan_end + margin) / xscale)
-    ax.set_ylim(0, top * 1.04 / yscale)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"arena offset ({yunit})")
-    ax.grid(True, axis="y", color="#dddddd", linewidth=0.6, zorder=0)
-    ax.set_title(title or f"{mg.taskgraph.name}: memory map\n{_stats_line(mg)}", fontsize=10)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    _save(fig, path)
-    return fig
-
-
-def _transfer_markers(
-    ax: Axes,
-    mg: MemGraph,
-    stays: list[Residency],
-    start: np.ndarray,
-    end: np.ndarray,
-    xscale: float,
-    yscale: float,
-) -> list[Any]:
+def _transfer_markers(ax: Axes, stays: list[Residency], scale: _Scale) -> list[Any]:
+    """Offloads, reloads and drops of the residencies, at their steps, in their regions."""
     Line2D = require("matplotlib.lines", extra="viz").Line2D
 
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in _MARKERS}
-    for node in mg.nodes:
-        if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD):
-            mid = (start[node.id] + end[node.id]) / 2
-            centre = (node.region.offset + node.region.size / 2) if node.region else 0
-            points[node.kind.value].append((mid, centre))
+    start, end = scale.start, scale.end
     for stay in stays:
+        centre = stay.region.offset + stay.region.size / 2
+        if stay.arrival == "reloaded":
+            points["reload"].append(((start[stay.writer] + end[stay.writer]) / 2, centre))
+        for node in stay.offloads:
+            points["offload"].append(((start[node] + end[node]) / 2, centre))
         if stay.dropped and stay.free is not None:
-            points["drop"].append((end[stay.free], stay.region.offset + stay.region.size / 2))
+            points["drop"].append((end[stay.free], centre))
     handles = []
     for name, style in _MARKERS.items():
         if not points[name]:
             continue
-        xy = np.array(points[name], dtype=float)
+        xy = np.array(sorted(points[name]), dtype=float)
         ax.scatter(
-            xy[:, 0] / xscale,
-            xy[:, 1] / yscale,
+            xy[:, 0] / scale.xscale,
+            xy[:, 1] / scale.yscale,
             marker=style["marker"],
             c=style["color"],
             s=28 if len(xy) < 500 else 8,
@@ -442,24 +379,16 @@ def _transfer_markers(
     return handles
 
 
-def _annotate(
-    ax: Axes,
-    stays: list[Residency],
-    start: np.ndarray,
-    end: np.ndarray,
-    plan_end: float,
-    top: int,
-    xscale: float,
-    yscale: float,
-) -> None:
-    span = plan_end - float(start[0]) if len(start) else 1.0
+def _annotate(ax: Axes, stays: list[Residency], scale: _Scale, top: int) -> None:
+    """Tensor ids written into rectangles large enough to hold them."""
+    span = scale.plan_end - float(scale.start[0]) if len(scale.start) else 1.0
     for r in stays:
-        x1 = end[r.free] if r.free is not None else plan_end
-        width, height = x1 - start[r.alloc], r.region.size
-        if width >= 0.04 * span and height >= 0.05 * top:
+        x0, x1 = scale.span(r)
+        height = r.region.size
+        if x1 - x0 >= 0.04 * span and height >= 0.05 * top:
             ax.text(
-                (start[r.alloc] + x1) / 2 / xscale,
-                (r.region.offset + height / 2) / yscale,
+                (x0 + x1) / 2 / scale.xscale,
+                (r.region.offset + height / 2) / scale.yscale,
                 f"%{r.tensor}",
                 ha="center",
                 va="center",

@@ -60,7 +60,7 @@ from einpage_core.errors import EinpageError, GraphError
 from einpage_core.units import format_bytes
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph
-from memgraph.nodes import NodeKind
+from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import STREAMS, StreamEvent, to_chrome_trace, write_chrome_trace
 
 __all__ = ["SimResult", "simulate", "resolve_cost_model", "DEFAULT_COST_MODEL"]
@@ -244,67 +244,81 @@ def simulate(
         d2h_bytes_per_s=d2h_bytes_per_s,
         device_bytes_per_s=device_bytes_per_s,
     )
-    tg = mg.taskgraph
-    nodes = mg.nodes
-    end = [0.0] * len(nodes)
-    start = [0.0] * len(nodes) if timeline else None
-    free_at = dict.fromkeys(STREAMS, 0.0)  # when each stream finishes its last node
-    busy = dict.fromkeys(STREAMS, 0.0)
-    moved = dict.fromkeys(STREAMS, 0)
-    events: list[StreamEvent] = []
-    apply_time: dict[int, float] = {}
-    h2d, d2h = model.h2d_bytes_per_s, model.d2h_bytes_per_s
-    transfer_latency = model.transfer_latency_s
+    replay = _Replay(mg, model, timeline)
+    for node in mg.nodes:
+        replay.step(node)
+    return replay.result()
 
-    for i, node in enumerate(nodes):
+
+class _Replay:
+    """The three streams as `simulate` runs the nodes through them, one node at a time."""
+
+    def __init__(self, mg: MemGraph, model: CostModel, timeline: bool):
+        self.mg = mg
+        self.model = model
+        n = len(mg.nodes)
+        self.end = [0.0] * n
+        self.start = [0.0] * n if timeline else None
+        self.free_at = dict.fromkeys(STREAMS, 0.0)  # when each stream finishes its last node
+        self.busy = dict.fromkeys(STREAMS, 0.0)
+        self.moved = dict.fromkeys(STREAMS, 0)
+        self.events: list[StreamEvent] = []
+        self.apply_time: dict[int, float] = {}
+
+    def duration(self, node: MemNode) -> tuple[str | None, float]:
+        """The stream a node occupies (None: bookkeeping, no time) and for how long: an
+        apply on compute, a copy between host and device (`MemNode.copies`) on its own."""
+        if node.kind is NodeKind.APPLY:
+            seconds = self.apply_time.get(node.tensor)
+            if seconds is None:
+                seconds = self.apply_time[node.tensor] = self.model.task_seconds(
+                    self.mg.taskgraph, node.tensor
+                )
+            return "compute", seconds
+        direction = node.copies
+        if direction is None:
+            return None, 0.0
+        nbytes = self.mg.taskgraph[node.tensor].nbytes
+        self.moved[direction] += nbytes
+        return direction, self.model.transfer_seconds(nbytes, direction)
+
+    def step(self, node: MemNode) -> None:
+        i = node.id
         ready = 0.0
         for d in node.deps:
             if d >= i:
                 raise GraphError(f"n{i} ({node.kind}): dependency n{d} is not an earlier node")
-            if end[d] > ready:
-                ready = end[d]
-        kind = node.kind
-        if kind is NodeKind.APPLY:
-            stream = "compute"
-            duration = apply_time.get(node.tensor)
-            if duration is None:
-                duration = apply_time[node.tensor] = model.task_seconds(tg, node.tensor)
-        elif kind is NodeKind.RELOAD or (kind is NodeKind.INPUT and node.storage is None):
-            stream = "h2d"
-            nbytes = tg[node.tensor].nbytes
-            moved["h2d"] += nbytes
-            duration = transfer_latency + nbytes / h2d
-        elif kind is NodeKind.OFFLOAD:
-            stream = "d2h"
-            nbytes = tg[node.tensor].nbytes
-            moved["d2h"] += nbytes
-            duration = transfer_latency + nbytes / d2h
-        else:  # alloc, free, output, input to host: bookkeeping, done when the deps are
-            end[i] = ready
-            if start is not None:
-                start[i] = ready
-            continue
-        begin = max(ready, free_at[stream])
-        finish = begin + duration
-        end[i] = free_at[stream] = finish
-        busy[stream] += duration
-        if start is not None:
-            start[i] = begin
-            events.append(StreamEvent(stream, begin, finish, _label(mg, node), i))
+            ready = max(ready, self.end[d])
+        stream, seconds = self.duration(node)
+        if stream is None:  # alloc, free, output, input to host: done when the deps are
+            self.end[i] = ready
+            if self.start is not None:
+                self.start[i] = ready
+            return
+        begin = max(ready, self.free_at[stream])
+        self.end[i] = self.free_at[stream] = begin + seconds
+        self.busy[stream] += seconds
+        if self.start is not None:
+            self.start[i] = begin
+            self.events.append(
+                StreamEvent(stream, begin, begin + seconds, _label(self.mg, node), i)
+            )
 
-    return SimResult(
-        makespan=max(end, default=0.0),
-        compute_seconds=busy["compute"],
-        busy=busy,
-        bytes_moved=moved,
-        cost_model=model,
-        node_count=len(nodes),
-        events=tuple(events) if timeline else None,
-        node_times=tuple(zip(start, end, strict=True)) if start is not None else None,
-    )
+    def result(self) -> SimResult:
+        start = self.start
+        return SimResult(
+            makespan=max(self.end, default=0.0),
+            compute_seconds=self.busy["compute"],
+            busy=self.busy,
+            bytes_moved=self.moved,
+            cost_model=self.model,
+            node_count=len(self.end),
+            events=tuple(self.events) if start is not None else None,
+            node_times=tuple(zip(start, self.end, strict=True)) if start is not None else None,
+        )
 
 
-def _label(mg: MemGraph, node: Any) -> str:
+def _label(mg: MemGraph, node: MemNode) -> str:
     """A short event label: `apply %12 q`, `reload %7 layers.0.attn.wq`, `input %0 x`."""
     task = mg.taskgraph[node.tensor]
     name = getattr(task.op, "name", "") or task.label

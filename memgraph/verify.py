@@ -3,8 +3,17 @@
 It replays the nodes in insertion order, tracking device allocations, tensor
 residencies and host storages, and checks:
 
-* structure: ids are positions, dependencies point to earlier nodes, each kind has
-  its fields, regions are aligned and inside the budget;
+* structure: ids are positions, dependencies point to earlier nodes, each kind sets
+  the fields `memgraph.nodes.NODE_FIELDS` declares for it and no others, regions are
+  aligned and inside the budget;
+* host storages: every storage a node names is in the plan's table
+  (`MemGraph.storages`) and holds what is copied into it: an input's or an offloaded
+  tensor's shape, dtype and bytes, or for an output assembled on the host the
+  output's; the table lists no storage that nothing writes;
+* boxes: a box lies inside its storage (whose shape and dtype it repeats); a sliced
+  reload's box has the shape and dtype of the reloaded Slice and starts where the
+  Slice does; a sliced offload's box holds as many bytes as the offloaded tensor, of
+  its dtype;
 * residency: every apply's operands are resident, written, and read at the regions
   the plan says; outputs are written into freshly allocated regions; regions live at
   the same time never overlap (so the peak never exceeds the budget); every reload
@@ -16,9 +25,10 @@ residencies and host storages, and checks:
   leaf of the tree of output Concats rooted at `into` (Concats whose `Block` kind is
   "output", nested) into that leaf's box of the root's host storage; each leaf is
   written at most once, and a host output of such a storage must come after sliced
-  offloads of every leaf – the leaves tile the output, so every element is written
-  exactly once. Such a storage is never reloaded. The tree's Concats then count as
-  computed;
+  offloads of every leaf. The boxes written into one such storage tile it exactly
+  once: no box overlaps one written before it, and together they cover every element.
+  Each box is the one its leaf holds in the tree. Such a storage is never reloaded.
+  The tree's Concats then count as computed;
 * dependencies (so that any execution honouring only the dependencies is safe, not
   just insertion order), where "after" means reachable through `deps`:
   - read-after-write: a writer of a region (apply, reload, device input) comes after
@@ -30,18 +40,23 @@ residencies and host storages, and checks:
     overlaps; a free comes after its alloc, the writer, every reader and every
     offload of the residency it releases.
 
-This module shares no code with the planner.
+The live bytes checked against the budget at each alloc are those of the residency
+analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
+with the planner.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from einpage_core.errors import VerificationError
 from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind, Region
-from taskgraph.nodes import Concat, Input, Slice
+from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
+from taskgraph.nodes import Concat, Input, Slice, Task
 
 __all__ = ["verify", "VerifyReport"]
 
@@ -74,6 +89,40 @@ class _Assembly:
     leaves: dict[int, tuple[tuple[int, int], ...]]  # leaf's storage root -> box in root
     concats: list[int]
     filled: dict[int, int] = field(default_factory=dict)  # leaf's storage root -> offload
+    boxes: _WrittenBoxes = field(default_factory=lambda: _WrittenBoxes())
+    covered: int = 0  # elements the written boxes hold
+
+
+class _WrittenBoxes:
+    """The boxes written into one storage so far, as arrays, so that finding one a new box
+    overlaps is one vectorized test (host outputs can have thousands of boxes)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lo = np.empty((0, 0), dtype=np.int64)
+        self.hi = np.empty((0, 0), dtype=np.int64)
+        self.writers: list[int] = []
+        self.boxes: list[HostBox] = []
+
+    def overlapping(self, box: HostBox) -> int | None:
+        """The position of a written box that `box` overlaps, if any."""
+        if not self.count:
+            return None
+        lo, hi = np.array(box.starts), np.array(box.starts) + np.array(box.sizes)
+        hits = np.all((self.lo[: self.count] < hi) & (lo < self.hi[: self.count]), axis=1)
+        return int(np.argmax(hits)) if hits.any() else None
+
+    def add(self, box: HostBox, writer: int) -> None:
+        if self.count == len(self.lo):
+            grown = max(16, 2 * self.count)
+            rank = len(box.starts)
+            self.lo = np.resize(self.lo, (grown, rank))
+            self.hi = np.resize(self.hi, (grown, rank))
+        self.lo[self.count] = box.starts
+        self.hi[self.count] = np.array(box.starts) + np.array(box.sizes)
+        self.count += 1
+        self.writers.append(writer)
+        self.boxes.append(box)
 
 
 def verify(mg: MemGraph) -> VerifyReport:
@@ -88,7 +137,7 @@ class _Verifier:
         self.node: MemNode | None = None
         self.live: dict[int, _Residency] = {}  # tensor -> residency
         self.intervals: list[tuple[int, int, int]] = []  # sorted (offset, end, tensor) live
-        self.live_bytes = 0
+        self.live_bytes = mg.residencies.live_bytes  # after each node
         self.peak = 0
         self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
         self.storage_tensor: dict[int, int] = {}
@@ -168,13 +217,9 @@ class _Verifier:
                 continue
             if region.offset < 0 or region.size <= 0 or region.end > self.mg.budget:
                 raise self.fail(f"region {region} is outside the arena of {self.mg.budget} bytes")
-        needs_region = node.kind not in (NodeKind.INPUT, NodeKind.OUTPUT)
-        if needs_region and node.region is None:
-            raise self.fail("has no region")
-        if node.kind in (NodeKind.OFFLOAD, NodeKind.RELOAD) and node.storage is None:
-            raise self.fail("has no host storage")
-        if node.into is not None and node.kind is not NodeKind.OFFLOAD:
-            raise self.fail("only an offload can fill an output assembly ('into')")
+        problem = node.field_problem()
+        if problem is not None:
+            raise self.fail(problem)
 
     def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
         """The live, written residency of `tensor`, which must be at `region`."""
@@ -204,10 +249,9 @@ class _Verifier:
         if node.name in self.inputs_seen:
             raise self.fail(f'input "{node.name}" appears twice')
         self.inputs_seen.add(node.name)
-        if (node.storage is None) == (node.region is None):
-            raise self.fail("an input goes to exactly one of host storage and a device region")
         if node.storage is not None:
             self.bind_storage(node.storage, node.tensor)
+            self.holds(node.storage, "input", task)
             self.storage_writer[node.storage] = node.id
         else:
             self.write(node.tensor, node.region, "input")
@@ -216,6 +260,40 @@ class _Verifier:
         owner = self.storage_tensor.setdefault(storage, tensor)
         if owner != tensor:
             raise self.fail(f"host#{storage} holds %{owner}, not %{tensor}")
+
+    def listed(self, storage: int) -> HostStorage:
+        """Host storage `storage` from the plan's table."""
+        entry = self.mg.storages.get(storage)
+        if entry is None:
+            raise self.fail(f"host#{storage} is not in the plan's table of host storages")
+        return entry
+
+    def holds(self, storage: int, kind: str, task: Task) -> HostStorage:
+        """The table says `storage` is filled as `kind` says and holds `task`, and its size
+        is that of `task` (what is copied into it)."""
+        entry = self.listed(storage)
+        want = f"{kind} %{task.id}: {task.dtype}[{','.join(map(str, task.shape))}]"
+        if (entry.kind, entry.tensor, entry.shape, entry.dtype) != (
+            kind,
+            task.id,
+            task.shape,
+            task.dtype,
+        ):
+            raise self.fail(f"the storage table has {entry}, but it holds {want}")
+        if entry.nbytes != task.nbytes:
+            raise self.fail(
+                f"the storage table has {entry} ({entry.nbytes} bytes), but it holds {want}, "
+                f"{task.nbytes} bytes"
+            )
+        return entry
+
+    def box_inside(self, box: HostBox, entry: HostStorage) -> None:
+        """`box` is a box of storage `entry`'s array and lies inside it."""
+        if (box.shape, box.dtype) != (entry.shape, entry.dtype):
+            dims = ",".join(map(str, box.shape))
+            raise self.fail(f"box {box} is of a {box.dtype}[{dims}] array, not of {entry}")
+        if not box.inside():
+            raise self.fail(f"box {box} does not lie inside {entry}")
 
     def on_alloc(self, node: MemNode) -> None:
         region, tensor = node.region, node.tensor
@@ -236,10 +314,10 @@ class _Verifier:
             self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
         bisect.insort(self.intervals, (region.offset, region.end, tensor))
         self.live[tensor] = _Residency(node.id, region)
-        self.live_bytes += region.size
-        self.peak = max(self.peak, self.live_bytes)
-        if self.live_bytes > self.mg.budget:
-            raise self.fail(f"{self.live_bytes} bytes live exceed the budget of {self.mg.budget}")
+        live = self.live_bytes[node.id]
+        self.peak = max(self.peak, live)
+        if live > self.mg.budget:
+            raise self.fail(f"{live} bytes live exceed the budget of {self.mg.budget}")
 
     def _first_freed_at(self, offset: int) -> int:
         """Index of the first freed range that may contain bytes at or after `offset`."""
@@ -297,24 +375,53 @@ class _Verifier:
         self.after(residency.writer, f"the write of %{node.tensor}")
         residency.users.append(node.id)
         if node.into is None:
+            if node.box is not None:
+                raise self.fail(f"box {node.box}: only a sliced offload ('into') copies a box")
             self.bind_storage(node.storage, node.tensor)
+            self.holds(node.storage, "offload", self.tg[node.tensor])
             self.storage_writer[node.storage] = node.id
             return
         self.bind_storage(node.storage, node.into)
         assembly = self.assemblies.get(node.storage)
         if assembly is None:
             assembly = self.assemblies[node.storage] = self.assembly_of(node.into)
+        entry = self.holds(node.storage, "assembly", self.tg[node.into])
+        self.fill_box(node, assembly, entry)
+
+    def fill_box(self, node: MemNode, assembly: _Assembly, entry: HostStorage) -> None:
+        """A sliced offload writes its box: inside the storage, as many bytes as its
+        tensor, overlapping no box written before, and the box its leaf holds."""
+        box, task = node.box, self.tg[node.tensor]
+        if box is None:
+            raise self.fail(f"a sliced offload into host#{node.storage} carries no box")
+        self.box_inside(box, entry)
+        if box.nbytes != task.nbytes or box.dtype != task.dtype:
+            raise self.fail(
+                f"box {box} of host#{node.storage} holds {box.nbytes} bytes of {box.dtype}, "
+                f"but %{task.id} has {task.nbytes} bytes of {task.dtype}"
+            )
+        hit = assembly.boxes.overlapping(box)
+        if hit is not None:
+            raise self.fail(
+                f"the box {box} of host#{node.storage} was already written by "
+                f"n{assembly.boxes.writers[hit]} (in whole or in part: it wrote "
+                f"{assembly.boxes.boxes[hit]})"
+            )
         if node.tensor not in assembly.leaves:
             raise self.fail(
                 f"%{node.tensor} is not one of the pieces that output assembly %{node.into} "
                 f"joins (its leaves: {['%' + str(t) for t in list(assembly.leaves)[:8]]})"
             )
-        if node.tensor in assembly.filled:
+        place = assembly.leaves[node.tensor]
+        if tuple(zip(box.starts, box.sizes, strict=True)) != place:
+            where = "[" + ", ".join(f"{s}:{s + n}" for s, n in place) + "]"
             raise self.fail(
-                f"the box of %{node.tensor} in host#{node.storage} was already written by "
-                f"n{assembly.filled[node.tensor]}"
+                f"writes %{node.tensor} into box {box} of host#{node.storage}, but its box "
+                f"in output assembly %{node.into} is {where}"
             )
         assembly.filled[node.tensor] = node.id
+        assembly.boxes.add(box, node.id)
+        assembly.covered += box.size
 
     def assembly_of(self, root: int) -> _Assembly:
         """The tree of output Concats rooted at task `root`: its leaves' boxes, by the
@@ -365,10 +472,36 @@ class _Verifier:
                 f"host#{node.storage} holds %{held}, not %{node.tensor} (nor an "
                 f"input that %{node.tensor} slices)"
             )
+        self.reload_box(node, held)
         self.after(writer, f"the write of host#{node.storage}")
         self.write(node.tensor, node.region, "reload")
         if held != node.tensor:
             self.applied.add(node.tensor)  # a sliced reload computes the slice
+
+    def reload_box(self, node: MemNode, held: int) -> None:
+        """A whole reload carries no box; a sliced one the box of its Slice: inside the
+        storage, of the Slice's shape and dtype, starting where the Slice starts."""
+        task, box = self.tg[node.tensor], node.box
+        if held == node.tensor:
+            if box is not None:
+                raise self.fail(f"reloads all of host#{node.storage}, yet carries box {box}")
+            return
+        if box is None:
+            raise self.fail(
+                f"a sliced reload of %{node.tensor} from host#{node.storage} carries no box"
+            )
+        self.box_inside(box, self.listed(node.storage))
+        if (box.sizes, box.dtype) != (task.shape, task.dtype):
+            dims = ",".join(map(str, box.sizes))
+            raise self.fail(
+                f"box {box} of host#{node.storage} is {box.dtype}[{dims}], but the reloaded "
+                f"%{task.id} is {task.dtype}[{','.join(map(str, task.shape))}]"
+            )
+        if box.starts != tuple(task.op.starts):
+            raise self.fail(
+                f"box {box} of host#{node.storage} starts at {list(box.starts)}, but "
+                f"%{task.id} slices %{held} from {list(task.op.starts)}"
+            )
 
     def is_input_slice(self, tensor: int, source: int) -> bool:
         """Whether task `tensor` is a Slice read straight from the input task `source`."""
@@ -389,7 +522,6 @@ class _Verifier:
             self.after(user, f"n{user}, which reads %{node.tensor} there")
         del self.live[node.tensor]
         self.intervals.remove((node.region.offset, node.region.end, node.tensor))
-        self.live_bytes -= node.region.size
         self.record_free(node.region, node.id)
 
     def on_output(self, node: MemNode) -> None:
@@ -401,8 +533,6 @@ class _Verifier:
         base = self.tg.storage_root(self.tg.outputs[node.name])
         if node.tensor != base:
             raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
-        if (node.storage is None) == (node.region is None):
-            raise self.fail("an output is in exactly one of host storage and a device region")
         if node.region is not None:
             residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
             self.after(residency.writer, f"the write of %{base}")
@@ -411,11 +541,12 @@ class _Verifier:
         assembly = self.assemblies.get(node.storage)
         if assembly is not None and assembly.root == base:
             missing = [leaf for leaf in assembly.leaves if leaf not in assembly.filled]
-            if missing:
+            total = math.prod(self.listed(node.storage).shape)
+            if missing or assembly.covered != total:
                 raise self.fail(
                     f"host#{node.storage} (output %{base} assembled on the host) misses the "
                     f"box(es) of {['%' + str(t) for t in missing[:5]]}: no sliced offload "
-                    f"wrote them"
+                    f"wrote them (its boxes cover {assembly.covered} of {total} elements)"
                 )
             for leaf, writer in assembly.filled.items():
                 self.after(writer, f"the sliced offload of %{leaf} into host#{node.storage}")
@@ -436,3 +567,8 @@ class _Verifier:
         missing_outputs = [name for name in self.tg.outputs if name not in self.outputs_seen]
         if missing_outputs:
             raise self.fail(f"output(s) {missing_outputs} are never produced")
+        unwritten = [
+            str(s) for sid, s in self.mg.storages.items() if sid not in self.storage_tensor
+        ]
+        if unwritten:
+            raise self.fail(f"the storage table lists {unwritten[:3]}, which no node writes")

@@ -5,6 +5,8 @@ host storage and staged inputs (weights) alive across runs. One backend-neutral
 interpreter (`runtime.interpreter`) issues every node on a backend's streams, in
 the order of a mode (`runtime.schedule`): sequential, streams (threaded on the CPU)
 or random. Runs can record a timing trace in Chrome's format (`runtime.trace`).
+Backends copy boxes of host arrays with one strided primitive (`Backend.copy_box`,
+`runtime.boxcopy`); `register_backend(name, factory)` adds a backend by name.
 """
 
 from runtime.backend import (
@@ -13,8 +15,10 @@ from runtime.backend import (
     Backend,
     Event,
     Stream,
+    backend_names,
     cupy_usable,
     get_backend,
+    register_backend,
 )
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
@@ -36,6 +40,8 @@ __all__ = [
     "Interpreter",
     "HostLayout",
     "get_backend",
+    "register_backend",
+    "backend_names",
     "cupy_usable",
     "random_order",
     "verified",

@@ -10,15 +10,24 @@ primitives are:
             `wait(event)` and `synchronize()`; work issued on one stream runs in
             issue order, and a stream that waits on an event runs nothing issued
             after the wait before the event's work is done;
-* work:     `copy_to_device(dst, src, stream)`, `copy_to_host(dst, src, stream)`,
-            `compute(task, operands, out, stream)` (one task's kernel, writing `out`)
-            and `fill_bytes(view, value, stream)` (poisoning freed memory);
+* work:     `copy_box(host, starts, device, direction, stream)`, the one copy
+            primitive: between a box of a host array (the box starting at `starts`,
+            of `device`'s shape) and a contiguous device array, in either direction
+            ("h2d", "d2h"), so that a sliced copy never needs a contiguous host copy
+            of its box (`copy_to_device` and `copy_to_host` are its whole-array
+            cases); `compute(task, operands, out, stream)` (one task's kernel,
+            writing `out`) and `fill_bytes(view, value, stream)` (poisoning freed
+            memory);
 * a run:    `running()`, a context manager around issuing and synchronizing one run
             (the CuPy backend installs its scratch allocator there and reports
-            errors that kernels flagged on the device), and `memory_report()`.
+            errors that kernels flagged on the device), and `memory_report()`;
+            `clock` says what a trace's times are measured with ("wall", "cuda").
 
 Work primitives only *issue* work; it is done once the stream is synchronized or an
 event recorded after it has completed.
+
+Backends are found by name in a registry (`get_backend`); `register_backend(name,
+factory)` adds one, as opt_einsum's `register_path_fn` adds a path optimizer.
 """
 
 from __future__ import annotations
@@ -40,7 +49,9 @@ __all__ = [
     "NodeFailure",
     "BACKENDS",
     "BACKEND_NAMES",
+    "backend_names",
     "get_backend",
+    "register_backend",
     "cupy_usable",
 ]
 
@@ -107,6 +118,9 @@ class Backend(abc.ABC):
     """Whether `runtime.run` may keep a closed session's arena and host buffer for the next
     run of the same plan (plain host memory: yes; device memory: no, it is the scarce
     resource)."""
+    clock: ClassVar[str] = "wall"
+    """What its events' times are measured with: "wall" (the host's clock) or "cuda"
+    (CUDA events); a run's `Trace` says it."""
 
     @abc.abstractmethod
     def allocate_arena(self, nbytes: int) -> Any: ...
@@ -124,10 +138,28 @@ class Backend(abc.ABC):
         """A new stream; `concurrent=False` may give one that runs work as it is issued."""
 
     @abc.abstractmethod
-    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Stream) -> None: ...
+    def copy_box(
+        self,
+        host: np.ndarray,
+        starts: Sequence[int],
+        device: Any,
+        direction: str,
+        stream: Stream,
+    ) -> None:
+        """Copy between the box of the C-contiguous host array `host` that starts at
+        `starts` and has `device`'s shape, and the contiguous device array `device` (of
+        `host`'s dtype): into `device` for direction "h2d", into the box for "d2h"."""
 
-    @abc.abstractmethod
-    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Stream) -> None: ...
+    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Stream) -> None:
+        """Copy all of contiguous host array `src` into device array `dst` (as many elements:
+        a 0-d array and its 1-element copy from `np.ascontiguousarray` are alike)."""
+        host = src.reshape(dst.shape) if src.shape != dst.shape else src
+        self.copy_box(host, (0,) * host.ndim, dst, "h2d", stream)
+
+    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Stream) -> None:
+        """Copy all of device array `src` into contiguous host array `dst` (as many elements)."""
+        host = dst.reshape(src.shape) if dst.shape != src.shape else dst
+        self.copy_box(host, (0,) * host.ndim, src, "d2h", stream)
 
     @abc.abstractmethod
     def compute(self, task: Task, operands: Sequence[Any], out: Any, stream: Stream) -> None:
@@ -170,9 +202,46 @@ BACKENDS: dict[str, Callable[[], type[Backend]]] = {
     "numpy": _numpy_backend,
     "cupy": _cupy_backend,
 }
-"""Backend classes by name, loaded on first use."""
+"""Backend classes by name, loaded on first use (`register_backend` adds to it)."""
 
 BACKEND_NAMES = ("auto", *BACKENDS)
+"""The built-in backend names and "auto" (`backend_names()` includes registered ones)."""
+
+
+def backend_names() -> tuple[str, ...]:
+    """Every name `get_backend` accepts: "auto" and each registered backend."""
+    return ("auto", *BACKENDS)
+
+
+def register_backend(name: str, factory: type[Backend] | Callable[[], type[Backend]]) -> None:
+    """Make a backend available by `name` to `get_backend`, `runtime.run` and `Session`.
+
+    `factory` is a `Backend` subclass, or a function of no arguments that returns one
+    (to import it only when first used). Names are unique: registering a name again
+    raises `BackendError`.
+
+    >>> class Traced(NumpyBackend): name = "traced"       # doctest: +SKIP
+    >>> register_backend("traced", Traced)                # doctest: +SKIP
+    >>> runtime.run(mg, inputs, backend="traced")         # doctest: +SKIP
+    """
+    if not isinstance(name, str) or not name or name == "auto":
+        raise BackendError(
+            f"a backend name must be a non-empty string other than 'auto', got {name!r}"
+        )
+    if name in BACKENDS:
+        raise BackendError(
+            f"backend {name!r} is already registered; registered: {', '.join(BACKENDS)}"
+        )
+    if isinstance(factory, type) and issubclass(factory, Backend):
+        cls = factory
+        BACKENDS[name] = lambda: cls
+    elif callable(factory):
+        BACKENDS[name] = factory
+    else:
+        raise BackendError(
+            f"backend {name!r}: expected a Backend subclass or a function returning one, "
+            f"got {type(factory).__name__}"
+        )
 
 
 def cupy_usable() -> bool:
@@ -196,13 +265,14 @@ def get_backend(name: str | Backend = "auto", **options: Any) -> Backend:
         if options:
             raise BackendError(f"options {sorted(options)} cannot be applied to a backend instance")
         return name
-    if name not in BACKEND_NAMES:
-        raise BackendError(
-            f"unknown backend {name!r}; valid: {', '.join(repr(n) for n in BACKEND_NAMES)}"
-        )
+    names = backend_names()
+    if name not in names:
+        raise BackendError(f"unknown backend {name!r}; valid: {', '.join(repr(n) for n in names)}")
     if name == "auto":
         name = "cupy" if cupy_usable() else "numpy"
     cls = BACKENDS[name]()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise BackendError(f"backend {name!r}: its factory gave {cls!r}, not a Backend subclass")
     accepted = getattr(cls, "OPTIONS", ())
     unknown = sorted(set(options) - set(accepted))
     if unknown:

@@ -5,8 +5,12 @@
   offsets (`memptr=arena + offset`).
 * Host memory is one pinned (page-locked) buffer allocated up front and carved into
   the plan's host storages and the staging slots of device-side inputs and outputs,
-  so every transfer is an asynchronous copy (`copy_from_host_async` /
-  `copy_to_host_async`) and nothing is pinned per transfer.
+  so every transfer is an asynchronous copy and nothing is pinned per transfer. A
+  copy moves a box of a host array (`copy_box`: all of it, the rows of a sliced
+  weight, the box of a block in an output assembled on the host) straight between
+  its place in the pinned buffer and the arena, as contiguous runs or 2D copies
+  (`cudaMemcpyAsync` / `cudaMemcpy2DAsync`, see `runtime.boxcopy`): no contiguous
+  host copy of a box is staged.
 * Streams are non-blocking CUDA streams (compute, h2d, d2h); every cross-stream
   dependency is a `cupy.cuda.Event` recorded on one stream and waited on by another.
 * Kernels write into arena views: matmul-shaped contractions through cuBLAS
@@ -38,6 +42,7 @@ from einpage_core.errors import BackendError, BackendUnavailableError, InputErro
 from einpage_core.units import format_bytes, parse_bytes
 from runtime import cuda_codegen
 from runtime.backend import Backend, Event, Stream
+from runtime.boxcopy import BoxRuns, issue_box_copy
 from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into, matmul_plan
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
@@ -291,6 +296,7 @@ class CupyBackend(Backend):
     OPTIONS = ("scratch", "device")
     default_mode = "streams"
     host_staging = True
+    clock = "cuda"
 
     def __init__(self, scratch: int | str = "256MiB", device: int | None = None):
         cp = import_cupy()
@@ -335,13 +341,21 @@ class CupyBackend(Backend):
         with self.device:
             return CupyStream(name, self.cp)
 
-    def copy_to_device(self, dst: Any, src: np.ndarray, stream: Stream) -> None:
-        _check_copy(dst, src)
-        dst.data.copy_from_host_async(src.ctypes.data, dst.nbytes, stream=stream.cuda)  # type: ignore[attr-defined]
-
-    def copy_to_host(self, dst: np.ndarray, src: Any, stream: Stream) -> None:
-        _check_copy(src, dst)
-        src.data.copy_to_host_async(dst.ctypes.data, src.nbytes, stream=stream.cuda)  # type: ignore[attr-defined]
+    def copy_box(
+        self,
+        host: np.ndarray,
+        starts: Sequence[int],
+        device: Any,
+        direction: str,
+        stream: Stream,
+    ) -> None:
+        """The box's runs (`runtime.boxcopy`) as asynchronous copies on `stream`, straight
+        between the host array (pinned: a slot of the host buffer) and the arena."""
+        runs = box_runs(host, starts, device)
+        cuda = stream.cuda  # type: ignore[attr-defined]
+        issue_box_copy(
+            self.cp.cuda.runtime, runs, host.ctypes.data, device.data.ptr, direction, cuda.ptr
+        )
 
     def compute(self, task: Task, operands: Sequence[Any], out: Any, stream: Stream) -> None:
         with stream.cuda:  # type: ignore[attr-defined]
@@ -389,12 +403,17 @@ class CupyBackend(Backend):
             self.pool.free_all_blocks()
 
 
-def _check_copy(device: Any, host: np.ndarray) -> None:
-    if device.nbytes != host.nbytes or not host.flags.c_contiguous:
+def box_runs(host: np.ndarray, starts: Sequence[int], device: Any) -> BoxRuns:
+    """The runs of the box of `host` at `starts` of `device`'s shape, after checking that
+    both arrays are C-contiguous, of one dtype, and that the box lies inside `host`."""
+    if not host.flags.c_contiguous or not device.flags.c_contiguous:
         raise BackendError(
-            f"transfer of {device.nbytes} bytes to/from a host array of {host.nbytes} bytes "
-            f"(contiguous: {host.flags.c_contiguous})"
+            f"a box copy needs C-contiguous arrays (host: {host.flags.c_contiguous}, "
+            f"device: {device.flags.c_contiguous})"
         )
+    if np.dtype(host.dtype) != np.dtype(device.dtype):
+        raise BackendError(f"a box copy between {host.dtype} (host) and {device.dtype} (device)")
+    return BoxRuns.of(host.shape, host.itemsize, starts, device.shape)
 
 
 def evaluate_on_gpu(

@@ -7,32 +7,29 @@ the stream they are given; which stream, in which order and after which events i
 the schedule's business (`runtime.schedule`, `runtime.session`).
 
 Host memory is one buffer laid out by `HostLayout`: a slot per host storage of the
-plan (offloaded tensors, host-resident inputs, and outputs assembled on the host by
-sliced offloads), and, on backends that stage transfers (pinned memory on a GPU), a
-slot per device-side input and output.
+plan (`MemGraph.storages`: offloaded tensors, host-resident inputs, outputs assembled
+on the host), and, on backends that stage transfers (pinned memory on a GPU), a slot
+per device-side input and output.
 
-A sliced offload (`MemNode.into`) copies a block into its box of an output's host
-array. Without staging (NumPy) the copy writes the box in place; with staging it goes
-to a contiguous slot of its own (an asynchronous copy needs contiguous host memory),
-and `Interpreter.assemble_on_host`, called once the run has synchronized, moves the
-staged pieces into their boxes (nothing reads those storages during a run).
+An offload or reload copies what its node says and nothing else: its `box` of the
+storage (a sliced copy), or else the whole storage, with the backend's one strided
+copy primitive (`Backend.copy_box`), straight between the storage's place in host
+memory and the arena. The interpreter reads no TaskGraph to find a box.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from einpage_core.errors import BackendError
 from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind, Region
+from memgraph.nodes import HostBox, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
-from taskgraph.assembly import AssemblyPiece, assembly_pieces, box_index
-from taskgraph.nodes import Task
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT"]
 
@@ -64,9 +61,9 @@ class HostSlot:
 class HostLayout:
     """Where each host storage (and staging buffer) lives in the one host buffer.
 
-    On backends without staging (NumPy), a host storage that only an input writes (no
-    offload targets it) is not in the buffer: it is `aliased` to the input's array,
-    which transfers only read.
+    Storage slots have the shape and dtype of the plan's storage table. On backends
+    without staging (NumPy), a storage of a program input that no offload writes is not
+    in the buffer: it is `aliased` to the caller's array, which transfers only read.
     """
 
     storages: dict[int, HostSlot]
@@ -74,82 +71,38 @@ class HostLayout:
     outputs: dict[str, HostSlot]  # staging for device-side outputs (staging backends only)
     nbytes: int
     aliased: frozenset[int] = frozenset()
-    holders: dict[int, int] = field(default_factory=dict)  # storage -> the tensor it holds
-    # Contiguous copies of the boxes that sliced reloads take from an input, by slice
-    # task (staging backends only: an asynchronous copy needs contiguous host memory).
-    boxes: dict[int, HostSlot] = field(default_factory=dict)
-    # Sliced offloads, by node id: the piece they copy (its box in the storage's output),
-    # and on staging backends the contiguous slot the copy lands in first.
-    pieces: dict[int, AssemblyPiece] = field(default_factory=dict)
-    staged_pieces: dict[int, HostSlot] = field(default_factory=dict)
 
     @classmethod
     def of(cls, mg: MemGraph, staging: bool) -> HostLayout:
         tg = mg.taskgraph
         top = 0
+
+        def place(shape: tuple[int, ...], dtype: str) -> HostSlot:
+            nonlocal top
+            slot = HostSlot(top, shape, dtype)
+            top += -(-max(slot.nbytes, 1) // HOST_ALIGNMENT) * HOST_ALIGNMENT
+            return slot
+
         aliased: set[int] = set()
         if not staging:
             offloaded = {n.storage for n in mg.nodes if n.kind is NodeKind.OFFLOAD}
             aliased = {
-                n.storage for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None
-            } - offloaded
-
-        def place(task: Task) -> HostSlot:
-            nonlocal top
-            slot = HostSlot(top, task.shape, task.dtype)
-            top += -(-max(slot.nbytes, 1) // HOST_ALIGNMENT) * HOST_ALIGNMENT
-            return slot
-
-        storages: dict[int, HostSlot] = {}
+                sid for sid, s in mg.storages.items() if s.kind == "input" and sid not in offloaded
+            }
+        storages = {
+            sid: place(s.shape, s.dtype) for sid, s in mg.storages.items() if sid not in aliased
+        }
         inputs: dict[str, HostSlot] = {}
         outputs: dict[str, HostSlot] = {}
-        holders: dict[int, int] = {}
-        boxes: dict[int, HostSlot] = {}
-        pieces: dict[int, AssemblyPiece] = {}
-        staged_pieces: dict[int, HostSlot] = {}
-        trees: dict[int, dict[int, AssemblyPiece]] = {}  # root -> its pieces by base
-        for node in mg.nodes:
-            if node.into is not None:  # a sliced offload: the storage holds `into`
-                if node.into not in trees:
-                    leaves = assembly_pieces(tg, node.into)[1]
-                    trees[node.into] = {p.base: p for p in leaves}
-                piece = trees[node.into].get(node.tensor)
-                if piece is None:
-                    raise BackendError(
-                        f"n{node.id}: %{node.tensor} is not a piece of output assembly %{node.into}"
-                    )
-                pieces[node.id] = piece
-                holders.setdefault(node.storage, node.into)
-                if node.storage not in storages:
-                    storages[node.storage] = place(tg[node.into])
-                if staging:
-                    staged_pieces[node.id] = place(tg[piece.task])
-            elif node.storage is not None:
-                holder = holders.setdefault(node.storage, node.tensor)
-                if node.storage not in storages and node.storage not in aliased:
-                    storages[node.storage] = place(tg[node.tensor])
-                if staging and holder != node.tensor and node.tensor not in boxes:
-                    boxes[node.tensor] = place(tg[node.tensor])  # a sliced reload's box
-            elif staging and node.kind is NodeKind.INPUT:
-                inputs[node.name] = place(tg[node.tensor])
-            elif staging and node.kind is NodeKind.OUTPUT:
-                outputs[node.name] = place(tg[tg.outputs[node.name]])
-        return cls(
-            storages,
-            inputs,
-            outputs,
-            top,
-            frozenset(aliased),
-            holders,
-            boxes,
-            pieces,
-            staged_pieces,
-        )
-
-
-def slice_box(task: Task) -> tuple[slice, ...]:
-    """The index of the box a Slice task takes from its operand."""
-    return tuple(slice(s, s + n) for s, n in zip(task.op.starts, task.shape, strict=True))
+        if staging:
+            for node in mg.nodes:
+                if node.kind is NodeKind.INPUT and node.region is not None:
+                    task = tg[node.tensor]
+                    inputs[node.name] = place(task.shape, task.dtype)
+                elif node.kind is NodeKind.OUTPUT and node.region is not None:
+                    task = tg[tg.outputs[node.name]]
+                    outputs[node.name] = place(task.shape, task.dtype)
+        return cls(storages, inputs, outputs, top, frozenset(aliased))
 
 
 class Interpreter:
@@ -178,7 +131,7 @@ class Interpreter:
         self.poison = poison
         self.sources: dict[str, np.ndarray] = {}
         self.results: dict[str, np.ndarray] = {}
-        self._views: dict[tuple[int, int], Any] = {}
+        self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
         self._handlers: dict[NodeKind, Callable[[MemNode, Stream | None], None]] = {
             kind: getattr(self, kind.value) for kind in NodeKind
@@ -201,6 +154,22 @@ class Interpreter:
                     f"in the arena of {self.mg.budget} bytes"
                 )
             view = self.backend.view(self.arena, region.offset, task.shape, task.dtype)
+            self._views[key] = view
+        return view
+
+    def box_view(self, region: Region, box: HostBox) -> Any:
+        """The arena bytes of `region` seen as the contiguous box `box` (its sizes and dtype)."""
+        key = (region.offset, box.sizes, box.dtype)
+        view = self._views.get(key)
+        if view is None:
+            if region.offset < 0 or region.offset + box.nbytes > self.mg.budget:
+                raise BackendError(
+                    f"a copy of {box.nbytes} bytes at offset {region.offset} does not fit in "
+                    f"the arena of {self.mg.budget} bytes"
+                )
+            if box.nbytes > region.size:
+                raise BackendError(f"a copy of {box.nbytes} bytes does not fit in {region}")
+            view = self.backend.view(self.arena, region.offset, box.sizes, box.dtype)
             self._views[key] = view
         return view
 
@@ -248,39 +217,21 @@ class Interpreter:
         self.backend.compute(task, operands, out, stream)
 
     def offload(self, node: MemNode, stream: Stream | None) -> None:
-        piece = self.layout.pieces.get(node.id)
-        if piece is None:
-            view = self.device_view(node.region, node.tensor)
-            self.backend.copy_to_host(self.host_view(node.storage), view, stream)
-            return
-        view = self.device_view(node.region, piece.task)  # the piece's own shape
-        staged = self.layout.staged_pieces.get(node.id)
-        if staged is not None:
-            self.backend.copy_to_host(staged.of(self.host), view, stream)
-        else:
-            box = self.host_view(node.storage)[box_index(piece.box)]
-            self.backend.copy_to_host(box, view, stream)
-
-    def assemble_on_host(self) -> None:
-        """Move the staged pieces of sliced offloads into their boxes (staging backends;
-        call after the run has synchronized)."""
-        for node_id, slot in self.layout.staged_pieces.items():
-            node = self.mg.nodes[node_id]
-            box = self.host_view(node.storage)[box_index(self.layout.pieces[node_id].box)]
-            np.copyto(box, slot.of(self.host))
+        """Copy the region to the node's box of its storage (all of it when no box)."""
+        host, box = self.host_box(node)
+        self.backend.copy_box(host, box.starts, self.box_view(node.region, box), "d2h", stream)
 
     def reload(self, node: MemNode, stream: Stream | None) -> None:
-        view = self.device_view(node.region, node.tensor)
-        self.backend.copy_to_device(view, self.reload_source(node), stream)
+        """Copy the node's box of its storage (all of it when no box) into the region."""
+        host, box = self.host_box(node)
+        self.backend.copy_box(host, box.starts, self.box_view(node.region, box), "h2d", stream)
 
-    def reload_source(self, node: MemNode) -> np.ndarray:
-        """The host data a reload copies: its storage, or for a sliced reload (the tensor is
-        a Slice of the input the storage holds) the slice's box of it."""
-        if self.layout.holders.get(node.storage, node.tensor) == node.tensor:
-            return self.host_view(node.storage)
-        if node.tensor in self.layout.boxes:
-            return self.layout.boxes[node.tensor].of(self.host)
-        return self.host_view(node.storage)[slice_box(self.tg[node.tensor])]
+    def host_box(self, node: MemNode) -> tuple[np.ndarray, HostBox]:
+        """The host array of a copy's storage, and the box of it the copy moves."""
+        storage = self.mg.storages.get(node.storage)
+        if storage is None:
+            raise BackendError(f"host#{node.storage} is not in the plan's table of host storages")
+        return self.host_view(node.storage), node.box if node.box is not None else storage.box
 
     def free(self, node: MemNode, stream: Stream | None) -> None:
         """Nothing to do, unless poisoning: then the region is filled with `POISON_BYTE`."""

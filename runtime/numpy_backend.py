@@ -2,10 +2,11 @@
 
 The arena is one `uint8` buffer of exactly `budget` bytes (aligned to 256 bytes);
 every tensor is a view of it at its planned offset, so a planning bug corrupts
-results here just as it would on a GPU. Kernels are `taskgraph.evaluate_task`, the
-reference evaluator's, writing into the output's arena view (`out=`: straight from
-`np.einsum`, the aggregations, `np.take`, ...; float16 results, computed in
-float32, are cast into it).
+results here just as it would on a GPU. A copy of a box (`copy_box`) is one
+`np.copyto` between the box's view of the host array and the arena view. Kernels
+are `taskgraph.evaluate_task`, the reference evaluator's, writing into the output's
+arena view (`out=`: straight from `np.einsum`, the aggregations, `np.take`, ...;
+float16 results, computed in float32, are cast into it).
 
 Streams come in two kinds: `ImmediateStream` runs work as it is issued (the
 sequential and random-order modes), `ThreadStream` is a worker thread that runs its
@@ -228,11 +229,35 @@ class NumpyBackend(Backend):
     def stream(self, name: str, concurrent: bool) -> Stream:
         return ThreadStream(name, self.timeout) if concurrent else ImmediateStream(name)
 
-    def copy_to_device(self, dst: np.ndarray, src: np.ndarray, stream: Stream) -> None:
-        stream.submit(functools.partial(np.copyto, dst, src))  # type: ignore[attr-defined]
-
-    def copy_to_host(self, dst: np.ndarray, src: np.ndarray, stream: Stream) -> None:
-        stream.submit(functools.partial(np.copyto, dst, src))  # type: ignore[attr-defined]
+    def copy_box(
+        self,
+        host: np.ndarray,
+        starts: Sequence[int],
+        device: np.ndarray,
+        direction: str,
+        stream: Stream,
+    ) -> None:
+        """`np.copyto` between the box's view of the host array (the caller's array, or a
+        storage's slot) and the arena view: no intermediate copy."""
+        if len(starts) != host.ndim or device.ndim != host.ndim:
+            raise BackendError(
+                f"a box starting at {list(starts)} with shape {list(device.shape)} is not a "
+                f"box of a host array of shape {list(host.shape)}"
+            )
+        index = tuple(slice(s, s + n) for s, n in zip(starts, device.shape, strict=True))
+        box = host[(*index, ...)]  # a view, even of a 0-d array
+        if box.shape != device.shape:
+            raise BackendError(
+                f"the box at {list(starts)} of shape {list(device.shape)} does not lie inside "
+                f"a host array of shape {list(host.shape)}"
+            )
+        if direction == "h2d":
+            work = functools.partial(np.copyto, device, box)
+        elif direction == "d2h":
+            work = functools.partial(np.copyto, box, device)
+        else:
+            raise BackendError(f"copy direction must be 'h2d' or 'd2h', got {direction!r}")
+        stream.submit(work)  # type: ignore[attr-defined]
 
     def compute(
         self, task: Task, operands: Sequence[np.ndarray], out: np.ndarray, stream: Stream

@@ -55,19 +55,14 @@ def node_stream(node: MemNode, poison: bool = False) -> str | None:
     host storage before the run starts), a device-side output is a device-to-host
     copy, and a free poisons its region on the compute stream when asked to.
     """
-    kind = node.kind
-    if kind is NodeKind.APPLY:
+    if node.kind is NodeKind.APPLY:
         return "compute"
-    if kind is NodeKind.RELOAD:
-        return "h2d"
-    if kind is NodeKind.OFFLOAD:
-        return "d2h"
-    if kind is NodeKind.INPUT:
-        return "h2d" if node.region is not None else None
-    if kind is NodeKind.OUTPUT:
-        return "d2h" if node.region is not None else None
-    if kind is NodeKind.FREE:
-        return "compute" if poison else None
+    if node.copies is not None:  # a reload, an offload, an input put on the device
+        return node.copies
+    if node.kind is NodeKind.OUTPUT and node.region is not None:
+        return "d2h"  # into the caller's array
+    if node.kind is NodeKind.FREE and poison:
+        return "compute"
     return None
 
 

@@ -43,7 +43,7 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import StreamEvent
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
-from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, slice_box
+from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
@@ -73,17 +73,23 @@ def verified(mg: MemGraph) -> VerifyReport:
 BUFFER_CACHE_PLANS = 4
 """How many plans' buffers the cache behind `run` keeps (the most recently used)."""
 
-_BufferKey = tuple[int, str]  # (id of the plan, backend name)
+_BufferKey = tuple[int, str, bool]  # (id of the plan, backend name, host staging)
 _buffer_cache: OrderedDict[_BufferKey, tuple[weakref.ref[MemGraph], Any, np.ndarray]] = (
     OrderedDict()
 )
 _buffer_lock = threading.Lock()
 
 
+def _buffer_key(mg: MemGraph, backend: Backend) -> _BufferKey:
+    """Buffers fit a plan on backends of one name laying out host memory alike (staging
+    or not: a staging backend's host buffer also holds its input and output slots)."""
+    return (id(mg), backend.name, backend.host_staging)
+
+
 def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | None:
     """The cached (arena, host buffer) of `mg` on `backend`'s kind, removed from the cache."""
     with _buffer_lock:
-        entry = _buffer_cache.pop((id(mg), backend.name), None)
+        entry = _buffer_cache.pop(_buffer_key(mg, backend), None)
     if entry is None or entry[0]() is not mg:
         return None
     return entry[1], entry[2]
@@ -91,7 +97,7 @@ def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | No
 
 def _give_buffers(mg: MemGraph, backend: Backend, arena: Any, host: np.ndarray) -> None:
     """Keep a closed session's buffers for the next session of `mg` (see the module docstring)."""
-    key = (id(mg), backend.name)
+    key = _buffer_key(mg, backend)
 
     def forget(ref: weakref.ref[MemGraph]) -> None:  # the plan died: drop its buffers
         with _buffer_lock:
@@ -313,15 +319,12 @@ class Session:
         interp = self.interpreter
         if node.storage in self.layout.aliased:  # read in place: no copy unless kept
             held = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
+            held = held.reshape(self.mg.storages[node.storage].shape)  # 0-d stays 0-d
             interp.bind_host(node.storage, held)
             return held
         if node.storage is not None:
             slot = interp.host_view(node.storage)
             np.copyto(slot, value)
-            for task_id, box in self.layout.boxes.items():  # staged boxes of sliced reloads
-                task = self.tg[task_id]
-                if task.inputs[0] == node.tensor:
-                    np.copyto(box.of(self.host), slot[slice_box(task)])
             return slot
         if self.backend.host_staging:
             slot = self.layout.inputs[name].of(self.host)
@@ -358,7 +361,6 @@ class Session:
                 self._staged[name] = placed
         self.interpreter.results = self._result_buffers()
         timing = self._execute(seed, trace)
-        self.interpreter.assemble_on_host()  # staged pieces of sliced offloads, if any
         outputs = self._collect()
         seconds = time.perf_counter() - started
         memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}
@@ -528,9 +530,10 @@ class Session:
                     args=args,
                 )
             )
-        clock = "cuda" if self.backend.name == "cupy" else "wall"
         title = f"einpage {self.tg.name} ({self.backend.name}, {self.mode})"
-        return Trace(spans, clock=clock, title=title, metadata={"budget": self.mg.budget})
+        return Trace(
+            spans, clock=self.backend.clock, title=title, metadata={"budget": self.mg.budget}
+        )
 
 
 def _public_error(failure: BaseException) -> BaseException:

@@ -5,7 +5,10 @@ provenance has kind `"output"` (nested, one axis at a time). Applied on the devi
 those Concats need the blocks and the whole output there at once. A planner can
 instead copy each block, as soon as it is computed, straight into its box of the
 output's host array (a *sliced offload*, see `memgraph.nodes`), so the Concats never
-run and the output ends on the host.
+run and the output ends on the host. A planner decides this from the TaskGraph; the
+plan then carries each piece's box on its sliced offload (`memgraph.nodes.HostBox`,
+worked out by `memgraph.MemGraphBuilder` from `assembly_pieces`), so nothing after the
+planner reads these trees again (the verifier rebuilds them to check the boxes).
 
 `output_assemblies(tg)` says where that is possible: for each program output whose
 task is the root of such a tree, the *pieces* – the tree's leaves, each a block or a
@@ -48,7 +51,6 @@ __all__ = [
     "assembly_tasks",
     "assembly_pieces",
     "is_output_concat",
-    "box_index",
 ]
 
 Box = tuple[tuple[int, int], ...]
@@ -63,11 +65,6 @@ class AssemblyPiece:
     task: int
     base: int
     box: Box
-
-
-def box_index(box: Box) -> tuple[slice, ...]:
-    """The NumPy index of `box`."""
-    return tuple(slice(start, start + size) for start, size in box)
 
 
 def is_output_concat(tg: TaskGraph, task_id: int) -> bool:

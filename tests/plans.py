@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import einpage as ep
 from memgraph import MemGraph, MemGraphBuilder, Region
 from taskgraph import TaskGraph
-from taskgraph.nodes import Input, Task, View
+from taskgraph.nodes import Block, Concat, Input, Task, View, with_blocks
 
 
 @dataclass
@@ -187,3 +187,25 @@ def sliced_weight_plan(reload_tensor=None):
     b.free(1, Region(0, 256), deps=[alloc, reload, apply])
     b.output("y", 2, region=Region(256, 256), deps=[apply])
     return b.build()
+
+
+def hand_assembled(slice_leaf: bool = False) -> TaskGraph:
+    """y [6, 32] = concat0(concat1(view(exp(x)), view(exp(2x))), exp(z)), its Concats
+    marked as output assembly (as `taskgraph.partition` marks them). With `slice_leaf`,
+    the last piece is a Slice of a larger block instead (grids that do not align)."""
+    prog = ep.Program("hand")
+    x = prog.input("x", (4, 8))
+    z = prog.input("z", (6, 32) if slice_leaf else (4, 32))
+    left = prog.view(ep.exp(x), (2, 16))
+    right = prog.view(ep.exp(x * 2.0), (2, 16))
+    top = prog.concat([left, right], axis=1)
+    bottom = ep.exp(z)
+    if slice_leaf:
+        bottom = prog.slice(bottom, (2, 0), (4, 32))
+    prog.output(prog.concat([top, bottom], axis=0), "y")
+    tg = prog.build()
+    blocks = [
+        Block(t.id, (0,) * len(t.shape), t.shape, "output") if isinstance(t.op, Concat) else None
+        for t in tg
+    ]
+    return TaskGraph(with_blocks(tg.tasks, blocks), tg.outputs, tg.name)

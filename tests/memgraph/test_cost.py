@@ -96,3 +96,21 @@ def test_unknown_preset_lists_the_valid_ones():
 def test_rates_must_be_positive(field, value):
     with pytest.raises(EinpageError, match=f"cost model 'bad': {field} must be positive"):
         dataclasses.replace(H100, name="bad", **{field: value})
+
+
+def test_registered_cost_models_are_found_by_name(monkeypatch):
+    import memgraph
+
+    monkeypatch.setattr(cost_module, "PRESETS", dict(PRESETS))
+    slow = CostModel("slow-link", 100e12, 1e12, 1e9, 1e9)
+    memgraph.register_cost_model("slow-link", slow)
+    assert get_cost_model("slow-link") is slow
+    tg = program()
+    mg = memgraph.plan(tg, "512MiB")
+    assert memgraph.simulate(mg, "slow-link").cost_model is slow
+    with pytest.raises(EinpageError, match="'slow-link' is already registered"):
+        memgraph.register_cost_model("slow-link", slow)
+    with pytest.raises(EinpageError, match="expected a CostModel"):
+        memgraph.register_cost_model("other", {"flops_per_s": 1})
+    with pytest.raises(EinpageError, match="unknown cost model 'tpu'.*slow-link"):
+        get_cost_model("tpu")

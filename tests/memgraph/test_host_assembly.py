@@ -12,8 +12,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from plans import hand_assembled
 
-import einpage as ep
 import memgraph
 import runtime
 import taskgraph
@@ -23,38 +23,15 @@ from memgraph.render import node_lines
 from runtime.numpy_backend import NumpyBackend
 from taskgraph import TaskGraph
 from taskgraph.assembly import assembly_tasks, output_assemblies
-from taskgraph.nodes import Block, Concat, with_blocks
 
 MODES = ("sequential", "streams", "random")
 
 
 class StagingNumpyBackend(NumpyBackend):
-    """The NumPy backend with host staging on, as the CuPy backend has it: sliced
-    offloads land in contiguous slots and are moved into their boxes after the run."""
+    """The NumPy backend with host staging on, as the CuPy backend has it: the output's
+    storage is a slot of the host buffer, and sliced offloads copy into its boxes."""
 
     host_staging = True
-
-
-def hand_assembled(slice_leaf: bool = False) -> TaskGraph:
-    """y [6, 32] = concat0(concat1(view(exp(x)), view(exp(2x))), exp(z)), its Concats
-    marked as output assembly (as `taskgraph.partition` marks them). With `slice_leaf`,
-    the last piece is a Slice of a larger block instead (grids that do not align)."""
-    prog = ep.Program("hand")
-    x = prog.input("x", (4, 8))
-    z = prog.input("z", (6, 32) if slice_leaf else (4, 32))
-    left = prog.view(ep.exp(x), (2, 16))
-    right = prog.view(ep.exp(x * 2.0), (2, 16))
-    top = prog.concat([left, right], axis=1)
-    bottom = ep.exp(z)
-    if slice_leaf:
-        bottom = prog.slice(bottom, (2, 0), (4, 32))
-    prog.output(prog.concat([top, bottom], axis=0), "y")
-    tg = prog.build()
-    blocks = [
-        Block(t.id, (0,) * len(t.shape), t.shape, "output") if isinstance(t.op, Concat) else None
-        for t in tg
-    ]
-    return TaskGraph(with_blocks(tg.tasks, blocks), tg.outputs, tg.name)
 
 
 def hand_inputs(tg: TaskGraph) -> dict[str, np.ndarray]:
@@ -120,7 +97,9 @@ def test_a_hand_made_tree_is_assembled_on_the_host_and_runs_everywhere():
         got = runtime.run(mg, inputs, backend="numpy", mode=mode, seed=3)["y"]
         np.testing.assert_allclose(got, want, rtol=1e-6)
     with runtime.Session(mg, StagingNumpyBackend(), mode="sequential") as session:
-        assert set(session.layout.staged_pieces) == {n.id for n in fills}
+        (storage,) = {n.storage for n in fills}
+        assert session.layout.storages[storage].shape == tg[root].shape
+        assert set(session.layout.storages) == set(mg.storages)  # nothing staged per piece
         np.testing.assert_allclose(session.run(inputs)["y"], want, rtol=1e-6)
 
 
@@ -226,3 +205,75 @@ def test_sliced_offloads_survive_json_and_show_their_box():
     label = " ".join(line.text for line in node_lines(mg, fill))
     assert f"[2:6, 0:32] of %{root}" in label
     assert memgraph.simulate(mg, "h100-pcie5").bytes_moved["d2h"] >= mg.stats.sliced_offload_bytes
+
+
+def with_node(mg: MemGraph, node) -> MemGraph:
+    nodes = list(mg.nodes)
+    nodes[node.id] = node
+    return MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, dict(mg.info))
+
+
+def test_sliced_offloads_carry_the_boxes_that_tile_the_output():
+    tg = hand_assembled()
+    mg = memgraph.plan(tg, "64KiB")
+    root = tg.outputs["y"]
+    fills = sliced_offloads(mg)
+    (storage,) = {n.storage for n in fills}
+    assert mg.storages[storage] == memgraph.HostStorage(
+        storage, (6, 32), "float32", 768, root, "assembly"
+    )
+    boxes = sorted((n.box.starts, n.box.sizes) for n in fills)
+    assert boxes == [((0, 0), (2, 16)), ((0, 16), (2, 16)), ((2, 0), (4, 32))]
+    assert all(n.box.shape == (6, 32) and n.box.dtype == "float32" for n in fills)
+
+
+def test_the_verifier_refuses_overlapping_boxes():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    small = sorted((n for n in sliced_offloads(mg) if n.box.sizes == (2, 16)), key=lambda n: n.id)
+    first, second = small
+    bad = with_node(mg, dataclasses.replace(second, box=first.box))
+    with pytest.raises(VerificationError, match=f"was already written by n{first.id}"):
+        memgraph.verify(bad)
+
+
+def test_the_verifier_refuses_a_box_that_is_not_its_leaf_s_place():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    first, second = sorted(
+        (n for n in sliced_offloads(mg) if n.box.sizes == (2, 16)), key=lambda n: n.id
+    )
+    bad = with_node(mg, dataclasses.replace(first, box=second.box))
+    with pytest.raises(VerificationError, match="but its box in output assembly"):
+        memgraph.verify(bad)
+
+
+@pytest.mark.parametrize(
+    "starts, sizes, message",
+    [
+        ((5, 0), (2, 16), r"box \[5:7, 0:16\] does not lie inside host#"),
+        ((0, 0), (2, 8), "holds 64 bytes of float32, but %.* has 128 bytes"),
+    ],
+)
+def test_the_verifier_checks_each_sliced_offload_box(starts, sizes, message):
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = next(n for n in sliced_offloads(mg) if n.box.sizes == (2, 16))
+    box = dataclasses.replace(fill.box, starts=starts, sizes=sizes)
+    with pytest.raises(VerificationError, match=message):
+        memgraph.verify(with_node(mg, dataclasses.replace(fill, box=box)))
+
+
+def test_a_sliced_offload_needs_its_box():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    fill = sliced_offloads(mg)[0]
+    with pytest.raises(VerificationError, match="a sliced offload into host#.* carries no box"):
+        memgraph.verify(with_node(mg, dataclasses.replace(fill, box=None)))
+
+
+def test_the_assembly_storage_has_the_output_s_size():
+    mg = memgraph.plan(hand_assembled(), "64KiB")
+    storage = sliced_offloads(mg)[0].storage
+    entry = dataclasses.replace(mg.storages[storage], shape=(6, 16), nbytes=384)
+    bad = MemGraph(
+        mg.taskgraph, mg.nodes, mg.budget, mg.alignment, mg.info, {**mg.storages, storage: entry}
+    )
+    with pytest.raises(VerificationError, match=r"float32\[6,16\].*but it holds assembly"):
+        memgraph.verify(bad)

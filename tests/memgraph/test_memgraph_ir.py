@@ -128,3 +128,135 @@ def corrupted(edit):
 def test_json_validation_names_the_path(edit, message):
     with pytest.raises(SerializationError, match=message):
         MemGraph.from_json(corrupted(edit))
+
+
+# -- host storages and boxes in JSON ------------------------------------------------
+
+
+def test_json_carries_storages_and_boxes():
+    from plans import sliced_weight_plan
+
+    mg = sliced_weight_plan()
+    data = json.loads(mg.to_json())
+    assert data["version"] == 2
+    assert data["storages"] == [
+        {"id": 0, "shape": [64, 8], "dtype": "float32", "nbytes": 2048, "tensor": 0,
+         "kind": "input"}
+    ]  # fmt: skip
+    (reload,) = [n for n in data["nodes"] if n["kind"] == "reload"]
+    assert reload["box"] == {"starts": [16, 0], "sizes": [8, 8]}
+    again = MemGraph.from_json(mg.to_json())
+    assert again.nodes == mg.nodes and again.storages == mg.storages
+    assert again.to_json() == mg.to_json()
+    verify(again)
+
+
+def test_version_1_documents_are_read_with_storages_and_boxes_worked_out():
+    from plans import sliced_weight_plan
+
+    for mg in (sliced_weight_plan(), reference_plan(two_output_mlp(), offload=frozenset({3}))):
+        data = json.loads(mg.to_json())
+        data["version"] = 1
+        del data["storages"]
+        for node in data["nodes"]:
+            node.pop("box", None)
+        old = MemGraph.from_json(json.dumps(data))
+        assert old.nodes == mg.nodes and old.storages == mg.storages
+        verify(old)
+
+
+def corrupted_sliced(edit):
+    from plans import sliced_weight_plan
+
+    data = json.loads(sliced_weight_plan().to_json())
+    edit(data)
+    return json.dumps(data)
+
+
+def reload_entry(data):
+    return next(n for n in data["nodes"] if n["kind"] == "reload")
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d.update(version=3), r"\$.version: expected 2 \(or 1"),
+        (lambda d: d.pop("storages"), r"\$.storages: missing"),
+        (lambda d: d.update(storages={}), r"\$.storages: expected a list"),
+        (lambda d: d["storages"][0].pop("nbytes"), r"storages\[0\]: missing key\(s\) \['nbytes'\]"),
+        (lambda d: d["storages"][0].update(dtype="bf16"), r"storages\[0\].dtype: expected one of"),
+        (lambda d: d["storages"][0].update(kind="x"), r"storages\[0\].kind: expected one of input"),
+        (lambda d: d["storages"][0].update(tensor=99), r"storages\[0\].tensor: %99 is not a task"),
+        (lambda d: d["storages"][0].update(shape=[64, -8]), r"storages\[0\].shape\[1\]"),
+        (lambda d: d["storages"].append(dict(d["storages"][0])), r"host#0 is listed twice"),
+        (lambda d: reload_entry(d)["box"].pop("sizes"), r"box: missing key\(s\) \['sizes'\]"),
+        (lambda d: reload_entry(d)["box"].update(sizes=[0, 8]), r"box.sizes\[0\]: expected an"),
+        (lambda d: d.update(storages=[]), r"box: a box of a storage that is not in \$.storages"),
+        (lambda d: reload_entry(d).update(into=2), r"reload node has unknown key\(s\) \['into'\]"),
+        (
+            lambda d: [n.update(box={"starts": [0], "sizes": [1]}) for n in d["nodes"]
+                       if n["kind"] == "free"],
+            r"free node has unknown key\(s\) \['box'\]",
+        ),
+    ],
+)  # fmt: skip
+def test_json_validation_of_storages_and_boxes(edit, message):
+    with pytest.raises(SerializationError, match=message):
+        MemGraph.from_json(corrupted_sliced(edit))
+
+
+# -- the node declaration -------------------------------------------------------------
+
+
+def test_every_kind_declares_its_fields_and_json_keys_follow_it():
+    from memgraph.nodes import FIELDS, NODE_FIELDS
+
+    assert set(NODE_FIELDS) == set(NodeKind)
+    for spec in NODE_FIELDS.values():
+        assert spec.allowed <= set(FIELDS)
+    mg = reference_plan(two_output_mlp(), offload=frozenset({3, 5}), outputs_to_host=True)
+    for node, entry in zip(mg.nodes, json.loads(mg.to_json())["nodes"], strict=True):
+        spec = NODE_FIELDS[node.kind]
+        keys = set(entry) - {"id", "kind", "deps", "tensor"}
+        assert set(spec.required) <= keys <= spec.allowed, node.line()
+        assert node.field_problem() is None
+
+
+@pytest.mark.parametrize(
+    "kind, changes, message",
+    [
+        (NodeKind.ALLOC, {"region": None}, "has no device region"),
+        (NodeKind.RELOAD, {"storage": None}, "has no host storage"),
+        (NodeKind.FREE, {"into": 3}, r"only an offload can fill an output assembly \('into'\)"),
+        (NodeKind.ALLOC, {"name": "x"}, r"only an input or an output can name"),
+        (NodeKind.ALLOC, {"reads": (Region(0, 256),)}, r"only an apply can read operand regions"),
+        (NodeKind.INPUT, {"storage": 0, "region": Region(0, 256)}, "an input is in exactly one"),
+        (NodeKind.OUTPUT, {"storage": None, "region": None}, "an output is in exactly one"),
+    ],
+)
+def test_field_problems_come_from_the_declaration(kind, changes, message):
+    import dataclasses
+    import re
+
+    from memgraph import MemNode
+
+    base = MemNode(0, kind, tensor=1, region=Region(0, 256), storage=0, name="x")
+    defaults = {"region": base.region, "storage": None, "name": ""}
+    if kind in (NodeKind.INPUT, NodeKind.OUTPUT):
+        defaults = {"region": None, "storage": 0, "name": "x"}
+    elif kind is NodeKind.RELOAD:
+        defaults["storage"] = 0
+    node = dataclasses.replace(base, **{**defaults, **changes})
+    assert re.search(message, node.field_problem())
+    assert dataclasses.replace(base, **defaults).field_problem() is None
+
+
+def test_describe_follows_the_templates():
+    from plans import sliced_weight_plan
+
+    mg = sliced_weight_plan()
+    lines = [n.describe() for n in mg.nodes]
+    assert lines[0] == 'input "w" %0 -> host#0'
+    assert lines[2] == "reload %1 host#0[16:24, 0:8] -> [0x00000000, +256 B)"
+    assert lines[4].startswith("apply %2 ([0x00000000, +256 B)) -> ")
+    assert lines[-1] == 'output "y" %2 [0x00000100, +256 B)'

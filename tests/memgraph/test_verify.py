@@ -14,7 +14,7 @@ from strategies import einsum_cases
 
 import einpage as ep
 from einpage.errors import VerificationError
-from memgraph import MemGraph, NodeKind, Region, verify
+from memgraph import HostBox, HostStorage, MemGraph, NodeKind, Region, verify
 
 
 def replace_node(mg: MemGraph, node_id: int, **changes) -> MemGraph:
@@ -215,3 +215,98 @@ def test_sliced_reload_needs_a_slice_of_the_stored_input():
     assert prog_graph[2].kind == "einsum"
     bad = sliced_weight_plan(reload_tensor=2)
     violation(bad, "holds %0, not %2 \\(nor an input that %2 slices\\)")
+
+
+# -- host storages and boxes ------------------------------------------------------
+
+
+def with_storages(mg: MemGraph, **changes) -> MemGraph:
+    """`mg` with its storage table edited: `host3=None` drops host#3, `host3=entry` sets it."""
+    table = dict(mg.storages)
+    for key, entry in changes.items():
+        sid = int(key.removeprefix("host"))
+        if entry is None:
+            table.pop(sid)
+        else:
+            table[sid] = entry
+    return MemGraph(mg.taskgraph, mg.nodes, mg.budget, mg.alignment, mg.info, table)
+
+
+def sliced_reload(mg: MemGraph):
+    return next(n for n in mg.nodes if n.kind is NodeKind.RELOAD and n.box is not None)
+
+
+def test_the_builder_records_storages_and_the_sliced_reload_box():
+    mg = sliced_weight_plan()
+    assert mg.storages == {0: HostStorage(0, (64, 8), "float32", 2048, 0, "input")}
+    assert sliced_reload(mg).box == HostBox((64, 8), "float32", (16, 0), (8, 8))
+    assert mg.host_bytes == 2048
+    # A MemGraph remade from the nodes alone works the same table out.
+    again = MemGraph(mg.taskgraph, mg.nodes, mg.budget)
+    assert again.storages == mg.storages
+
+
+@pytest.mark.parametrize(
+    "box, message",
+    [
+        (HostBox((64, 8), "float32", (60, 0), (8, 8)), r"\[60:68, 0:8\] does not lie inside"),
+        (HostBox((64, 8), "float32", (16, 0), (4, 8)), r"is float32\[4,8\], but the reloaded %1"),
+        (HostBox((64, 8), "float32", (8, 0), (8, 8)), r"starts at \[8, 0\], but %1 slices %0"),
+        (HostBox((32, 16), "float32", (0, 0), (8, 8)), r"is of a float32\[32,16\] array, not"),
+        (HostBox((64, 8), "float64", (16, 0), (8, 8)), r"float64\[64,8\] array, not of host#0"),
+        (None, "a sliced reload of %1 from host#0 carries no box"),
+    ],
+)
+def test_a_sliced_reload_box_is_checked(box, message):
+    mg = sliced_weight_plan()
+    violation(replace_node(mg, sliced_reload(mg).id, box=box), message)
+
+
+def test_a_whole_reload_carries_no_box():
+    mg = reference_plan(mlp_graph())
+    reload = first(mg, NodeKind.RELOAD)
+    storage = mg.storages[reload.storage]
+    bad = replace_node(mg, reload.id, box=storage.box)
+    violation(bad, f"reloads all of host#{reload.storage}, yet carries box")
+
+
+def test_only_copies_carry_boxes():
+    mg = reference_plan(mlp_graph(), offload=frozenset({3}))
+    box = HostBox((1,), "float32", (0,), (1,))
+    free = first(mg, NodeKind.FREE)
+    violation(replace_node(mg, free.id, box=box), "only an offload or a reload can copy a box")
+    offload = first(mg, NodeKind.OFFLOAD)
+    violation(replace_node(mg, offload.id, box=box), r"only a sliced offload \('into'\)")
+
+
+def test_every_storage_a_node_names_is_in_the_table():
+    mg = reference_plan(mlp_graph())
+    node = first(mg, NodeKind.INPUT, region=None)
+    violation(
+        with_storages(mg, **{f"host{node.storage}": None}),
+        f"host#{node.storage} is not in the plan's table of host storages",
+    )
+
+
+def test_the_table_holds_what_is_copied_in():
+    mg = reference_plan(mlp_graph(), offload=frozenset({3}))
+    offload = first(mg, NodeKind.OFFLOAD)
+    entry = mg.storages[offload.storage]
+    assert entry.kind == "offload" and entry.tensor == 3
+    key = f"host{offload.storage}"
+    wrong_bytes = dataclasses.replace(entry, nbytes=entry.nbytes + 4)
+    violation(with_storages(mg, **{key: wrong_bytes}), r"bytes\), but it holds offload %3")
+    wrong_shape = dataclasses.replace(entry, shape=(entry.nbytes // 4,))
+    violation(with_storages(mg, **{key: wrong_shape}), "the storage table has host#.*holds offload")
+    wrong_kind = dataclasses.replace(entry, kind="input")
+    violation(with_storages(mg, **{key: wrong_kind}), "input %3.*but it holds offload %3")
+    weight = first(mg, NodeKind.INPUT, region=None)
+    stored = mg.storages[weight.storage]
+    other = dataclasses.replace(stored, tensor=3)
+    violation(with_storages(mg, **{f"host{weight.storage}": other}), "but it holds input")
+
+
+def test_the_table_lists_no_storage_that_nothing_writes():
+    mg = reference_plan(mlp_graph())
+    extra = HostStorage(99, (4,), "float32", 16, 0, "offload")
+    violation(with_storages(mg, host99=extra), r"lists \['host#99: .*which no node writes")

@@ -227,3 +227,75 @@ def fake_cupy() -> SimpleNamespace:
         abs=np.abs,
         where=np.where,
     )
+
+
+# -- copies -------------------------------------------------------------------------
+
+
+class FakeCudaRuntime:
+    """The copy calls of `cupy.cuda.runtime` on the CPU: "device" pointers are host
+    addresses (NumPy arrays stand in for device memory), and each copy runs at once with
+    `ctypes.memmove`. `calls` records (name, bytes) per call."""
+
+    memcpyHostToDevice = 1
+    memcpyDeviceToHost = 2
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+
+    def memcpyAsync(self, dst, src, size, kind, stream):  # noqa: N802 (CuPy's name)
+        assert kind in (self.memcpyHostToDevice, self.memcpyDeviceToHost)
+        self.calls.append(("memcpyAsync", size))
+        ctypes.memmove(dst, src, size)
+
+    def memcpy2DAsync(self, dst, dpitch, src, spitch, width, height, kind, stream):  # noqa: N802
+        assert kind in (self.memcpyHostToDevice, self.memcpyDeviceToHost)
+        assert width <= dpitch and width <= spitch, "cudaErrorInvalidPitchValue"
+        self.calls.append(("memcpy2DAsync", width * height))
+        for row in range(height):
+            ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
+
+
+class FakeDeviceArray:
+    """A NumPy array dressed as a CuPy device array for copies: `.data.ptr` is its address."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.shape, self.dtype, self.flags = array.shape, array.dtype, array.flags
+        self.data = SimpleNamespace(ptr=array.ctypes.data)
+
+
+def fake_cupy_backend():
+    """A `CupyBackend` whose copies go to a `FakeCudaRuntime` (no GPU, no CuPy); only its
+    copy primitive works. Returns (backend, runtime, a stand-in stream)."""
+    from runtime.cupy_backend import CupyBackend
+
+    cuda_runtime = FakeCudaRuntime()
+    backend = object.__new__(CupyBackend)
+    backend.cp = SimpleNamespace(cuda=SimpleNamespace(runtime=cuda_runtime))
+    stream = SimpleNamespace(cuda=SimpleNamespace(ptr=0))
+    return backend, cuda_runtime, stream
+
+
+def _numpy_backend_class():
+    from runtime.numpy_backend import NumpyBackend
+
+    return NumpyBackend
+
+
+class CudaCopiesBackend(_numpy_backend_class()):
+    """The NumPy backend with host staging (as CuPy has it) whose copies are the CuPy
+    backend's (`fake_cupy_backend`), issued in order on the NumPy streams."""
+
+    host_staging = True
+
+    def __init__(self):
+        super().__init__()
+        self.cupy, self.cuda_runtime, self.fake_stream = fake_cupy_backend()
+
+    def copy_box(self, host, starts, device, direction, stream):
+        def work():
+            wrapped = FakeDeviceArray(device)
+            self.cupy.copy_box(host, starts, wrapped, direction, self.fake_stream)
+
+        stream.submit(work)

@@ -216,3 +216,39 @@ def test_closed_session(mlp):
 def test_every_error_is_an_einpage_error():
     for cls in (BackendError, BackendUnavailableError, InputError, VerificationError):
         assert issubclass(cls, EinpageError)
+
+
+def test_registered_backends_are_found_by_name(mlp, monkeypatch):
+    from runtime import backend as backend_module
+    from runtime.numpy_backend import NumpyBackend
+
+    mg, inputs = mlp
+    monkeypatch.setattr(backend_module, "BACKENDS", dict(backend_module.BACKENDS))
+
+    class CountingBackend(NumpyBackend):
+        name = "counting"
+        copies = 0
+
+        def copy_box(self, host, starts, device, direction, stream):
+            CountingBackend.copies += 1
+            super().copy_box(host, starts, device, direction, stream)
+
+    runtime.register_backend("counting", CountingBackend)
+    runtime.register_backend("counting-lazy", lambda: CountingBackend)
+    assert runtime.backend_names()[-2:] == ("counting", "counting-lazy")
+    want = runtime.run(mg, inputs, "numpy")
+    for name in ("counting", "counting-lazy"):
+        got = runtime.run(mg, inputs, name, mode="streams")
+        assert all(np.array_equal(got[k], want[k]) for k in want)
+    assert CountingBackend.copies > 0
+    with pytest.raises(BackendError, match="'counting' is already registered"):
+        runtime.register_backend("counting", CountingBackend)
+    with pytest.raises(BackendError, match="other than 'auto'"):
+        runtime.register_backend("auto", CountingBackend)
+    with pytest.raises(BackendError, match="expected a Backend subclass or a function"):
+        runtime.register_backend("bad", 3)
+    runtime.register_backend("broken", lambda: int)
+    with pytest.raises(BackendError, match="its factory gave <class 'int'>, not a Backend"):
+        runtime.run(mg, inputs, "broken")
+    with pytest.raises(BackendError, match="unknown backend 'tpu'; valid: .*'counting-lazy'"):
+        runtime.run(mg, inputs, "tpu")

@@ -9,6 +9,7 @@ runs to the reference in every runtime mode, with and without host staging.
 from __future__ import annotations
 
 import pytest
+from cpu_cuda import CudaCopiesBackend
 from runtime_cases import assert_outputs_match, make_inputs
 
 import einpage as ep
@@ -24,7 +25,17 @@ from taskgraph.assembly import output_assemblies
 
 
 class StagingNumpyBackend(NumpyBackend):
+    """Host staging on, as on CuPy; records the box copies it is asked for."""
+
     host_staging = True
+
+    def __init__(self):
+        super().__init__()
+        self.copies = []
+
+    def copy_box(self, host, starts, device, direction, stream):
+        self.copies.append((host.shape, tuple(starts), device.shape, direction))
+        super().copy_box(host, starts, device, direction, stream)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +87,27 @@ def test_every_mode_gives_the_reference_logits(case, mode):
 
 def test_host_staging_gives_the_reference_logits(case):
     _, mg, inputs, want = case
-    with runtime.Session(mg, StagingNumpyBackend(), mode="streams") as session:
-        assert len(session.layout.staged_pieces) == mg.stats.sliced_offload_count
+    backend = StagingNumpyBackend()
+    root = mg.taskgraph.outputs["logits"]
+    fills = [n for n in mg.nodes if n.kind is NodeKind.OFFLOAD and n.into == root]
+    with runtime.Session(mg, backend, mode="streams") as session:
+        # The host buffer holds each storage once, at its size: no staged piece.
+        slots = session.layout.storages
+        assert {sid: (s.shape, s.dtype) for sid, s in slots.items()} == {
+            sid: (s.shape, s.dtype) for sid, s in mg.storages.items()
+        }
         assert_outputs_match(session.run(inputs), want, "staging")
+    logits = mg.taskgraph[root].shape
+    boxes = {(c[1], c[2]) for c in backend.copies if c[0] == logits and c[3] == "d2h"}
+    assert boxes == {(n.box.starts, n.box.sizes) for n in fills}
+    assert len(boxes) == mg.stats.sliced_offload_count
+
+
+def test_the_cupy_box_copies_give_the_reference_logits(case):
+    """The CuPy backend's copies (memcpy / memcpy2D planes, on the CPU stand-in) write
+    each block straight into its box of the pinned logits."""
+    _, mg, inputs, want = case
+    backend = CudaCopiesBackend()
+    assert_outputs_match(runtime.run(mg, inputs, backend, mode="streams"), want, "cupy copies")
+    planes = [n for name, n in backend.cuda_runtime.calls if name == "memcpy2DAsync"]
+    assert planes  # blocks of the logits are strided boxes of the host array

@@ -83,3 +83,19 @@ def test_run_writes_a_trace_file(tmp_path):
     doc = json.loads(path.read_text())
     tracks = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "thread_name"}
     assert tracks == {"compute", "h2d", "d2h"}
+
+
+def test_the_backend_says_which_clock_a_trace_reads():
+    from runtime.cupy_backend import CupyBackend
+    from runtime.numpy_backend import NumpyBackend
+
+    class EventClockBackend(NumpyBackend):
+        clock = "cuda"
+
+    assert NumpyBackend.clock == "wall" and CupyBackend.clock == "cuda"
+    tg = block_program()
+    mg = reference_plan(tg)
+    with runtime.Session(mg, EventClockBackend(), mode="sequential") as session:
+        session.run(make_inputs(tg, 0), trace=True)
+        assert session.last.trace.clock == "cuda"
+        assert session.last.trace.to_chrome()["otherData"]["clock"] == "cuda"
