@@ -50,6 +50,7 @@ __all__ = [
     "Slice",
     "Concat",
     "OP_KINDS",
+    "is_input_slice",
     "Block",
     "BLOCK_KINDS",
     "AGGS",
@@ -418,6 +419,14 @@ OP_KINDS: dict[str, type[Op]] = {
     cls.kind: cls for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat)
 }
 """Every op kind by name."""
+
+
+def is_input_slice(op: Op, source: Op | None) -> bool:
+    """Whether `op`, reading `source` as its operand 0 (None: no operand), is a Slice of a
+    program Input: a region of an input, which a planner may load straight from the
+    input's host storage (a sliced reload), so its working set is its output alone.
+    `TaskGraph.is_input_slice(task_id)` asks it of a task."""
+    return isinstance(op, Slice) and isinstance(source, Input)
 
 
 def _json_float(value: float) -> float | str:
