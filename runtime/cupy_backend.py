@@ -33,8 +33,8 @@ from __future__ import annotations
 import contextlib
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from runtime import cuda_codegen
 from runtime.backend import Backend, Event, Stream
 from runtime.boxcopy import BoxRuns, issue_box_copy
 from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into, matmul_plan
+from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
@@ -144,6 +145,7 @@ _GATHER = (
 class CupyKernels:
     """One task's kernel into an output view, by op kind; counts which path each took.
 
+    `HANDLERS` holds the method of each op kind (an `OpTable`: complete at import).
     Generated kernels are built once per distinct (expression, dtypes) and cached;
     CuPy compiles each once per device and caches the binary on disk.
     """
@@ -155,18 +157,10 @@ class CupyKernels:
         self._elementwise: dict[cuda_codegen.ElementwiseSource, Any] = {}
         self._reduction: dict[cuda_codegen.ReductionSource, Any] = {}
         self._fixed: dict[str, Any] = {}
-        self._handlers = {
-            Einsum: self.einsum,
-            Fill: self.fill,
-            Gather: self.gather,
-            Slice: self.slice,
-            Concat: self.concat,
-            View: self.view,
-        }
 
     def run(self, task: Task, operands: Sequence[Any], out: Any) -> None:
         """Issue `task`'s kernel on the current stream, writing `out`."""
-        self._handlers[type(task.op)](task, operands, out)
+        self.HANDLERS.of(task.op)(self, task, operands, out)
 
     # -- cached kernels --
 
@@ -271,6 +265,13 @@ class CupyKernels:
     def view(self, task: Task, operands: Sequence[Any], out: Any) -> None:
         out[...] = operands[0].reshape(task.shape)
         self.counters["copy"] += 1
+
+    HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
+    HANDLERS = OpTable(
+        "CuPy kernels",
+        {Einsum: einsum, Fill: fill, Gather: gather, Slice: slice, Concat: concat, View: view},
+        without={Input: "inputs are copied to the device, not computed"},
+    )
 
     def check_flags(self) -> None:
         """After a run has finished: raise `InputError` for a gather that saw a bad id."""
@@ -429,7 +430,7 @@ def evaluate_on_gpu(
     for task in tg.tasks:
         if isinstance(task.op, Input):
             values[task.id] = cp.asarray(inputs[task.op.name])
-        elif isinstance(task.op, View):
+        elif task.op.aliases_input:
             values[task.id] = values[task.inputs[0]].reshape(task.shape)
         else:
             out = cp.empty(task.shape, dtype=task.dtype)

@@ -2,6 +2,7 @@
 
 from taskgraph import dtypes, expr
 from taskgraph.builder import GraphBuilder
+from taskgraph.dispatch import OpTable
 from taskgraph.einsum import EinsumSpec
 from taskgraph.evaluate import evaluate, evaluate_task
 from taskgraph.graph import TaskGraph
@@ -32,6 +33,7 @@ __all__ = [
     "Slice",
     "Concat",
     "OP_KINDS",
+    "OpTable",
     "Block",
     "BLOCK_KINDS",
     "GraphBuilder",

@@ -153,75 +153,18 @@ def normalize(spec: str, shapes: Sequence[Shape]) -> Normalized:
     >>> normalize("...ij,...jk", [(2, 3, 4), (4, 5)]).spec
     EinsumSpec(inputs=('Aij', 'jk'), output='Aik')
     """
-    if not isinstance(spec, str):
-        raise SpecError(f"einsum spec must be a string, got {type(spec).__name__}")
-    text = spec.replace(" ", "")
-    if text.count("->") > 1:
-        raise SpecError(f"einsum spec {spec!r} has more than one '->'")
-    lhs, arrow, out = text.partition("->")
-    terms = lhs.split(",")
-    if len(terms) != len(shapes):
-        raise SpecError(
-            f"einsum spec {spec!r} has {len(terms)} operand term(s) but {len(shapes)} "
-            "operand(s) were given"
-        )
-    for term in (*terms, out):
-        if term.count("...") > 1 or term.replace("...", "").count(".") > 0:
-            raise SpecError(f"einsum spec {spec!r}: malformed ellipsis in {term!r}")
-
-    # Letters for the ellipsis dimensions: unused ones, uppercase first, in order.
-    used = set(text)
-    free_letters = [c for c in string.ascii_uppercase + string.ascii_lowercase if c not in used]
-    ranks = []
-    for position, (term, shape) in enumerate(zip(terms, shapes, strict=True)):
-        named = len(term.replace("...", ""))
-        extra = len(shape) - named
-        if "..." not in term and extra != 0 or extra < 0:
-            raise SpecError(
-                f"einsum spec {spec!r}: operand {position} has shape {tuple(shape)} "
-                f"(rank {len(shape)}) but its term {term!r} names {named} indices"
-            )
-        ranks.append(extra if "..." in term else 0)
-    ellipsis_rank = max(ranks, default=0)
-    if ellipsis_rank > len(free_letters):
-        raise SpecError(f"einsum spec {spec!r}: too many dimensions under '...'")
-    ellipsis = "".join(free_letters[:ellipsis_rank])
-
-    # Sizes of the ellipsis dimensions (right-aligned), and which size-1 axes broadcast.
-    ellipsis_sizes = [1] * ellipsis_rank
-    for term, shape, rank in zip(terms, shapes, ranks, strict=True):
-        start = term.find("...")
-        for k in range(rank):
-            size = shape[start + k]
-            slot = ellipsis_rank - rank + k
-            if size != 1:
-                if ellipsis_sizes[slot] not in (1, size):
-                    shown = [tuple(s) for s in shapes]
-                    raise ShapeError(
-                        f"einsum spec {spec!r}: dimensions under '...' do not broadcast: "
-                        f"{ellipsis_sizes[slot]} against {size} (shapes {shown})"
-                    )
-                ellipsis_sizes[slot] = size
+    terms, arrow, out = _split_spec(spec, len(shapes))
+    ranks = _ellipsis_ranks(spec, terms, shapes)
+    ellipsis = _ellipsis_letters(spec, max(ranks, default=0))
+    sizes = _ellipsis_sizes(spec, terms, shapes, ranks, len(ellipsis))
     new_terms: list[str] = []
     squeeze: list[tuple[int, ...]] = []
     for term, shape, rank in zip(terms, shapes, ranks, strict=True):
-        start = term.find("...")
-        if start < 0:
-            new_terms.append(term)
-            squeeze.append(())
-            continue
-        letters, drop = [], []
-        for k in range(rank):
-            slot = ellipsis_rank - rank + k
-            if shape[start + k] == 1 and ellipsis_sizes[slot] != 1:
-                drop.append(start + k)
-            else:
-                letters.append(ellipsis[slot])
-        new_terms.append(term.replace("...", "".join(letters)))
-        squeeze.append(tuple(drop))
-
+        explicit, drop = _expand_term(term, shape, rank, ellipsis, sizes)
+        new_terms.append(explicit)
+        squeeze.append(drop)
     if arrow:
-        if ellipsis_rank and "..." not in out:
+        if ellipsis and "..." not in out:
             raise SpecError(f"einsum spec {spec!r}: the output must contain '...' when operands do")
         output = out.replace("...", ellipsis)
     else:
@@ -236,3 +179,87 @@ def normalize(spec: str, shapes: Sequence[Shape]) -> Normalized:
         ]
     )
     return Normalized(result, tuple(squeeze))
+
+
+def _split_spec(spec: str, operands: int) -> tuple[list[str], str, str]:
+    """The operand terms, the arrow (`"->"` or `""`) and the output term of a user spec,
+    checked: one term per operand, at most one arrow, well-formed ellipses."""
+    if not isinstance(spec, str):
+        raise SpecError(f"einsum spec must be a string, got {type(spec).__name__}")
+    text = spec.replace(" ", "")
+    if text.count("->") > 1:
+        raise SpecError(f"einsum spec {spec!r} has more than one '->'")
+    lhs, arrow, out = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != operands:
+        raise SpecError(
+            f"einsum spec {spec!r} has {len(terms)} operand term(s) but {operands} "
+            "operand(s) were given"
+        )
+    for term in (*terms, out):
+        if term.count("...") > 1 or term.replace("...", "").count(".") > 0:
+            raise SpecError(f"einsum spec {spec!r}: malformed ellipsis in {term!r}")
+    return terms, arrow, out
+
+
+def _ellipsis_ranks(spec: str, terms: Sequence[str], shapes: Sequence[Shape]) -> list[int]:
+    """Per operand, how many dimensions its `...` stands for (0 without one)."""
+    ranks = []
+    for position, (term, shape) in enumerate(zip(terms, shapes, strict=True)):
+        named = len(term.replace("...", ""))
+        extra = len(shape) - named
+        if "..." not in term and extra != 0 or extra < 0:
+            raise SpecError(
+                f"einsum spec {spec!r}: operand {position} has shape {tuple(shape)} "
+                f"(rank {len(shape)}) but its term {term!r} names {named} indices"
+            )
+        ranks.append(extra if "..." in term else 0)
+    return ranks
+
+
+def _ellipsis_letters(spec: str, rank: int) -> str:
+    """Letters for the ellipsis dimensions: unused ones, uppercase first, in order."""
+    used = set(spec)
+    free_letters = [c for c in string.ascii_uppercase + string.ascii_lowercase if c not in used]
+    if rank > len(free_letters):
+        raise SpecError(f"einsum spec {spec!r}: too many dimensions under '...'")
+    return "".join(free_letters[:rank])
+
+
+def _ellipsis_sizes(
+    spec: str, terms: Sequence[str], shapes: Sequence[Shape], ranks: Sequence[int], rank: int
+) -> list[int]:
+    """Sizes of the ellipsis dimensions, operands aligned from the right; size 1 broadcasts."""
+    sizes = [1] * rank
+    for term, shape, own in zip(terms, shapes, ranks, strict=True):
+        start = term.find("...")
+        for k in range(own):
+            size = shape[start + k]
+            slot = rank - own + k
+            if size != 1:
+                if sizes[slot] not in (1, size):
+                    shown = [tuple(s) for s in shapes]
+                    raise ShapeError(
+                        f"einsum spec {spec!r}: dimensions under '...' do not broadcast: "
+                        f"{sizes[slot]} against {size} (shapes {shown})"
+                    )
+                sizes[slot] = size
+    return sizes
+
+
+def _expand_term(
+    term: str, shape: Shape, rank: int, ellipsis: str, sizes: Sequence[int]
+) -> tuple[str, tuple[int, ...]]:
+    """`term` with its `...` replaced by ellipsis letters, and the operand's axes to squeeze
+    (size 1 where the ellipsis dimension is larger: NumPy broadcasts them)."""
+    start = term.find("...")
+    if start < 0:
+        return term, ()
+    letters, drop = [], []
+    for k in range(rank):
+        slot = len(ellipsis) - rank + k
+        if shape[start + k] == 1 and sizes[slot] != 1:
+            drop.append(start + k)
+        else:
+            letters.append(ellipsis[slot])
+    return term.replace("...", "".join(letters)), tuple(drop)

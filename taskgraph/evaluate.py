@@ -2,7 +2,10 @@
 
 This is the ground truth every later stage is checked against. It favours being
 obviously right over speed: a generalized einsum is evaluated by broadcasting every
-operand over the full iteration space, applying the join, and aggregating.
+operand over the full iteration space, applying the join, and aggregating. Each op
+kind's kernel is an entry of `REFERENCE_KERNELS` (a `taskgraph.dispatch.OpTable`, so
+a new op kind without one fails at import); the NumPy runtime backend runs the same
+kernels.
 
 Precision: each task is computed in its own dtype, except that float16 tasks are
 computed in float32 and rounded to float16 when stored (as GPU kernels accumulate).
@@ -19,11 +22,12 @@ import numpy as np
 
 from einpage_core.errors import InputError
 from taskgraph import dtypes
+from taskgraph.dispatch import OpTable
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
 
-__all__ = ["evaluate", "evaluate_task", "compute_dtype"]
+__all__ = ["evaluate", "evaluate_task", "compute_dtype", "REFERENCE_KERNELS"]
 
 _AGGREGATE: dict[str, Callable[..., np.ndarray]] = {
     "sum": np.sum,
@@ -96,7 +100,7 @@ def evaluate_task(
     """
     out_dtype = wide if wide is not None and dtypes.is_float(task.dtype) else task.dtype
     work = compute_dtype(out_dtype)
-    kernel = _KERNELS[type(task.op)]
+    kernel = REFERENCE_KERNELS.of(task.op)
     if out is None:
         return np.asarray(kernel(task, operands, work, None)).astype(out_dtype, copy=False)
     if out.shape != task.shape or out.dtype != np.dtype(out_dtype):
@@ -192,11 +196,17 @@ def _concat(
 
 
 _Kernel = Callable[[Task, Sequence[np.ndarray], str, "np.ndarray | None"], np.ndarray]
-_KERNELS: dict[type, _Kernel] = {
-    Einsum: _einsum,
-    Fill: _fill,
-    Gather: _gather,
-    View: _view,
-    Slice: _slice,
-    Concat: _concat,
-}
+REFERENCE_KERNELS: OpTable[_Kernel] = OpTable(
+    "reference kernels",
+    {
+        Einsum: _einsum,
+        Fill: _fill,
+        Gather: _gather,
+        View: _view,
+        Slice: _slice,
+        Concat: _concat,
+    },
+    without={Input: "inputs are given to `evaluate`, not computed"},
+)
+"""The NumPy kernel of each op kind: `kernel(task, operands, work dtype, out or None)`
+returns the result (written into `out` where it can; see `evaluate_task`)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from einpage_core.errors import InputError
 from einpage_core.units import format_bytes, format_count
-from taskgraph.nodes import Input, Task
+from taskgraph.nodes import Input, Task, is_input_slice
 
 __all__ = ["TaskGraph"]
 
@@ -78,6 +78,13 @@ class TaskGraph:
             task = self.tasks[task.inputs[0]]
         return task.id
 
+    def is_input_slice(self, task_id: int) -> bool:
+        """Whether task `task_id` is a Slice reading an Input directly (see
+        `taskgraph.nodes.is_input_slice`)."""
+        task = self.tasks[task_id]
+        source = self.tasks[task.inputs[0]].op if task.inputs else None
+        return is_input_slice(task.op, source)
+
     @property
     def total_flops(self) -> int:
         return sum(t.flops for t in self.tasks)
@@ -125,7 +132,7 @@ class TaskGraph:
         out = []
         for task in self.tasks:
             notes = [format_bytes(task.nbytes)]
-            if task.flops and task.kind not in ("input", "view"):
+            if task.flops and task.is_compute:
                 notes.append(format_count(task.flops, "FLOP"))
             if task.scope:
                 notes.append(task.scope)

@@ -10,12 +10,22 @@ Op kinds (each an immutable record with the attributes of that kind):
 * `Slice`   – a box-shaped region copied out of a tensor.
 * `Concat`  – tensors joined along one axis.
 
-A task may also carry a `Block`: its provenance when a pass (partitioning) made it
-from a larger task – which original task, which region of its output, and in what
-role (a block, a partial aggregate, an assembly copy, an assembled output).
+A task may also carry a `Block` (`taskgraph.blocks`): its provenance when a pass
+(partitioning) made it from a larger task – which original task, which region of its
+output, and in what role (a block, a partial aggregate, an assembly copy, an assembled
+output).
 
 Every op knows how to check its operands and infer its output shape (`infer`), how
-many FLOPs it costs (`flops`), how to describe itself on one line, and its JSON form.
+many FLOPs it costs (`flops`), how to describe itself on one line, and its JSON form
+(`attributes`, `from_attributes`); `is_compute` and `aliases_input` say whether the
+device runs it and whether it is another name for its operand's bytes.
+
+Adding an op kind: a frozen dataclass here (listed in `OP_KINDS`), and its entry in
+each per-kind table (`taskgraph.dispatch.OpTable`, checked complete at import): the
+reference kernel (`taskgraph.evaluate.REFERENCE_KERNELS`, which the NumPy backend
+runs too), the partition rule (`taskgraph.partition.rules.RULES`) and the CuPy kernel
+(`runtime.cupy_backend.CupyKernels.HANDLERS`). `tests/test_op_coverage.py` then wants
+a sample of it in its program.
 
 FLOP convention: an einsum costs, per point of its iteration space (the product of
 all index sizes), one FLOP per arithmetic operation of its join (a plain einsum of k
@@ -34,6 +44,7 @@ from typing import Any, ClassVar
 
 from einpage_core.errors import DTypeError, GraphError, ShapeError, SpecError
 from taskgraph import dtypes
+from taskgraph.blocks import BLOCK_KINDS, Block
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import Expr, default_join
 from taskgraph.expr import parse as parse_join
@@ -50,6 +61,7 @@ __all__ = [
     "Slice",
     "Concat",
     "OP_KINDS",
+    "is_input_slice",
     "Block",
     "BLOCK_KINDS",
     "AGGS",
@@ -131,6 +143,12 @@ class Op:
     def attributes(self) -> dict[str, Any]:
         """The op's attributes as JSON-ready values (the `kind` is stored beside them)."""
         return {}
+
+    @classmethod
+    def from_attributes(cls, attrs: dict[str, Any]) -> Op:
+        """The op of this kind with the JSON attributes `attrs` (as `attributes` writes
+        them; their names are checked by `op_from_attributes`), validated by the op."""
+        return cls(**attrs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +253,13 @@ class Einsum(Op):
             "agg": self.agg,
         }
 
+    @classmethod
+    def from_attributes(cls, attrs: dict[str, Any]) -> Einsum:
+        spec = EinsumSpec.parse(attrs["spec"])
+        join = attrs["join"]
+        parsed = None if join is None else parse_join(join, len(spec.inputs))
+        return cls(spec, parsed, attrs["agg"])
+
 
 @dataclass(frozen=True, slots=True)
 class Fill(Op):
@@ -288,6 +313,13 @@ class Fill(Op):
             "pattern": self.pattern,
             "origin": list(self.origin),
         }
+
+    @classmethod
+    def from_attributes(cls, attrs: dict[str, Any]) -> Fill:
+        value = attrs["value"]
+        if isinstance(value, str) and value not in ("inf", "-inf", "nan"):
+            raise GraphError(f"fill value must be a number or 'inf'/'-inf'/'nan', got {value!r}")
+        return cls(float(value), attrs["pattern"], tuple(attrs["origin"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -420,6 +452,14 @@ OP_KINDS: dict[str, type[Op]] = {
 """Every op kind by name."""
 
 
+def is_input_slice(op: Op, source: Op | None) -> bool:
+    """Whether `op`, reading `source` as its operand 0 (None: no operand), is a Slice of a
+    program Input: a region of an input, which a planner may load straight from the
+    input's host storage (a sliced reload), so its working set is its output alone.
+    `TaskGraph.is_input_slice(task_id)` asks it of a task."""
+    return isinstance(op, Slice) and isinstance(source, Input)
+
+
 def _json_float(value: float) -> float | str:
     """Floats for JSON: infinities and NaN as the strings "inf", "-inf", "nan"."""
     if math.isfinite(value):
@@ -436,134 +476,7 @@ def op_from_attributes(kind: str, attrs: dict[str, Any]) -> Op:
         raise GraphError(
             f"{kind} attributes must be exactly {sorted(expected)}, got {sorted(attrs)}"
         )
-    if kind == "einsum":
-        spec = EinsumSpec.parse(attrs["spec"])
-        join = attrs["join"]
-        parsed = None if join is None else parse_join(join, len(spec.inputs))
-        return Einsum(spec, parsed, attrs["agg"])
-    if kind == "fill":
-        value = attrs["value"]
-        if isinstance(value, str) and value not in ("inf", "-inf", "nan"):
-            raise GraphError(f"fill value must be a number or 'inf'/'-inf'/'nan', got {value!r}")
-        return Fill(float(value), attrs["pattern"], tuple(attrs["origin"]))
-    return OP_KINDS[kind](**attrs)
-
-
-BLOCK_KINDS = ("block", "partial", "assembly", "output")
-"""Roles of a task made by partitioning (see `Block`)."""
-
-
-def _is_index(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-@dataclass(frozen=True, slots=True)
-class Block:
-    """Provenance of a task made by partitioning: the region of an original task it holds.
-
-    `of` is the id of the original task (in the graph before partitioning); the task's
-    output equals the box `starts[i] : starts[i] + shape[i]` of that task's output (so
-    `shape` is the task's own shape). `kind` says why the task exists:
-
-    * `"block"`    – one block of the original's partition; the blocks of a task tile
-      its output exactly once (an unsplit task is its own single block).
-    * `"partial"`  – an einsum block aggregated over part of the reduced indices only:
-      `reduced` holds one `(start, size)` range per reduced index of the original spec
-      (in `EinsumSpec.reduced` order); partials are combined, with the einsum's `agg`,
-      into the block.
-    * `"assembly"` – a copy (Slice or Concat) made so that a consumer gets exactly the
-      region it reads: a part of one block, several blocks joined, or a region of an
-      input. Assembly tasks may overlap blocks and each other.
-    * `"output"`   – a Concat that rebuilds a split program output from its blocks.
-    """
-
-    of: int
-    starts: Shape
-    shape: Shape
-    kind: str = "block"
-    reduced: tuple[tuple[int, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        if not _is_index(self.of) or self.of < 0:
-            raise GraphError(f"block: 'of' must be a task id (an int >= 0), got {self.of!r}")
-        starts, shape = tuple(self.starts), tuple(self.shape)
-        if not all(_is_index(x) and x >= 0 for x in starts):
-            raise GraphError(f"block of %{self.of}: starts must be ints >= 0, got {self.starts!r}")
-        if not all(_is_index(x) and x > 0 for x in shape) or len(shape) != len(starts):
-            raise GraphError(
-                f"block of %{self.of}: shape {self.shape!r} must be positive ints, one per "
-                f"start {list(starts)}"
-            )
-        if self.kind not in BLOCK_KINDS:
-            raise GraphError(
-                f"block of %{self.of}: kind must be one of {BLOCK_KINDS}, got {self.kind!r}"
-            )
-        try:
-            reduced = tuple((start, size) for start, size in self.reduced)
-        except (TypeError, ValueError):
-            raise GraphError(
-                f"block of %{self.of}: reduced must be (start, size) pairs, got {self.reduced!r}"
-            ) from None
-        if not all(_is_index(a) and a >= 0 and _is_index(n) and n > 0 for a, n in reduced):
-            raise GraphError(
-                f"block of %{self.of}: reduced ranges must be (start >= 0, size > 0), "
-                f"got {self.reduced!r}"
-            )
-        if (self.kind == "partial") != bool(reduced):
-            raise GraphError(
-                f"block of %{self.of}: a partial needs reduced ranges and only a partial has "
-                f"them (kind {self.kind!r}, reduced {list(reduced)})"
-            )
-        object.__setattr__(self, "starts", starts)
-        object.__setattr__(self, "shape", shape)
-        object.__setattr__(self, "reduced", reduced)
-
-    def region(self) -> str:
-        """The box as `%of[start:stop, ...]`."""
-        box = ", ".join(f"{a}:{a + n}" for a, n in zip(self.starts, self.shape, strict=True))
-        return f"%{self.of}[{box}]"
-
-    def describe(self) -> str:
-        """One line: `block %9[0:1, 0:11]`, `partial %4[0:2, 0:2] reduced[0:512]`."""
-        text = f"{self.kind} {self.region()}"
-        if self.reduced:
-            text += " reduced[" + ", ".join(f"{a}:{a + n}" for a, n in self.reduced) + "]"
-        return text
-
-    def attributes(self) -> dict[str, Any]:
-        """The JSON form (see `taskgraph.serialize`)."""
-        return {
-            "of": self.of,
-            "starts": list(self.starts),
-            "shape": list(self.shape),
-            "kind": self.kind,
-            "reduced": [list(r) for r in self.reduced],
-        }
-
-    @classmethod
-    def from_attributes(cls, attrs: dict[str, Any]) -> Block:
-        """Rebuild a block from its JSON form (validated by the constructor)."""
-        expected = {f.name for f in fields(cls)}
-        if not isinstance(attrs, dict) or set(attrs) != expected:
-            got = sorted(attrs) if isinstance(attrs, dict) else attrs
-            raise GraphError(f"block must be an object with exactly {sorted(expected)}, got {got}")
-        reduced = attrs["reduced"]
-        if not isinstance(reduced, list) or not all(
-            isinstance(r, list) and len(r) == 2 for r in reduced
-        ):
-            raise GraphError(
-                f"block: reduced must be a list of [start, size] pairs, got {reduced!r}"
-            )
-        for key in ("starts", "shape"):
-            if not isinstance(attrs[key], list):
-                raise GraphError(f"block: {key} must be a list of ints, got {attrs[key]!r}")
-        return cls(
-            attrs["of"],
-            tuple(attrs["starts"]),
-            tuple(attrs["shape"]),
-            attrs["kind"],
-            tuple((a, n) for a, n in reduced),
-        )
+    return OP_KINDS[kind].from_attributes(attrs)
 
 
 @dataclass(frozen=True, slots=True)

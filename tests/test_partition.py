@@ -407,3 +407,21 @@ def test_tasks_that_fit_are_split_with_the_tasks_they_feed_and_read():
 def test_partition_is_deterministic():
     tg = attention_layer()
     assert partition(tg, 8 * 1024).to_json() == partition(tg, 8 * 1024).to_json()
+
+
+@pytest.mark.parametrize("name", ["llama:tiny", "llama:tiny-gqa", "gpt2:tiny"])
+@pytest.mark.parametrize("factor", [4, 8, 16])
+def test_model_presets_partition_to_the_same_answer(name, factor):
+    """The tiny model presets at a few block limits (multiples of the finest, which
+    alone would make hundreds of thousands of tasks): same outputs, every task within
+    the limit, blocks tiling their originals."""
+    from einpage.presets import load_program
+    from einpage.presets import random_inputs as preset_inputs
+
+    tg = load_program(name, seq=8)
+    limit = smallest_feasible_block_limit(tg, 256) * factor
+    parted = partition(tg, limit, alignment=256)
+    assert len(parted) > len(tg)
+    assert_within_limit(parted, limit, 256)
+    assert_provenance(tg, parted)
+    assert_same_outputs(tg, parted, preset_inputs(tg))

@@ -59,6 +59,20 @@ def test_queries():
     assert tg[2].nbytes == 4 * 16 * 4
 
 
+def test_is_input_slice_is_a_slice_reading_an_input_directly():
+    prog = ep.Program()
+    w = prog.input("w", (8, 4), role="weight")
+    of_input = prog.slice(w, (2, 0), (3, 4))
+    doubled = prog.einsum("ij->ij", w, join="2 * a")
+    of_compute = prog.slice(doubled, (0, 0), (3, 4))
+    of_view = prog.slice(prog.view(w, (4, 8)), (0, 0), (2, 8))
+    for t in (of_input, of_compute, of_view):
+        prog.output(t, f"s{t.id}")
+    tg = prog.build()
+    assert [t.id for t in tg if tg.is_input_slice(t.id)] == [of_input.id]
+    assert not tg.is_input_slice(w.id)  # an input is not a slice of one
+
+
 def test_builder_rejects_bad_graphs():
     b = GraphBuilder()
     x = b.add(Input("x"), (), (2, 3), "float32")
