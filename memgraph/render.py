@@ -50,7 +50,6 @@ from einpage_core.dot import (
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from taskgraph.assembly import assembly_pieces
 from taskgraph.labels import op_lines
 
 __all__ = [
@@ -158,8 +157,10 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     if task is not None and kind in (NodeKind.APPLY, NodeKind.INPUT, NodeKind.OUTPUT):
         lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
     host = f"host#{node.storage}" if node.storage is not None else ""
-    if node.into is not None:  # a sliced offload: the block's box of the host output
-        host += f"[{_box_text(mg, node)}] of %{node.into}"
+    if node.box is not None:  # a sliced copy: the box of the host storage it moves
+        host += f"[{_box_text(node)}]"
+    if node.into is not None:  # a sliced offload: into the host output's storage
+        host += f" of %{node.into}"
     region = str(node.region) if node.region is not None else ""
     where = {
         NodeKind.OFFLOAD: f"{region} → {host}",
@@ -171,12 +172,10 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     return lines
 
 
-def _box_text(mg: MemGraph, node: MemNode) -> str:
-    """`0:8, 0:256`: the box a sliced offload fills in its output's host storage."""
-    for piece in assembly_pieces(mg.taskgraph, node.into)[1]:
-        if piece.base == node.tensor:
-            return ", ".join(f"{start}:{start + size}" for start, size in piece.box)
-    return "?"
+def _box_text(node: MemNode) -> str:
+    """`0:8, 0:256`: the box of its host storage a sliced copy moves (the node carries it:
+    the plan holds every fact a picture needs)."""
+    return str(node.box)[1:-1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,6 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Input, Slice
 
 __all__ = ["Step", "storage_roots", "sliced_reloads", "plan_steps"]
 
@@ -70,11 +69,7 @@ def sliced_reloads(tg: TaskGraph, inputs: str = "auto") -> dict[int, int]:
     """
     root = storage_roots(tg)
     outputs = {root[t] for t in tg.outputs.values()}
-    candidates = {
-        t.id: t.inputs[0]
-        for t in tg
-        if isinstance(t.op, Slice) and isinstance(tg[t.inputs[0]].op, Input) and t.id not in outputs
-    }
+    candidates = {t.id: t.inputs[0] for t in tg if tg.is_input_slice(t.id) and t.id not in outputs}
     slices_of: dict[int, list[int]] = {}
     for s, i in candidates.items():
         slices_of.setdefault(i, []).append(s)

@@ -113,7 +113,7 @@ def _qualifies(tg: TaskGraph, root: int, concats: list[int], pieces: list[Assemb
         base = tg[piece.base]
         if isinstance(tg[piece.task].op, Slice) or isinstance(base.op, Input):
             return False
-        if isinstance(base.op, Slice) and isinstance(tg[base.inputs[0]].op, Input):
+        if tg.is_input_slice(base.id):
             return False  # made by sliced reloads: not a device tensor of its own
         chain = piece.task  # the leaf, then the views down to the base
         while True:
