@@ -5,6 +5,20 @@
 on a cost model; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
 `plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points.
 Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
+
+Where things live:
+
+* the IR – `nodes` (node kinds and the fields each declares, `Region`, `HostBox`,
+  `HostStorage`), `graph` (`MemGraph`, `MemGraphBuilder`, `PlanStats`), `serialize`
+  (JSON), `residency` (what is resident where, from which node to which: the one
+  analysis behind stats, plots and the verifier's budget check);
+* the planner – `planner` (the pass), `horizon` (its loop: execution and allocation
+  horizons), `budgets` (reading budgets, `min_budget`, `no_offload_peak`), `steps`,
+  `residents` (victim bookkeeping), `host_assembly` (outputs assembled on the host),
+  `options`, `allocator` (best fit), `eviction` and `orders` (registries of policies
+  and orders);
+* judging plans – `verify`, `cost` and `simulate`, `baselines`, `bounds`;
+* pictures – `render`, `plots`, `trace`.
 """
 
 from memgraph.allocator import Allocator

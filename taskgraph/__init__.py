@@ -1,4 +1,12 @@
-"""taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator."""
+"""taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator.
+
+Where things live: `nodes` (the op kinds; each says whether it computes or aliases its
+input), `blocks` (provenance of partitioned tasks), `graph` (`TaskGraph`), `builder`,
+`dispatch` (`OpTable`: one table per pass or backend, checked complete at import),
+`einsum` (specs), `expr` (the safe join parser), `dtypes`, `evaluate` (the reference
+evaluator), `serialize` (JSON), `partition/` (block tasks under a size limit),
+`assembly` (outputs rebuilt from blocks), `render` and `labels` (drawings).
+"""
 
 from taskgraph import dtypes, expr
 from taskgraph.builder import GraphBuilder
