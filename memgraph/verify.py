@@ -30,7 +30,8 @@ residencies and host storages, and checks:
   Each box is the one its leaf holds in the tree. Such a storage is never reloaded.
   The tree's Concats then count as computed;
 * dependencies (so that any execution honouring only the dependencies is safe, not
-  just insertion order), where "after" means reachable through `deps`:
+  just insertion order), where "after" means reachable through `deps` (the model
+  below):
   - read-after-write: a writer of a region (apply, reload, device input) comes after
     the region's alloc; a reader (apply, offload, device output) comes after the
     writer of the data it reads; a reload comes after the input or offload that
@@ -43,18 +44,43 @@ residencies and host storages, and checks:
 The live bytes checked against the budget at each alloc are those of the residency
 analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
 with the planner.
+
+The execution model verified
+----------------------------
+A node may start as soon as every node it depends on, directly or transitively, has
+finished; nothing else orders two nodes – neither their insertion order nor a stream
+they share. That is the runtime's `random` mode (`runtime.schedule.random_order`: any
+topological order of the dependencies, one node at a time), and it covers the
+runtime's other modes, which only add order: `streams` issues each stream's nodes in
+insertion order (a CUDA stream, or a worker thread, runs its work in issue order)
+and waits, through events, for exactly the dependencies on other streams; `sequential`
+runs everything in insertion order. So a plan verified here is safe in every mode,
+and a plan that relies on two nodes of one stream running in insertion order is
+rejected (its missing dependency is named).
+
+How "after" is decided: the replay asks each question ("must n9 come after n4?") as it
+goes. One whose earlier node is a direct dependency – or, for a free, is known to come
+before one of the free's direct dependencies (the free's writer and alloc come before
+every reader the replay checked earlier) – is settled at once. The others are
+collected and answered in one forward sweep over the nodes
+(`memgraph.happens_before.waits_for`: reach bitsets over the targets still asked
+about), when the replay ends or stops at another violation; the first one that fails,
+in the order the replay asked them, is reported (before a later violation). The whole
+check is near-linear in the nodes and dependencies.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from einpage_core.errors import VerificationError
 from memgraph.graph import MemGraph
+from memgraph.happens_before import waits_for
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
 from taskgraph.nodes import Concat, Input, Slice, Task
 
@@ -68,6 +94,16 @@ class VerifyReport:
     nodes: int
     peak_bytes: int
     dependencies_checked: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    """A dependency the replay could not settle at once: node `source` must come after
+    node `target` (`what` says why)."""
+
+    source: int
+    target: int
+    what: str
 
 
 @dataclass
@@ -125,6 +161,73 @@ class _WrittenBoxes:
         self.boxes.append(box)
 
 
+class _LiveRegions:
+    """The device regions allocated now (disjoint), sorted by offset: which one a new
+    region overlaps is one binary search."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.held: dict[int, tuple[int, int]] = {}  # offset -> (end, tensor)
+
+    def overlapping(self, region: Region) -> tuple[int, Region] | None:
+        """A live region that `region` overlaps, as (its tensor, itself), if any.
+
+        Only the last region starting before `region` and the first starting at or after
+        it can overlap it without an earlier one overlapping too."""
+        i = bisect.bisect_left(self.starts, region.offset)
+        for offset in self.starts[max(0, i - 1) : i + 1]:
+            end, tensor = self.held[offset]
+            if offset < region.end and region.offset < end:
+                return tensor, Region(offset, end - offset)
+        return None
+
+    def add(self, region: Region, tensor: int) -> None:
+        bisect.insort(self.starts, region.offset)
+        self.held[region.offset] = (region.end, tensor)
+
+    def remove(self, region: Region) -> None:
+        del self.starts[bisect.bisect_left(self.starts, region.offset)]
+        del self.held[region.offset]
+
+
+class _LatestFrees:
+    """For every arena byte freed so far, the latest free node that released it: sorted,
+    disjoint ranges `[starts[i], ends[i])` last freed by `nodes[i]`."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.nodes: list[int] = []
+
+    def _first_at(self, offset: int) -> int:
+        """Index of the first range that may contain bytes at or after `offset`."""
+        i = bisect.bisect_left(self.starts, offset)
+        return i - 1 if i > 0 and self.ends[i - 1] > offset else i
+
+    def overlapping(self, region: Region) -> list[int]:
+        """The latest free of each freed byte range that `region` overlaps."""
+        i = self._first_at(region.offset)
+        stop = bisect.bisect_left(self.starts, region.end, lo=i)
+        return self.nodes[i:stop]
+
+    def record(self, region: Region, free_node: int) -> None:
+        """Remember that `free_node` is now the latest free of every byte of `region`."""
+        start = self._first_at(region.offset)
+        stop = bisect.bisect_left(self.starts, region.end, lo=start)
+        starts, ends, nodes = [region.offset], [region.end], [free_node]
+        if start < stop and self.starts[start] < region.offset:
+            starts.insert(0, self.starts[start])
+            ends.insert(0, region.offset)
+            nodes.insert(0, self.nodes[start])
+        if start < stop and self.ends[stop - 1] > region.end:
+            starts.append(region.end)
+            ends.append(self.ends[stop - 1])
+            nodes.append(self.nodes[stop - 1])
+        self.starts[start:stop] = starts
+        self.ends[start:stop] = ends
+        self.nodes[start:stop] = nodes
+
+
 def verify(mg: MemGraph) -> VerifyReport:
     """Check every invariant of `mg`; raise `VerificationError` naming the first violation."""
     return _Verifier(mg).run()
@@ -136,10 +239,10 @@ class _Verifier:
         self.tg = mg.taskgraph
         self.node: MemNode | None = None
         self.live: dict[int, _Residency] = {}  # tensor -> residency
-        self.intervals: list[tuple[int, int, int]] = []  # sorted (offset, end, tensor) live
+        self.regions = _LiveRegions()
         self.live_bytes = mg.residencies.live_bytes  # after each node
         self.peak = 0
-        self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
+        self.freed = _LatestFrees()
         self.storage_tensor: dict[int, int] = {}
         self.storage_writer: dict[int, int] = {}
         self.assemblies: dict[int, _Assembly] = {}  # storage -> what sliced offloads put there
@@ -147,11 +250,16 @@ class _Verifier:
         self.inputs_seen: set[str] = set()
         self.outputs_seen: set[str] = set()
         self.checked = 0
+        self.deps: frozenset[int] | tuple[int, ...] = ()  # the current node's dependencies
+        self.open: list[_Question] = []  # asked, not settled yet
+        self.views = [task.op.aliases_input for task in self.tg]
+        self.field_problems: dict[tuple, str | None] = {}
 
     # -- reporting ---------------------------------------------------------------
 
-    def fail(self, message: str) -> VerificationError:
-        node = self.node
+    def fail(self, message: str, node: MemNode | None = None) -> VerificationError:
+        """The error naming `node` (default: the current one), with its context lines."""
+        node = node if node is not None else self.node
         if node is None:
             return VerificationError(message)
         lo, hi = max(0, node.id - 2), min(len(self.mg.nodes), node.id + 3)
@@ -160,28 +268,34 @@ class _Verifier:
         )
         return VerificationError(f"n{node.id} ({node.kind}): {message}\n{context}", node.id)
 
-    def after(self, earlier: int | None, what: str) -> None:
-        """Require the current node to come after node `earlier` through dependencies."""
+    def after(self, earlier: int | None, what: str, via: Iterable[int] = ()) -> None:
+        """Require the current node to come after node `earlier` through dependencies.
+
+        Settled at once when `earlier` is a direct dependency, or when one of `via` is
+        (each node of `via` is already checked to come after `earlier`); otherwise asked
+        of the sweep (`settle`).
+        """
         if earlier is None:
             return
         self.checked += 1
-        node = self.node
-        if earlier in node.deps or self._reaches(node.id, earlier):
+        deps = self.deps
+        if earlier in deps or any(w in deps for w in via):
             return
-        raise self.fail(f"missing dependency on n{earlier} ({what})")
+        self.open.append(_Question(self.node.id, earlier, what))
 
-    def _reaches(self, start: int, target: int) -> bool:
-        """Whether `target` is an ancestor of `start` through deps (ids only decrease)."""
-        stack, seen = [start], {start}
-        nodes = self.mg.nodes
-        while stack:
-            for dep in nodes[stack.pop()].deps:
-                if dep == target:
-                    return True
-                if dep > target and dep not in seen:
-                    seen.add(dep)
-                    stack.append(dep)
-        return False
+    def settle(self) -> None:
+        """Answer the open questions; raise the first that fails, in the order asked."""
+        questions, self.open = self.open, []
+        if not questions:
+            return
+        deps = [node.deps for node in self.mg.nodes]
+        answers = waits_for(deps, [(q.source, q.target) for q in questions])
+        for question, holds in zip(questions, answers, strict=True):
+            if not holds:
+                node = self.mg.nodes[question.source]
+                raise self.fail(
+                    f"missing dependency on n{question.target} ({question.what})", node
+                )
 
     # -- the replay --------------------------------------------------------------
 
@@ -195,10 +309,17 @@ class _Verifier:
             NodeKind.FREE: self.on_free,
             NodeKind.OUTPUT: self.on_output,
         }
-        for position, node in enumerate(self.mg.nodes):
-            self.node = node
-            self.check_structure(node, position)
-            handlers[node.kind](node)
+        try:
+            for position, node in enumerate(self.mg.nodes):
+                self.node = node
+                self.check_structure(node, position)
+                deps = node.deps
+                self.deps = frozenset(deps) if len(deps) > 8 else deps
+                handlers[node.kind](node)
+        except VerificationError:
+            self.settle()  # a missing dependency asked before this violation comes first
+            raise
+        self.settle()
         self.node = None
         self.check_complete()
         return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
@@ -210,16 +331,33 @@ class _Verifier:
             raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
         if node.tensor is None or not 0 <= node.tensor < len(self.tg):
             raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
-        if self.tg[node.tensor].op.aliases_input:
+        if self.views[node.tensor]:
             raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
-        for region in (node.region, *node.reads):
+        budget = self.mg.budget
+        for region in (node.region, *node.reads) if node.reads else (node.region,):
             if region is None:
                 continue
-            if region.offset < 0 or region.size <= 0 or region.end > self.mg.budget:
-                raise self.fail(f"region {region} is outside the arena of {self.mg.budget} bytes")
-        problem = node.field_problem()
+            if region.offset < 0 or region.size <= 0 or region.offset + region.size > budget:
+                raise self.fail(f"region {region} is outside the arena of {budget} bytes")
+        problem = self.field_problem(node)
         if problem is not None:
             raise self.fail(problem)
+
+    def field_problem(self, node: MemNode) -> str | None:
+        """`MemNode.field_problem`, remembered per kind and set of fields set (which is all
+        it depends on)."""
+        key = (
+            node.kind,
+            node.region is None,
+            node.storage is None,
+            not node.reads,
+            not node.name,
+            node.into is None,
+            node.box is None,
+        )
+        if key not in self.field_problems:
+            self.field_problems[key] = node.field_problem()
+        return self.field_problems[key]
 
     def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
         """The live, written residency of `tensor`, which must be at `region`."""
@@ -306,47 +444,18 @@ class _Verifier:
             )
         if tensor in self.live:
             raise self.fail(f"%{tensor} is already resident at {self.live[tensor].region}")
-        i = bisect.bisect_left(self.intervals, (region.offset,))
-        for offset, end, other in self.intervals[max(0, i - 1) : i + 1]:
-            if offset < region.end and region.offset < end:
-                raise self.fail(f"{region} overlaps %{other} at {Region(offset, end - offset)}")
-        for free_node in self.frees_overlapping(region):
+        hit = self.regions.overlapping(region)
+        if hit is not None:
+            other, held = hit
+            raise self.fail(f"{region} overlaps %{other} at {held}")
+        for free_node in self.freed.overlapping(region):
             self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
-        bisect.insort(self.intervals, (region.offset, region.end, tensor))
+        self.regions.add(region, tensor)
         self.live[tensor] = _Residency(node.id, region)
         live = self.live_bytes[node.id]
         self.peak = max(self.peak, live)
         if live > self.mg.budget:
             raise self.fail(f"{live} bytes live exceed the budget of {self.mg.budget}")
-
-    def _first_freed_at(self, offset: int) -> int:
-        """Index of the first freed range that may contain bytes at or after `offset`."""
-        i = bisect.bisect_left(self.freed, (offset,))
-        return i - 1 if i > 0 and self.freed[i - 1][1] > offset else i
-
-    def frees_overlapping(self, region: Region) -> list[int]:
-        """The latest free of each freed byte range that `region` overlaps."""
-        found = []
-        i = self._first_freed_at(region.offset)
-        while i < len(self.freed) and self.freed[i][0] < region.end:
-            found.append(self.freed[i][2])
-            i += 1
-        return found
-
-    def record_free(self, region: Region, free_node: int) -> None:
-        """Remember that `free_node` is now the latest free of every byte of `region`."""
-        start = stop = self._first_freed_at(region.offset)
-        while stop < len(self.freed) and self.freed[stop][0] < region.end:
-            stop += 1
-        pieces = []
-        if start < stop and self.freed[start][0] < region.offset:
-            offset, _, node = self.freed[start]
-            pieces.append((offset, region.offset, node))
-        pieces.append((region.offset, region.end, free_node))
-        if start < stop and self.freed[stop - 1][1] > region.end:
-            _, end, node = self.freed[stop - 1]
-            pieces.append((region.end, end, node))
-        self.freed[start:stop] = pieces
 
     def on_apply(self, node: MemNode) -> None:
         task = self.tg[node.tensor]
@@ -516,13 +625,16 @@ class _Verifier:
         residency = self.live.get(node.tensor)
         if residency is None or residency.region != node.region:
             raise self.fail(f"frees {node.region}, which does not hold %{node.tensor}")
-        self.after(residency.alloc, "the alloc it releases")
-        self.after(residency.writer, f"the write of %{node.tensor}")
-        for user in residency.users:
+        # Every user was checked to come after the writer, and the writer after the alloc.
+        users = residency.users
+        writer = () if residency.writer is None else (residency.writer,)
+        self.after(residency.alloc, "the alloc it releases", (*reversed(users), *writer))
+        self.after(residency.writer, f"the write of %{node.tensor}", reversed(users))
+        for user in users:
             self.after(user, f"n{user}, which reads %{node.tensor} there")
         del self.live[node.tensor]
-        self.intervals.remove((node.region.offset, node.region.end, node.tensor))
-        self.record_free(node.region, node.id)
+        self.regions.remove(node.region)
+        self.freed.record(node.region, node.id)
 
     def on_output(self, node: MemNode) -> None:
         if node.name not in self.tg.outputs:
