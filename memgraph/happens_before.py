@@ -154,4 +154,3 @@ def _holds(
             shift = own - first[k][row]
             return shift >= 0 and bool(reach[k][row] >> shift & 1)
     raise AssertionError(f"n{target} is not a target")  # pragma: no cover
-

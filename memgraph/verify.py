@@ -103,7 +103,8 @@ class _Question:
 
     source: int
     target: int
-    what: str
+    what: str  # a `str.format` template of `args`
+    args: tuple
 
 
 @dataclass
@@ -253,6 +254,10 @@ class _Verifier:
         self.deps: frozenset[int] | tuple[int, ...] = ()  # the current node's dependencies
         self.open: list[_Question] = []  # asked, not settled yet
         self.views = [task.op.aliases_input for task in self.tg]
+        self.roots = list(range(len(self.tg)))  # each task's storage root (views: the base)
+        for task in self.tg:
+            if task.op.aliases_input:
+                self.roots[task.id] = self.roots[task.inputs[0]]
         self.field_problems: dict[tuple, str | None] = {}
 
     # -- reporting ---------------------------------------------------------------
@@ -268,8 +273,9 @@ class _Verifier:
         )
         return VerificationError(f"n{node.id} ({node.kind}): {message}\n{context}", node.id)
 
-    def after(self, earlier: int | None, what: str, via: Iterable[int] = ()) -> None:
-        """Require the current node to come after node `earlier` through dependencies.
+    def after(self, earlier: int | None, what: str, *args: object, via: Iterable[int] = ()) -> None:
+        """Require the current node to come after node `earlier` through dependencies;
+        `what.format(*args)` says why (formatted only if it fails).
 
         Settled at once when `earlier` is a direct dependency, or when one of `via` is
         (each node of `via` is already checked to come after `earlier`); otherwise asked
@@ -279,9 +285,12 @@ class _Verifier:
             return
         self.checked += 1
         deps = self.deps
-        if earlier in deps or any(w in deps for w in via):
+        if earlier in deps:
             return
-        self.open.append(_Question(self.node.id, earlier, what))
+        for w in via:
+            if w in deps:
+                return
+        self.open.append(_Question(self.node.id, earlier, what, args))
 
     def settle(self) -> None:
         """Answer the open questions; raise the first that fails, in the order asked."""
@@ -293,9 +302,8 @@ class _Verifier:
         for question, holds in zip(questions, answers, strict=True):
             if not holds:
                 node = self.mg.nodes[question.source]
-                raise self.fail(
-                    f"missing dependency on n{question.target} ({question.what})", node
-                )
+                what = question.what.format(*question.args)
+                raise self.fail(f"missing dependency on n{question.target} ({what})", node)
 
     # -- the replay --------------------------------------------------------------
 
@@ -327,7 +335,8 @@ class _Verifier:
     def check_structure(self, node: MemNode, position: int) -> None:
         if node.id != position:
             raise self.fail(f"id {node.id} does not match its position {position}")
-        if any(not 0 <= d < node.id for d in node.deps):
+        deps = node.deps
+        if deps and (min(deps) < 0 or max(deps) >= node.id):
             raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
         if node.tensor is None or not 0 <= node.tensor < len(self.tg):
             raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
@@ -359,15 +368,16 @@ class _Verifier:
             self.field_problems[key] = node.field_problem()
         return self.field_problems[key]
 
-    def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
-        """The live, written residency of `tensor`, which must be at `region`."""
+    def resident(self, tensor: int, region: Region | None, what: str, *args: object) -> _Residency:
+        """The live, written residency of `tensor`, which must be at `region`;
+        `what.format(*args)` names it in an error."""
         residency = self.live.get(tensor)
         if residency is None:
-            raise self.fail(f"{what} is not resident on the device")
+            raise self.fail(f"{what.format(*args)} is not resident on the device")
         if residency.writer is None:
-            raise self.fail(f"{what} is allocated but its data was never written")
+            raise self.fail(f"{what.format(*args)} is allocated but its data was never written")
         if region is not None and region != residency.region:
-            raise self.fail(f"{what} is resident at {residency.region}, not {region}")
+            raise self.fail(f"{what.format(*args)} is resident at {residency.region}, not {region}")
         return residency
 
     def write(self, tensor: int, region: Region, what: str) -> None:
@@ -377,7 +387,7 @@ class _Verifier:
             raise self.fail(f"{what} %{tensor} into {region}, which is not allocated for it")
         if residency.writer is not None:
             raise self.fail(f"%{tensor} at {region} was already written by n{residency.writer}")
-        self.after(residency.alloc, f"the alloc of {region}")
+        self.after(residency.alloc, "the alloc of {}", region)
         residency.writer = self.node.id
 
     def on_input(self, node: MemNode) -> None:
@@ -449,7 +459,7 @@ class _Verifier:
             other, held = hit
             raise self.fail(f"{region} overlaps %{other} at {held}")
         for free_node in self.freed.overlapping(region):
-            self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
+            self.after(free_node, "the free of bytes it reuses, at n{}", free_node)
         self.regions.add(region, tensor)
         self.live[tensor] = _Residency(node.id, region)
         live = self.live_bytes[node.id]
@@ -471,17 +481,17 @@ class _Verifier:
                 f"{len(task.inputs)} operand(s)"
             )
         for operand, region in zip(task.inputs, node.reads, strict=True):
-            base = self.tg.storage_root(operand)
-            what = f"operand %{operand}" + (f" (a view of %{base})" if base != operand else "")
-            residency = self.resident(base, region, what)
-            self.after(residency.writer, f"the write of %{base}")
+            base = self.roots[operand]
+            what = "operand %{}" if base == operand else "operand %{} (a view of %{})"
+            residency = self.resident(base, region, what, operand, base)
+            self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
         self.write(node.tensor, node.region, "apply writes")
         self.applied.add(node.tensor)
 
     def on_offload(self, node: MemNode) -> None:
-        residency = self.resident(node.tensor, node.region, f"offloaded %{node.tensor}")
-        self.after(residency.writer, f"the write of %{node.tensor}")
+        residency = self.resident(node.tensor, node.region, "offloaded %{}", node.tensor)
+        self.after(residency.writer, "the write of %{}", node.tensor)
         residency.users.append(node.id)
         if node.into is None:
             if node.box is not None:
@@ -582,7 +592,7 @@ class _Verifier:
                 f"input that %{node.tensor} slices)"
             )
         self.reload_box(node, held)
-        self.after(writer, f"the write of host#{node.storage}")
+        self.after(writer, "the write of host#{}", node.storage)
         self.write(node.tensor, node.region, "reload")
         if held != node.tensor:
             self.applied.add(node.tensor)  # a sliced reload computes the slice
@@ -628,10 +638,10 @@ class _Verifier:
         # Every user was checked to come after the writer, and the writer after the alloc.
         users = residency.users
         writer = () if residency.writer is None else (residency.writer,)
-        self.after(residency.alloc, "the alloc it releases", (*reversed(users), *writer))
-        self.after(residency.writer, f"the write of %{node.tensor}", reversed(users))
+        self.after(residency.alloc, "the alloc it releases", via=(*reversed(users), *writer))
+        self.after(residency.writer, "the write of %{}", node.tensor, via=reversed(users))
         for user in users:
-            self.after(user, f"n{user}, which reads %{node.tensor} there")
+            self.after(user, "n{}, which reads %{} there", user, node.tensor)
         del self.live[node.tensor]
         self.regions.remove(node.region)
         self.freed.record(node.region, node.id)
@@ -642,12 +652,12 @@ class _Verifier:
         if node.name in self.outputs_seen:
             raise self.fail(f'output "{node.name}" appears twice')
         self.outputs_seen.add(node.name)
-        base = self.tg.storage_root(self.tg.outputs[node.name])
+        base = self.roots[self.tg.outputs[node.name]]
         if node.tensor != base:
             raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
         if node.region is not None:
-            residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
-            self.after(residency.writer, f"the write of %{base}")
+            residency = self.resident(base, node.region, 'output "{}" (%{})', node.name, base)
+            self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
             return
         assembly = self.assemblies.get(node.storage)
@@ -661,12 +671,12 @@ class _Verifier:
                     f"wrote them (its boxes cover {assembly.covered} of {total} elements)"
                 )
             for leaf, writer in assembly.filled.items():
-                self.after(writer, f"the sliced offload of %{leaf} into host#{node.storage}")
+                self.after(writer, "the sliced offload of %{} into host#{}", leaf, node.storage)
             self.applied.update(assembly.concats)
             return
         if self.storage_tensor.get(node.storage) != base or node.storage not in self.storage_writer:
             raise self.fail(f"host#{node.storage} does not hold %{base}")
-        self.after(self.storage_writer[node.storage], f"the write of host#{node.storage}")
+        self.after(self.storage_writer[node.storage], "the write of host#{}", node.storage)
 
     def check_complete(self) -> None:
         missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]

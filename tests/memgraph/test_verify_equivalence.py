@@ -61,7 +61,9 @@ def dropped(mg: MemGraph, node_id: int) -> MemGraph:
     """`mg` without node `node_id`; later ids move down, dependencies on it vanish."""
     new_id = {n.id: n.id - (n.id > node_id) for n in mg.nodes if n.id != node_id}
     nodes = [
-        dataclasses.replace(n, id=new_id[n.id], deps=tuple(new_id[d] for d in n.deps if d in new_id))
+        dataclasses.replace(
+            n, id=new_id[n.id], deps=tuple(new_id[d] for d in n.deps if d in new_id)
+        )
         for n in mg.nodes
         if n.id != node_id
     ]
