@@ -46,6 +46,13 @@ timings vary by about +-30% run to run):
     transformer-like-L48-T36    62052   163554       4250      3.6      ~58
     log-log slope of seconds against tasks: 1.04 (chains), 0.98 (transformer-like)
 
+    verification (section 3; a heavily loaded VM, so both columns ran slow)
+    graph                           nodes  plan(s)  verify  verify/plan
+    llama-tiny-b2-s1024 (64KiB)    248891     7.79    1.91         0.25
+    chain-125000                   500003    10.71    3.85         0.36
+    llama-tiny-b2-s2048 (--huge)  2273321    113.1    77.7         0.69
+    log-log slope of verify seconds against nodes: 0.99 (LLaMA, to 249k), 0.90 (chains)
+
     bytes moved (offload + reload): einpage, and its ratio to LRU, layer streaming and
     the lower bound; einpage's simulated stall and the bound's link need, % of compute
     graph                     pct   einpage   /lru  /stream  /bound  stall  link need
@@ -321,15 +328,17 @@ VERIFY_SIZES = {
 }
 
 
-def verify_scaling(quick: bool) -> list[dict]:
+def verify_scaling(quick: bool, huge: bool = False) -> list[dict]:
     """Plan and verify graphs of growing size (one round each, garbage collector off):
-    partitioned LLaMA-tiny (`partitioned_llama`) and chains, up to 500k MemGraph nodes.
+    partitioned LLaMA-tiny (`partitioned_llama`) and chains, up to 500k MemGraph nodes
+    (with `huge`, also LLaMA-tiny at seq 2048: 2.3M nodes, ~10 minutes to partition).
     Reported: nodes, plan and verify seconds, their ratio, and the log-log slope of verify
     seconds against nodes (least squares per family, and between consecutive sizes)."""
     rows: list[dict] = []
     for family, (small, full) in VERIFY_SIZES.items():
         family_rows: list[dict] = []
-        for size in small if quick else full:
+        sizes = small if quick else full
+        for size in [*sizes, 2048] if huge and family == "llama" else sizes:
             if family == "llama":
                 tg, budget = partitioned_llama(size)
                 name = f"llama-tiny-b2-s{size} (64KiB)"
@@ -792,6 +801,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="small sizes (under ~30 s)")
     parser.add_argument("--repeat", type=int, default=None, help="timing rounds (best of)")
+    parser.add_argument(
+        "--huge", action="store_true", help="also verify a 2.3M-node plan (~15 min more)"
+    )
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
 
@@ -809,7 +821,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     print("\n3. verification time against plan size (one round each)")
     print(VERIFY_HEADER)
-    verify_rows = verify_scaling(args.quick)
+    verify_rows = verify_scaling(args.quick, args.huge)
     checks = verify_targets(time_rows, verify_rows)
 
     result = {
