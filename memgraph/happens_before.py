@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from einpage_core.errors import EinpageError
+
 __all__ = ["waits_for", "WINDOW", "GROWTH"]
 
 WINDOW = 512
@@ -81,7 +83,7 @@ def waits_for(
     lifetime classes (see the module docstring; the answers do not depend on them).
     """
     if window < 1 or growth < 2:
-        raise ValueError(f"window must be >= 1 and growth >= 2, not {window} and {growth}")
+        raise EinpageError(f"window must be >= 1 and growth >= 2, not {window} and {growth}")
     answers = [False] * len(questions)
     lifetime: dict[int, int] = {}
     asked: dict[int, list[int]] = {}  # source -> its questions that need the sweep
