@@ -10,6 +10,9 @@ numbers as JSON (rows, a summary per cell, and the targets).
    auto lookahead). Reported: tasks, MemGraph nodes, seconds (best of `--repeat`,
    garbage collector off), the log-log slope of seconds against tasks between
    consecutive sizes (1.0 = linear), and the seconds `no_offload_peak` takes.
+   Each plan is also verified (`memgraph.verify`, best of `--repeat` on a fresh copy
+   of the MemGraph, so the residency analysis it reads is timed too): the "verify"
+   column.
 2. Plan quality, at 100/75/50/25% of each graph's no-offload peak (program order),
    for four plans (`QUALITY_PLANS`): einpage (the defaults: Belady, program order),
    einpage in its memory-aware order, LRU eviction, and layer streaming
@@ -22,6 +25,11 @@ numbers as JSON (rows, a summary per cell, and the targets).
    bound's transfer time over the compute time: above 100% no plan in that order can
    hide its transfers, so the stall target does not apply (the bandwidth does not
    allow it). Infeasible cells say why (below `min_budget`; what streaming needs).
+3. Verification time against plan size, up to 500,000 MemGraph nodes: partitioned
+   LLaMA-tiny prefill (batch 2, seq 128-1024, 30% of its peak, 64 KiB blocks: the
+   graphs of the verifier issue) and chains (up to 125,000 steps), planned and verified
+   once each. Targets: verify time <= plan time on every graph of sections 1 and 3,
+   and a log-log slope of verify seconds against nodes <= 1.2.
 
 Graphs: `transformer_like` (below) with 256-token chunks (transfer-bound: a layer's
 24 MiB of weights take 0.5 ms over PCIe, its compute ~20 us) and with 8192-token chunks,
@@ -37,6 +45,13 @@ timings vary by about +-30% run to run):
     chain-60000                 75001   240003          0      4.6      ~60
     transformer-like-L48-T36    62052   163554       4250      3.6      ~58
     log-log slope of seconds against tasks: 1.04 (chains), 0.98 (transformer-like)
+
+    verification (section 3; a heavily loaded VM, so both columns ran slow)
+    graph                           nodes  plan(s)  verify  verify/plan
+    llama-tiny-b2-s1024 (64KiB)    248891     7.79    1.91         0.25
+    chain-125000                   500003    10.71    3.85         0.36
+    llama-tiny-b2-s2048 (--huge)  2273321    113.1    77.7         0.69
+    log-log slope of verify seconds against nodes: 0.99 (LLaMA, to 249k), 0.90 (chains)
 
     bytes moved (offload + reload): einpage, and its ratio to LRU, layer streaming and
     the lower bound; einpage's simulated stall and the bound's link need, % of compute
@@ -213,6 +228,23 @@ def time_plan(tg: TaskGraph, budget: int, repeat: int, **options) -> tuple[float
     return best, mg
 
 
+def time_verify(mg: MemGraph, repeat: int) -> float:
+    """Seconds `memgraph.verify` takes on `mg` (best of `repeat`, garbage collector off),
+    each time on a fresh copy, so that the residency analysis it reads is timed too."""
+    best = math.inf
+    for _ in range(repeat):
+        fresh = MemGraph(mg.taskgraph, mg.nodes, mg.budget, mg.alignment, mg.info, mg.storages)
+        gc.collect()
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            verify(fresh)
+            best = min(best, time.perf_counter() - start)
+        finally:
+            gc.enable()
+    return best
+
+
 def scaling(quick: bool, repeat: int) -> list[dict]:
     if quick:
         sizes = {"chain": [500, 2000, 8000], "transformer": [(2, 2), (8, 4), (16, 8)]}
@@ -231,6 +263,7 @@ def scaling(quick: bool, repeat: int) -> list[dict]:
             peak_seconds = time.perf_counter() - start
             budget = max(peak // 2, min_budget(tg)[0])
             seconds, mg = time_plan(tg, budget, repeat)
+            verify_seconds = time_verify(mg, repeat)
             row = {
                 "family": family,
                 "graph": tg.name,
@@ -241,6 +274,7 @@ def scaling(quick: bool, repeat: int) -> list[dict]:
                 "evictions": mg.info["evictions"],
                 "seconds": seconds,
                 "us_per_task": 1e6 * seconds / len(tg),
+                "verify_seconds": verify_seconds,
                 "peak_seconds": peak_seconds,
                 "slope": None,
             }
@@ -273,7 +307,112 @@ def _scaling_line(row: dict) -> str:
     return (
         f"{row['graph']:<28} {row['tasks']:>7} {row['nodes']:>8} {row['evictions']:>6}"
         f" {row['seconds']:>8.3f} {row['us_per_task']:>8.1f} {slope:>6} {row['peak_seconds']:>8.3f}"
+        f" {row['verify_seconds']:>8.3f}"
     )
+
+
+# ----------------------------------------------------------------------------- verification
+
+
+def partitioned_llama(seq: int, batch: int = 2) -> tuple[TaskGraph, int]:
+    """LLaMA-tiny prefill (float32) partitioned at 64 KiB blocks, and 30% of its peak:
+    the graphs whose verification the issue measured (11k nodes at seq 256)."""
+    tg = llama.prefill_program(llama.PRESETS["tiny"], batch, seq, "float32").build()
+    compiled = ep.compile(tg, "30%", partition="64KiB", verify=False)
+    return compiled.graph, compiled.plan.budget
+
+
+VERIFY_SIZES = {
+    "llama": ([64, 128, 256], [128, 256, 512, 1024]),  # (--quick, full) sequence lengths
+    "chain": ([2000, 8000], [8000, 32000, 125000]),  # chain lengths (125000: 500k nodes)
+}
+
+
+def verify_scaling(quick: bool, huge: bool = False) -> list[dict]:
+    """Plan and verify graphs of growing size (one round each, garbage collector off):
+    partitioned LLaMA-tiny (`partitioned_llama`) and chains, up to 500k MemGraph nodes
+    (with `huge`, also LLaMA-tiny at seq 2048: 2.3M nodes, ~10 minutes to partition).
+    Reported: nodes, plan and verify seconds, their ratio, and the log-log slope of verify
+    seconds against nodes (least squares per family, and between consecutive sizes)."""
+    rows: list[dict] = []
+    for family, (small, full) in VERIFY_SIZES.items():
+        family_rows: list[dict] = []
+        sizes = small if quick else full
+        for size in [*sizes, 2048] if huge and family == "llama" else sizes:
+            if family == "llama":
+                tg, budget = partitioned_llama(size)
+                name = f"llama-tiny-b2-s{size} (64KiB)"
+            else:
+                tg = chain(size)
+                budget = max(no_offload_peak(tg) // 2, min_budget(tg)[0])
+                name = tg.name
+            plan_seconds, mg = time_plan(tg, budget, 1)
+            seconds = time_verify(mg, 1)
+            row = {
+                "family": family,
+                "graph": name,
+                "tasks": len(tg),
+                "nodes": len(mg),
+                "plan_seconds": plan_seconds,
+                "verify_seconds": seconds,
+                "verify_over_plan": seconds / plan_seconds,
+                "slope": None,
+            }
+            if family_rows:
+                last = family_rows[-1]
+                row["slope"] = math.log(seconds / last["verify_seconds"]) / math.log(
+                    row["nodes"] / last["nodes"]
+                )
+            family_rows.append(row)
+            slope = "" if row["slope"] is None else f"{row['slope']:.2f}"
+            print(
+                f"{name:<30} {row['nodes']:>8} {plan_seconds:>8.2f} {seconds:>8.2f}"
+                f" {row['verify_over_plan']:>7.2f} {slope:>6}",
+                flush=True,
+            )
+        fit = _loglog_slope([(r["nodes"], r["verify_seconds"]) for r in family_rows])
+        print(
+            f"  {family}: log-log slope of verify seconds against nodes, least squares: {fit:.2f}"
+        )
+        for row in family_rows:
+            row["family_slope"] = fit
+        rows += family_rows
+    return rows
+
+
+VERIFY_HEADER = f"{'graph':<30} {'nodes':>8} {'plan(s)':>8} {'verify':>8} {'ratio':>7} {'slope':>6}"
+
+
+def verify_targets(time_rows: list[dict], verify_rows: list[dict]) -> list[dict]:
+    """The issue's verification targets, each with the measured figure and verdict."""
+    ratios = [(r["graph"], r["verify_seconds"] / r["seconds"]) for r in time_rows]
+    ratios += [(r["graph"], r["verify_over_plan"]) for r in verify_rows]
+    worst = max(ratios, key=lambda item: item[1])
+    largest = max(verify_rows, key=lambda r: r["nodes"])
+    slopes = {r["family"]: r["family_slope"] for r in verify_rows}
+    found = [
+        {
+            "target": "verify time <= plan time on every graph",
+            "measured": f"worst {worst[1]:.2f}x ({worst[0]})",
+            "met": worst[1] <= 1.0,
+        },
+        {
+            "target": "a plan of >= 500k nodes verifies within its plan time",
+            "measured": f"{largest['graph']}: {largest['nodes']} nodes, verify "
+            f"{largest['verify_seconds']:.1f} s, plan {largest['plan_seconds']:.1f} s",
+            "met": largest["verify_over_plan"] <= 1.0 if largest["nodes"] >= 500_000 else None,
+        },
+        {
+            "target": "log-log slope of verify time against nodes <= 1.2",
+            "measured": ", ".join(f"{family} {slope:.2f}" for family, slope in slopes.items()),
+            "met": max(slopes.values()) <= 1.2,
+        },
+    ]
+    print("\nverification targets:")
+    for t in found:
+        verdict = {True: "met", False: "NOT met", None: "n/a"}[t["met"]]
+        print(f"  [{verdict:>7}] {t['target']}: {t['measured']}")
+    return found
 
 
 # ----------------------------------------------------------------------------- bounds
@@ -662,13 +801,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="small sizes (under ~30 s)")
     parser.add_argument("--repeat", type=int, default=None, help="timing rounds (best of)")
+    parser.add_argument(
+        "--huge", action="store_true", help="also verify a 2.3M-node plan (~15 min more)"
+    )
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
 
     print("1. planning time at 50% of the no-offload peak (or min_budget), default options")
     print(
         f"{'graph':<28} {'tasks':>7} {'nodes':>8} {'evict':>6} {'seconds':>8} {'us/task':>8}"
-        f" {'slope':>6} {'peak(s)':>8}"
+        f" {'slope':>6} {'peak(s)':>8} {'verify':>8}"
     )
     time_rows = scaling(args.quick, repeat)
 
@@ -677,12 +819,18 @@ def main(argv: list[str] | None = None) -> dict:
     quality_rows = quality(quality_graphs(args.quick), [100, 75, 50, 25])
     result_summary = summary(quality_rows, time_rows)
 
+    print("\n3. verification time against plan size (one round each)")
+    print(VERIFY_HEADER)
+    verify_rows = verify_scaling(args.quick, args.huge)
+    checks = verify_targets(time_rows, verify_rows)
+
     result = {
         "python": platform.python_version(),
         "machine": platform.machine(),
         "quick": args.quick,
         "cost_model": COST_MODEL,
         "timing": time_rows,
+        "verify": {"rows": verify_rows, "targets": checks},
         "quality": quality_rows,
         "summary": result_summary,
     }

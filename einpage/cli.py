@@ -71,6 +71,7 @@ from einpage_core.errors import (
 )
 from einpage_core.units import BudgetFormatError, format_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph
+from memgraph.snapshot import write_memory_snapshot
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError, partition
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -135,7 +136,7 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     partition_arg = parse_partition(args.partition)
-    pictures = sum(1 for p in (args.render, args.memory_map, args.timeline) if p)
+    pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
     with console.stages(3 + pictures):
         with console.stage("building the program"):
             tg = _program(args)
@@ -150,6 +151,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
             Path(args.output).write_text(mg.to_json(), encoding="utf-8")
             _wrote(console, "plan", args.output)
         _pictures(args, mg, console)
+        _exports(args, mg, console)
     return EXIT_OK
 
 
@@ -184,6 +186,21 @@ def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:
             sim = memgraph.simulate(mg, args.cost_model, timeline=True)
             sim.plot(args.timeline)
         _wrote(console, "stream timeline", args.timeline)
+
+
+def _exports(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:
+    """`--trace` and `--memory-snapshot`: the simulated schedule as a Chrome trace (the
+    lanes and event names of `einpage run --trace`) and the device memory as a PyTorch
+    memory snapshot."""
+    if args.trace:
+        with console.stage("simulating the streams"):
+            sim = memgraph.simulate(mg, args.cost_model, timeline=True)
+            sim.write_chrome_trace(args.trace)
+        _wrote(console, "simulated trace (open it in https://ui.perfetto.dev)", args.trace)
+    if args.memory_snapshot:
+        write_memory_snapshot(mg, args.memory_snapshot)
+        where = "open it in https://pytorch.org/memory_viz"
+        _wrote(console, f"memory snapshot ({where})", args.memory_snapshot)
 
 
 def _max_nodes(value: int) -> int | None:
@@ -437,6 +454,14 @@ def _add_plan(
     )
     plan.add_argument("--memory-map", metavar="FILE", help="draw the memory map (.png, .svg)")
     plan.add_argument("--timeline", metavar="FILE", help="draw the simulated streams (.png)")
+    plan.add_argument(
+        "--trace", metavar="SIM.json", help="write the simulated streams as a Chrome trace"
+    )
+    plan.add_argument(
+        "--memory-snapshot",
+        metavar="SNAP.pickle",
+        help="write the device memory as a PyTorch memory snapshot (pytorch.org/memory_viz)",
+    )
     plan.set_defaults(handler=_cmd_plan)
 
 

@@ -2,7 +2,9 @@
 
 `plan(tg, budget)` makes a plan of a TaskGraph as it is (no partitioning inside: that is
 `einpage.compile`'s), `verify(mg)` checks any plan, `simulate(mg)` times it
-on a cost model; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
+on a cost model (`simulate(mg, timeline=True).write_chrome_trace(path)`: a Perfetto
+trace), `write_memory_snapshot(mg, path)` writes its device memory for PyTorch's
+memory viewer; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
 `plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points.
 Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
 
@@ -42,7 +44,8 @@ from memgraph.planner import (
 from memgraph.render import render_memgraph
 from memgraph.residency import Residencies, Residency
 from memgraph.simulate import SimResult, simulate
-from memgraph.trace import StreamEvent
+from memgraph.snapshot import memory_snapshot, write_memory_snapshot
+from memgraph.trace import StreamEvent, combine_chrome_traces
 from memgraph.verify import VerifyReport, verify
 
 __all__ = [
@@ -83,5 +86,8 @@ __all__ = [
     "TransferBounds",
     "render_memgraph",
     "StreamEvent",
+    "combine_chrome_traces",
+    "memory_snapshot",
+    "write_memory_snapshot",
     "Allocator",
 ]

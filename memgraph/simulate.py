@@ -61,7 +61,7 @@ from einpage_core.units import format_bytes
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from memgraph.trace import STREAMS, StreamEvent, to_chrome_trace, write_chrome_trace
+from memgraph.trace import STREAMS, StreamEvent, node_event, to_chrome_trace, write_chrome_trace
 
 __all__ = ["SimResult", "simulate", "resolve_cost_model", "DEFAULT_COST_MODEL"]
 
@@ -74,9 +74,11 @@ class SimResult:
     """What `simulate` found (seconds and bytes).
 
     `busy` and `bytes_moved` are keyed by stream ("compute", "h2d", "d2h"; no bytes
-    on compute). `events` (one per node that occupies a stream, in insertion order)
-    and `node_times` (every node's (start, end), indexed by node id) are present when
-    `simulate(..., timeline=True)`, else None.
+    on compute). `events` (one per node that occupies a stream, in insertion order,
+    named and annotated as the runtime's traces are: `memgraph.trace.node_event`) and
+    `node_times` (every node's (start, end), indexed by node id) are present when
+    `simulate(..., timeline=True)`, else None. `program` is the name of the plan's
+    TaskGraph (for trace titles).
     """
 
     makespan: float
@@ -87,6 +89,7 @@ class SimResult:
     node_count: int
     events: tuple[StreamEvent, ...] | None = None
     node_times: tuple[tuple[float, float], ...] | None = None
+    program: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "busy", MappingProxyType(dict(self.busy)))
@@ -124,13 +127,34 @@ class SimResult:
 
     # -- the timeline elsewhere -----------------------------------------------------
 
+    @property
+    def trace_title(self) -> str:
+        """The process name of the simulated trace: `einpage mlp (simulated, h100-pcie5)`."""
+        name = f"einpage {self.program}" if self.program else "einpage"
+        return f"{name} (simulated, {self.cost_model.name})"
+
+    @property
+    def trace_metadata(self) -> dict[str, Any]:
+        """The trace's `otherData`: the clock ("simulated"), the machine and the totals."""
+        return {
+            "clock": "simulated",
+            "cost_model": self.cost_model.name,
+            "makespan_s": self.makespan,
+            "busy_s": dict(self.busy),
+            "bytes_moved": dict(self.bytes_moved),
+        }
+
     def to_chrome_trace(self) -> dict[str, Any]:
-        """The timeline as a Chrome trace (`memgraph.trace.to_chrome_trace`)."""
-        return to_chrome_trace(self._need_timeline("a trace")[0])
+        """The timeline as a Chrome trace (`memgraph.trace.to_chrome_trace`): one process,
+        a lane per stream named as the runtime's traces name them (`memgraph.trace.STREAMS`),
+        one complete event per node that occupies a stream (microseconds)."""
+        events = self._need_timeline("a trace")[0]
+        return to_chrome_trace(events, self.trace_title, self.trace_metadata)
 
     def write_chrome_trace(self, path: str | os.PathLike[str]) -> Path:
         """Write the timeline as Chrome trace JSON (Perfetto, chrome://tracing)."""
-        return write_chrome_trace(self._need_timeline("a trace")[0], path)
+        events = self._need_timeline("a trace")[0]
+        return write_chrome_trace(events, path, self.trace_title, self.trace_metadata)
 
     def plot(self, path: str | os.PathLike[str] | None = None, **options: Any) -> Any:
         """The stream lanes (`memgraph.plots.stream_timeline`), saved to `path` if given."""
@@ -300,9 +324,7 @@ class _Replay:
         self.busy[stream] += seconds
         if self.start is not None:
             self.start[i] = begin
-            self.events.append(
-                StreamEvent(stream, begin, begin + seconds, _label(self.mg, node), i)
-            )
+            self.events.append(node_event(self.mg, node, stream, begin, begin + seconds))
 
     def result(self) -> SimResult:
         start = self.start
@@ -315,11 +337,5 @@ class _Replay:
             node_count=len(self.end),
             events=tuple(self.events) if start is not None else None,
             node_times=tuple(zip(start, self.end, strict=True)) if start is not None else None,
+            program=self.mg.taskgraph.name,
         )
-
-
-def _label(mg: MemGraph, node: MemNode) -> str:
-    """A short event label: `apply %12 q`, `reload %7 layers.0.attn.wq`, `input %0 x`."""
-    task = mg.taskgraph[node.tensor]
-    name = getattr(task.op, "name", "") or task.label
-    return f"{node.kind} %{node.tensor}" + (f" {name}" if name else "")

@@ -5,6 +5,13 @@ seconds with one MemGraph node. The simulator produces them, the runtime records
 them, `memgraph.plots.stream_timeline` draws them, and `to_chrome_trace` /
 `read_chrome_trace` convert to and from the Chrome trace JSON that Perfetto and
 chrome://tracing display (one track per stream).
+
+`STREAMS` is the one definition of the lane names; `node_event` is the one way a
+node's event is named and annotated. The simulator (`memgraph.simulate`) and the
+runtime (`runtime.Session`, `einpage run --trace`) both use them, so a simulated and a
+measured trace of one plan have the same lanes and, node by node, the same event
+names: `combine_chrome_traces` puts them in one file, one process each, to compare
+side by side in https://ui.perfetto.dev.
 """
 
 from __future__ import annotations
@@ -14,14 +21,21 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from einpage_core.errors import TraceError
+from memgraph.nodes import MemNode, NodeKind
+
+if TYPE_CHECKING:
+    from memgraph.graph import MemGraph
 
 __all__ = [
     "StreamEvent",
     "STREAMS",
+    "node_event",
+    "event_name",
     "to_chrome_trace",
+    "combine_chrome_traces",
     "read_chrome_trace",
     "write_chrome_trace",
     "lane_name",
@@ -32,6 +46,9 @@ __all__ = [
 ]
 
 STREAMS = ("compute", "h2d", "d2h")
+"""The lanes of a timeline, in display order: the compute stream (applies), host to device
+copies (reloads, inputs placed on the device) and device to host copies (offloads,
+outputs copied out). The runtime's streams (`runtime.schedule.STREAMS`) are these."""
 _STREAM_ALIASES = {
     "htod": "h2d",
     "hosttodevice": "h2d",
@@ -63,6 +80,51 @@ class StreamEvent:
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+
+def event_name(mg: MemGraph, node: MemNode) -> str:
+    """How a node's event is named in traces: its task's scope, then for an apply the task
+    id, its op and label, for a copy the node kind, the task id and the input's name or
+    the task's label.
+
+    >>> import einpage as ep
+    >>> from memgraph import MemGraphBuilder, Region
+    >>> prog = ep.Program("tiny")
+    >>> w = prog.input("w", (64,), role="weight")
+    >>> with prog.scope("layers.0"):
+    ...     prog.output(ep.exp(w), "y")
+    >>> b = MemGraphBuilder(prog.build(), budget=512)
+    >>> host = b.input("w", 0, storage=0)
+    >>> r = b.reload(0, 0, Region(0, 256), deps=[b.alloc(0, Region(0, 256)), host])
+    >>> y = b.apply(1, [Region(0, 256)], Region(256, 256), deps=[b.alloc(1, Region(256, 256)), r])
+    >>> mg = b.build()
+    >>> event_name(mg, mg[r]), event_name(mg, mg[y])
+    ('reload %0 w', 'layers.0: %1 einsum["A->A", join="exp(a)"]')
+    """
+    task = mg.taskgraph[node.tensor]
+    if node.kind is NodeKind.APPLY:
+        what = f"%{task.id} {task.op.describe()}" + (f" {task.label}" if task.label else "")
+    else:
+        hint = getattr(task.op, "name", "") or task.label
+        what = f"{node.kind} %{task.id}" + (f" {hint}" if hint else "")
+    return f"{task.scope}: {what}" if task.scope else what
+
+
+def node_event(mg: MemGraph, node: MemNode, stream: str, start: float, end: float) -> StreamEvent:
+    """The event of `node` busy on `stream` from `start` to `end` seconds, as the simulator
+    and the runtime both record it: named by `event_name`, its kind as category, and as
+    args the task id, the bytes it moves or writes, an apply's FLOPs, the task's scope
+    and label, and the node itself (`MemNode.describe`: regions, host storage, box)."""
+    task = mg.taskgraph[node.tensor]
+    args: dict[str, Any] = {"tensor": node.tensor, "bytes": task.nbytes}
+    if node.kind is NodeKind.APPLY:
+        args["flops"] = task.flops
+    if task.scope:
+        args["scope"] = task.scope
+    if task.label:
+        args["label"] = task.label
+    args["step"] = node.describe()
+    return StreamEvent(stream, start, end, event_name(mg, node), node.id, node.kind.value, args)
 
 
 def _merged(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -163,6 +225,22 @@ def to_chrome_trace(
             record["cat"] = e.kind
         trace.append(record)
     return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+
+
+def combine_chrome_traces(*documents: Mapping[str, Any]) -> dict[str, Any]:
+    """Chrome trace documents (`to_chrome_trace`'s) in one, each its own process, in order:
+    open a simulated and a measured trace of one plan side by side (their lanes have the
+    same names, their events the same names node by node). Each keeps its own time origin;
+    `otherData` becomes a list of theirs."""
+    events: list[dict[str, Any]] = []
+    for pid, document in enumerate(documents, 1):
+        for record in document.get("traceEvents", []):
+            events.append({**record, "pid": pid})
+        events.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}
+        )
+    others = [dict(document.get("otherData", {})) for document in documents]
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"traces": others}}
 
 
 def read_chrome_trace(

@@ -30,7 +30,8 @@ residencies and host storages, and checks:
   Each box is the one its leaf holds in the tree. Such a storage is never reloaded.
   The tree's Concats then count as computed;
 * dependencies (so that any execution honouring only the dependencies is safe, not
-  just insertion order), where "after" means reachable through `deps`:
+  just insertion order), where "after" means reachable through `deps` (the model
+  below):
   - read-after-write: a writer of a region (apply, reload, device input) comes after
     the region's alloc; a reader (apply, offload, device output) comes after the
     writer of the data it reads; a reload comes after the input or offload that
@@ -43,19 +44,42 @@ residencies and host storages, and checks:
 The live bytes checked against the budget at each alloc are those of the residency
 analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
 with the planner.
+
+The execution model verified
+----------------------------
+A node may start as soon as every node it depends on, directly or transitively, has
+finished; nothing else orders two nodes – neither their insertion order nor a stream
+they share. That is the runtime's `random` mode (`runtime.schedule.random_order`: any
+topological order of the dependencies, one node at a time), and it covers the
+runtime's other modes, which only add order: `streams` issues each stream's nodes in
+insertion order (a CUDA stream, or a worker thread, runs its work in issue order)
+and waits, through events, for exactly the dependencies on other streams; `sequential`
+runs everything in insertion order. So a plan verified here is safe in every mode,
+and a plan that relies on two nodes of one stream running in insertion order is
+rejected (its missing dependency is named).
+
+How "after" is decided: the replay asks each question ("must n9 come after n4?") as it
+goes. One whose earlier node is a direct dependency – or, for a free, is known to come
+before one of the free's direct dependencies (the free's writer and alloc come before
+every reader the replay checked earlier) – is settled at once. The others are
+collected and answered in one forward sweep over the nodes
+(`memgraph.happens_before.waits_for`: reach bitsets over the targets still asked
+about), when the replay ends or stops at another violation; the first one that fails,
+in the order the replay asked them, is reported (before a later violation). The whole
+check is near-linear in the nodes and dependencies.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from einpage_core.errors import VerificationError
 from memgraph.graph import MemGraph
+from memgraph.happens_before import waits_for
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
+from memgraph.verify_ranges import LatestFrees, LiveRegions, WrittenBoxes
 from taskgraph.nodes import Concat, Input, Slice, Task
 
 __all__ = ["verify", "VerifyReport"]
@@ -68,6 +92,17 @@ class VerifyReport:
     nodes: int
     peak_bytes: int
     dependencies_checked: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Question:
+    """A dependency the replay could not settle at once: node `source` must come after
+    node `target` (`what` says why)."""
+
+    source: int
+    target: int
+    what: str  # a `str.format` template of `args`
+    args: tuple
 
 
 @dataclass
@@ -89,40 +124,8 @@ class _Assembly:
     leaves: dict[int, tuple[tuple[int, int], ...]]  # leaf's storage root -> box in root
     concats: list[int]
     filled: dict[int, int] = field(default_factory=dict)  # leaf's storage root -> offload
-    boxes: _WrittenBoxes = field(default_factory=lambda: _WrittenBoxes())
+    boxes: WrittenBoxes = field(default_factory=WrittenBoxes)
     covered: int = 0  # elements the written boxes hold
-
-
-class _WrittenBoxes:
-    """The boxes written into one storage so far, as arrays, so that finding one a new box
-    overlaps is one vectorized test (host outputs can have thousands of boxes)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.lo = np.empty((0, 0), dtype=np.int64)
-        self.hi = np.empty((0, 0), dtype=np.int64)
-        self.writers: list[int] = []
-        self.boxes: list[HostBox] = []
-
-    def overlapping(self, box: HostBox) -> int | None:
-        """The position of a written box that `box` overlaps, if any."""
-        if not self.count:
-            return None
-        lo, hi = np.array(box.starts), np.array(box.starts) + np.array(box.sizes)
-        hits = np.all((self.lo[: self.count] < hi) & (lo < self.hi[: self.count]), axis=1)
-        return int(np.argmax(hits)) if hits.any() else None
-
-    def add(self, box: HostBox, writer: int) -> None:
-        if self.count == len(self.lo):
-            grown = max(16, 2 * self.count)
-            rank = len(box.starts)
-            self.lo = np.resize(self.lo, (grown, rank))
-            self.hi = np.resize(self.hi, (grown, rank))
-        self.lo[self.count] = box.starts
-        self.hi[self.count] = np.array(box.starts) + np.array(box.sizes)
-        self.count += 1
-        self.writers.append(writer)
-        self.boxes.append(box)
 
 
 def verify(mg: MemGraph) -> VerifyReport:
@@ -136,10 +139,10 @@ class _Verifier:
         self.tg = mg.taskgraph
         self.node: MemNode | None = None
         self.live: dict[int, _Residency] = {}  # tensor -> residency
-        self.intervals: list[tuple[int, int, int]] = []  # sorted (offset, end, tensor) live
+        self.regions = LiveRegions()
         self.live_bytes = mg.residencies.live_bytes  # after each node
         self.peak = 0
-        self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
+        self.freed = LatestFrees()
         self.storage_tensor: dict[int, int] = {}
         self.storage_writer: dict[int, int] = {}
         self.assemblies: dict[int, _Assembly] = {}  # storage -> what sliced offloads put there
@@ -147,11 +150,20 @@ class _Verifier:
         self.inputs_seen: set[str] = set()
         self.outputs_seen: set[str] = set()
         self.checked = 0
+        self.deps: frozenset[int] | tuple[int, ...] = ()  # the current node's dependencies
+        self.open: list[_Question] = []  # asked, not settled yet
+        self.views = [task.op.aliases_input for task in self.tg]
+        self.roots = list(range(len(self.tg)))  # each task's storage root (views: the base)
+        for task in self.tg:
+            if task.op.aliases_input:
+                self.roots[task.id] = self.roots[task.inputs[0]]
+        self.field_problems: dict[tuple, str | None] = {}
 
     # -- reporting ---------------------------------------------------------------
 
-    def fail(self, message: str) -> VerificationError:
-        node = self.node
+    def fail(self, message: str, node: MemNode | None = None) -> VerificationError:
+        """The error naming `node` (default: the current one), with its context lines."""
+        node = node if node is not None else self.node
         if node is None:
             return VerificationError(message)
         lo, hi = max(0, node.id - 2), min(len(self.mg.nodes), node.id + 3)
@@ -160,28 +172,37 @@ class _Verifier:
         )
         return VerificationError(f"n{node.id} ({node.kind}): {message}\n{context}", node.id)
 
-    def after(self, earlier: int | None, what: str) -> None:
-        """Require the current node to come after node `earlier` through dependencies."""
+    def after(self, earlier: int | None, what: str, *args: object, via: Iterable[int] = ()) -> None:
+        """Require the current node to come after node `earlier` through dependencies;
+        `what.format(*args)` says why (formatted only if it fails).
+
+        Settled at once when `earlier` is a direct dependency, or when one of `via` is
+        (each node of `via` is already checked to come after `earlier`); otherwise asked
+        of the sweep (`settle`).
+        """
         if earlier is None:
             return
         self.checked += 1
-        node = self.node
-        if earlier in node.deps or self._reaches(node.id, earlier):
+        deps = self.deps
+        if earlier in deps:
             return
-        raise self.fail(f"missing dependency on n{earlier} ({what})")
+        for w in via:
+            if w in deps:
+                return
+        self.open.append(_Question(self.node.id, earlier, what, args))
 
-    def _reaches(self, start: int, target: int) -> bool:
-        """Whether `target` is an ancestor of `start` through deps (ids only decrease)."""
-        stack, seen = [start], {start}
-        nodes = self.mg.nodes
-        while stack:
-            for dep in nodes[stack.pop()].deps:
-                if dep == target:
-                    return True
-                if dep > target and dep not in seen:
-                    seen.add(dep)
-                    stack.append(dep)
-        return False
+    def settle(self) -> None:
+        """Answer the open questions; raise the first that fails, in the order asked."""
+        questions, self.open = self.open, []
+        if not questions:
+            return
+        deps = [node.deps for node in self.mg.nodes]
+        answers = waits_for(deps, [(q.source, q.target) for q in questions])
+        for question, holds in zip(questions, answers, strict=True):
+            if not holds:
+                node = self.mg.nodes[question.source]
+                what = question.what.format(*question.args)
+                raise self.fail(f"missing dependency on n{question.target} ({what})", node)
 
     # -- the replay --------------------------------------------------------------
 
@@ -195,10 +216,17 @@ class _Verifier:
             NodeKind.FREE: self.on_free,
             NodeKind.OUTPUT: self.on_output,
         }
-        for position, node in enumerate(self.mg.nodes):
-            self.node = node
-            self.check_structure(node, position)
-            handlers[node.kind](node)
+        try:
+            for position, node in enumerate(self.mg.nodes):
+                self.node = node
+                self.check_structure(node, position)
+                deps = node.deps
+                self.deps = frozenset(deps) if len(deps) > 8 else deps
+                handlers[node.kind](node)
+        except VerificationError:
+            self.settle()  # a missing dependency asked before this violation comes first
+            raise
+        self.settle()
         self.node = None
         self.check_complete()
         return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
@@ -206,30 +234,49 @@ class _Verifier:
     def check_structure(self, node: MemNode, position: int) -> None:
         if node.id != position:
             raise self.fail(f"id {node.id} does not match its position {position}")
-        if any(not 0 <= d < node.id for d in node.deps):
+        deps = node.deps
+        if deps and (min(deps) < 0 or max(deps) >= node.id):
             raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
         if node.tensor is None or not 0 <= node.tensor < len(self.tg):
             raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
-        if self.tg[node.tensor].op.aliases_input:
+        if self.views[node.tensor]:
             raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
-        for region in (node.region, *node.reads):
+        budget = self.mg.budget
+        for region in (node.region, *node.reads) if node.reads else (node.region,):
             if region is None:
                 continue
-            if region.offset < 0 or region.size <= 0 or region.end > self.mg.budget:
-                raise self.fail(f"region {region} is outside the arena of {self.mg.budget} bytes")
-        problem = node.field_problem()
+            if region.offset < 0 or region.size <= 0 or region.offset + region.size > budget:
+                raise self.fail(f"region {region} is outside the arena of {budget} bytes")
+        problem = self.field_problem(node)
         if problem is not None:
             raise self.fail(problem)
 
-    def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
-        """The live, written residency of `tensor`, which must be at `region`."""
+    def field_problem(self, node: MemNode) -> str | None:
+        """`MemNode.field_problem`, remembered per kind and set of fields set (which is all
+        it depends on)."""
+        key = (
+            node.kind,
+            node.region is None,
+            node.storage is None,
+            not node.reads,
+            not node.name,
+            node.into is None,
+            node.box is None,
+        )
+        if key not in self.field_problems:
+            self.field_problems[key] = node.field_problem()
+        return self.field_problems[key]
+
+    def resident(self, tensor: int, region: Region | None, what: str, *args: object) -> _Residency:
+        """The live, written residency of `tensor`, which must be at `region`;
+        `what.format(*args)` names it in an error."""
         residency = self.live.get(tensor)
         if residency is None:
-            raise self.fail(f"{what} is not resident on the device")
+            raise self.fail(f"{what.format(*args)} is not resident on the device")
         if residency.writer is None:
-            raise self.fail(f"{what} is allocated but its data was never written")
+            raise self.fail(f"{what.format(*args)} is allocated but its data was never written")
         if region is not None and region != residency.region:
-            raise self.fail(f"{what} is resident at {residency.region}, not {region}")
+            raise self.fail(f"{what.format(*args)} is resident at {residency.region}, not {region}")
         return residency
 
     def write(self, tensor: int, region: Region, what: str) -> None:
@@ -239,7 +286,7 @@ class _Verifier:
             raise self.fail(f"{what} %{tensor} into {region}, which is not allocated for it")
         if residency.writer is not None:
             raise self.fail(f"%{tensor} at {region} was already written by n{residency.writer}")
-        self.after(residency.alloc, f"the alloc of {region}")
+        self.after(residency.alloc, "the alloc of {}", region)
         residency.writer = self.node.id
 
     def on_input(self, node: MemNode) -> None:
@@ -306,47 +353,18 @@ class _Verifier:
             )
         if tensor in self.live:
             raise self.fail(f"%{tensor} is already resident at {self.live[tensor].region}")
-        i = bisect.bisect_left(self.intervals, (region.offset,))
-        for offset, end, other in self.intervals[max(0, i - 1) : i + 1]:
-            if offset < region.end and region.offset < end:
-                raise self.fail(f"{region} overlaps %{other} at {Region(offset, end - offset)}")
-        for free_node in self.frees_overlapping(region):
-            self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
-        bisect.insort(self.intervals, (region.offset, region.end, tensor))
+        hit = self.regions.overlapping(region)
+        if hit is not None:
+            other, held = hit
+            raise self.fail(f"{region} overlaps %{other} at {held}")
+        for free_node in self.freed.overlapping(region):
+            self.after(free_node, "the free of bytes it reuses, at n{}", free_node)
+        self.regions.add(region, tensor)
         self.live[tensor] = _Residency(node.id, region)
         live = self.live_bytes[node.id]
         self.peak = max(self.peak, live)
         if live > self.mg.budget:
             raise self.fail(f"{live} bytes live exceed the budget of {self.mg.budget}")
-
-    def _first_freed_at(self, offset: int) -> int:
-        """Index of the first freed range that may contain bytes at or after `offset`."""
-        i = bisect.bisect_left(self.freed, (offset,))
-        return i - 1 if i > 0 and self.freed[i - 1][1] > offset else i
-
-    def frees_overlapping(self, region: Region) -> list[int]:
-        """The latest free of each freed byte range that `region` overlaps."""
-        found = []
-        i = self._first_freed_at(region.offset)
-        while i < len(self.freed) and self.freed[i][0] < region.end:
-            found.append(self.freed[i][2])
-            i += 1
-        return found
-
-    def record_free(self, region: Region, free_node: int) -> None:
-        """Remember that `free_node` is now the latest free of every byte of `region`."""
-        start = stop = self._first_freed_at(region.offset)
-        while stop < len(self.freed) and self.freed[stop][0] < region.end:
-            stop += 1
-        pieces = []
-        if start < stop and self.freed[start][0] < region.offset:
-            offset, _, node = self.freed[start]
-            pieces.append((offset, region.offset, node))
-        pieces.append((region.offset, region.end, free_node))
-        if start < stop and self.freed[stop - 1][1] > region.end:
-            _, end, node = self.freed[stop - 1]
-            pieces.append((region.end, end, node))
-        self.freed[start:stop] = pieces
 
     def on_apply(self, node: MemNode) -> None:
         task = self.tg[node.tensor]
@@ -362,17 +380,17 @@ class _Verifier:
                 f"{len(task.inputs)} operand(s)"
             )
         for operand, region in zip(task.inputs, node.reads, strict=True):
-            base = self.tg.storage_root(operand)
-            what = f"operand %{operand}" + (f" (a view of %{base})" if base != operand else "")
-            residency = self.resident(base, region, what)
-            self.after(residency.writer, f"the write of %{base}")
+            base = self.roots[operand]
+            what = "operand %{}" if base == operand else "operand %{} (a view of %{})"
+            residency = self.resident(base, region, what, operand, base)
+            self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
         self.write(node.tensor, node.region, "apply writes")
         self.applied.add(node.tensor)
 
     def on_offload(self, node: MemNode) -> None:
-        residency = self.resident(node.tensor, node.region, f"offloaded %{node.tensor}")
-        self.after(residency.writer, f"the write of %{node.tensor}")
+        residency = self.resident(node.tensor, node.region, "offloaded %{}", node.tensor)
+        self.after(residency.writer, "the write of %{}", node.tensor)
         residency.users.append(node.id)
         if node.into is None:
             if node.box is not None:
@@ -473,7 +491,7 @@ class _Verifier:
                 f"input that %{node.tensor} slices)"
             )
         self.reload_box(node, held)
-        self.after(writer, f"the write of host#{node.storage}")
+        self.after(writer, "the write of host#{}", node.storage)
         self.write(node.tensor, node.region, "reload")
         if held != node.tensor:
             self.applied.add(node.tensor)  # a sliced reload computes the slice
@@ -516,13 +534,16 @@ class _Verifier:
         residency = self.live.get(node.tensor)
         if residency is None or residency.region != node.region:
             raise self.fail(f"frees {node.region}, which does not hold %{node.tensor}")
-        self.after(residency.alloc, "the alloc it releases")
-        self.after(residency.writer, f"the write of %{node.tensor}")
-        for user in residency.users:
-            self.after(user, f"n{user}, which reads %{node.tensor} there")
+        # Every user was checked to come after the writer, and the writer after the alloc.
+        users = residency.users
+        writer = () if residency.writer is None else (residency.writer,)
+        self.after(residency.alloc, "the alloc it releases", via=(*reversed(users), *writer))
+        self.after(residency.writer, "the write of %{}", node.tensor, via=reversed(users))
+        for user in users:
+            self.after(user, "n{}, which reads %{} there", user, node.tensor)
         del self.live[node.tensor]
-        self.intervals.remove((node.region.offset, node.region.end, node.tensor))
-        self.record_free(node.region, node.id)
+        self.regions.remove(node.region)
+        self.freed.record(node.region, node.id)
 
     def on_output(self, node: MemNode) -> None:
         if node.name not in self.tg.outputs:
@@ -530,12 +551,12 @@ class _Verifier:
         if node.name in self.outputs_seen:
             raise self.fail(f'output "{node.name}" appears twice')
         self.outputs_seen.add(node.name)
-        base = self.tg.storage_root(self.tg.outputs[node.name])
+        base = self.roots[self.tg.outputs[node.name]]
         if node.tensor != base:
             raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
         if node.region is not None:
-            residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
-            self.after(residency.writer, f"the write of %{base}")
+            residency = self.resident(base, node.region, 'output "{}" (%{})', node.name, base)
+            self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
             return
         assembly = self.assemblies.get(node.storage)
@@ -549,12 +570,12 @@ class _Verifier:
                     f"wrote them (its boxes cover {assembly.covered} of {total} elements)"
                 )
             for leaf, writer in assembly.filled.items():
-                self.after(writer, f"the sliced offload of %{leaf} into host#{node.storage}")
+                self.after(writer, "the sliced offload of %{} into host#{}", leaf, node.storage)
             self.applied.update(assembly.concats)
             return
         if self.storage_tensor.get(node.storage) != base or node.storage not in self.storage_writer:
             raise self.fail(f"host#{node.storage} does not hold %{base}")
-        self.after(self.storage_writer[node.storage], f"the write of host#{node.storage}")
+        self.after(self.storage_writer[node.storage], "the write of host#{}", node.storage)
 
     def check_complete(self) -> None:
         missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]

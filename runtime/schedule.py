@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from einpage_core.errors import BackendError, VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
+from memgraph.trace import STREAMS  # the lane names, defined once
 
 __all__ = ["MODES", "STREAMS", "Schedule", "node_stream", "random_order", "resolve_mode"]
 
 MODES = ("sequential", "streams", "random")
 _ALIASES = {"threaded": "streams"}
-STREAMS = ("compute", "h2d", "d2h")
 
 
 def resolve_mode(mode: str | None, default: str) -> str:

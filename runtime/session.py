@@ -40,7 +40,7 @@ from einpage_core.errors import (
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from memgraph.trace import StreamEvent
+from memgraph.trace import node_event
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
 from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
@@ -508,28 +508,10 @@ class Session:
             raise NodeFailure(err, node, where or "host") from err
 
     def _trace(self, timing: list[tuple[MemNode, str, Event, Event]], origin: Event) -> Trace:
-        spans = []
-        for node, name, start, end in timing:
-            task = self.tg[node.tensor]
-            args: dict[str, Any] = {"tensor": node.tensor, "bytes": task.nbytes}
-            if node.kind is NodeKind.APPLY:
-                args["flops"] = task.flops
-                label = task.op.describe()
-            else:
-                label = node.describe()
-            if task.scope:
-                args["scope"] = task.scope
-            spans.append(
-                StreamEvent(
-                    stream=name,
-                    start=start.seconds_since(origin),
-                    end=end.seconds_since(origin),
-                    label=f"%{node.tensor} {label}" if node.kind is NodeKind.APPLY else label,
-                    node=node.id,
-                    kind=node.kind.value,
-                    args=args,
-                )
-            )
+        spans = [  # named as the simulator names them (`memgraph.trace.node_event`)
+            node_event(self.mg, node, name, start.seconds_since(origin), end.seconds_since(origin))
+            for node, name, start, end in timing
+        ]
         title = f"einpage {self.tg.name} ({self.backend.name}, {self.mode})"
         return Trace(
             spans, clock=self.backend.clock, title=title, metadata={"budget": self.mg.budget}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -15,7 +16,7 @@ from einpage.errors import EinpageError, GraphError
 from memgraph import MemGraph, MemGraphBuilder, NodeKind, Region, verify
 from memgraph.cost import PRESETS, CostModel
 from memgraph.simulate import SimResult, resolve_cost_model, simulate
-from memgraph.trace import read_chrome_trace
+from memgraph.trace import STREAMS, event_name, read_chrome_trace
 
 KIB = 1024
 # One task of 256 FLOPs takes 1 s; 1 KiB crosses the link in 1 s unless said otherwise.
@@ -315,3 +316,54 @@ def test_empty_plan():
     b.output("w", 0, storage=0, deps=[b.input("w", 0, storage=0)])
     result = simulate(b.build())
     assert result.makespan == 0.0 and result.compute_utilization == 1.0
+
+
+# -- the simulated schedule as a Chrome / Perfetto trace ----------------------------------
+
+
+@given(case=einsum_cases(max_operands=4), offload_mask=st.integers(0, 2**12))
+def test_the_chrome_trace_has_one_event_per_timed_node_on_its_lane(case, offload_mask):
+    mg = random_plan(case, offload_mask, outputs_to_host=bool(offload_mask & 1))
+    result = simulate(mg, "h100-pcie5", timeline=True)
+    doc = json.loads(json.dumps(result.to_chrome_trace()))  # plain JSON, loads back
+    records = doc["traceEvents"]
+    assert {r["pid"] for r in records} == {1}
+    process = [r for r in records if r["name"] == "process_name"]
+    assert process[0]["args"]["name"] == f"einpage {mg.taskgraph.name} (simulated, h100-pcie5)"
+    lanes = {r["tid"]: r["args"]["name"] for r in records if r["name"] == "thread_name"}
+    assert set(lanes.values()) <= set(STREAMS)  # the one definition of lane names
+    complete = [r for r in records if r["ph"] == "X"]
+    by_node = {r["args"]["node"]: r for r in complete}
+    timed = {n.id: n for n in mg.nodes if n.kind is NodeKind.APPLY or n.copies is not None}
+    assert len(complete) == len(by_node) == len(timed) and set(by_node) == set(timed)
+    for node_id, record in by_node.items():
+        node = timed[node_id]
+        lane = "compute" if node.kind is NodeKind.APPLY else node.copies
+        task = mg.taskgraph[node.tensor]
+        assert lanes[record["tid"]] == lane and record["cat"] == node.kind.value
+        assert record["name"] == event_name(mg, node)
+        assert record["args"]["bytes"] == task.nbytes and record["args"]["tensor"] == task.id
+        assert ("flops" in record["args"]) == (node.kind is NodeKind.APPLY)
+        start, end = result.node_times[node_id]
+        assert record["ts"] == pytest.approx(start * 1e6, abs=1e-3)
+        assert record["dur"] == pytest.approx((end - start) * 1e6, abs=1e-3)
+    for stream in STREAMS:  # durations add up to the simulator's busy times
+        durations = [r["dur"] for r in complete if lanes[r["tid"]] == stream]
+        assert sum(durations) == pytest.approx(
+            result.busy[stream] * 1e6, abs=1e-3 * (1 + len(durations))
+        )
+    assert doc["otherData"]["clock"] == "simulated"
+    assert doc["otherData"]["makespan_s"] == result.makespan
+
+
+def test_a_written_trace_reads_back_with_names_and_args(tmp_path):
+    mg = reference_plan(fill_and_weight(), offload=frozenset({0}))
+    result = simulate(mg, **RATES, timeline=True)
+    path = result.write_chrome_trace(tmp_path / "sim.json")
+    back = read_chrome_trace(path)
+    assert [(e.stream, e.label, e.kind, e.node) for e in back] == [
+        (e.stream, e.label, e.kind, e.node) for e in result.events
+    ]
+    offload = next(e for e in back if e.kind == "offload")
+    assert offload.label == "offload %0" and offload.args["bytes"] == KIB
+    assert offload.args["step"] == mg[offload.node].describe()

@@ -1,0 +1,579 @@
+"""The verifier as it was before issue 13, kept as the oracle `memgraph.verify` is tested against.
+
+It is quadratic: every "must come after" question is a fresh depth-first search
+(`_Verifier._reaches`). `tests/memgraph/test_verify_equivalence.py` checks that the
+near-linear `memgraph.verify` gives the same verdict (accepted, or rejected at the same
+node with the same message) on real plans and on their mutations. What it checks:
+
+It replays the nodes in insertion order, tracking device allocations, tensor
+residencies and host storages, and checks:
+
+* structure: ids are positions, dependencies point to earlier nodes, each kind sets
+  the fields `memgraph.nodes.NODE_FIELDS` declares for it and no others, regions are
+  aligned and inside the budget;
+* host storages: every storage a node names is in the plan's table
+  (`MemGraph.storages`) and holds what is copied into it: an input's or an offloaded
+  tensor's shape, dtype and bytes, or for an output assembled on the host the
+  output's; the table lists no storage that nothing writes;
+* boxes: a box lies inside its storage (whose shape and dtype it repeats); a sliced
+  reload's box has the shape and dtype of the reloaded Slice and starts where the
+  Slice does; a sliced offload's box holds as many bytes as the offloaded tensor, of
+  its dtype;
+* residency: every apply's operands are resident, written, and read at the regions
+  the plan says; outputs are written into freshly allocated regions; regions live at
+  the same time never overlap (so the peak never exceeds the budget); every reload
+  reads a storage that an input or an offload wrote; every compute task is applied
+  exactly once (a Slice read straight from an input may instead be produced, any
+  number of times, by a *sliced reload* of its box from the input's storage) and every
+  program output is produced;
+* host assembly: a *sliced offload* (`into` set) copies a tensor that is exactly one
+  leaf of the tree of output Concats rooted at `into` (Concats whose `Block` kind is
+  "output", nested) into that leaf's box of the root's host storage; each leaf is
+  written at most once, and a host output of such a storage must come after sliced
+  offloads of every leaf. The boxes written into one such storage tile it exactly
+  once: no box overlaps one written before it, and together they cover every element.
+  Each box is the one its leaf holds in the tree. Such a storage is never reloaded.
+  The tree's Concats then count as computed;
+* dependencies (so that any execution honouring only the dependencies is safe, not
+  just insertion order), where "after" means reachable through `deps`:
+  - read-after-write: a writer of a region (apply, reload, device input) comes after
+    the region's alloc; a reader (apply, offload, device output) comes after the
+    writer of the data it reads; a reload comes after the input or offload that
+    wrote its storage, as does a host output (after all the sliced offloads that
+    fill it, for an output assembled on the host);
+  - write-after-read: an alloc comes after the latest free of every byte it
+    overlaps; a free comes after its alloc, the writer, every reader and every
+    offload of the residency it releases.
+
+The live bytes checked against the budget at each alloc are those of the residency
+analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
+with the planner.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from einpage_core.errors import VerificationError
+from memgraph.graph import MemGraph
+from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
+from taskgraph.nodes import Concat, Input, Slice, Task
+
+__all__ = ["verify", "VerifyReport"]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What a successful verification saw."""
+
+    nodes: int
+    peak_bytes: int
+    dependencies_checked: int
+
+
+@dataclass
+class _Residency:
+    """A tensor's stay on the device: from its alloc to its free."""
+
+    alloc: int
+    region: Region
+    writer: int | None = None
+    users: list[int] = field(default_factory=list)  # readers and offloads
+
+
+@dataclass
+class _Assembly:
+    """A host storage filled by sliced offloads: output assembly `root`, the storage
+    root of each leaf of its tree (with the Concats in `concats`), and which are written."""
+
+    root: int
+    leaves: dict[int, tuple[tuple[int, int], ...]]  # leaf's storage root -> box in root
+    concats: list[int]
+    filled: dict[int, int] = field(default_factory=dict)  # leaf's storage root -> offload
+    boxes: _WrittenBoxes = field(default_factory=lambda: _WrittenBoxes())
+    covered: int = 0  # elements the written boxes hold
+
+
+class _WrittenBoxes:
+    """The boxes written into one storage so far, as arrays, so that finding one a new box
+    overlaps is one vectorized test (host outputs can have thousands of boxes)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.lo = np.empty((0, 0), dtype=np.int64)
+        self.hi = np.empty((0, 0), dtype=np.int64)
+        self.writers: list[int] = []
+        self.boxes: list[HostBox] = []
+
+    def overlapping(self, box: HostBox) -> int | None:
+        """The position of a written box that `box` overlaps, if any."""
+        if not self.count:
+            return None
+        lo, hi = np.array(box.starts), np.array(box.starts) + np.array(box.sizes)
+        hits = np.all((self.lo[: self.count] < hi) & (lo < self.hi[: self.count]), axis=1)
+        return int(np.argmax(hits)) if hits.any() else None
+
+    def add(self, box: HostBox, writer: int) -> None:
+        if self.count == len(self.lo):
+            grown = max(16, 2 * self.count)
+            rank = len(box.starts)
+            self.lo = np.resize(self.lo, (grown, rank))
+            self.hi = np.resize(self.hi, (grown, rank))
+        self.lo[self.count] = box.starts
+        self.hi[self.count] = np.array(box.starts) + np.array(box.sizes)
+        self.count += 1
+        self.writers.append(writer)
+        self.boxes.append(box)
+
+
+def verify(mg: MemGraph) -> VerifyReport:
+    """Check every invariant of `mg`; raise `VerificationError` naming the first violation."""
+    return _Verifier(mg).run()
+
+
+class _Verifier:
+    def __init__(self, mg: MemGraph):
+        self.mg = mg
+        self.tg = mg.taskgraph
+        self.node: MemNode | None = None
+        self.live: dict[int, _Residency] = {}  # tensor -> residency
+        self.intervals: list[tuple[int, int, int]] = []  # sorted (offset, end, tensor) live
+        self.live_bytes = mg.residencies.live_bytes  # after each node
+        self.peak = 0
+        self.freed: list[tuple[int, int, int]] = []  # sorted disjoint (offset, end, free node)
+        self.storage_tensor: dict[int, int] = {}
+        self.storage_writer: dict[int, int] = {}
+        self.assemblies: dict[int, _Assembly] = {}  # storage -> what sliced offloads put there
+        self.applied: set[int] = set()
+        self.inputs_seen: set[str] = set()
+        self.outputs_seen: set[str] = set()
+        self.checked = 0
+
+    # -- reporting ---------------------------------------------------------------
+
+    def fail(self, message: str) -> VerificationError:
+        node = self.node
+        if node is None:
+            return VerificationError(message)
+        lo, hi = max(0, node.id - 2), min(len(self.mg.nodes), node.id + 3)
+        context = "\n".join(
+            f"{'>' if n.id == node.id else ' '} {n.line()}" for n in self.mg.nodes[lo:hi]
+        )
+        return VerificationError(f"n{node.id} ({node.kind}): {message}\n{context}", node.id)
+
+    def after(self, earlier: int | None, what: str) -> None:
+        """Require the current node to come after node `earlier` through dependencies."""
+        if earlier is None:
+            return
+        self.checked += 1
+        node = self.node
+        if earlier in node.deps or self._reaches(node.id, earlier):
+            return
+        raise self.fail(f"missing dependency on n{earlier} ({what})")
+
+    def _reaches(self, start: int, target: int) -> bool:
+        """Whether `target` is an ancestor of `start` through deps (ids only decrease)."""
+        stack, seen = [start], {start}
+        nodes = self.mg.nodes
+        while stack:
+            for dep in nodes[stack.pop()].deps:
+                if dep == target:
+                    return True
+                if dep > target and dep not in seen:
+                    seen.add(dep)
+                    stack.append(dep)
+        return False
+
+    # -- the replay --------------------------------------------------------------
+
+    def run(self) -> VerifyReport:
+        handlers = {
+            NodeKind.INPUT: self.on_input,
+            NodeKind.ALLOC: self.on_alloc,
+            NodeKind.APPLY: self.on_apply,
+            NodeKind.OFFLOAD: self.on_offload,
+            NodeKind.RELOAD: self.on_reload,
+            NodeKind.FREE: self.on_free,
+            NodeKind.OUTPUT: self.on_output,
+        }
+        for position, node in enumerate(self.mg.nodes):
+            self.node = node
+            self.check_structure(node, position)
+            handlers[node.kind](node)
+        self.node = None
+        self.check_complete()
+        return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
+
+    def check_structure(self, node: MemNode, position: int) -> None:
+        if node.id != position:
+            raise self.fail(f"id {node.id} does not match its position {position}")
+        if any(not 0 <= d < node.id for d in node.deps):
+            raise self.fail(f"dependencies {list(node.deps)} must be earlier nodes")
+        if node.tensor is None or not 0 <= node.tensor < len(self.tg):
+            raise self.fail(f"tensor %{node.tensor} is not a task of the TaskGraph")
+        if self.tg[node.tensor].op.aliases_input:
+            raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
+        for region in (node.region, *node.reads):
+            if region is None:
+                continue
+            if region.offset < 0 or region.size <= 0 or region.end > self.mg.budget:
+                raise self.fail(f"region {region} is outside the arena of {self.mg.budget} bytes")
+        problem = node.field_problem()
+        if problem is not None:
+            raise self.fail(problem)
+
+    def resident(self, tensor: int, region: Region | None, what: str) -> _Residency:
+        """The live, written residency of `tensor`, which must be at `region`."""
+        residency = self.live.get(tensor)
+        if residency is None:
+            raise self.fail(f"{what} is not resident on the device")
+        if residency.writer is None:
+            raise self.fail(f"{what} is allocated but its data was never written")
+        if region is not None and region != residency.region:
+            raise self.fail(f"{what} is resident at {residency.region}, not {region}")
+        return residency
+
+    def write(self, tensor: int, region: Region, what: str) -> None:
+        """The current node writes `tensor` into its freshly allocated `region`."""
+        residency = self.live.get(tensor)
+        if residency is None or residency.region != region:
+            raise self.fail(f"{what} %{tensor} into {region}, which is not allocated for it")
+        if residency.writer is not None:
+            raise self.fail(f"%{tensor} at {region} was already written by n{residency.writer}")
+        self.after(residency.alloc, f"the alloc of {region}")
+        residency.writer = self.node.id
+
+    def on_input(self, node: MemNode) -> None:
+        task = self.tg[node.tensor]
+        if not isinstance(task.op, Input) or task.op.name != node.name:
+            raise self.fail(f'%{node.tensor} is not the input named "{node.name}"')
+        if node.name in self.inputs_seen:
+            raise self.fail(f'input "{node.name}" appears twice')
+        self.inputs_seen.add(node.name)
+        if node.storage is not None:
+            self.bind_storage(node.storage, node.tensor)
+            self.holds(node.storage, "input", task)
+            self.storage_writer[node.storage] = node.id
+        else:
+            self.write(node.tensor, node.region, "input")
+
+    def bind_storage(self, storage: int, tensor: int) -> None:
+        owner = self.storage_tensor.setdefault(storage, tensor)
+        if owner != tensor:
+            raise self.fail(f"host#{storage} holds %{owner}, not %{tensor}")
+
+    def listed(self, storage: int) -> HostStorage:
+        """Host storage `storage` from the plan's table."""
+        entry = self.mg.storages.get(storage)
+        if entry is None:
+            raise self.fail(f"host#{storage} is not in the plan's table of host storages")
+        return entry
+
+    def holds(self, storage: int, kind: str, task: Task) -> HostStorage:
+        """The table says `storage` is filled as `kind` says and holds `task`, and its size
+        is that of `task` (what is copied into it)."""
+        entry = self.listed(storage)
+        want = f"{kind} %{task.id}: {task.dtype}[{','.join(map(str, task.shape))}]"
+        if (entry.kind, entry.tensor, entry.shape, entry.dtype) != (
+            kind,
+            task.id,
+            task.shape,
+            task.dtype,
+        ):
+            raise self.fail(f"the storage table has {entry}, but it holds {want}")
+        if entry.nbytes != task.nbytes:
+            raise self.fail(
+                f"the storage table has {entry} ({entry.nbytes} bytes), but it holds {want}, "
+                f"{task.nbytes} bytes"
+            )
+        return entry
+
+    def box_inside(self, box: HostBox, entry: HostStorage) -> None:
+        """`box` is a box of storage `entry`'s array and lies inside it."""
+        if (box.shape, box.dtype) != (entry.shape, entry.dtype):
+            dims = ",".join(map(str, box.shape))
+            raise self.fail(f"box {box} is of a {box.dtype}[{dims}] array, not of {entry}")
+        if not box.inside():
+            raise self.fail(f"box {box} does not lie inside {entry}")
+
+    def on_alloc(self, node: MemNode) -> None:
+        region, tensor = node.region, node.tensor
+        if region.offset % self.mg.alignment:
+            raise self.fail(f"offset {region.offset:#x} is not aligned to {self.mg.alignment}")
+        if region.size < self.tg[tensor].nbytes:
+            raise self.fail(
+                f"region of {region.size} bytes is smaller than %{tensor} "
+                f"({self.tg[tensor].nbytes} bytes)"
+            )
+        if tensor in self.live:
+            raise self.fail(f"%{tensor} is already resident at {self.live[tensor].region}")
+        i = bisect.bisect_left(self.intervals, (region.offset,))
+        for offset, end, other in self.intervals[max(0, i - 1) : i + 1]:
+            if offset < region.end and region.offset < end:
+                raise self.fail(f"{region} overlaps %{other} at {Region(offset, end - offset)}")
+        for free_node in self.frees_overlapping(region):
+            self.after(free_node, f"the free of bytes it reuses, at n{free_node}")
+        bisect.insort(self.intervals, (region.offset, region.end, tensor))
+        self.live[tensor] = _Residency(node.id, region)
+        live = self.live_bytes[node.id]
+        self.peak = max(self.peak, live)
+        if live > self.mg.budget:
+            raise self.fail(f"{live} bytes live exceed the budget of {self.mg.budget}")
+
+    def _first_freed_at(self, offset: int) -> int:
+        """Index of the first freed range that may contain bytes at or after `offset`."""
+        i = bisect.bisect_left(self.freed, (offset,))
+        return i - 1 if i > 0 and self.freed[i - 1][1] > offset else i
+
+    def frees_overlapping(self, region: Region) -> list[int]:
+        """The latest free of each freed byte range that `region` overlaps."""
+        found = []
+        i = self._first_freed_at(region.offset)
+        while i < len(self.freed) and self.freed[i][0] < region.end:
+            found.append(self.freed[i][2])
+            i += 1
+        return found
+
+    def record_free(self, region: Region, free_node: int) -> None:
+        """Remember that `free_node` is now the latest free of every byte of `region`."""
+        start = stop = self._first_freed_at(region.offset)
+        while stop < len(self.freed) and self.freed[stop][0] < region.end:
+            stop += 1
+        pieces = []
+        if start < stop and self.freed[start][0] < region.offset:
+            offset, _, node = self.freed[start]
+            pieces.append((offset, region.offset, node))
+        pieces.append((region.offset, region.end, free_node))
+        if start < stop and self.freed[stop - 1][1] > region.end:
+            _, end, node = self.freed[stop - 1]
+            pieces.append((region.end, end, node))
+        self.freed[start:stop] = pieces
+
+    def on_apply(self, node: MemNode) -> None:
+        task = self.tg[node.tensor]
+        if isinstance(task.op, Input):
+            raise self.fail(f"%{node.tensor} is an input; inputs are not computed")
+        if node.tensor in self.applied and not (
+            task.inputs and self.is_input_slice(node.tensor, task.inputs[0])
+        ):
+            raise self.fail(f"%{node.tensor} is computed a second time")
+        if len(node.reads) != len(task.inputs):
+            raise self.fail(
+                f"reads {len(node.reads)} regions but task %{task.id} has "
+                f"{len(task.inputs)} operand(s)"
+            )
+        for operand, region in zip(task.inputs, node.reads, strict=True):
+            base = self.tg.storage_root(operand)
+            what = f"operand %{operand}" + (f" (a view of %{base})" if base != operand else "")
+            residency = self.resident(base, region, what)
+            self.after(residency.writer, f"the write of %{base}")
+            residency.users.append(node.id)
+        self.write(node.tensor, node.region, "apply writes")
+        self.applied.add(node.tensor)
+
+    def on_offload(self, node: MemNode) -> None:
+        residency = self.resident(node.tensor, node.region, f"offloaded %{node.tensor}")
+        self.after(residency.writer, f"the write of %{node.tensor}")
+        residency.users.append(node.id)
+        if node.into is None:
+            if node.box is not None:
+                raise self.fail(f"box {node.box}: only a sliced offload ('into') copies a box")
+            self.bind_storage(node.storage, node.tensor)
+            self.holds(node.storage, "offload", self.tg[node.tensor])
+            self.storage_writer[node.storage] = node.id
+            return
+        self.bind_storage(node.storage, node.into)
+        assembly = self.assemblies.get(node.storage)
+        if assembly is None:
+            assembly = self.assemblies[node.storage] = self.assembly_of(node.into)
+        entry = self.holds(node.storage, "assembly", self.tg[node.into])
+        self.fill_box(node, assembly, entry)
+
+    def fill_box(self, node: MemNode, assembly: _Assembly, entry: HostStorage) -> None:
+        """A sliced offload writes its box: inside the storage, as many bytes as its
+        tensor, overlapping no box written before, and the box its leaf holds."""
+        box, task = node.box, self.tg[node.tensor]
+        if box is None:
+            raise self.fail(f"a sliced offload into host#{node.storage} carries no box")
+        self.box_inside(box, entry)
+        if box.nbytes != task.nbytes or box.dtype != task.dtype:
+            raise self.fail(
+                f"box {box} of host#{node.storage} holds {box.nbytes} bytes of {box.dtype}, "
+                f"but %{task.id} has {task.nbytes} bytes of {task.dtype}"
+            )
+        hit = assembly.boxes.overlapping(box)
+        if hit is not None:
+            raise self.fail(
+                f"the box {box} of host#{node.storage} was already written by "
+                f"n{assembly.boxes.writers[hit]} (in whole or in part: it wrote "
+                f"{assembly.boxes.boxes[hit]})"
+            )
+        if node.tensor not in assembly.leaves:
+            raise self.fail(
+                f"%{node.tensor} is not one of the pieces that output assembly %{node.into} "
+                f"joins (its leaves: {['%' + str(t) for t in list(assembly.leaves)[:8]]})"
+            )
+        place = assembly.leaves[node.tensor]
+        if tuple(zip(box.starts, box.sizes, strict=True)) != place:
+            where = "[" + ", ".join(f"{s}:{s + n}" for s, n in place) + "]"
+            raise self.fail(
+                f"writes %{node.tensor} into box {box} of host#{node.storage}, but its box "
+                f"in output assembly %{node.into} is {where}"
+            )
+        assembly.filled[node.tensor] = node.id
+        assembly.boxes.add(box, node.id)
+        assembly.covered += box.size
+
+    def assembly_of(self, root: int) -> _Assembly:
+        """The tree of output Concats rooted at task `root`: its leaves' boxes, by the
+        storage root of each leaf (which a sliced offload names)."""
+        if not self.is_output_concat(root):
+            raise self.fail(f"%{root} is not a Concat that assembles a program output")
+        leaves: dict[int, tuple[tuple[int, int], ...]] = {}
+        concats: list[int] = []
+        stack = [(root, (0,) * len(self.tg[root].shape))]
+        while stack:
+            task_id, starts = stack.pop()
+            task = self.tg[task_id]
+            if self.is_output_concat(task_id):
+                concats.append(task_id)
+                axis = task.op.axis % len(task.shape)
+                for operand in task.inputs:
+                    stack.append((operand, starts))
+                    shift = self.tg[operand].shape[axis]
+                    starts = starts[:axis] + (starts[axis] + shift,) + starts[axis + 1 :]
+                continue
+            base = self.tg.storage_root(task_id)
+            if base in leaves:
+                raise self.fail(
+                    f"%{base} fills two boxes of output assembly %{root}: a sliced offload "
+                    f"of it would be ambiguous"
+                )
+            leaves[base] = tuple(zip(starts, task.shape, strict=True))
+        return _Assembly(root, leaves, concats)
+
+    def is_output_concat(self, task_id: int) -> bool:
+        task = self.tg[task_id]
+        return (
+            isinstance(task.op, Concat) and task.block is not None and task.block.kind == "output"
+        )
+
+    def on_reload(self, node: MemNode) -> None:
+        if node.storage in self.assemblies:
+            raise self.fail(
+                f"host#{node.storage} is output %{self.assemblies[node.storage].root}, "
+                f"assembled on the host by sliced offloads; it is never reloaded"
+            )
+        writer = self.storage_writer.get(node.storage)
+        if writer is None:
+            raise self.fail(f"host#{node.storage} holds no data yet (no input or offload wrote it)")
+        held = self.storage_tensor[node.storage]
+        if held != node.tensor and not self.is_input_slice(node.tensor, held):
+            raise self.fail(
+                f"host#{node.storage} holds %{held}, not %{node.tensor} (nor an "
+                f"input that %{node.tensor} slices)"
+            )
+        self.reload_box(node, held)
+        self.after(writer, f"the write of host#{node.storage}")
+        self.write(node.tensor, node.region, "reload")
+        if held != node.tensor:
+            self.applied.add(node.tensor)  # a sliced reload computes the slice
+
+    def reload_box(self, node: MemNode, held: int) -> None:
+        """A whole reload carries no box; a sliced one the box of its Slice: inside the
+        storage, of the Slice's shape and dtype, starting where the Slice starts."""
+        task, box = self.tg[node.tensor], node.box
+        if held == node.tensor:
+            if box is not None:
+                raise self.fail(f"reloads all of host#{node.storage}, yet carries box {box}")
+            return
+        if box is None:
+            raise self.fail(
+                f"a sliced reload of %{node.tensor} from host#{node.storage} carries no box"
+            )
+        self.box_inside(box, self.listed(node.storage))
+        if (box.sizes, box.dtype) != (task.shape, task.dtype):
+            dims = ",".join(map(str, box.sizes))
+            raise self.fail(
+                f"box {box} of host#{node.storage} is {box.dtype}[{dims}], but the reloaded "
+                f"%{task.id} is {task.dtype}[{','.join(map(str, task.shape))}]"
+            )
+        if box.starts != tuple(task.op.starts):
+            raise self.fail(
+                f"box {box} of host#{node.storage} starts at {list(box.starts)}, but "
+                f"%{task.id} slices %{held} from {list(task.op.starts)}"
+            )
+
+    def is_input_slice(self, tensor: int, source: int) -> bool:
+        """Whether task `tensor` is a Slice read straight from the input task `source`."""
+        task = self.tg[tensor]
+        return (
+            isinstance(task.op, Slice)
+            and task.inputs[0] == source
+            and isinstance(self.tg[source].op, Input)
+        )
+
+    def on_free(self, node: MemNode) -> None:
+        residency = self.live.get(node.tensor)
+        if residency is None or residency.region != node.region:
+            raise self.fail(f"frees {node.region}, which does not hold %{node.tensor}")
+        self.after(residency.alloc, "the alloc it releases")
+        self.after(residency.writer, f"the write of %{node.tensor}")
+        for user in residency.users:
+            self.after(user, f"n{user}, which reads %{node.tensor} there")
+        del self.live[node.tensor]
+        self.intervals.remove((node.region.offset, node.region.end, node.tensor))
+        self.record_free(node.region, node.id)
+
+    def on_output(self, node: MemNode) -> None:
+        if node.name not in self.tg.outputs:
+            raise self.fail(f'"{node.name}" is not an output of the TaskGraph')
+        if node.name in self.outputs_seen:
+            raise self.fail(f'output "{node.name}" appears twice')
+        self.outputs_seen.add(node.name)
+        base = self.tg.storage_root(self.tg.outputs[node.name])
+        if node.tensor != base:
+            raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
+        if node.region is not None:
+            residency = self.resident(base, node.region, f'output "{node.name}" (%{base})')
+            self.after(residency.writer, f"the write of %{base}")
+            residency.users.append(node.id)
+            return
+        assembly = self.assemblies.get(node.storage)
+        if assembly is not None and assembly.root == base:
+            missing = [leaf for leaf in assembly.leaves if leaf not in assembly.filled]
+            total = math.prod(self.listed(node.storage).shape)
+            if missing or assembly.covered != total:
+                raise self.fail(
+                    f"host#{node.storage} (output %{base} assembled on the host) misses the "
+                    f"box(es) of {['%' + str(t) for t in missing[:5]]}: no sliced offload "
+                    f"wrote them (its boxes cover {assembly.covered} of {total} elements)"
+                )
+            for leaf, writer in assembly.filled.items():
+                self.after(writer, f"the sliced offload of %{leaf} into host#{node.storage}")
+            self.applied.update(assembly.concats)
+            return
+        if self.storage_tensor.get(node.storage) != base or node.storage not in self.storage_writer:
+            raise self.fail(f"host#{node.storage} does not hold %{base}")
+        self.after(self.storage_writer[node.storage], f"the write of host#{node.storage}")
+
+    def check_complete(self) -> None:
+        missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]
+        if missing_inputs:
+            raise self.fail(f"input(s) {missing_inputs} never appear")
+        computed = [t.id for t in self.tg if t.is_compute]
+        missing = [t for t in computed if t not in self.applied]
+        if missing:
+            raise self.fail(f"task(s) {['%' + str(t) for t in missing[:5]]} are never computed")
+        missing_outputs = [name for name in self.tg.outputs if name not in self.outputs_seen]
+        if missing_outputs:
+            raise self.fail(f"output(s) {missing_outputs} are never produced")
+        unwritten = [
+            str(s) for sid, s in self.mg.storages.items() if sid not in self.storage_tensor
+        ]
+        if unwritten:
+            raise self.fail(f"the storage table lists {unwritten[:3]}, which no node writes")

@@ -1,0 +1,249 @@
+"""`memgraph.verify` against the quadratic verifier it replaced (`slow_verifier`, the oracle).
+
+Both must give the same verdict – accepted with the same report, or rejected at the same
+node with the same message – on real plans (random programs, partitioned random
+programs, a small LLaMA) and on each one-edit mutation of them: a deleted dependency, a
+shifted region or read, a wrong storage, a dropped node (an offload, a reload, a free,
+...), a smaller budget, a shifted box, a swapped pair of nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import slow_verifier
+from hypothesis import event, given
+from hypothesis import strategies as st
+from partition_cases import random_programs
+from strategies import einsum_programs
+
+import einpage as ep
+from einpage.errors import VerificationError
+from einpage.models import llama
+from memgraph import HostBox, MemGraph, NodeKind, Region, verify
+from memgraph.planner import min_budget, no_offload_peak, plan
+from taskgraph.partition import finest_block, partition, working_set
+
+
+def verdict(check, mg: MemGraph) -> tuple:
+    """("ok", report) or ("rejected", node, message) for one verifier."""
+    try:
+        report = check(mg)
+    except VerificationError as err:
+        return ("rejected", err.node, str(err))
+    return ("ok", report.nodes, report.peak_bytes, report.dependencies_checked)
+
+
+def same_verdict(mg: MemGraph) -> tuple:
+    """Both verifiers' verdict on `mg`, asserted equal."""
+    new, old = verdict(verify, mg), verdict(slow_verifier.verify, mg)
+    assert new == old, f"\nnew: {new}\nold: {old}"
+    return new
+
+
+# -- mutations ------------------------------------------------------------------------
+
+
+def rebuilt(mg: MemGraph, nodes, budget: int | None = None) -> MemGraph:
+    budget = mg.budget if budget is None else budget
+    return MemGraph(mg.taskgraph, tuple(nodes), budget, mg.alignment, mg.info, mg.storages)
+
+
+def replaced(mg: MemGraph, node_id: int, **changes) -> MemGraph:
+    nodes = list(mg.nodes)
+    nodes[node_id] = dataclasses.replace(nodes[node_id], **changes)
+    return rebuilt(mg, nodes)
+
+
+def dropped(mg: MemGraph, node_id: int) -> MemGraph:
+    """`mg` without node `node_id`; later ids move down, dependencies on it vanish."""
+    new_id = {n.id: n.id - (n.id > node_id) for n in mg.nodes if n.id != node_id}
+    nodes = [
+        dataclasses.replace(
+            n, id=new_id[n.id], deps=tuple(new_id[d] for d in n.deps if d in new_id)
+        )
+        for n in mg.nodes
+        if n.id != node_id
+    ]
+    return rebuilt(mg, nodes)
+
+
+def swapped(mg: MemGraph, a: int) -> MemGraph:
+    """Nodes `a` and `a + 1` trade places (dependencies follow them where they can)."""
+    b = a + 1
+    where = {a: b, b: a}
+    nodes = []
+    for n in mg.nodes:
+        deps = tuple(where.get(d, d) for d in n.deps)
+        nodes.append(dataclasses.replace(n, id=where.get(n.id, n.id), deps=deps))
+    nodes[a], nodes[b] = nodes[b], nodes[a]
+    if a in nodes[a].deps:  # the moved-up node cannot depend on the one now after it
+        nodes[a] = dataclasses.replace(nodes[a], deps=tuple(d for d in nodes[a].deps if d != a))
+    return rebuilt(mg, nodes)
+
+
+MUTATIONS = (
+    "delete dependency",
+    "shift region",
+    "shift read",
+    "wrong storage",
+    "drop node",
+    "drop offload",
+    "smaller budget",
+    "shift box",
+    "swap nodes",
+)
+
+
+def mutate(mg: MemGraph, how: str, draw) -> MemGraph | None:
+    """`mg` changed as `how` says, at a place `draw` picks (None when nothing applies)."""
+    nodes = mg.nodes
+
+    def pick(candidates):
+        candidates = list(candidates)
+        return draw(st.sampled_from(candidates), label="node") if candidates else None
+
+    if how == "delete dependency":
+        node = pick(n for n in nodes if n.deps)
+        if node is None:
+            return None
+        dep = draw(st.sampled_from(node.deps), label="dependency")
+        return replaced(mg, node.id, deps=tuple(d for d in node.deps if d != dep))
+    if how == "shift region":
+        node = pick(n for n in nodes if n.region is not None)
+        if node is None:
+            return None
+        step = draw(st.sampled_from([-mg.alignment, mg.alignment, 1, -node.region.offset]))
+        region = Region(max(0, node.region.offset + step), node.region.size)
+        return replaced(mg, node.id, region=region)
+    if how == "shift read":
+        node = pick(n for n in nodes if n.reads)
+        if node is None:
+            return None
+        k = draw(st.integers(0, len(node.reads) - 1), label="operand")
+        reads = list(node.reads)
+        reads[k] = Region(reads[k].offset + mg.alignment, reads[k].size)
+        return replaced(mg, node.id, reads=tuple(reads))
+    if how == "wrong storage":
+        node = pick(n for n in nodes if n.storage is not None)
+        if node is None:
+            return None
+        other = draw(st.sampled_from(sorted(set(mg.storages) | {max(mg.storages, default=0) + 1})))
+        return replaced(mg, node.id, storage=other)
+    if how in ("drop node", "drop offload"):
+        kinds = (NodeKind.OFFLOAD, NodeKind.RELOAD) if how == "drop offload" else tuple(NodeKind)
+        node = pick(n for n in nodes if n.kind in kinds)
+        return None if node is None else dropped(mg, node.id)
+    if how == "smaller budget":
+        cut = draw(st.sampled_from([1, mg.alignment, mg.budget // 10 + 1]), label="cut")
+        return rebuilt(mg, nodes, max(1, mg.budget - cut))
+    if how == "shift box":
+        node = pick(n for n in nodes if n.box is not None)
+        if node is None:
+            return None
+        box = node.box
+        axis = draw(st.integers(0, len(box.starts) - 1), label="axis")
+        starts = list(box.starts)
+        starts[axis] += draw(st.sampled_from([-1, 1]))
+        return replaced(mg, node.id, box=HostBox(box.shape, box.dtype, tuple(starts), box.sizes))
+    if how == "swap nodes":
+        if len(nodes) < 2:
+            return None
+        return swapped(mg, draw(st.integers(0, len(nodes) - 2), label="position"))
+    raise AssertionError(how)
+
+
+def check_mutations(mg: MemGraph, data) -> None:
+    """The plan itself verifies under both; then one mutation of it, compared."""
+    assert same_verdict(mg)[0] == "ok"
+    how = data.draw(st.sampled_from(MUTATIONS), label="mutation")
+    broken = mutate(mg, how, data.draw)
+    if broken is not None:
+        event(f"{how}: {same_verdict(broken)[0]}")
+
+
+# -- plans ----------------------------------------------------------------------------
+
+
+@given(tg=einsum_programs(), data=st.data())
+def test_same_verdict_on_mutated_plans_of_random_programs(tg, data):
+    alignment = data.draw(st.sampled_from([16, 64]), label="alignment")
+    low, _ = min_budget(tg, alignment)
+    high = no_offload_peak(tg, alignment=alignment)
+    budget = data.draw(st.integers(low, max(low, high)), label="budget")
+    options = {
+        "order": data.draw(st.sampled_from(["program", "memory"]), label="order"),
+        "eviction": data.draw(st.sampled_from(["belady", "lru"]), label="eviction"),
+        "outputs": data.draw(st.sampled_from(["device", "host"]), label="outputs"),
+        "inputs": data.draw(st.sampled_from(["auto", "host"]), label="inputs"),
+    }
+    check_mutations(plan(tg, budget, alignment=alignment, **options), data)
+
+
+@given(case=random_programs(), data=st.data())
+def test_same_verdict_on_mutated_plans_of_partitioned_programs(case, data):
+    tg = case.tg
+    floor, _ = finest_block(tg, 16)
+    largest = max(working_set(tg, t.id, 16) for t in tg if t.kind != "input")
+    limit = data.draw(st.integers(max(floor, 1), max(floor, largest, 1)), label="limit")
+    parted = partition(tg, limit, alignment=16)
+    low, _ = min_budget(parted, 16, "host")
+    high = no_offload_peak(parted, alignment=16, inputs="host")
+    budget = data.draw(st.integers(low, max(low, high)), label="budget")
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    check_mutations(plan(parted, budget, alignment=16, inputs="host", outputs=outputs), data)
+
+
+@functools.cache
+def small_llama(seq: int, budget: str, block: str) -> MemGraph:
+    tg = llama.prefill_program(llama.PRESETS["tiny"], 1, seq, "float32").build()
+    return ep.compile(tg, budget, partition=block, verify=False).plan
+
+
+@pytest.mark.slow
+@given(
+    which=st.sampled_from([(8, "40%", "auto"), (16, "30%", "16KiB")]),
+    data=st.data(),
+)
+def test_same_verdict_on_mutated_small_llama_plans(which, data):
+    check_mutations(small_llama(*which), data)
+
+
+def test_every_deleted_dependency_of_a_partitioned_llama_plan_gets_the_same_verdict():
+    # Exhaustive on one real plan: sliced reloads, drops, offloads, host assembly.
+    mg = small_llama(16, "30%", "16KiB")
+    rejected = 0
+    for node in mg.nodes[:160]:
+        for dep in node.deps:
+            broken = replaced(mg, node.id, deps=tuple(d for d in node.deps if d != dep))
+            rejected += same_verdict(broken)[0] == "rejected"
+    assert rejected > 60
+
+
+def test_a_missing_dependency_is_reported_before_a_later_violation():
+    # The new verifier settles dependency questions in a batch; the first violation in
+    # replay order still wins, whether it is a dependency or something else.
+    mg = small_llama(8, "40%", "auto")
+    free = next(n for n in mg.nodes if n.kind is NodeKind.FREE and len(n.deps) == 1)
+    no_dep = replaced(mg, free.id, deps=())
+    later = max(n.id for n in mg.nodes if n.kind is NodeKind.ALLOC)
+    both = replaced(no_dep, later, region=Region(mg.budget, mg.alignment))
+    status, node, message = same_verdict(both)
+    assert (status, node) == ("rejected", free.id) and "missing dependency" in message
+    earlier = next(n.id for n in mg.nodes if n.kind is NodeKind.ALLOC and n.id < free.id)
+    first = replaced(no_dep, earlier, region=Region(mg.budget, mg.alignment))
+    assert same_verdict(first)[1] == earlier
+
+
+def test_a_serialized_llama_plan_asks_about_nodes_far_back():
+    # Each node depends on its predecessor only: every question is settled through a
+    # chain, some over more than a thousand nodes (the sweep's longer-lived classes).
+    mg = small_llama(8, "40%", "auto")
+    chained = [dataclasses.replace(n, deps=(n.id - 1,) if n.id else ()) for n in mg.nodes]
+    serial = rebuilt(mg, chained)
+    assert same_verdict(serial)[0] == "ok"
+    for cut in (len(mg) // 3, len(mg) - 5):
+        status, node, _ = same_verdict(replaced(serial, cut, deps=()))
+        assert status == "rejected" and node >= cut
