@@ -113,7 +113,7 @@ def brute_force(tg, budget, order="program", inputs="auto", outputs="device", al
                     after[key] = min(after.get(key, moved), moved)
         states = after
     best = None
-    for (resident, copies), cost in states.items():
+    for (_, copies), cost in states.items():
         if outputs == "host":  # every output needs a host copy
             cost += sum(tg[x].nbytes for x in outs if x not in copies and x not in always_host)
         best = cost if best is None else min(best, cost)
