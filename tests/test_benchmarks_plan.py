@@ -1,5 +1,6 @@
 """benchmarks/plan_bench.py: its lower bound is sound, and its quality table and targets
-work end to end on tiny graphs (the --quick run itself takes ~10 s)."""
+work end to end on tiny graphs (the --quick run itself takes ~10 s); plan_quality.py's
+cells and bounds and offload_metric.py's bisection work on tiny graphs too."""
 
 from __future__ import annotations
 
