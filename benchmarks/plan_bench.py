@@ -20,8 +20,8 @@ numbers as JSON (rows, a summary per cell, and the targets).
    `memgraph.transfer_lower_bounds` and this module's paging bound
    (`paging_excess_bytes`), the larger of the two for reloads, and for the planner's
    own plans the LP relaxation of the exact transfer MILP (`memgraph.optimal`), the
-   sharpest (`benchmarks/plan_quality.py` has the optimum itself where it solves). "link need" is the
-   bound's transfer time over the compute time: above 100% no plan in that order can
+   sharpest (`benchmarks/plan_quality.py` has the optimum where it solves). "link need"
+   is the bound's transfer time over the compute time: above 100% no plan in that order can
    hide its transfers, so the stall target does not apply (the bandwidth does not
    allow it). Infeasible cells say why (below `min_budget`; what streaming needs).
 
@@ -116,8 +116,7 @@ from memgraph import (  # noqa: E402
     verify,
 )
 from memgraph.bounds import host_inputs_of  # noqa: E402
-from memgraph.optimal import lp_transfer_bound  # noqa: E402
-from memgraph.orders import ORDERS  # noqa: E402
+from memgraph.optimal import plan_lp_bound  # noqa: E402
 from memgraph.planner import min_budget, no_offload_peak, plan, storage_roots  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input, View  # noqa: E402
@@ -368,16 +367,14 @@ def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:
 
     `bound_bytes`: `memgraph.transfer_lower_bounds` (reloads + offloads) for the plan's
     input placement. `best_bound_bytes`: the larger of (reloads >= the larger of its
-    reload bound and compulsory + `paging_excess_bytes`, plus its offload bound) and,
-    for a plan of `memgraph.plan` in a named order, `lp_bytes`: the LP relaxation of the
-    exact transfer MILP of that order and those options (`memgraph.optimal`), which
-    counts offloads and reloads together and is the sharpest of them.
+    reload bound and compulsory + `paging_excess_bytes`, plus its offload bound) and
+    `lp_bytes` (`memgraph.optimal.plan_lp_bound`: offloads and reloads together).
     """
     order = applied_order(mg)
     bounds = transfer_lower_bounds(tg, mg.budget, order, host_inputs_of(mg))
     paging = bounds.compulsory_reload_bytes + paging_excess_bytes(tg, mg.budget, order)
     reload_bound = max(bounds.reload_bytes, paging)
-    lp = _lp_bytes(tg, mg)
+    lp = plan_lp_bound(mg)
     return {
         "bound_bytes": bounds.total_bytes,
         "bound_reload_bytes": bounds.reload_bytes,
@@ -388,22 +385,6 @@ def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:
         "best_bound_reload_bytes": reload_bound,
         "best_bound_offload_bytes": bounds.offload_bytes,
     }
-
-
-def _lp_bytes(tg: TaskGraph, mg: MemGraph) -> int | None:
-    """`memgraph.optimal.lp_transfer_bound` for a plan of `memgraph.plan` in a named order
-    (None for other plans: the model is that of the planner's steps and options)."""
-    info = mg.info
-    if info.get("planner") != "memgraph.planner" or info.get("order") not in ORDERS:
-        return None
-    return lp_transfer_bound(
-        tg,
-        mg.budget,
-        info["order"],
-        inputs=info["inputs"],
-        outputs=info["outputs"],
-        alignment=mg.alignment,
-    )
 
 
 # ----------------------------------------------------------------------------- quality

@@ -16,7 +16,8 @@ computed and against a sound bound where it cannot. For a fixed order and budget
 * `optimal_transfers_with_offsets(...)`: a second MILP with an offset per residency
   (OLLA/TelaMalloc-style), the optimum in a contiguous arena, for tiny graphs only;
 * `sharpest_lower_bound(...)`: the largest of the LP bound and
-  `memgraph.transfer_lower_bounds` (and, when it is solved, the MILP's proven bound).
+  `memgraph.transfer_lower_bounds` (and, when it is solved, the MILP's proven bound);
+  `plan_lp_bound(mg)`: the LP bound for the order and options a plan was made with.
 
 Needs scipy >= 1.9 (the `test` extra installs it); without it the functions raise
 `SolverMissingError` naming the package.
@@ -37,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.graph import MemGraph
 from memgraph.optimal.offsets import optimal_transfers_with_offsets
 from memgraph.optimal.problem import Gap, ModelTensor, Origin, TransferProblem, transfer_problem
 from memgraph.optimal.solve import (
@@ -45,6 +47,7 @@ from memgraph.optimal.solve import (
     lp_bound_of,
     solve_problem,
 )
+from memgraph.orders import ORDERS
 from taskgraph.graph import TaskGraph
 
 __all__ = [
@@ -59,6 +62,7 @@ __all__ = [
     "optimal_transfers_with_offsets",
     "sharpest_lower_bound",
     "SharpestBound",
+    "plan_lp_bound",
     "SolverMissingError",
 ]
 
@@ -154,3 +158,21 @@ def sharpest_lower_bound(
         optimum = solved.moved_bytes if solved.optimal else None
     best = max(lp, capacity, milp or 0, optimum or 0)
     return SharpestBound(best, lp, capacity, milp, optimum)
+
+
+def plan_lp_bound(mg: MemGraph) -> int | None:
+    """`lp_transfer_bound` for the TaskGraph, budget, order and options a plan of
+    `memgraph.plan` was made with (read from its `info`): bytes that plan, and any other
+    of the same steps, moves at least. None for a plan of another planner or of a custom
+    order (the model is the planner's steps of a named order)."""
+    info = mg.info
+    if info.get("planner") != "memgraph.planner" or info.get("order") not in ORDERS:
+        return None
+    return lp_transfer_bound(
+        mg.taskgraph,
+        mg.budget,
+        info["order"],
+        inputs=info["inputs"],
+        outputs=info["outputs"],
+        alignment=mg.alignment,
+    )

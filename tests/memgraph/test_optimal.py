@@ -20,6 +20,7 @@ import memgraph.optimal.problem as problem_module
 import memgraph.optimal.solve as solve_module
 from einpage.errors import InfeasibleBudgetError
 from memgraph import min_budget, no_offload_peak, plan, verify
+from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds
 from memgraph.host_assembly import HostAssembly
 from memgraph.optimal import (
@@ -28,6 +29,7 @@ from memgraph.optimal import (
     lp_transfer_bound,
     optimal_transfers,
     optimal_transfers_with_offsets,
+    plan_lp_bound,
     sharpest_lower_bound,
     transfer_problem,
 )
@@ -345,3 +347,15 @@ def test_a_missing_solver_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "scipy.optimize", None)
     with pytest.raises(SolverMissingError, match="scipy"):
         optimal_transfers(waiting_chain(), "2.5KiB")
+
+
+def test_the_lp_bound_of_a_plan_reads_its_order_and_options():
+    tg = waiting_chain()
+    mg = plan(tg, "2.5KiB", order="memory", outputs="host", alignment=64)
+    bound = plan_lp_bound(mg)
+    assert bound == lp_transfer_bound(tg, "2.5KiB", "memory", outputs="host", alignment=64)
+    assert 0 < bound <= mg.stats.offload_bytes + mg.stats.reload_bytes
+    custom = plan(tg, "2.5KiB", order=get_order("program")(tg))
+    assert plan_lp_bound(custom) is None
+    streamed = layer_streaming_plan(tg, "8KiB")
+    assert plan_lp_bound(streamed) is None
