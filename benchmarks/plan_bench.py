@@ -77,10 +77,11 @@ placement and prefetching take einpage to 5.1 GiB (the "belady-cost" policy: 4.9
 GiB). How much of that last 1.3x a contiguous arena forces is open at this size; on
 small graphs of the same shape the offsets formulation
 (`memgraph.optimal.optimal_transfers_with_offsets`) finds contiguous plans within 5%
-of the relaxed optimum where einpage is 1.2-1.5x above it: the planner's placement. The memory-aware order beats the program order on the transformer-like
-graphs (it runs every pass of a layer together: the weights are loaded once, 192 MiB,
-at every budget of the 256-token graph) but is the worst order for partitioned LLaMA
-(12.9 GiB at 50%, against 12.7 GiB). LLaMA prefill reads each weight once, so Belady
+of the relaxed optimum where einpage is 1.2-1.5x above it: the planner's placement.
+The memory-aware order beats the program order on the transformer-like graphs (it
+runs every pass of a layer together: the weights are loaded once, 192 MiB, at every
+budget of the 256-token graph) but is the worst order for partitioned LLaMA (12.9 GiB
+at 50%, against 12.7 GiB). LLaMA prefill reads each weight once, so Belady
 and LRU tie, and it is transfer-bound at every budget.
 
 The transformer-like graph: `steps` passes (chunks of a sequence, or decoding steps)
