@@ -51,7 +51,7 @@ from einpage_core.errors import GraphError
 from memgraph.allocator import DEFAULT_ALIGNMENT
 from memgraph.budgets import read_budget
 from memgraph.host_assembly import HostAssembly
-from memgraph.options import INPUTS, OUTPUTS, PlanOptions
+from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
 from memgraph.steps import plan_steps, sliced_reloads, storage_roots
 from taskgraph.graph import TaskGraph
@@ -149,14 +149,6 @@ class TransferProblem:
     def fixed_bytes(self) -> int:
         return self.fixed_reload_bytes + self.fixed_offload_bytes
 
-    def start_gap(self, tensor: int) -> Gap | None:
-        """The start gap of a device input (its choice to start on the device), if any."""
-        return self._start_gaps.get(tensor)
-
-    @property
-    def _start_gaps(self) -> dict[int, Gap]:
-        return {g.tensor: g for g in self.gaps if g.is_start}
-
     def cost(self, kept: Iterable[bool]) -> tuple[int, int]:
         """(offload bytes, reload bytes) of keeping the gaps flagged in `kept` (one flag per
         gap, in order), fixed bytes included; the capacity is not checked (`fits`)."""
@@ -232,8 +224,6 @@ def transfer_problem(
     opts = PlanOptions(
         order=order, inputs=inputs, outputs=outputs, alignment=alignment, lookahead=0
     )
-    if inputs not in INPUTS or outputs not in OUTPUTS:  # pragma: no cover - PlanOptions checks
-        raise GraphError(f"bad inputs/outputs: {inputs!r}, {outputs!r}")
     nbytes_budget = read_budget(tg, budget, opts).nbytes
     usable = nbytes_budget // alignment * alignment
     ids = check_order(tg, get_order(order)(tg) if isinstance(order, str) else order)
