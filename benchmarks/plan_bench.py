@@ -21,8 +21,10 @@ numbers as JSON (rows, a summary per cell, and the targets).
    compute time, stall = makespan - compute) and compared with a lower bound on the
    bytes any plan *applying the tasks in the same order* must move (`lower_bounds`):
    `memgraph.transfer_lower_bounds` and this module's paging bound
-   (`paging_excess_bytes`), the larger of the two for reloads. "link need" is the
-   bound's transfer time over the compute time: above 100% no plan in that order can
+   (`paging_excess_bytes`), the larger of the two for reloads, and for the planner's
+   own plans the LP relaxation of the exact transfer MILP (`memgraph.optimal`), the
+   sharpest (`benchmarks/plan_quality.py` has the optimum where it solves). "link need"
+   is the bound's transfer time over the compute time: above 100% no plan in that order can
    hide its transfers, so the stall target does not apply (the bandwidth does not
    allow it). Infeasible cells say why (below `min_budget`; what streaming needs).
 3. Verification time against plan size, up to 500,000 MemGraph nodes: partitioned
@@ -57,39 +59,45 @@ timings vary by about +-30% run to run):
     the lower bound; einpage's simulated stall and the bound's link need, % of compute
     graph                     pct   einpage   /lru  /stream  /bound  stall  link need
     transformer-like-L8-T4    100%  240 MiB  0.47x   0.31x   1.25x    82%     79%
-    (256-token chunks)         75%  402 MiB  0.61x   0.52x   1.21x   124%    136%
-                               50%  540 MiB  0.75x   0.70x   1.10x   177%    200%
+    (256-token chunks)         75%  402 MiB  0.61x   0.52x   1.20x   124%    136%
+                               50%  538 MiB  0.75x   0.70x   1.09x   180%    200%
                                25%  705 MiB  0.92x   0.92x   1.09x   248%    265%
-    transformer-like-L8-T4    100%  864 MiB  0.57x   0.28x   1.12x   2.9%      8%
-    (8192-token chunks,        75%  3.0 GiB  0.64x   1.01x   2.06x   7.3%     16%
-     d 2048, ff 8192)          50%  4.8 GiB  0.79x  infeas.  1.66x   4.6%     31%
-                               25%  8.9 GiB  0.80x  infeas.  1.85x    23%     46%
+    transformer-like-L8-T4    100%  896 MiB  0.51x   0.29x   1.17x   1.6%      8%
+    (8192-token chunks,        75%  3.1 GiB  0.69x   1.02x   1.88x   2.7%     16%
+     d 2048, ff 8192)          50%  5.1 GiB  0.89x  infeas.  1.69x   4.3%     31%
+                               25%  9.6 GiB  0.82x  infeas.  1.66x    29%     46%
     llama-7b-prefill-s2048    100% 13.2 GiB  1.00x  infeas.  1.05x   162%    237%
                                75% 14.6 GiB  1.00x  infeas.  1.16x   189%    237%
-    (partitioned)              50% 12.7 GiB  1.00x  infeas.  1.01x   119%    160%
-                               25%  infeasible: the partitioned graph needs 292 MiB
+    (partitioned)              50% 12.7 GiB  1.00x  infeas.  1.00x   136%    205%
+                               25% 13.6 GiB  1.00x  infeas.  1.07x   138%    183%
 
 Targets (the issue's): planning 50,000+ tasks in a few seconds - met (3.6-4.6 s). At
-50% on transformer-like graphs: fewer bytes than LRU - met (0.75x, 0.79x); than layer
+50% on transformer-like graphs: fewer bytes than LRU - met (0.75x, 0.89x); than layer
 streaming - met (0.70x; streaming is infeasible at 50% of the compute-bound graph: it
 never offloads activations and needs 1.1 GiB); within 1.2x of the lower bound - met
-for 256-token chunks (1.10x), not for 8192-token chunks (1.66x); stall under 5% where
-the bandwidth allows - met on the compute-bound graph (4.6%); on the transfer-bound
+for 256-token chunks (1.09x), not for 8192-token chunks (1.69x); stall under 5% where
+the bandwidth allows - met on the compute-bound graph (4.3%); on the transfer-bound
 graph the bound's own transfers take 2x the compute time, so no plan can meet it.
 
 Findings. `memgraph.transfer_lower_bounds` counts the capacity excess at its worst
 single step; with weights reused once per pass it misses every later pass, so it is
-loose (einpage is 1.85x of it at 50% of the 256-token graph, 1.10x of the paging
-bound). The paging bound is tight there, but ignores fragmentation, alignment and
-prefetching; with 128-512 MiB activations in a 1 GiB arena (8192-token chunks) those
-matter, and how much of the 1.66x gap is the planner's and how much the bound's is
-open. On that graph at 75% einpage moves as much as layer streaming (1.01x) and
-stalls more (7.3% against 0.4%). The memory-aware order beats the program order on
-the transformer-like graphs (it runs every pass of a layer together: the weights are
-loaded once, 192 MiB, at every budget of the 256-token graph) but is the worst order
-for partitioned LLaMA (37.7 GiB at 50%: it loads the weights three times). LLaMA
-prefill reads each weight once, so Belady and LRU tie, and it is transfer-bound at
-every budget.
+loose (einpage is 1.84x of it at 50% of the 256-token graph). The paging bound and the
+LP relaxation of the exact transfer MILP (`memgraph.optimal`) count every pass; the LP
+also counts offloads, and on these graphs it is within 1% of the optimum wherever HiGHS
+proves one (`benchmarks/plan_quality.py`). So the 1.69x on the compute-bound graph is not
+the bound's: the optimum of its steps in an arena without fragmentation moves 3.1 GiB
+at 50%. Belady in such an arena moves 4.0 GiB (it offloads activations where dropping
+weights would cost half: the planner's policy), and the contiguous arena's windows,
+placement and prefetching take einpage to 5.1 GiB (the "belady-cost" policy: 4.9
+GiB). How much of that last 1.3x a contiguous arena forces is open at this size; on
+small graphs of the same shape the offsets formulation
+(`memgraph.optimal.optimal_transfers_with_offsets`) finds contiguous plans within 5%
+of the relaxed optimum where einpage is 1.2-1.5x above it: the planner's placement.
+The memory-aware order beats the program order on the transformer-like graphs (it
+runs every pass of a layer together: the weights are loaded once, 192 MiB, at every
+budget of the 256-token graph) but is the worst order for partitioned LLaMA (12.9 GiB
+at 50%, against 12.7 GiB). LLaMA prefill reads each weight once, so Belady
+and LRU tie, and it is transfer-bound at every budget.
 
 The transformer-like graph: `steps` passes (chunks of a sequence, or decoding steps)
 through `layers` layers that share their weights (so weights are reused once per
@@ -129,6 +137,7 @@ from memgraph import (  # noqa: E402
     verify,
 )
 from memgraph.bounds import host_inputs_of  # noqa: E402
+from memgraph.optimal import plan_lp_bound  # noqa: E402
 from memgraph.planner import min_budget, no_offload_peak, plan, storage_roots  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input, View  # noqa: E402
@@ -502,19 +511,22 @@ def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:
     """Lower bounds on the transfers of any plan of `tg` in `mg`'s budget and apply order.
 
     `bound_bytes`: `memgraph.transfer_lower_bounds` (reloads + offloads) for the plan's
-    input placement. `best_bound_bytes`: reloads >= the larger of its reload bound and
-    compulsory + `paging_excess_bytes`, plus its offload bound.
+    input placement. `best_bound_bytes`: the larger of (reloads >= the larger of its
+    reload bound and compulsory + `paging_excess_bytes`, plus its offload bound) and
+    `lp_bytes` (`memgraph.optimal.plan_lp_bound`: offloads and reloads together).
     """
     order = applied_order(mg)
     bounds = transfer_lower_bounds(tg, mg.budget, order, host_inputs_of(mg))
     paging = bounds.compulsory_reload_bytes + paging_excess_bytes(tg, mg.budget, order)
     reload_bound = max(bounds.reload_bytes, paging)
+    lp = plan_lp_bound(mg)
     return {
         "bound_bytes": bounds.total_bytes,
         "bound_reload_bytes": bounds.reload_bytes,
         "bound_offload_bytes": bounds.offload_bytes,
         "paging_reload_bytes": paging,
-        "best_bound_bytes": reload_bound + bounds.offload_bytes,
+        "lp_bytes": lp,
+        "best_bound_bytes": max(reload_bound + bounds.offload_bytes, lp or 0),
         "best_bound_reload_bytes": reload_bound,
         "best_bound_offload_bytes": bounds.offload_bytes,
     }
@@ -723,7 +735,7 @@ def summary(rows: list[dict], time_rows: list[dict]) -> dict:
         )
     print(
         "  /lru, /stream: einpage's bytes moved over theirs ('-': they are infeasible);"
-        " /bound: over the best lower bound (paging + memgraph.bounds); /mg.bounds: over"
+        " /bound: over the best lower bound (LP, paging, memgraph.bounds); /mg.bounds: over"
         " memgraph.transfer_lower_bounds alone; stall: simulated, % of compute time; link"
         " need: the bound's transfer time over the compute time (over 100%: no plan in"
         " this order can hide its transfers on this link)"

@@ -5,7 +5,9 @@
 on a cost model (`simulate(mg, timeline=True).write_chrome_trace(path)`: a Perfetto
 trace), `write_memory_snapshot(mg, path)` writes its device memory for PyTorch's
 memory viewer; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
-`plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points.
+`plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points, and
+`memgraph.optimal` the exact optimum of bytes moved (`optimal_transfers`, a MILP solved
+by HiGHS: needs scipy) and its LP bound (`lp_transfer_bound`).
 Pictures: `render_memgraph`, and `memgraph.plots` (imported lazily: matplotlib).
 
 Where things live:
@@ -19,8 +21,9 @@ Where things live:
   `residents` (victim bookkeeping), `host_assembly` (outputs assembled on the host),
   `options`, `allocator` (best fit), `eviction` and `orders` (registries of policies
   and orders);
-* judging plans – `verify`, `cost` and `simulate`, `baselines`, `bounds`;
-* pictures – `render`, `plots`, `trace`.
+* judging plans – `verify` (with `happens_before`, `verify_ranges`), `cost` and
+  `simulate`, `baselines`, `bounds`, `optimal/` (the exact optimum and its LP bound);
+* pictures – `render`, `plots`, `trace`, `snapshot` (PyTorch memory snapshots).
 """
 
 from memgraph.allocator import Allocator
@@ -29,9 +32,10 @@ from memgraph.bounds import TransferBounds, transfer_lower_bounds
 from memgraph.budgets import BudgetReading, read_budget
 from memgraph.cost import PRESETS as COST_MODELS
 from memgraph.cost import CostModel, get_cost_model, register_cost_model
-from memgraph.eviction import POLICIES, EvictionContext, register_policy
+from memgraph.eviction import POLICIES, EvictionContext, Rank, register_policy
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
 from memgraph.nodes import NODE_FIELDS, HostBox, HostStorage, MemNode, NodeKind, Region
+from memgraph.optimal import OptimalTransfers, lp_transfer_bound, optimal_transfers
 from memgraph.orders import ORDERS, register_order
 from memgraph.planner import (
     PlanOptions,
@@ -72,6 +76,7 @@ __all__ = [
     "register_order",
     "POLICIES",
     "EvictionContext",
+    "Rank",
     "register_policy",
     "verify",
     "VerifyReport",
@@ -84,6 +89,9 @@ __all__ = [
     "layer_streaming_plan",
     "transfer_lower_bounds",
     "TransferBounds",
+    "optimal_transfers",
+    "OptimalTransfers",
+    "lp_transfer_bound",
     "render_memgraph",
     "StreamEvent",
     "combine_chrome_traces",

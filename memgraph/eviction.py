@@ -15,17 +15,27 @@ live tensors (`Segment`s):
 
 The rank is the policy, looked up by name in `POLICIES` (larger = evict sooner). A
 policy is a function of an `EvictionContext` (the tensor's next and last use, its size
-in the arena, and the bytes evicting it would copy to the host: 0 when a host copy
-exists) returning an int; `register_policy(name, fn)` adds one:
+in the arena and its bytes, and the bytes evicting it would copy to the host: 0 when a
+host copy exists) returning an int, or a `Rank` whose order depends on the step at which
+ranks are compared; `register_policy(name, fn)` adds one:
 
 * `"belady"` (the default): the position of the tensor's next use, so the window
   whose soonest-needed occupant is needed furthest in the future wins (Belady's MIN
   generalised to contiguous windows);
 * `"lru"`: minus the position of the tensor's last use, so the window whose most
-  recently used occupant was used longest ago wins (the classic baseline).
+  recently used occupant was used longest ago wins (the classic baseline);
+* `"belady-cost"`: Belady weighted by what evicting costs. At step `now` a tensor's key
+  is the steps until its next use times the arena bytes it frees per byte its eviction
+  moves (its reload, and its offload when it has no host copy), rounded down to a power
+  of two: so an activation that must be offloaded first counts half as far away as a
+  weight that is dropped for free, and a tiny tensor in a whole alignment unit counts
+  as far as the room it frees (`Rank(next_use, scale)`).
 
-The planner ranks a tensor when it is placed or used, and again when it gains a host
-copy while resident (its `transfer_bytes` drops to 0).
+A `Rank(value, scale)` compares at step `now` by `(value - now) * 2**scale` (an int is
+`Rank(value, 0)`: the order of the values themselves, whatever `now`). The planner ranks
+a tensor when it is placed or used, and again when it gains a host copy while resident
+(its `transfer_bytes` drops to 0), and compares ranks at the step whose allocation it
+is making room for.
 
 Two searches give the same answer:
 
@@ -60,10 +70,12 @@ __all__ = [
     "NEVER",
     "POLICIES",
     "EvictionContext",
+    "Rank",
     "Policy",
     "Segment",
     "Window",
     "belady",
+    "belady_cost",
     "choose_window",
     "choose_window_ranked",
     "Arena",
@@ -83,17 +95,46 @@ class EvictionContext:
     `next_use` and `last_use` are step positions (`NEVER`: not used again; -1: not used
     yet); `size` the bytes it occupies in the arena (aligned); `transfer_bytes` the bytes
     evicting it would copy to the host (its bytes, or 0 when a host copy exists and it
-    is simply dropped).
+    is simply dropped); `nbytes` its bytes (what a reload moves; None: `size`).
     """
 
     next_use: int
     last_use: int
     size: int
     transfer_bytes: int
+    nbytes: int | None = None
+
+    @property
+    def moved_bytes(self) -> int:
+        """The bytes evicting it moves in all: its reload, and its offload if it needs one."""
+        return (self.size if self.nbytes is None else self.nbytes) + self.transfer_bytes
 
 
-Policy = Callable[[EvictionContext], int]
-"""`rank(context) -> int`: larger means a better victim."""
+@dataclass(frozen=True, slots=True)
+class Rank:
+    """A rank compared at a step: at step `now` the key is `(value - now) * 2**scale`,
+    larger = evict sooner (`scale` >= 0). A policy returning a plain int `v` means
+    `Rank(v, 0)`, whose order is that of the values at any step.
+
+    >>> weight, activation = Rank(40, 1), Rank(50, 0)  # next uses 40 and 50
+    >>> weight.key(now=20) > activation.key(now=20)  # 40 vs 30: the weight goes first
+    True
+    >>> weight.key(now=35) > activation.key(now=35)  # 10 vs 15: now the activation
+    False
+    """
+
+    value: int
+    scale: int = 0
+
+    def key(self, now: int) -> int:
+        """The comparable key at step `now` (`NEVER` stays `NEVER`)."""
+        if self.value >= NEVER:
+            return NEVER
+        return (self.value - now) << self.scale
+
+
+Policy = Callable[[EvictionContext], "int | Rank"]
+"""`rank(context) -> int | Rank`: larger means a better victim."""
 
 
 def belady(context: EvictionContext) -> int:
@@ -101,20 +142,37 @@ def belady(context: EvictionContext) -> int:
     return context.next_use
 
 
+def belady_cost(context: EvictionContext) -> Rank:
+    """Evict what is needed furthest in the future per byte its eviction moves (see the
+    module docstring): the scale is log2 of twice the bytes freed per byte moved, rounded
+    down, so a weight (dropped: 1 byte moved per byte freed) weighs twice an activation
+    that must also be offloaded.
+
+    >>> belady_cost(EvictionContext(9, 1, size=1024, transfer_bytes=0, nbytes=1024))
+    Rank(value=9, scale=1)
+    >>> belady_cost(EvictionContext(9, 1, size=1024, transfer_bytes=1024, nbytes=1024))
+    Rank(value=9, scale=0)
+    >>> belady_cost(EvictionContext(9, 1, size=256, transfer_bytes=4, nbytes=4)).scale
+    6
+    """
+    freed_per_moved = 2 * context.size // max(1, context.moved_bytes)
+    return Rank(context.next_use, max(0, freed_per_moved.bit_length() - 1))
+
+
 def lru(context: EvictionContext) -> int:
     """Evict what was used longest ago (least recently used)."""
     return -context.last_use
 
 
-POLICIES: dict[str, Policy] = {"belady": belady, "lru": lru}
+POLICIES: dict[str, Policy] = {"belady": belady, "lru": lru, "belady-cost": belady_cost}
 """Victim-choice policies by name (add one with `register_policy`)."""
 
 
 def register_policy(name: str, policy: Policy) -> None:
     """Make `policy` available as `plan(..., eviction=name)`.
 
-    A policy maps an `EvictionContext` to an int rank (larger: evict sooner); ranks must
-    not depend on anything but the context, so that plans stay deterministic. A name
+    A policy maps an `EvictionContext` to an int rank (larger: evict sooner) or a `Rank`;
+    ranks must not depend on anything but the context, so that plans stay deterministic. A name
     already registered to another function is refused (`PlanError`).
 
     >>> def biggest_first(context):

@@ -87,6 +87,7 @@ class HorizonPlanner:
         self.pending: dict[int, float] = {}  # position -> H2D seconds its step awaits
         self.pending_at: list[int] = []  # sorted positions with pending transfers
         self.horizon = 0  # the allocation horizon a
+        self.now = 0  # the execution horizon e (eviction ranks are compared there)
         self.frees = 0  # frees so far, to retry a stalled step only when memory was freed
         self.stalled: tuple[int, int] | None = None  # (step, frees) of the last failed try
         self.storages = 0
@@ -130,6 +131,7 @@ class HorizonPlanner:
         counts = self.counts
         self.place_inputs()
         for e in range(len(self.steps)):
+            self.now = e
             self.advance_horizon(e)
             if self.horizon == e:
                 self.prepare_evicting(e)
@@ -369,7 +371,8 @@ class HorizonPlanner:
         if self.alloc.largest_free >= nbytes:  # a free block is the best window
             fitting = [f for f in self.alloc.free_intervals() if f.size >= nbytes]
             return min(fitting, key=lambda f: (f.size, f.offset)).offset
-        window = choose_window_ranked(self.residents, self.residents.ranked_groups(), nbytes)
+        groups = self.residents.ranked_groups(self.now)
+        window = choose_window_ranked(self.residents, groups, nbytes)
         self.residents.restore()
         if window is None:
             return None

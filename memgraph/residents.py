@@ -12,7 +12,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from memgraph.eviction import NEVER, EvictionContext, Policy, Segment
+from memgraph.eviction import NEVER, EvictionContext, Policy, Rank, Segment
 from memgraph.nodes import Region
 
 __all__ = ["TensorState", "Residents", "eviction_context"]
@@ -43,7 +43,7 @@ class TensorState:
     pins: int = 0
     last_use: int = -1
     version: int = 0  # bumped whenever its rank or residency changes (stale heap entries)
-    rank: int = 0  # the eviction rank of its current heap entry
+    rank: Rank = Rank(0)  # the eviction rank of its current heap entry
 
     @property
     def next_use(self) -> int:
@@ -53,16 +53,19 @@ class TensorState:
 def eviction_context(tensor: TensorState) -> EvictionContext:
     """What the eviction policy sees of a live tensor."""
     transfer = 0 if tensor.storage is not None else tensor.nbytes
-    return EvictionContext(tensor.next_use, tensor.last_use, tensor.size, transfer)
+    return EvictionContext(tensor.next_use, tensor.last_use, tensor.size, transfer, tensor.nbytes)
 
 
 class Residents:
     """The live tensors of the arena: by offset, and by eviction rank for victim search.
 
     Implements `memgraph.eviction.Arena`. Ranks change only when a tensor is used or
-    placed (`touch`), so a max-heap of (rank, id, version) entries with lazy deletion
-    enumerates evictable tensors in decreasing rank; entries popped during a search
-    are pushed back by `restore`.
+    placed (`touch`). A `Rank(value, scale)` compares at step `now` by `(value - now) *
+    2**scale`, so tensors of one scale keep their order whatever `now`: each scale has a
+    max-heap of (value, id, version) entries with lazy deletion, and a search at step
+    `now` merges the heaps (a handful: one per scale in use) to enumerate evictable
+    tensors in decreasing key; entries popped during a search are pushed back by
+    `restore`.
     """
 
     def __init__(self, size: int, rank: Policy, tensors: dict[int, TensorState]):
@@ -71,8 +74,10 @@ class Residents:
         self.tensors = tensors
         self.at: dict[int, TensorState] = {}  # offset -> live tensor
         self.offsets: list[int] = []  # sorted live offsets
-        self.heap: list[tuple[int, int, int]] = []  # (-rank, tensor id, version)
-        self.popped: list[tuple[int, int, int]] = []
+        self.heaps: dict[int, list[tuple[int, int, int]]] = {}  # scale -> (-value, id, version)
+        self.entries = 0  # heap entries, stale ones included
+        self.popped: list[tuple[int, tuple[int, int, int]]] = []  # (scale, entry)
+        self.now = 0  # the step whose allocation the current search makes room for
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -89,42 +94,67 @@ class Residents:
         del self.at[offset]
         tensor.version += 1
 
+    def ranked(self, tensor: TensorState) -> Rank:
+        """The policy's rank of a live tensor, as a `Rank`."""
+        rank = self.rank(eviction_context(tensor))
+        return rank if isinstance(rank, Rank) else Rank(rank)
+
     def touch(self, tensor: TensorState, placed: bool = False) -> None:
         """Re-rank a live tensor after its next or last use changed (or it was `placed`)."""
-        rank = self.rank(eviction_context(tensor))
+        rank = self.ranked(tensor)
         if rank == tensor.rank and not placed:
             return  # its heap entry is still valid
         tensor.rank = rank
         tensor.version += 1
-        heapq.heappush(self.heap, (-rank, tensor.id, tensor.version))
-        if len(self.heap) > 4 * len(self.offsets) + 1024:
-            self.heap = [
-                (-self.rank(eviction_context(t)), t.id, t.version) for t in self.at.values()
-            ]
-            heapq.heapify(self.heap)
+        heapq.heappush(
+            self.heaps.setdefault(rank.scale, []), (-rank.value, tensor.id, tensor.version)
+        )
+        self.entries += 1
+        if self.entries > 4 * len(self.offsets) + 1024:
+            self.rebuild()
+
+    def rebuild(self) -> None:
+        """Drop the stale heap entries: one entry per live tensor."""
+        self.heaps = {}
+        for t in self.at.values():
+            heapq.heappush(
+                self.heaps.setdefault(t.rank.scale, []), (-t.rank.value, t.id, t.version)
+            )
+        self.entries = len(self.at)
 
     def segment(self, tensor: TensorState) -> Segment:
         return Segment(
             tensor.region.offset,
             tensor.region.size,
             tensor.id,
-            self.rank(eviction_context(tensor)),
+            self.ranked(tensor).key(self.now),
             0 if tensor.storage is not None else tensor.nbytes,
             tensor.pins == 0 and tensor.writer is not None,
         )
 
-    def ranked_groups(self) -> Iterator[list[Segment]]:
-        """Evictable live tensors as segments, in groups of equal rank, decreasing."""
-        heap, popped = self.heap, self.popped
+    def ranked_groups(self, now: int = 0) -> Iterator[list[Segment]]:
+        """Evictable live tensors as segments, in groups of equal key at step `now`,
+        decreasing (`Rank.key`)."""
+        self.now = now
+        heaps, popped = self.heaps, self.popped
         group: list[Segment] = []
         group_key = None
-        while heap:
-            entry = heapq.heappop(heap)
-            key, tensor_id, version = entry
-            tensor = self.tensors[tensor_id]
-            if tensor.version != version or tensor.region is None:
-                continue  # stale
-            popped.append(entry)
+        while True:
+            best = None  # (key, scale) of the largest valid top
+            for scale, heap in heaps.items():
+                while heap and self.stale(heap[0]):
+                    heapq.heappop(heap)
+                    self.entries -= 1
+                if heap:
+                    key = Rank(-heap[0][0], scale).key(now)
+                    if best is None or key > best[0] or key == best[0] and scale < best[1]:
+                        best = (key, scale)
+            if best is None:
+                break
+            key, scale = best
+            entry = heapq.heappop(heaps[scale])
+            popped.append((scale, entry))
+            tensor = self.tensors[entry[1]]
             if tensor.pins or tensor.writer is None:
                 continue
             if group and key != group_key:
@@ -135,10 +165,14 @@ class Residents:
         if group:
             yield group
 
+    def stale(self, entry: tuple[int, int, int]) -> bool:
+        tensor = self.tensors[entry[1]]
+        return tensor.version != entry[2] or tensor.region is None
+
     def restore(self) -> None:
         """Push back the entries a search popped (they are still valid)."""
-        for entry in self.popped:
-            heapq.heappush(self.heap, entry)
+        for scale, entry in self.popped:
+            heapq.heappush(self.heaps[scale], entry)
         self.popped = []
 
     def neighbours(self, offset: int) -> tuple[int, int]:

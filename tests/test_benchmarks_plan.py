@@ -1,5 +1,6 @@
 """benchmarks/plan_bench.py: its lower bound is sound, and its quality table and targets
-work end to end on tiny graphs (the --quick run itself takes ~10 s)."""
+work end to end on tiny graphs (the --quick run itself takes ~10 s); plan_quality.py's
+cells and bounds and offload_metric.py's bisection work on tiny graphs too."""
 
 from __future__ import annotations
 
@@ -118,3 +119,90 @@ def test_a_plan_without_bounds_is_reported_not_fatal(bench, monkeypatch, capsys)
     bound_target = next(t for t in result["targets"] if "lower bound" in t["target"])
     assert bound_target["met"] is None
     assert "n/a" in capsys.readouterr().out
+
+
+# -- benchmarks/plan_quality.py and benchmarks/offload_metric.py ----------------------
+
+BENCHMARKS = BENCH.parent
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def quality():
+    try:
+        yield load("plan_quality")
+    finally:
+        sys.modules.pop("plan_quality", None)
+
+
+@pytest.fixture(scope="module")
+def offload():
+    try:
+        yield load("offload_metric")
+    finally:
+        sys.modules.pop("offload_metric", None)
+
+
+def test_quality_cells_compare_every_policy_with_the_optimum(quality):
+    graphs = quality.drawn(einsum_programs(), 6)
+    cases = [quality.Case("einsum_programs", f"einsum{i}", tg) for i, tg in enumerate(graphs)]
+    tg = quality.plan_bench.transformer_like(2, 2, 64, 128, 16)
+    cases.append(quality.Case("transformer-like", tg.name, tg))
+    rows = []
+    for case in cases:
+        for order in ORDERS:
+            for percent in quality.PERCENTS:
+                row = quality.milp_cell(case, order, percent, 20)
+                if row is not None:
+                    rows.append(row)
+    assert any(r["family"] == "transformer-like" for r in rows)
+    for row in rows:
+        assert row["status"] == "optimal"
+        for policy in POLICIES:  # einpage's paging bytes are never below the optimum
+            assert row[policy] >= row["optimum"] and row[f"{policy}_ratio"] >= 1
+    summary = quality.milp_summary(rows, skipped=0)
+    assert summary["belady"]["all"]["n"] == len(rows)
+    targets = quality.milp_targets(summary)
+    assert {t["target"].split(":")[0] for t in targets} == set(POLICIES)
+    json.dumps({"rows": rows, "summary": summary, "targets": targets})
+
+
+@given(tg=einsum_programs(), data=st.data())
+def test_the_relaxed_policy_moves_at_least_the_optimum(quality, tg, data):
+    low, _ = min_budget(tg)
+    budget = data.draw(st.integers(low, max(low, no_offload_peak(tg))), label="budget")
+    problem = quality.transfer_problem(tg, budget)
+    optimum = quality.solve_problem(problem, 20).moved_bytes
+    assert quality.relaxed_policy_bytes(problem) >= optimum
+
+
+def test_large_cells_hold_sound_bounds(quality):
+    graph = quality.plan_bench.QualityGraph(
+        quality.plan_bench.transformer_like(2, 2, 64, 128, 256), "compute-bound"
+    )
+    peak = no_offload_peak(graph.tg)
+    row = quality.large_cell(graph, 50, peak, milp_limit=20)
+    assert row["milp_status"] == "optimal"
+    assert row["lp"] <= row["milp"] <= row["policy"] and row["milp"] <= row["einpage"]
+    assert row["bound"] == row["milp"] >= max(row["capacity"], row["paging"])
+    assert "x" in quality._large_line(row)
+
+
+def test_offload_metric_finds_budgets_within_the_slowdowns(offload, tmp_path, capsys):
+    path = tmp_path / "offload.json"
+    result = offload.main(["--quick", "--json", str(path)])
+    assert json.loads(path.read_text())["rows"] == result["rows"]
+    for row in result["rows"]:
+        one, three = row["1%"], row["3%"]
+        assert one["slowdown_pct"] <= 1.0 + 1e-9 and three["slowdown_pct"] <= 3.0 + 1e-9
+        assert three["budget"] <= one["budget"] <= row["resident_peak"] * 2
+        assert one["cut"] == 1 - one["budget"] / row["resident_peak"]
+        assert one["verified_nodes"] > 0 and row["plans"] >= 3
+    assert "llama-tiny" in capsys.readouterr().out

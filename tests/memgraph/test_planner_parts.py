@@ -66,7 +66,7 @@ def test_ties_go_to_fewer_transferred_then_fewer_evicted_bytes_then_lower_offset
 
 
 def test_policies_rank_by_next_use_and_by_last_use():
-    assert set(POLICIES) == {"belady", "lru"}
+    assert set(POLICIES) == {"belady", "lru", "belady-cost"}
     assert get_policy("belady") is belady and get_policy("lru") is lru
     early, late = context(next_use=10, last_use=3), context(next_use=5, last_use=8)
     assert belady(early) > belady(late)
@@ -89,7 +89,7 @@ def test_a_registered_policy_is_listed_and_sees_size_and_transfer_bytes():
         register_policy("cheapest-to-move", cheapest_to_move)  # the same again is fine
         with pytest.raises(PlanError, match="already registered"):
             register_policy("cheapest-to-move", belady)
-        with pytest.raises(PlanError, match="'belady', 'lru', 'cheapest-to-move'"):
+        with pytest.raises(PlanError, match="'belady', 'lru', 'belady-cost', 'cheapest-to-move'"):
             get_policy("random")
         dropped, offloaded = context(5, 1, transfer_bytes=0), context(5, 1, transfer_bytes=U)
         assert cheapest_to_move(dropped) > cheapest_to_move(offloaded)
@@ -99,7 +99,7 @@ def test_a_registered_policy_is_listed_and_sees_size_and_transfer_bytes():
         register_policy("", belady)
     with pytest.raises(PlanError, match="must be a function"):
         register_policy("numbers", 42)
-    assert set(POLICIES) == {"belady", "lru"}
+    assert set(POLICIES) == {"belady", "lru", "belady-cost"}
 
 
 class ListArena:

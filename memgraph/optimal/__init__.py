@@ -1,0 +1,178 @@
+"""Exact optima and LP bounds: the fewest bytes a plan of a fixed order can move.
+
+Offline caching with variable sizes is NP-hard, so the honest way to judge the
+planner's bytes moved (offloads + reloads) is against the optimum where it can be
+computed and against a sound bound where it cannot. For a fixed order and budget:
+
+* `transfer_problem(tg, budget, order, ...)`: the model (`memgraph.optimal.problem`):
+  one decision per *gap* between two uses of a tensor – keep it resident, or drop it
+  (reload later; offload once first if it is an activation) – under the budget at
+  every step, fragmentation ignored;
+* `optimal_transfers(...)`: that model's optimum as a MILP solved by HiGHS
+  (`scipy.optimize.milp`): a lower bound for plans in a contiguous arena, and exact for
+  a relaxed one. Every `memgraph.plan` of the same order moves at least its bytes;
+* `lp_transfer_bound(...)`: its LP relaxation, a sound lower bound in seconds on
+  graphs too large for the MILP (tens of thousands of steps);
+* `optimal_transfers_with_offsets(...)`: a second MILP with an offset per residency
+  (OLLA/TelaMalloc-style), the optimum in a contiguous arena, for tiny graphs only;
+* `sharpest_lower_bound(...)`: the largest of the LP bound and
+  `memgraph.transfer_lower_bounds` (and, when it is solved, the MILP's proven bound);
+  `plan_lp_bound(mg)`: the LP bound for the order and options a plan was made with.
+
+Needs scipy >= 1.9 (the `test` extra installs it); without it the functions raise
+`SolverMissingError` naming the package.
+
+>>> import einpage as ep
+>>> prog = ep.Program()
+>>> x = prog.input("x", (256,))                 # 1 KiB each
+>>> a = ep.exp(x); d = ep.exp(ep.exp(ep.exp(a)))
+>>> prog.output(prog.einsum("i,i->", a, d), "y")  # a waits while b, c, d are computed
+>>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=1)
+>>> best.status, best.offload_bytes, best.reload_bytes  # a goes to the host and back
+('optimal', 1024, 1024)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.graph import MemGraph
+from memgraph.optimal.offsets import optimal_transfers_with_offsets
+from memgraph.optimal.problem import Gap, ModelTensor, Origin, TransferProblem, transfer_problem
+from memgraph.optimal.solve import (
+    OptimalTransfers,
+    SolverMissingError,
+    lp_bound_of,
+    solve_problem,
+)
+from memgraph.orders import ORDERS
+from taskgraph.graph import TaskGraph
+
+__all__ = [
+    "transfer_problem",
+    "TransferProblem",
+    "Gap",
+    "ModelTensor",
+    "Origin",
+    "optimal_transfers",
+    "OptimalTransfers",
+    "lp_transfer_bound",
+    "optimal_transfers_with_offsets",
+    "sharpest_lower_bound",
+    "SharpestBound",
+    "plan_lp_bound",
+    "SolverMissingError",
+]
+
+
+def optimal_transfers(
+    tg: TaskGraph,
+    budget: int | str,
+    order: str | Sequence[int] = "program",
+    *,
+    inputs: str = "auto",
+    outputs: str = "device",
+    alignment: int = DEFAULT_ALIGNMENT,
+    time_limit: float | None = 60.0,
+    mip_rel_gap: float = 0.0,
+) -> OptimalTransfers:
+    """The fewest bytes any plan of `tg` in `order` within `budget` moves, fragmentation
+    ignored (see the module docstring); options as `memgraph.plan`'s. With `time_limit`
+    (seconds; None: none) the result may be the best plan found and a proven bound."""
+    problem = transfer_problem(
+        tg, budget, order, inputs=inputs, outputs=outputs, alignment=alignment
+    )
+    return solve_problem(problem, time_limit, mip_rel_gap)
+
+
+def lp_transfer_bound(
+    tg: TaskGraph,
+    budget: int | str,
+    order: str | Sequence[int] = "program",
+    *,
+    inputs: str = "auto",
+    outputs: str = "device",
+    alignment: int = DEFAULT_ALIGNMENT,
+) -> int:
+    """Bytes every plan of `tg` in `order` within `budget` moves at least: the optimum of
+    the LP relaxation of `optimal_transfers`' MILP (floored with a margin)."""
+    problem = transfer_problem(
+        tg, budget, order, inputs=inputs, outputs=outputs, alignment=alignment
+    )
+    return lp_bound_of(problem)
+
+
+@dataclass(frozen=True)
+class SharpestBound:
+    """The best sound lower bound on bytes moved, and its parts: `lp` (the LP relaxation),
+    `capacity` (`memgraph.transfer_lower_bounds`' total), `milp` (the MILP's proven bound
+    when it was solved, else None), `optimum` (the MILP's optimum when proven)."""
+
+    bytes: int
+    lp: int
+    capacity: int
+    milp: int | None = None
+    optimum: int | None = None
+
+    @property
+    def source(self) -> str:
+        """Which bound is the sharpest ("optimum", "milp", "lp" or "capacity")."""
+        if self.optimum is not None and self.optimum == self.bytes:
+            return "optimum"
+        if self.milp is not None and self.milp == self.bytes:
+            return "milp"
+        return "lp" if self.lp >= self.capacity else "capacity"
+
+
+def sharpest_lower_bound(
+    tg: TaskGraph,
+    budget: int | str,
+    order: str | Sequence[int] = "program",
+    *,
+    inputs: str = "auto",
+    outputs: str = "device",
+    alignment: int = DEFAULT_ALIGNMENT,
+    host_inputs: Iterable[str] | None = None,
+    milp_time_limit: float | None = None,
+) -> SharpestBound:
+    """The largest of the LP bound, `memgraph.transfer_lower_bounds` and, with
+    `milp_time_limit` seconds, the MILP's proven bound. The capacity bound holds for plans
+    that start in host storage exactly the inputs `host_inputs` names (for one plan:
+    `memgraph.bounds.host_inputs_of(mg)`; default: by `Input.location`, or all of them
+    with `inputs="host"`)."""
+    from memgraph.bounds import transfer_lower_bounds
+
+    problem = transfer_problem(
+        tg, budget, order, inputs=inputs, outputs=outputs, alignment=alignment
+    )
+    lp = lp_bound_of(problem)
+    if host_inputs is None and inputs == "host":
+        host_inputs = list(tg.inputs)
+    capacity = transfer_lower_bounds(tg, problem.budget, problem.steps, host_inputs).total_bytes
+    milp = optimum = None
+    if milp_time_limit is not None:
+        solved = solve_problem(problem, milp_time_limit)
+        milp = solved.lower_bound
+        optimum = solved.moved_bytes if solved.optimal else None
+    best = max(lp, capacity, milp or 0, optimum or 0)
+    return SharpestBound(best, lp, capacity, milp, optimum)
+
+
+def plan_lp_bound(mg: MemGraph) -> int | None:
+    """`lp_transfer_bound` for the TaskGraph, budget, order and options a plan of
+    `memgraph.plan` was made with (read from its `info`): bytes that plan, and any other
+    of the same steps, moves at least. None for a plan of another planner or of a custom
+    order (the model is the planner's steps of a named order)."""
+    info = mg.info
+    if info.get("planner") != "memgraph.planner" or info.get("order") not in ORDERS:
+        return None
+    return lp_transfer_bound(
+        mg.taskgraph,
+        mg.budget,
+        info["order"],
+        inputs=info["inputs"],
+        outputs=info["outputs"],
+        alignment=mg.alignment,
+    )

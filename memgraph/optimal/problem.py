@@ -1,0 +1,335 @@
+"""The transfer problem of a fixed order: tensors, their uses, and the gaps a plan may drop.
+
+Any plan that walks the same steps as `memgraph.plan` (the compute tasks of one order,
+with the same sliced reloads and host assembly, see `memgraph.steps`) decides, for
+every tensor and every *gap* between two consecutive uses of it, whether the tensor
+stays resident through the gap or leaves the device and comes back. Fragmentation
+aside (the arena is *relaxed*: a tensor fits wherever enough bytes are free), nothing
+else matters: a tensor that leaves during a gap may as well leave right after the use
+that opens it and come back right before the use that closes it – that frees the
+most memory for the same bytes moved. So the decisions are one binary per gap, and
+`TransferProblem` lists them with what each costs.
+
+The model, for a budget `B` (the usable arena: rounded down to the alignment) and each
+tensor's size in the arena (rounded up to the alignment):
+
+* **Steps.** At step t the operands (storage roots: views alias their base) and the
+  output of its task are resident; so is every tensor whose gap spanning t is kept.
+  Their sizes add up to at most `B`.
+* **Computed tensors** exist from the step that makes them. A kept gap costs memory;
+  a dropped one a reload of the tensor's bytes, and a host copy: an offload, paid once
+  (tensors are immutable, so one copy serves every later reload).
+* **Host tensors** – inputs in host storage (weights by default), and the Slices that
+  *sliced reloads* copy from a host input's box – have a host copy from the start:
+  their first load is compulsory (a constant) and dropping a gap costs a reload only.
+* **Device inputs** (`Input.location == "device"`, with `inputs="auto"`) may start on
+  the device, or on the host like a host tensor (a plan does that when they do not
+  fit): their *start gap*, before the first use, is kept (resident from the start) or
+  dropped (loaded at the first use: a reload, and a host copy for free). Dropping a
+  later gap of one that started on the device needs an offload, once.
+* **Outputs.** With `outputs="device"` an output's *end gap*, after its last use, is
+  kept (resident to the end) or dropped (the output is then read from a host copy,
+  which a computed tensor must be offloaded to get). With `outputs="host"` every output
+  needs a host copy. The pieces of an output assembled on the host are each offloaded
+  once, into their box (a constant).
+
+Every plan of those steps that fits the budget (`memgraph.verify`) induces a choice of
+kept gaps that satisfies these constraints and moves at least the bytes they cost; so
+the optimum (`memgraph.optimal.optimal_transfers`) is a lower bound on the bytes any
+such plan moves, contiguous arena or not, and it is exact for the relaxed arena (a plan
+that places each tensor anywhere free). Alignment counts as the planner's does: a plan
+whose regions are not multiples of it is bounded with `alignment=1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from einpage_core.errors import GraphError
+from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.budgets import read_budget
+from memgraph.host_assembly import HostAssembly
+from memgraph.options import PlanOptions
+from memgraph.orders import check_order, get_order
+from memgraph.steps import plan_steps, sliced_reloads, storage_roots
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
+
+__all__ = ["Origin", "ModelTensor", "Gap", "TransferProblem", "transfer_problem"]
+
+
+class Origin(Enum):
+    """Where a tensor of the model comes from, which decides what its gaps cost."""
+
+    COMPUTED = "computed"  # made by a step; a host copy costs an offload
+    HOST = "host"  # a host input or a sliced-reload Slice: a host copy from the start
+    DEVICE_INPUT = "device input"  # may start on the device or on the host
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTensor:
+    """A storage root of the model: its bytes (what a transfer moves), its `size` in the
+    arena (aligned), its `origin`, and `forced_copy`: it is offloaded whatever the plan
+    (a piece of an output assembled on the host, or an output with `outputs="host"`)."""
+
+    id: int
+    nbytes: int
+    size: int
+    origin: Origin
+    forced_copy: bool = False
+
+    @property
+    def needs_offload(self) -> bool:
+        """Whether dropping one of its gaps may cost an offload (the model's `o_i`)."""
+        return self.origin is not Origin.HOST and not self.forced_copy
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """The stretch between two consecutive uses of a tensor: after the use at step
+    `after` (-1: the start of the plan) until the use at step `before` (the number of
+    steps: the end, for an output). Kept, the tensor is resident at every step strictly
+    between them (`first`..`last`, possibly none); dropped, `reload` says whether it
+    is loaded again at `before`, `copy` whether it needs a host copy by then, and
+    `keepable` is False for an end gap that must be dropped (`outputs="host"`)."""
+
+    tensor: int
+    after: int
+    before: int
+    reload: bool
+    copy: bool
+    keepable: bool = True
+
+    @property
+    def first(self) -> int:
+        return self.after + 1
+
+    @property
+    def last(self) -> int:
+        return self.before - 1
+
+    @property
+    def spans(self) -> bool:
+        """Whether keeping it holds memory at some step."""
+        return self.first <= self.last
+
+    @property
+    def is_start(self) -> bool:
+        return self.after < 0
+
+
+@dataclass(frozen=True)
+class TransferProblem:
+    """The gaps of one order and budget, with their costs (see the module docstring).
+
+    `steps` are the task ids of the steps in order, `working` the aligned bytes each
+    step holds whatever the plan (its operands and output), `uses` the steps at which
+    each tensor is resident whatever the plan (made, loaded or read), `gaps` the decisions,
+    `fixed_reload_bytes` / `fixed_offload_bytes` what every plan moves whatever it
+    decides (first loads of host tensors; pieces and host outputs offloaded).
+    `over_budget` is the first step whose working set alone exceeds `budget` (no plan
+    exists), or None.
+    """
+
+    budget: int
+    alignment: int
+    order: tuple[int, ...]
+    steps: tuple[int, ...]
+    working: tuple[int, ...]
+    tensors: dict[int, ModelTensor]
+    uses: dict[int, tuple[int, ...]]
+    gaps: tuple[Gap, ...]
+    fixed_reload_bytes: int
+    fixed_offload_bytes: int
+    over_budget: int | None
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.fixed_reload_bytes + self.fixed_offload_bytes
+
+    def cost(self, kept: Iterable[bool]) -> tuple[int, int]:
+        """(offload bytes, reload bytes) of keeping the gaps flagged in `kept` (one flag per
+        gap, in order), fixed bytes included; the capacity is not checked (`fits`)."""
+        kept = list(kept)
+        if len(kept) != len(self.gaps):
+            raise GraphError(f"{len(kept)} flags for {len(self.gaps)} gaps")
+        reload = self.fixed_reload_bytes
+        offloaded: set[int] = set()
+        started_on_device = {
+            g.tensor: keep for g, keep in zip(self.gaps, kept, strict=True) if g.is_start
+        }
+        for gap, keep in zip(self.gaps, kept, strict=True):
+            if keep:
+                continue
+            tensor = self.tensors[gap.tensor]
+            if gap.reload:
+                reload += tensor.nbytes
+            if gap.copy and tensor.needs_offload and started_on_device.get(gap.tensor, True):
+                offloaded.add(gap.tensor)
+        offload = self.fixed_offload_bytes + sum(self.tensors[t].nbytes for t in offloaded)
+        return offload, reload
+
+    def usage(self, kept: Iterable[bool]) -> list[int]:
+        """The aligned bytes resident at each step when the gaps flagged in `kept` are kept."""
+        delta = [0] * (len(self.steps) + 1)
+        for gap, keep in zip(self.gaps, kept, strict=True):
+            if keep and gap.spans:
+                size = self.tensors[gap.tensor].size
+                delta[gap.first] += size
+                delta[gap.last + 1] -= size
+        used, running = [], 0
+        for t, base in enumerate(self.working):
+            running += delta[t]
+            used.append(base + running)
+        return used
+
+    def fits(self, kept: Iterable[bool]) -> bool:
+        """Whether keeping the gaps flagged in `kept` respects the budget at every step
+        (and keeps no gap that must be dropped)."""
+        kept = list(kept)
+        if any(k and not g.keepable for g, k in zip(self.gaps, kept, strict=True)):
+            return False
+        return all(used <= self.budget for used in self.usage(kept))
+
+
+def transfer_problem(
+    tg: TaskGraph,
+    budget: int | str,
+    order: str | Sequence[int] = "program",
+    *,
+    inputs: str = "auto",
+    outputs: str = "device",
+    alignment: int = DEFAULT_ALIGNMENT,
+    complete: bool = False,
+) -> TransferProblem:
+    """The transfer problem of `tg` planned in `order` (an `ORDERS` name or a topological
+    order of all tasks) within `budget` (bytes, a size, or a percentage of the no-offload
+    peak) with the planner's `inputs`, `outputs` and `alignment` options.
+
+    `complete`: also list the gaps that cost nothing to keep (no step strictly inside):
+    in a contiguous arena dropping one may still pay, to move the tensor elsewhere
+    (`memgraph.optimal.offsets`).
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (256,))
+    >>> a = ep.exp(x); d = ep.exp(ep.exp(ep.exp(a)))
+    >>> prog.output(prog.einsum("i,i->", a, d), "y")
+    >>> problem = transfer_problem(prog.build(), "2.5KiB", alignment=1)
+    >>> [(g.tensor, g.after, g.before) for g in problem.gaps if g.spans]
+    [(1, 1, 4)]
+    """
+    opts = PlanOptions(
+        order=order, inputs=inputs, outputs=outputs, alignment=alignment, lookahead=0
+    )
+    nbytes_budget = read_budget(tg, budget, opts).nbytes
+    usable = nbytes_budget // alignment * alignment
+    ids = check_order(tg, get_order(order)(tg) if isinstance(order, str) else order)
+    root = storage_roots(tg)
+    sliced = sliced_reloads(tg, inputs)
+    assembly = HostAssembly(tg)
+    steps = plan_steps(tg, ids, root, sliced, assembly.tasks)
+    builder = _Builder(tg, usable, alignment, inputs, outputs, root, sliced, assembly, complete)
+    return builder.build(tuple(ids), steps)
+
+
+class _Builder:
+    """Collects the tensors, uses and gaps of `transfer_problem`."""
+
+    def __init__(self, tg, budget, alignment, inputs, outputs, root, sliced, assembly, complete):
+        self.complete = complete
+        self.tg = tg
+        self.budget = budget
+        self.alignment = alignment
+        self.inputs = inputs
+        self.outputs = outputs
+        self.root = root
+        self.sliced = sliced
+        self.assembly = assembly
+
+    def size(self, task_id: int) -> int:
+        return -(-self.tg[task_id].nbytes // self.alignment) * self.alignment
+
+    def origin(self, task_id: int) -> Origin:
+        op = self.tg[task_id].op
+        if task_id in self.sliced:
+            return Origin.HOST
+        if isinstance(op, Input):
+            on_host = self.inputs == "host" or op.location == "host"
+            return Origin.HOST if on_host else Origin.DEVICE_INPUT
+        return Origin.COMPUTED
+
+    def build(self, order: tuple[int, ...], steps) -> TransferProblem:
+        tg = self.tg
+        uses: dict[int, list[int]] = {}
+        working, over = [], None
+        for position, step in enumerate(steps):
+            uses.setdefault(step.task, []).append(position)  # made (or, sliced, loaded) here
+            for r in step.roots:
+                uses.setdefault(r, []).append(position)
+            need = self.size(step.task) + sum(self.size(r) for r in step.roots)
+            working.append(need)
+            if over is None and need > self.budget:
+                over = step.task
+        end = len(steps)
+        ends: dict[int, bool] = {}  # output root -> may it stay resident to the end
+        for task_id in tg.outputs.values():
+            if task_id in self.assembly:
+                continue
+            r = self.root[task_id]
+            ends[r] = self.outputs == "device"
+            uses.setdefault(r, [])
+        pieces = {p for p in self.assembly.piece_of if p in uses}
+        tensors: dict[int, ModelTensor] = {}
+        gaps: list[Gap] = []
+        fixed_reload = fixed_offload = 0
+        for r in sorted(uses):
+            origin = self.origin(r)
+            forced = r in pieces or (r in ends and not ends[r] and origin is Origin.COMPUTED)
+            tensor = ModelTensor(r, tg[r].nbytes, self.size(r), origin, forced)
+            tensors[r] = tensor
+            fixed_offload += tensor.nbytes if forced else 0
+            points = uses[r]
+            if origin is Origin.HOST and points:
+                fixed_reload += tensor.nbytes  # the first load
+            gaps += self.gaps_of(tensor, points, ends.get(r), end, self.complete)
+        return TransferProblem(
+            budget=self.budget,
+            alignment=self.alignment,
+            order=order,
+            steps=tuple(s.task for s in steps),
+            working=tuple(working),
+            tensors=tensors,
+            uses={r: tuple(points) for r, points in uses.items()},
+            gaps=tuple(gaps),
+            fixed_reload_bytes=fixed_reload,
+            fixed_offload_bytes=fixed_offload,
+            over_budget=over,
+        )
+
+    @staticmethod
+    def gaps_of(
+        tensor: ModelTensor, points: list[int], end: bool | None, steps: int, complete: bool
+    ) -> list[Gap]:
+        """The gaps of one tensor: a device input's start gap, one between each two uses,
+        and an output's end gap. Unless `complete`, gaps that cost nothing to keep (no
+        step strictly inside) and would cost to drop are left out: a plan keeps them."""
+        found = []
+        device_input = tensor.origin is Origin.DEVICE_INPUT
+        copy = tensor.needs_offload
+        if device_input and points:  # one that nothing reads may as well start on the host
+            found.append(Gap(tensor.id, -1, points[0], reload=True, copy=False))
+        for after, before in zip(points, points[1:], strict=False):
+            if before - after > 1 or complete:
+                found.append(Gap(tensor.id, after, before, reload=True, copy=copy))
+        if end is None or not points or tensor.origin is Origin.HOST:
+            return found  # a host tensor is output from its host copy, for free
+        if end and (
+            steps - points[-1] > 1 or complete
+        ):  # may stay resident to the end, holding memory
+            found.append(Gap(tensor.id, points[-1], steps, reload=False, copy=copy))
+        elif not end and copy:  # outputs="host": must get a host copy
+            found.append(Gap(tensor.id, points[-1], steps, reload=False, copy=True, keepable=False))
+        return found

@@ -1,0 +1,361 @@
+"""memgraph.optimal: the MILP's optimum equals a brute-force search on tiny graphs, every
+plan moves at least it, and its LP relaxation and the offsets formulation bracket it."""
+
+from __future__ import annotations
+
+import doctest
+import itertools
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from partition_cases import random_programs
+from strategies import einsum_programs
+
+import einpage as ep
+import memgraph.optimal as optimal_package
+import memgraph.optimal.offsets as offsets_module
+import memgraph.optimal.problem as problem_module
+import memgraph.optimal.solve as solve_module
+from einpage.errors import InfeasibleBudgetError
+from memgraph import min_budget, no_offload_peak, plan, verify
+from memgraph.baselines import layer_streaming_plan
+from memgraph.bounds import host_inputs_of, transfer_lower_bounds
+from memgraph.host_assembly import HostAssembly
+from memgraph.optimal import (
+    Origin,
+    SolverMissingError,
+    lp_transfer_bound,
+    optimal_transfers,
+    optimal_transfers_with_offsets,
+    plan_lp_bound,
+    sharpest_lower_bound,
+    transfer_problem,
+)
+from memgraph.orders import get_order
+from memgraph.steps import plan_steps, sliced_reloads, storage_roots
+from taskgraph.nodes import Input
+from taskgraph.partition import partition_for_budget
+
+KIB = 1024
+
+
+@pytest.mark.parametrize("module", [optimal_package, problem_module, solve_module, offsets_module])
+def test_module_doctests(module):
+    assert doctest.testmod(module).failed == 0
+
+
+# -- an independent exhaustive search -------------------------------------------------
+
+
+def brute_force(tg, budget, order="program", inputs="auto", outputs="device", alignment=256):
+    """The fewest bytes moved, by dynamic programming over every resident set at every
+    step (not gaps): the state after a step is (resident tensors, tensors with a host
+    copy); any resident set holding the step's tensors within the budget may follow, a
+    tensor entering it is reloaded (it needs a host copy) unless the step makes it, one
+    leaving it while still needed is offloaded unless it has a host copy."""
+    usable = budget // alignment * alignment
+    ids = get_order(order)(tg) if isinstance(order, str) else list(order)
+    root = storage_roots(tg)
+    sliced = sliced_reloads(tg, inputs)
+    assembly = HostAssembly(tg)
+    steps = plan_steps(tg, ids, root, sliced, assembly.tasks)
+
+    def size(x):
+        return -(-tg[x].nbytes // alignment) * alignment
+
+    def host(x):
+        op = tg[x].op
+        on_host = isinstance(op, Input) and (inputs == "host" or op.location == "host")
+        return x in sliced or on_host
+
+    working = [frozenset({s.task, *s.roots}) for s in steps]
+    outs = {root[o] for o in tg.outputs.values() if o not in assembly}
+    last = {}
+    for t, held in enumerate(working):
+        for x in held:
+            last[x] = t
+    for x in outs:
+        last[x] = len(steps)  # needed at the end
+    made = {s.task: t for t, s in enumerate(steps) if not host(s.task)}
+    forced = {p for p in assembly.piece_of if p in made}
+    if outputs == "host":
+        forced |= {x for x in outs if x in made}
+    device_inputs = [x for x in last if isinstance(tg[x].op, Input) and not host(x)]
+    always_host = frozenset(x for x in last if host(x))
+    states = {}
+    for n in range(len(device_inputs) + 1):
+        for start in itertools.combinations(device_inputs, n):
+            if sum(size(x) for x in start) <= usable:
+                on_host = always_host | (set(device_inputs) - set(start))
+                states[frozenset(start), frozenset(on_host)] = 0
+    for t, held in enumerate(working):
+        live = [x for x in last if last[x] >= t and made.get(x, -1) <= t]
+        optional = [x for x in live if x not in held]
+        after: dict = {}
+        for (resident, copies), cost in states.items():
+            for n in range(len(optional) + 1):
+                for extra in itertools.combinations(optional, n):
+                    now = held | set(extra)
+                    if sum(size(x) for x in now) > usable:
+                        continue
+                    moved, have = cost, set(copies)
+                    if any(x not in have for x in now - resident if made.get(x) != t):
+                        continue  # loading it needs a host copy
+                    moved += sum(tg[x].nbytes for x in now - resident if made.get(x) != t)
+                    for x in resident - now:
+                        if last[x] >= t and x not in have:
+                            moved += tg[x].nbytes  # offloaded on its way out
+                            have.add(x)
+                    if t in made.values() and steps[t].task in forced:
+                        moved += tg[steps[t].task].nbytes
+                        have.add(steps[t].task)
+                    key = (frozenset(now), frozenset(x for x in have if last[x] > t))
+                    after[key] = min(after.get(key, moved), moved)
+        states = after
+    best = None
+    for (_, copies), cost in states.items():
+        if outputs == "host":  # every output needs a host copy
+            cost += sum(tg[x].nbytes for x in outs if x not in copies and x not in always_host)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+def budgets(tg, data, inputs="auto", outputs="device", order="program"):
+    low, _ = min_budget(tg, inputs=inputs)
+    high = max(low, no_offload_peak(tg, order=order, outputs=outputs, inputs=inputs))
+    return data.draw(st.integers(low, high + 256), label="budget")
+
+
+@settings(max_examples=60)
+@given(tg=einsum_programs(max_tasks=6, max_dim=6), data=st.data())
+def test_the_milp_optimum_equals_brute_force(tg, data):
+    order = data.draw(st.sampled_from(["program", "memory"]), label="order")
+    inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    budget = budgets(tg, data, inputs, outputs, order)
+    best = optimal_transfers(tg, budget, order, inputs=inputs, outputs=outputs)
+    assert best.optimal
+    expected = brute_force(tg, budget, order, inputs, outputs)
+    assert best.moved_bytes == expected
+    assert best.lower_bound <= best.moved_bytes
+    assert best.offload_bytes + best.reload_bytes == best.moved_bytes
+
+
+@settings(max_examples=40)
+@given(case=random_programs(), data=st.data())
+def test_brute_force_agrees_on_programs_with_slices_gathers_and_fills(case, data):
+    tg = case.tg
+    if len([t for t in tg if t.is_compute]) > 7:
+        return  # the exhaustive search is for tiny graphs
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    budget = budgets(tg, data, outputs=outputs)
+    best = optimal_transfers(tg, budget, outputs=outputs)
+    assert best.moved_bytes == brute_force(tg, budget, outputs=outputs)
+
+
+@given(tg=einsum_programs(), data=st.data())
+def test_every_plan_moves_at_least_the_optimum_and_the_lp_bound_is_below_it(tg, data):
+    order = data.draw(st.sampled_from(["program", "memory"]), label="order")
+    eviction = data.draw(st.sampled_from(["belady", "lru"]), label="eviction")
+    inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    budget = budgets(tg, data, inputs, outputs, order)
+    options = {"order": order, "inputs": inputs, "outputs": outputs}
+    mg = plan(tg, budget, eviction=eviction, **options)
+    stats = mg.stats
+    best = optimal_transfers(tg, budget, **options)
+    assert best.optimal
+    assert best.moved_bytes <= stats.offload_bytes + stats.reload_bytes
+    assert lp_transfer_bound(tg, budget, **options) <= best.moved_bytes
+    sharp = sharpest_lower_bound(tg, budget, **options, host_inputs=host_inputs_of(mg))
+    assert sharp.bytes <= stats.offload_bytes + stats.reload_bytes
+    assert sharp.bytes >= max(sharp.lp, sharp.capacity)
+
+
+@settings(max_examples=30)
+@given(case=random_programs(), data=st.data())
+def test_partitioned_programs_move_at_least_the_optimum(case, data):
+    tg = case.tg
+    low, _ = min_budget(tg)
+    budget = data.draw(st.integers(max(256, low // 2), max(low, no_offload_peak(tg))))
+    try:
+        graph = partition_for_budget(tg, budget).graph if budget < low else tg
+        mg = plan(graph, budget)
+    except InfeasibleBudgetError:
+        return
+    best = optimal_transfers(graph, budget, time_limit=20)
+    assert best.lower_bound <= mg.stats.offload_bytes + mg.stats.reload_bytes
+    assert lp_transfer_bound(graph, budget) <= best.moved_bytes
+
+
+# -- the model on small cases ---------------------------------------------------------
+
+
+def waiting_chain():
+    """x -> a -> b -> c -> d (1 KiB each), then y = sum(a * d): a waits for d."""
+    prog = ep.Program("chain")
+    x = prog.input("x", (256,))
+    a = ep.exp(x)
+    d = ep.exp(ep.exp(ep.exp(a)))
+    prog.output(prog.einsum("i,i->", a, d), "y")
+    return prog.build()
+
+
+def test_a_waiting_activation_is_offloaded_once_and_reloaded():
+    tg = waiting_chain()
+    roomy = optimal_transfers(tg, 3 * KIB, alignment=1)
+    assert (roomy.moved_bytes, roomy.dropped) == (0, ())
+    tight = optimal_transfers(tg, "2.5KiB", alignment=1)
+    assert (tight.offload_bytes, tight.reload_bytes) == (KIB, KIB)
+    assert [(g.tensor, g.after, g.before) for g in tight.dropped] == [(1, 1, 4)]
+    assert "optimal" in str(tight)
+
+
+def test_a_weight_is_dropped_for_free_and_reloaded():
+    prog = ep.Program("drop")
+    x = prog.input("x", (256, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    v = prog.input("v", (256, 256), role="weight")
+    prog.output((x @ w) @ v @ w, "y")
+    tg = prog.build()
+    problem = transfer_problem(tg, "768KiB")
+    assert problem.tensors[1].origin is Origin.HOST
+    assert problem.fixed_reload_bytes == 2 * 256 * KIB  # w and v, once each
+    best = optimal_transfers(tg, "768KiB")
+    assert (best.offload_bytes, best.reload_bytes) == (0, 3 * 256 * KIB)
+    assert plan(tg, "768KiB").stats.reload_bytes == best.reload_bytes
+
+
+def test_a_device_input_may_start_on_the_host():
+    # x is read first and last; at 2.5 KiB it cannot wait on the device beside a, b, c
+    # and d: starting it on the host costs one reload, no offload.
+    prog = ep.Program("late")
+    x = prog.input("x", (256,))
+    a = ep.exp(prog.input("z", (256,)))
+    d = ep.exp(ep.exp(ep.exp(a)))
+    prog.output(prog.einsum("i,i->", x, d), "y")
+    tg = prog.build()
+    best = optimal_transfers(tg, "2.5KiB", alignment=1)
+    assert (best.offload_bytes, best.reload_bytes) == (0, KIB)
+    assert best.dropped[0].is_start and best.dropped[0].tensor == 0
+
+
+def test_outputs_on_the_host_are_offloaded_once():
+    tg = waiting_chain()
+    best = optimal_transfers(tg, 3 * KIB, outputs="host", alignment=1)
+    assert (best.offload_bytes, best.reload_bytes) == (4, 0)  # y, 4 bytes
+
+
+def test_a_step_over_the_budget_is_refused():
+    with pytest.raises(InfeasibleBudgetError, match="alone needs more than the budget"):
+        optimal_transfers(waiting_chain(), KIB, alignment=1)
+    with pytest.raises(InfeasibleBudgetError):
+        optimal_transfers_with_offsets(waiting_chain(), KIB, alignment=1)
+
+
+def test_an_empty_program_moves_nothing():
+    prog = ep.Program("empty")
+    prog.output(prog.input("w", (4,), role="weight"), "y")
+    best = optimal_transfers(prog.build(), KIB)
+    assert (best.moved_bytes, best.steps) == (0, 0)
+    assert lp_transfer_bound(prog.build(), KIB) == 0
+
+
+def test_percent_budgets_are_read_like_the_planner():
+    tg = waiting_chain()
+    assert transfer_problem(tg, "100%").budget == no_offload_peak(tg)
+
+
+def test_sliced_reloads_and_host_assembly_are_modelled_like_the_planner():
+    # A weight larger than a block is streamed in slices; the split output is assembled
+    # on the host by sliced offloads: both are fixed costs of the partitioned graph.
+    prog = ep.Program("smx")
+    x = prog.input("x", (64, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    prog.output(ep.softmax(x @ w), "y")
+    compiled = ep.compile(prog, "200KiB")
+    tg = compiled.graph
+    problem = transfer_problem(tg, "200KiB")
+    assert problem.fixed_offload_bytes == 64 * 256 * 4  # the output's blocks, once
+    assert problem.fixed_reload_bytes >= 256 * 256 * 4  # every slice of w, once
+    best = optimal_transfers(tg, "200KiB", time_limit=30)
+    stats = compiled.plan.stats
+    assert best.lower_bound <= best.moved_bytes <= stats.offload_bytes + stats.reload_bytes
+
+
+def test_the_sharpest_bound_beats_the_capacity_bound_on_cyclic_reuse():
+    # Three passes over four weights (1 KiB each) that do not fit together: the capacity
+    # bound counts the excess at one step, the LP every reload of the later passes.
+    prog = ep.Program("passes")
+    ws = [prog.input(f"w{i}", (256,), role="weight") for i in range(4)]
+    h = prog.input("x", (256,))
+    for _ in range(3):
+        for w in ws:
+            h = h * w
+    prog.output(h, "y")
+    tg = prog.build()
+    sharp = sharpest_lower_bound(tg, 4 * KIB, alignment=1, milp_time_limit=10)
+    capacity = transfer_lower_bounds(tg, 4 * KIB).total_bytes
+    assert sharp.capacity == capacity < sharp.lp <= sharp.bytes
+    assert sharp.optimum == sharp.bytes == 9 * KIB and sharp.source == "optimum"
+    assert sharp.bytes == plan(tg, 4 * KIB, alignment=1).stats.reload_bytes
+
+
+# -- the offsets formulation ----------------------------------------------------------
+
+
+def fragmenting():
+    """Two 1 KiB tensors a, b; a dies while b waits; then a 2 KiB tensor is needed: in a
+    4 KiB arena with b in the middle it does not fit without moving b."""
+    prog = ep.Program("frag")
+    x = prog.input("x", (256,))  # 1 KiB
+    a = ep.exp(x)
+    b = ep.exp(a)
+    c = ep.exp(b)
+    big = prog.einsum("i,j->ij", c, prog.input("s", (2,)))  # 2 KiB
+    prog.output(prog.einsum("ij,i->", big, b), "y")
+    return prog.build()
+
+
+@settings(max_examples=25)
+@given(tg=einsum_programs(max_tasks=5, max_dim=6), data=st.data())
+def test_the_offsets_optimum_lies_between_the_relaxed_one_and_the_planner(tg, data):
+    budget = budgets(tg, data)
+    relaxed = optimal_transfers(tg, budget)
+    contiguous = optimal_transfers_with_offsets(tg, budget, time_limit=20)
+    mg = plan(tg, budget)
+    assert relaxed.moved_bytes <= contiguous.lower_bound <= contiguous.moved_bytes
+    if contiguous.optimal:
+        assert contiguous.moved_bytes <= mg.stats.offload_bytes + mg.stats.reload_bytes
+
+
+def test_the_offsets_formulation_sees_fragmentation():
+    tg = fragmenting()
+    budget = 5 * KIB
+    relaxed = optimal_transfers(tg, budget, alignment=KIB)
+    contiguous = optimal_transfers_with_offsets(tg, budget, alignment=KIB)
+    assert contiguous.optimal
+    assert relaxed.moved_bytes <= contiguous.moved_bytes
+    mg = plan(tg, budget, alignment=KIB)
+    verify(mg)
+    assert contiguous.moved_bytes <= mg.stats.offload_bytes + mg.stats.reload_bytes
+
+
+def test_a_missing_solver_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy.optimize", None)
+    with pytest.raises(SolverMissingError, match="scipy"):
+        optimal_transfers(waiting_chain(), "2.5KiB")
+
+
+def test_the_lp_bound_of_a_plan_reads_its_order_and_options():
+    tg = waiting_chain()
+    mg = plan(tg, "2.5KiB", order="memory", outputs="host", alignment=64)
+    bound = plan_lp_bound(mg)
+    assert bound == lp_transfer_bound(tg, "2.5KiB", "memory", outputs="host", alignment=64)
+    assert 0 < bound <= mg.stats.offload_bytes + mg.stats.reload_bytes
+    custom = plan(tg, "2.5KiB", order=get_order("program")(tg))
+    assert plan_lp_bound(custom) is None
+    streamed = layer_streaming_plan(tg, "8KiB")
+    assert plan_lp_bound(streamed) is None
