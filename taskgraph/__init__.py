@@ -1,6 +1,7 @@
 """taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator."""
 
 from taskgraph import dtypes, expr
+from taskgraph.autodiff import backward, grad
 from taskgraph.builder import GraphBuilder
 from taskgraph.dispatch import OpTable
 from taskgraph.einsum import EinsumSpec
@@ -16,6 +17,7 @@ from taskgraph.nodes import (
     Gather,
     Input,
     Op,
+    ScatterAdd,
     Slice,
     Task,
     View,
@@ -32,6 +34,7 @@ __all__ = [
     "View",
     "Slice",
     "Concat",
+    "ScatterAdd",
     "OP_KINDS",
     "OpTable",
     "Block",
@@ -40,6 +43,8 @@ __all__ = [
     "EinsumSpec",
     "evaluate",
     "evaluate_task",
+    "grad",
+    "backward",
     "dtypes",
     "expr",
 ]
