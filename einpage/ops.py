@@ -27,6 +27,7 @@ __all__ = [
     "reduce_sum", "reduce_max", "reduce_min", "mean", "softmax", "rmsnorm", "layernorm",
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "relu", "abs",
     "causal_mask", "reshape", "concat", "slice", "getitem", "gather", "cast",
+    "cross_entropy",
 ]  # fmt: skip
 
 Scalar = int | float
@@ -347,3 +348,77 @@ def causal_mask(scores: Tensor, value: float = -math.inf) -> Tensor:
         raise ShapeError(f"causal_mask: scores need rank >= 2, got shape {scores.shape}")
     mask = prog.fill(scores.shape[-2:], value, scores.dtype, pattern="causal", label="mask")
     return prog.einsum("...qk,qk->...qk", scores, mask, join="a + b", label="masked")
+
+
+# -- losses -----------------------------------------------------------------------
+
+REDUCTIONS = ("mean", "sum", "none")
+"""How `cross_entropy` reduces the per-position losses."""
+
+
+def _class_indices(prog: Program, count: int, dtype: str) -> Tensor:
+    """The numbers 0, 1, ..., count-1 as a [count] tensor of `dtype`, in O(count) work: with
+    w = ceil(sqrt(count)), a causal fill `up[q, k] = (k > q)` of [w, w] summed over q is
+    0..w-1, and `w * i + j` over two of those (viewed flat, sliced) is 0..w*w-1."""
+    width = max(1, math.isqrt(count - 1) + 1) if count > 1 else 1
+    up = prog.fill((width, width), 1.0, dtype, pattern="causal", label="classes.up")
+    column = prog.einsum("qk->k", up, label="classes.column")
+    grid = prog.einsum("i,j->ij", column, column, join=f"a * {float(width)!r} + b")
+    flat = prog.view(grid, (width * width,))
+    return flat if width * width == count else prog.slice(flat, (0,), (count,), "classes")
+
+
+def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """The cross-entropy of `logits` [..., classes] against integer `labels` [...], as
+    `torch.nn.functional.cross_entropy` (every position counts; labels must be in
+    [0, classes): one outside picks no logit): `logsumexp(logits) - logits[label]` per
+    position, then their mean (`reduction="mean"`, a scalar), sum, or none.
+
+    Numerically stable: `logsumexp = m + log(sum(exp(logits - m)))` with m the maximum
+    over the classes. The label's logit is picked by comparing the labels with the class
+    numbers (no one-hot tensor), so a float16 program computes the loss in float32,
+    where class numbers up to 2**24 are exact.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> loss = cross_entropy(prog.input("logits", (2, 3, 10)), prog.input("y", (2, 3), "int64"))
+    >>> loss.shape, loss.dtype
+    ((), 'float32')
+    """
+    prog = _program(logits, labels)
+    if reduction not in REDUCTIONS:
+        raise ProgramError(
+            f"cross_entropy: reduction must be one of {REDUCTIONS}, got {reduction!r}"
+        )
+    if logits.ndim < 1 or labels.shape != logits.shape[:-1]:
+        raise ShapeError(
+            f"cross_entropy: labels {labels.shape} must be the logits' shape {logits.shape} "
+            "without its last (class) axis"
+        )
+    if not labels.dtype.startswith("int") or not logits.dtype.startswith("float"):
+        raise ProgramError(
+            f"cross_entropy: logits must be float and labels integer, got {logits.dtype} "
+            f"and {labels.dtype}"
+        )
+    x = cast(logits, "float32") if logits.dtype == "float16" else logits
+    lead = _letters(labels.ndim + 1)[:-1]
+    c = "z" if "z" not in lead else "Z"
+    classes = _class_indices(prog, x.shape[-1], x.dtype)
+    target = prog.einsum(f"{lead}->{lead}", labels, dtype=x.dtype, label="ce.target")
+    peak = prog.einsum(f"{lead}{c}->{lead}", x, agg="max", label="ce.max")
+    total = prog.einsum(f"{lead}{c},{lead}->{lead}", x, peak, join="exp(a - b)", label="ce.sum")
+    picked = prog.einsum(
+        f"{lead}{c},{lead},{c}->{lead}",
+        x,
+        target,
+        classes,
+        join="where(c == b, a, 0.0)",
+        label="ce.picked",
+    )
+    terms = f"{lead},{lead},{lead}"
+    nll = "log(a) + b - c"
+    if reduction == "none":
+        return prog.einsum(f"{terms}->{lead}", total, peak, picked, join=nll, label="ce")
+    scale = 1.0 / labels.size if reduction == "mean" else 1.0
+    join = nll if scale == 1.0 else f"({nll}) * {scale!r}"
+    return prog.einsum(f"{terms}->", total, peak, picked, join=join, label="ce")
