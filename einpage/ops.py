@@ -356,16 +356,21 @@ REDUCTIONS = ("mean", "sum", "none")
 """How `cross_entropy` reduces the per-position losses."""
 
 
-def _class_indices(prog: Program, count: int, dtype: str) -> Tensor:
-    """The numbers 0, 1, ..., count-1 as a [count] tensor of `dtype`, in O(count) work: with
-    w = ceil(sqrt(count)), a causal fill `up[q, k] = (k > q)` of [w, w] summed over q is
-    0..w-1, and `w * i + j` over two of those (viewed flat, sliced) is 0..w*w-1."""
-    width = max(1, math.isqrt(count - 1) + 1) if count > 1 else 1
+def _digits(prog: Program, count: int, dtype: str) -> tuple[Tensor, Tensor, int]:
+    """The numbers 0..count-1 as two digits in base w = ceil(sqrt(count)): tensors
+    `high`, `low` of [count] in `dtype` with `n = high[n] * w + low[n]`, and w. Every digit
+    is below w <= 2048 (for up to 4M classes), so exact even in float16. O(count) work: a
+    causal fill `up[q, k] = (k > q)` of [w, w] summed over q is 0..w-1."""
+    width = math.isqrt(count - 1) + 1 if count > 1 else 1
     up = prog.fill((width, width), 1.0, dtype, pattern="causal", label="classes.up")
     column = prog.einsum("qk->k", up, label="classes.column")
-    grid = prog.einsum("i,j->ij", column, column, join=f"a * {float(width)!r} + b")
-    flat = prog.view(grid, (width * width,))
-    return flat if width * width == count else prog.slice(flat, (0,), (count,), "classes")
+    digits = []
+    for join in ("a + 0.0 * b", "b + 0.0 * a"):  # grid[i, j] = i, then = j
+        flat = prog.view(prog.einsum("i,j->ij", column, column, join=join), (width * width,))
+        if width * width != count:
+            flat = prog.slice(flat, (0,), (count,))
+        digits.append(flat)
+    return digits[0], digits[1], width
 
 
 def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -374,10 +379,11 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
     [0, classes): one outside picks no logit): `logsumexp(logits) - logits[label]` per
     position, then their mean (`reduction="mean"`, a scalar), sum, or none.
 
-    Numerically stable: `logsumexp = m + log(sum(exp(logits - m)))` with m the maximum
-    over the classes. The label's logit is picked by comparing the labels with the class
-    numbers (no one-hot tensor), so a float16 program computes the loss in float32,
-    where class numbers up to 2**24 are exact.
+    Numerically stable: `logsumexp = log(sum(exp(logits - m))) + m` with m the maximum
+    over the classes (a group the backward pass differentiates as one: its gradient is
+    `softmax(logits) * g`, see `taskgraph.autodiff.patterns`). The label's logit is
+    picked by comparing labels and class numbers written as two digits below
+    sqrt(classes) (no one-hot tensor, no copy of the logits), exact in every float dtype.
 
     >>> import einpage as ep
     >>> prog = ep.Program()
@@ -400,25 +406,30 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
             f"cross_entropy: logits must be float and labels integer, got {logits.dtype} "
             f"and {labels.dtype}"
         )
-    x = cast(logits, "float32") if logits.dtype == "float16" else logits
+    x, dtype = logits, logits.dtype
     lead = _letters(labels.ndim + 1)[:-1]
     c = "z" if "z" not in lead else "Z"
-    classes = _class_indices(prog, x.shape[-1], x.dtype)
-    target = prog.einsum(f"{lead}->{lead}", labels, dtype=x.dtype, label="ce.target")
+    high, low, width = _digits(prog, x.shape[-1], dtype)
+    w = float(width)
+    label_high = prog.einsum(f"{lead}->{lead}", labels, join=f"a / {w!r}", label="ce.high")
+    label_low = prog.einsum(
+        f"{lead},{lead}->{lead}", labels, label_high, join=f"a - b * {w!r}", label="ce.low"
+    )
+    targets = [prog.einsum(f"{lead}->{lead}", t, dtype=dtype) for t in (label_high, label_low)]
     peak = prog.einsum(f"{lead}{c}->{lead}", x, agg="max", label="ce.max")
     total = prog.einsum(f"{lead}{c},{lead}->{lead}", x, peak, join="exp(a - b)", label="ce.sum")
+    lse = prog.einsum(f"{lead},{lead}->{lead}", total, peak, join="log(a) + b", label="ce.lse")
     picked = prog.einsum(
-        f"{lead}{c},{lead},{c}->{lead}",
+        f"{lead}{c},{lead},{lead},{c},{c}->{lead}",
         x,
-        target,
-        classes,
-        join="where(c == b, a, 0.0)",
+        *targets,
+        high,
+        low,
+        join=f"where(d * {w!r} + e == b * {w!r} + c, a, 0.0)",
         label="ce.picked",
     )
-    terms = f"{lead},{lead},{lead}"
-    nll = "log(a) + b - c"
     if reduction == "none":
-        return prog.einsum(f"{terms}->{lead}", total, peak, picked, join=nll, label="ce")
+        return prog.einsum(f"{lead},{lead}->{lead}", lse, picked, join="a - b", label="ce")
     scale = 1.0 / labels.size if reduction == "mean" else 1.0
-    join = nll if scale == 1.0 else f"({nll}) * {scale!r}"
-    return prog.einsum(f"{terms}->", total, peak, picked, join=join, label="ce")
+    join = "a - b" if scale == 1.0 else f"(a - b) * {scale!r}"
+    return prog.einsum(f"{lead},{lead}->", lse, picked, join=join, label="ce")

@@ -6,7 +6,9 @@ only active tasks get gradients. When the walk reaches an active task, every tas
 reads it has been visited, so its gradient – the sum of what its readers contributed,
 added up as the contributions arrive (one running sum alive, not all of them) – is
 complete: the task's gradient rule (`taskgraph.autodiff.rules.VJP_RULES`) then adds the
-gradients of its operands. The loss's gradient is a fill of ones.
+gradients of its operands – or, for the last task of a softmax or a log-sum-exp, the
+rule of the whole group (`taskgraph.autodiff.patterns`), whose other tasks then pass
+nothing on. The loss's gradient is a fill of ones.
 
 Order is memory: gradient tasks are appended in the order of the walk, so an
 activation's last reader in the backward pass comes soon after its gradient, and the
@@ -26,6 +28,7 @@ from collections.abc import Callable, Sequence
 from einpage_core.errors import GraphError
 from taskgraph import dtypes
 from taskgraph.autodiff.emitter import Emitter
+from taskgraph.autodiff.patterns import find_groups
 from taskgraph.autodiff.rules import VJP_RULES
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
@@ -111,12 +114,15 @@ def backward(
     for w in wrt:
         if not waiting[w]:
             finish(w)
+    groups = find_groups(builder.tasks[:forward], active, set(wrt))
     for t in reversed(range(forward)):
         if t not in active:
             continue
         task = builder.tasks[t]
         g = sums.pop(t, None)
-        if g is not None and task.inputs:
+        if g is not None and t in groups:
+            groups[t].apply(em, g)
+        elif g is not None and task.inputs:
             VJP_RULES.of(task.op)(em, task, g, active.__contains__)
         for i in dict.fromkeys(task.inputs):
             if i in waiting:
