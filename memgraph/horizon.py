@@ -96,7 +96,7 @@ class HorizonPlanner:
         # their regions are released then, or sooner when memory is needed (`drain`).
         self.draining: dict[int, float] = {}
         self.d2h_end = 0.0  # when the device-to-host copies issued so far end (estimate)
-        self.position = 0  # the step being prepared or executed
+        self.clock = 0.0  # estimated compute time now (when `before` is computed)
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -119,6 +119,10 @@ class HorizonPlanner:
             working_set.append(need)
         return working_set
 
+    def now(self, position: int) -> float:
+        """Estimated compute seconds before step `position` (0 when not estimated)."""
+        return self.before[position] if position < len(self.before) else 0.0
+
     def compute_before(self) -> list[float]:
         """Estimated compute seconds before each step (prefix sums), for the lookahead in
         seconds; only the first entry when the lookahead does not use them."""
@@ -136,8 +140,8 @@ class HorizonPlanner:
         counts = self.counts
         self.place_inputs()
         for e in range(len(self.steps)):
-            self.position = e
-            self.drain(until=self.before[e] if e < len(self.before) else 0.0)
+            self.clock = self.now(e)
+            self.drain(until=self.clock)
             self.advance_horizon(e)
             if self.horizon == e:
                 self.prepare_evicting(e)
@@ -446,6 +450,7 @@ class HorizonPlanner:
             deps = [out.alloc, *(t.writer for t in operands)]
             node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
         out.writer, out.last_use = node, e
+        self.clock = self.now(e + 1)
         self.residents.touch(out)
         self.pin(e, -1)
         for r in step.roots:
@@ -467,9 +472,8 @@ class HorizonPlanner:
                     self.release(tensor)
 
     def offload(self, tensor: TensorState) -> None:
-        now = self.before[self.position] if self.position < len(self.before) else 0.0
         copy = self.cost.transfer_seconds(tensor.nbytes, "d2h")
-        self.d2h_end = max(self.d2h_end, now) + copy
+        self.d2h_end = max(self.d2h_end, self.clock) + copy
         tensor.storage = self.new_storage()
         node = self.builder.offload(tensor.id, tensor.region, tensor.storage, deps=[tensor.writer])
         tensor.storage_writer = node

@@ -359,3 +359,45 @@ def test_state_inputs_start_on_the_host():
     prog = ep.Program()
     m = prog.input("m", (3,), role="state")
     assert m.task.op.location == "host"
+
+
+# -- softmax and log-sum-exp groups --------------------------------------------------------
+
+
+def _softmax_case(extra_max_reader: bool):
+    prog = ep.Program()
+    x = prog.input("x", (3, 5), "float64")
+    masked = prog.einsum("ij->ij", x, join="a * 2.0 + 1.0", label="masked")
+    p = ep.softmax(masked, axis=-1)
+    loss = ep.reduce_sum(p * prog.input("r", (3, 5), "float64"))
+    if extra_max_reader:  # the softmax's maximum is read outside the group
+        peak = next(t for t in prog._builder.tasks if t.label == "softmax.max")
+        loss = loss + ep.reduce_sum(ep.Tensor(prog, peak.id, peak.shape, peak.dtype))
+    prog.output(loss, "loss")
+    return prog.build(), {"x": RNG.standard_normal((3, 5)), "r": RNG.standard_normal((3, 5))}
+
+
+def test_a_softmax_is_differentiated_from_its_output_not_its_input():
+    tg, arrays = _softmax_case(extra_max_reader=False)
+    check_against_torch(tg, arrays, ["x"])
+    g = taskgraph.grad(tg, "loss", ["x"])
+    masked = next(t.id for t in g if t.label == "masked")
+    assert all(g[c].label.startswith("softmax") for c in g.consumers[masked])
+    assert not any("==" in t.line() for t in g)  # no arg-max routing of the maximum
+
+
+def test_a_softmax_whose_maximum_is_read_elsewhere_takes_the_task_rules():
+    tg, arrays = _softmax_case(extra_max_reader=True)
+    check_against_torch(tg, arrays, ["x"])
+    g = taskgraph.grad(tg, "loss", ["x"])
+    assert any("==" in t.line() for t in g)  # the maximum's gradient is routed
+
+
+def test_cross_entropy_backward_is_one_pass_per_contribution_over_the_logits():
+    prog = ep.Program()
+    x = prog.input("x", (4, 50), "float64")
+    loss = ep.cross_entropy(x, prog.input("y", (4,), "int64"))
+    prog.output(loss, "loss")
+    g = taskgraph.grad(prog.build(), "loss", ["x"])
+    full = [t for t in g if t.label.startswith("grad") and t.shape == (4, 50)]
+    assert len(full) == 2  # softmax(x) * g, fused with the picked logit's -g

@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 from hf_models import hf_gpt2, hf_llama  # noqa: E402
 
 import einpage as ep  # noqa: E402
+import memgraph  # noqa: E402
 import runtime  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
@@ -241,3 +242,23 @@ def test_a_training_step_planned_below_its_largest_task_is_partitioned_and_runs(
     assert compiled.block_limit is not None
     got = runtime.run(compiled.plan, inputs, backend="numpy", mode="random")
     assert_outputs_close(got, want)
+
+
+def test_written_back_outputs_are_not_reused_while_their_copy_runs():
+    """With `outputs="host"` and memory to spare, no step waits for an output's write-back
+    (its region is kept until the copy has ended), as a training step's many new weights
+    and states need: the compute stream runs without a gap."""
+    prog = ep.Program("write-backs")
+    x = prog.input("x", (256, 256))
+    h = x
+    for i in range(6):
+        w = prog.input(f"w{i}", (256, 256), location="device")
+        prog.output(ep.tanh(prog.einsum("ij,jk->ik", h, w)), f"new{i}")
+        h = ep.exp(h) * 0.5
+    prog.output(ep.reduce_sum(h), "loss")
+    tg = prog.build()
+    compiled = ep.compile(tg, "16MiB", outputs="host")
+    sim = memgraph.simulate(compiled.plan, "h100-pcie5", timeline=True)
+    applies = sorted((e.start, e.end) for e in sim.events if e.stream == "compute")
+    gaps = [b[0] - a[1] for a, b in zip(applies, applies[1:], strict=False)]
+    assert max(gaps) < 1e-12
