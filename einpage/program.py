@@ -17,7 +17,7 @@ inputs. `Program.build()` returns the `TaskGraph` the planner and the evaluator 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import opt_einsum
@@ -38,6 +38,7 @@ from taskgraph.nodes import (
     Gather,
     Input,
     Op,
+    ScatterAdd,
     Slice,
     Task,
     View,
@@ -218,12 +219,13 @@ class Program:
         role: str = "activation",
         location: str | None = None,
     ) -> Tensor:
-        """Declare an input. `role` is "activation" or "weight"; `location` is where it starts
-        ("host" or "device"), by default the host for weights and the device for activations."""
+        """Declare an input. `role` is "activation", "weight" or "state" (e.g. an optimizer's
+        moments); `location` is where it starts ("host" or "device"), by default the host
+        for weights and states and the device for activations."""
         if role not in ROLES:
             raise ProgramError(f"input {name!r}: role must be one of {ROLES}, got {role!r}")
         if location is None:
-            location = "host" if role == "weight" else "device"
+            location = "device" if role == "activation" else "host"
         if location not in LOCATIONS:
             raise ProgramError(
                 f"input {name!r}: location must be one of {LOCATIONS}, got {location!r}"
@@ -238,6 +240,63 @@ class Program:
         if name in self._builder.outputs:
             raise ProgramError(f"an output named {name!r} already exists")
         self._builder.output(self._own(tensor).id, name)
+
+    def input_tensor(self, name: str) -> Tensor:
+        """The tensor of the input `name` (declared earlier with `input`)."""
+        for task in self._builder.tasks:
+            if isinstance(task.op, Input) and task.op.name == name:
+                return Tensor(self, task.id, task.shape, task.dtype)
+        raise ProgramError(f"no input named {name!r}")
+
+    def pop_output(self, name: str) -> Tensor:
+        """Unmark the output `name` and return its tensor, to build on it: a training step
+        takes a model's "logits" to compute a loss instead of returning them."""
+        if name not in self._builder.outputs:
+            known = ", ".join(map(repr, self._builder.outputs)) or "none"
+            raise ProgramError(f"no output named {name!r}; outputs: {known}")
+        task = self._builder.tasks[self._builder.outputs.pop(name)]
+        return Tensor(self, task.id, task.shape, task.dtype)
+
+    def backward(
+        self,
+        loss: Tensor,
+        wrt: Sequence[Tensor],
+        on_gradient: Callable[[Tensor, Tensor], None] | None = None,
+    ) -> list[Tensor]:
+        """Append the backward pass: the gradients of `loss` (a float tensor of one element)
+        with respect to each tensor of `wrt` (inputs or any float tensors), in order.
+
+        `on_gradient(tensor, gradient)` is called as soon as a gradient is final – its
+        last contribution added – and may build on it (an optimizer update), so that the
+        update comes right after the gradient in the program (and in a plan's order).
+        Gradient tasks keep the scope of the task they differentiate and are labelled
+        `grad.<label>`. See `taskgraph.autodiff` for the rules.
+
+        >>> import einpage as ep
+        >>> prog = ep.Program()
+        >>> w = prog.input("w", (3,), role="weight")
+        >>> loss = ep.reduce_sum(w * w)
+        >>> (g,) = prog.backward(loss, [w])
+        >>> prog.output(g, "dw")
+        >>> import numpy as np, taskgraph
+        >>> taskgraph.evaluate(prog.build(), {"w": np.array([1, 2, 3], "float32")})["dw"]
+        array([2., 4., 6.], dtype=float32)
+        """
+        from taskgraph.autodiff import backward
+
+        loss = self._own(loss)
+        tensors = [self._own(t) for t in wrt]
+
+        def tensor(task_id: int) -> Tensor:
+            task = self._builder.tasks[task_id]
+            return Tensor(self, task_id, task.shape, task.dtype)
+
+        def finished(task_id: int, grad_id: int) -> None:
+            if on_gradient is not None:
+                on_gradient(tensor(task_id), tensor(grad_id))
+
+        grads = backward(self._builder, loss.id, [t.id for t in tensors], finished)
+        return [tensor(grads[t.id]) for t in tensors]
 
     def einsum(
         self,
@@ -349,6 +408,15 @@ class Program:
     def gather(self, table: Tensor, ids: Tensor, label: str = "") -> Tensor:
         """Rows of `table` picked by the integer tensor `ids`: shape ids.shape + table.shape[1:]."""
         return self._add(Gather(), (table, ids), label=label)
+
+    def scatter_add(self, src: Tensor, ids: Tensor, rows: int, label: str = "") -> Tensor:
+        """A table of `rows` rows where row r is the sum of the rows of `src` whose id is r:
+        `src` has shape `ids.shape + rest`, the result `(rows, *rest)`; ids outside
+        [0, rows) add nothing. The gradient of `gather` with respect to its table."""
+        src = self._own(src)
+        ids = self._own(ids)
+        shape = (rows, *src.shape[ids.ndim :])
+        return self._add(ScatterAdd(), (src, ids), check_shape(shape, "scatter_add"), label=label)
 
     def view(self, tensor: Tensor, shape: Sequence[int], label: str = "") -> Tensor:
         """The same elements with another shape (no copy); one dimension may be -1."""

@@ -93,6 +93,11 @@ class HorizonPlanner:
         self.storages = 0
         self.high_water = 0
         self.counts = PlanCounters(steps=len(self.steps))
+        # Host outputs whose write-back is in flight -> the estimated end of its copy:
+        # their regions are released then, or sooner when memory is needed (`drain`).
+        self.draining: dict[int, float] = {}
+        self.d2h_end = 0.0  # when the device-to-host copies issued so far end (estimate)
+        self.clock = 0.0  # estimated compute time now (when `before` is computed)
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -115,11 +120,16 @@ class HorizonPlanner:
             working_set.append(need)
         return working_set
 
+    def seconds_before(self, position: int) -> float:
+        """Estimated compute seconds before step `position` (0 when not estimated)."""
+        return self.before[position] if position < len(self.before) else 0.0
+
     def compute_before(self) -> list[float]:
         """Estimated compute seconds before each step (prefix sums), for the lookahead in
         seconds; only the first entry when the lookahead does not use them."""
         before = [0.0]
-        if self.opts.lookahead and self.opts.lookahead_seconds is not None:
+        timed = self.opts.lookahead and self.opts.lookahead_seconds is not None
+        if timed or self.opts.outputs == "host":  # also times write-backs (`drain`)
             for step in self.steps:
                 before.append(before[-1] + self.cost.task_seconds(self.tg, step.task))
         return before
@@ -132,6 +142,8 @@ class HorizonPlanner:
         self.place_inputs()
         for e in range(len(self.steps)):
             self.now = e
+            self.clock = self.seconds_before(e)
+            self.drain(until=self.clock)
             self.advance_horizon(e)
             if self.horizon == e:
                 self.prepare_evicting(e)
@@ -216,7 +228,17 @@ class HorizonPlanner:
         return [*needed, self.tensors[step.task]]
 
     def prepare_fitting(self, position: int, ahead: bool) -> bool:
-        """Prepare a step using free memory only (all or nothing); False if it does not fit."""
+        """Prepare a step using free memory only (all or nothing); False if it does not fit.
+        Memory of outputs still being written back counts as free when nothing else fits
+        (their regions are released, the oldest copy first: see `drain`)."""
+        while not self.prepare_free(position, ahead):
+            if not self.draining:
+                return False
+            self.drain(count=1)
+        return True
+
+    def prepare_free(self, position: int, ahead: bool) -> bool:
+        """`prepare_fitting` with the memory free now."""
         needed = self.missing(position)
         if len(needed) == 1:  # the common case, no checkpoint needed
             block = self.fit(needed[0])
@@ -431,6 +453,7 @@ class HorizonPlanner:
             deps = [out.alloc, *(t.writer for t in operands)]
             node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
         out.writer, out.last_use = node, e
+        self.clock = self.seconds_before(e + 1)
         self.residents.touch(out)
         self.pin(e, -1)
         for r in step.roots:
@@ -446,17 +469,39 @@ class HorizonPlanner:
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
             if tensor.next_use == NEVER and tensor.region is not None:
-                self.release(tensor)
+                if self.opts.outputs == "host" and tensor.id in self.output_roots:
+                    self.draining[tensor.id] = self.d2h_end  # its write-back is the last copy
+                else:
+                    self.release(tensor)
 
     def offload(self, tensor: TensorState) -> None:
+        copy = self.cost.transfer_seconds(tensor.nbytes, "d2h")
+        self.d2h_end = max(self.d2h_end, self.clock) + copy
         tensor.storage = self.new_storage()
         node = self.builder.offload(tensor.id, tensor.region, tensor.storage, deps=[tensor.writer])
         tensor.storage_writer = node
         tensor.users.append(node)
         self.residents.touch(tensor)  # a host copy makes it free to drop
 
+    def drain(self, until: float = -1.0, count: int | None = None) -> None:
+        """Release host outputs whose write-back has ended by compute time `until` (the
+        copies end in the order issued), or the `count` oldest whatever their end.
+
+        With `outputs="host"` an output is copied to the host as soon as it is computed;
+        freeing its region at once would let the next allocation reuse bytes the copy is
+        still reading, and that allocation would wait for the copy. So the region stays
+        allocated – still a resident, the cheapest victim of an eviction – until the copy
+        has ended by the cost model's estimate, or until an allocation finds no other room.
+        """
+        for tensor_id, end in list(self.draining.items()):
+            if count is None and end > until or count is not None and count <= 0:
+                break
+            self.release(self.tensors[tensor_id])
+            count = None if count is None else count - 1
+
     def release(self, tensor: TensorState) -> None:
         """Emit the free of `tensor`'s residency and return its bytes to the allocator."""
+        self.draining.pop(tensor.id, None)
         host_output = tensor.id in self.output_roots and self.opts.outputs == "host"
         if host_output and tensor.storage is None and tensor.writer is not None:
             self.offload(tensor)  # e.g. a device input that is also an output
@@ -470,6 +515,9 @@ class HorizonPlanner:
 
     def evict(self, tensor: TensorState) -> None:
         """Move a live tensor off the device: offload it unless a host copy exists."""
+        if tensor.id in self.draining:  # a written-back output: released, not evicted
+            self.release(tensor)
+            return
         self.counts.evictions += 1
         if tensor.storage is None:
             self.offload(tensor)
@@ -493,6 +541,7 @@ class HorizonPlanner:
     def finish_outputs(self) -> None:
         """Output nodes: device outputs in place (reloaded if they fit), else from the host;
         outputs assembled on the host from their storage."""
+        self.drain(count=len(self.draining))
         device = self.opts.outputs == "device"
         for name, task_id in self.tg.outputs.items():
             if task_id in self.assembly:  # on the host, filled by sliced offloads

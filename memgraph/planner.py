@@ -82,7 +82,10 @@ Lifetimes and ends
   one evicted on the way is reloaded at the end if it fits without evicting, else it
   is output from its host copy (`info["outputs_on_host"]`). With `outputs="host"`
   each output is offloaded as soon as it is computed (the copy overlaps later
-  compute) and freed after its last reader.
+  compute); after its last reader its region stays allocated until the copy has ended
+  by the cost model's estimate (or until an allocation finds no other room), so that
+  reusing those bytes does not wait for the copy – what a training step's written-back
+  weights and optimizer states need.
 
 Sliced reloads
 --------------

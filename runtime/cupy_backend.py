@@ -47,7 +47,7 @@ from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into
 from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
+from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, ScatterAdd, Slice, Task, View
 
 __all__ = ["CupyBackend", "CupyKernels", "import_cupy", "evaluate_on_gpu", "INSTALL_HINT"]
 
@@ -139,6 +139,14 @@ _GATHER = (
     " if (id < 0 || id >= rows) { flag[0] = 1; flag[1] = id; out = (T)0; }"
     " else { out = table[id * row + i % row]; }",
     "einpage_gather",
+)
+
+_SCATTER_ADD = (
+    "T src, raw I ids, int64 row, int64 start, int64 rows",
+    "raw T out",
+    "const long long r = (long long)ids[i / row] - start;"
+    " if (r >= 0 && r < rows) { atomicAdd(&out[r * row + i % row], src); }",
+    "einpage_scatter_add",
 )
 
 
@@ -266,10 +274,31 @@ class CupyKernels:
         out[...] = operands[0].reshape(task.shape)
         self.counters["copy"] += 1
 
+    def scatter_add(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+        op: ScatterAdd = task.op  # type: ignore[assignment]
+        src, ids = operands
+        work = compute_dtype(task.dtype)  # float16 sums in float32, as the reference does
+        acc = out if out.dtype.name == work else self.cp.zeros(out.shape, dtype=work)
+        acc.fill(0)
+        row = math.prod(task.shape[1:])
+        kernel = self._fixed_kernel(_SCATTER_ADD)
+        kernel(src.astype(work, copy=False), ids, row, op.start, task.shape[0], acc)
+        if acc is not out:
+            out[...] = acc
+        self.counters["scatter_add"] += 1
+
     HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
     HANDLERS = OpTable(
         "CuPy kernels",
-        {Einsum: einsum, Fill: fill, Gather: gather, Slice: slice, Concat: concat, View: view},
+        {
+            Einsum: einsum,
+            Fill: fill,
+            Gather: gather,
+            Slice: slice,
+            Concat: concat,
+            View: view,
+            ScatterAdd: scatter_add,
+        },
         without={Input: "inputs are copied to the device, not computed"},
     )
 

@@ -9,6 +9,7 @@ evaluator), `serialize` (JSON), `partition/` (block tasks under a size limit),
 """
 
 from taskgraph import dtypes, expr
+from taskgraph.autodiff import backward, grad
 from taskgraph.builder import GraphBuilder
 from taskgraph.dispatch import OpTable
 from taskgraph.einsum import EinsumSpec
@@ -24,6 +25,7 @@ from taskgraph.nodes import (
     Gather,
     Input,
     Op,
+    ScatterAdd,
     Slice,
     Task,
     View,
@@ -40,6 +42,7 @@ __all__ = [
     "View",
     "Slice",
     "Concat",
+    "ScatterAdd",
     "OP_KINDS",
     "OpTable",
     "Block",
@@ -48,6 +51,8 @@ __all__ = [
     "EinsumSpec",
     "evaluate",
     "evaluate_task",
+    "grad",
+    "backward",
     "dtypes",
     "expr",
 ]

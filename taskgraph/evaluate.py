@@ -25,7 +25,7 @@ from taskgraph import dtypes
 from taskgraph.dispatch import OpTable
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
+from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, ScatterAdd, Slice, Task, View
 
 __all__ = ["evaluate", "evaluate_task", "compute_dtype", "REFERENCE_KERNELS"]
 
@@ -195,6 +195,20 @@ def _concat(
     return np.concatenate(list(operands), axis=op.axis)
 
 
+def _scatter_add(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
+    op: ScatterAdd = task.op  # type: ignore[assignment]
+    src, ids = operands
+    rows = task.shape[0]
+    local = np.asarray(ids).reshape(-1) - op.start
+    keep = (local >= 0) & (local < rows)
+    values = np.asarray(src).reshape((local.size, *task.shape[1:]))
+    result = np.zeros(task.shape, dtype=work)
+    np.add.at(result, local[keep], values[keep].astype(work, copy=False))
+    return result
+
+
 _Kernel = Callable[[Task, Sequence[np.ndarray], str, "np.ndarray | None"], np.ndarray]
 REFERENCE_KERNELS: OpTable[_Kernel] = OpTable(
     "reference kernels",
@@ -205,6 +219,7 @@ REFERENCE_KERNELS: OpTable[_Kernel] = OpTable(
         View: _view,
         Slice: _slice,
         Concat: _concat,
+        ScatterAdd: _scatter_add,
     },
     without={Input: "inputs are given to `evaluate`, not computed"},
 )

@@ -9,6 +9,7 @@ Op kinds (each an immutable record with the attributes of that kind):
 * `View`    – the same bytes with another shape (a reshape of a contiguous tensor).
 * `Slice`   – a box-shaped region copied out of a tensor.
 * `Concat`  – tensors joined along one axis.
+* `ScatterAdd` – rows summed into a table by integer ids (a gather's gradient).
 
 A task may also carry a `Block` (`taskgraph.blocks`): its provenance when a pass
 (partitioning) made it from a larger task – which original task, which region of its
@@ -60,6 +61,7 @@ __all__ = [
     "View",
     "Slice",
     "Concat",
+    "ScatterAdd",
     "OP_KINDS",
     "is_input_slice",
     "Block",
@@ -74,7 +76,9 @@ __all__ = [
 Shape = tuple[int, ...]
 AGGS = ("sum", "max", "min", "prod")
 """Aggregations over reduced einsum indices."""
-ROLES = ("activation", "weight")
+ROLES = ("activation", "weight", "state")
+"""What an input is: an activation (data of this run), a weight, or a state (e.g. an
+optimizer's moments: read only at the update, so it starts on the host like a weight)."""
 LOCATIONS = ("host", "device")
 
 
@@ -446,8 +450,55 @@ class Concat(Op):
         return {"axis": self.axis}
 
 
+@dataclass(frozen=True, slots=True)
+class ScatterAdd(Op):
+    """`out[r - start, rest...] = sum of src[i..., rest...] over every i with ids[i...] == r`,
+    for the rows r in `[start, start + out.shape[0])`; ids outside that range add nothing.
+
+    Operands: `src` (operand 0, shape `ids.shape + rest`) and the integer `ids`
+    (operand 1). The output shape `(rows, *rest)` is given by the caller (the table's
+    rows are not implied by the operands). It is the gradient of a `Gather` with
+    respect to its table (`start` 0, every id in range); `start` lets a partitioned
+    block compute rows `[start, start + rows)` of a larger table.
+    """
+
+    kind: ClassVar[str] = "scatter_add"
+    start: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.start, int) or isinstance(self.start, bool) or self.start < 0:
+            raise GraphError(f"scatter_add: start must be an int >= 0, got {self.start!r}")
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        _expect_arity(self, operands, 2)
+        src, ids = operands
+        if ids.dtype not in dtypes.INT_DTYPES:
+            raise DTypeError(f"scatter_add: ids must be an integer dtype, got {ids.dtype}")
+        out_shape = _given_shape(self, shape)
+        if not out_shape:
+            raise ShapeError("scatter_add: the output needs a row axis (rank >= 1)")
+        k = len(ids.shape)
+        if src.shape[:k] != ids.shape or out_shape[1:] != src.shape[k:]:
+            raise ShapeError(
+                f"scatter_add: src {src.shape} must be ids {ids.shape} followed by the output's "
+                f"row shape {out_shape[1:]} (output {out_shape})"
+            )
+        return out_shape, src.dtype
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        return max(1, math.prod(operands[0].shape))  # one addition per source element
+
+    def describe(self) -> str:
+        return f"scatter_add[start={self.start}]" if self.start else "scatter_add"
+
+    def attributes(self) -> dict[str, Any]:
+        return {"start": self.start}
+
+
 OP_KINDS: dict[str, type[Op]] = {
-    cls.kind: cls for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat)
+    cls.kind: cls for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat, ScatterAdd)
 }
 """Every op kind by name."""
 

@@ -61,12 +61,14 @@ __all__ = [
 TASK_STYLES: dict[str, NodeStyle] = {
     "weight": NodeStyle("weight input", "cylinder", "#fdd49e"),
     "activation": NodeStyle("activation input", "invhouse", "#c7e9c0"),
+    "state": NodeStyle("state input", "cylinder", "#d9d9d9"),
     "einsum": NodeStyle("einsum", "box", "#c6dbef", "rounded,filled"),
     "fill": NodeStyle("fill (constant)", "note", "#e5e5e5"),
     "gather": NodeStyle("gather", "hexagon", "#dadaeb"),
     "view": NodeStyle("view (no copy)", "box", "#ffffff", "rounded,dashed"),
     "slice": NodeStyle("slice", "invtrapezium", "#fcc5c0"),
     "concat": NodeStyle("concat", "trapezium", "#fcc5c0"),
+    "scatter_add": NodeStyle("scatter-add", "hexagon", "#bcbddc"),
     "output": NodeStyle("program output", "box", "#fff2ae", "rounded,filled,bold"),
 }
 """Node styles by kind; inputs are split into weights and activations."""

@@ -58,6 +58,7 @@ def zoo() -> TaskGraph:
     }
     parts["view"] = prog.view(parts["einsum"], (4, 2, 3))
     parts["concat"] = prog.concat([x, parts["fill"]], 0)
+    parts["scatter_add"] = prog.scatter_add(parts["gather"], ids, 5)
     for name, tensor in parts.items():
         prog.output(tensor, name)
     return prog.build()

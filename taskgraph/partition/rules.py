@@ -30,6 +30,7 @@ from taskgraph.nodes import (
     Fill,
     Gather,
     Input,
+    ScatterAdd,
     Shape,
     Slice,
     Task,
@@ -47,6 +48,7 @@ from taskgraph.partition.geometry import (
     ViewGroup,
     box_sizes,
     box_starts,
+    full_box,
     itemsize,
     out_tensor,
     tile,
@@ -108,6 +110,19 @@ def _gather_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
     # by rows straight from host storage) may need those rows copied together.
     assembled = None if isinstance(table.op, Input) else table_tensor
     return Geometry(dims, (table_tensor, ids_tensor, out_tensor(task)), links, assembled=assembled)
+
+
+def _scatter_add_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
+    src, ids = (tasks[i] for i in task.inputs)
+    k = len(ids.shape)
+    dims = tuple(Dim(e) for e in task.shape)
+    # Every block reads all of its columns' source rows (any id may land in its rows)
+    # and all ids; blocks split the table's rows (by `start`) and its columns.
+    src_tensor = Tensor(itemsize(src), tuple(range(1, len(task.shape))), math.prod(ids.shape))
+    ids_tensor = Tensor(itemsize(ids), (), math.prod(ids.shape))
+    links = tuple(Link(1 + j, 0, k + j) for j in range(len(task.shape) - 1))
+    assembled = None if isinstance(src.op, Input) else src_tensor
+    return Geometry(dims, (src_tensor, ids_tensor, out_tensor(task)), links, assembled=assembled)
 
 
 def view_groups(src: Shape, dst: Shape) -> tuple[ViewGroup, ...]:
@@ -258,6 +273,16 @@ def _emit_gather(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) ->
     return m.add(task.op, inputs, box_sizes(box), task.dtype, task, block)
 
 
+def _emit_scatter_add(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) -> int:
+    op: ScatterAdd = task.op  # type: ignore[assignment]
+    src, ids = task.inputs
+    id_axes = full_box(m.tg[ids].shape)
+    inputs = (m.fetch(src, (*id_axes, *box[1:])), m.fetch(ids, id_axes))
+    block = Block(task.id, box_starts(box), box_sizes(box))
+    rows = ScatterAdd(op.start + box[0].start)
+    return m.add(rows, inputs, box_sizes(box), task.dtype, task, block)
+
+
 def _view_source_region(geometry: Geometry, source: Shape, box: Box) -> Box:
     """The operand region a view block reads (a box: see `_view_geometry`)."""
     region = [Range(0, n) for n in source]
@@ -331,6 +356,7 @@ RULES: OpTable[PartitionRule] = OpTable(
         View: PartitionRule(_view_geometry, _emit_view),
         Slice: PartitionRule(_slice_geometry, _emit_slice),
         Concat: PartitionRule(_concat_geometry, _emit_concat),
+        ScatterAdd: PartitionRule(_scatter_add_geometry, _emit_scatter_add),
     },
 )
 """The partition rule of each op kind."""

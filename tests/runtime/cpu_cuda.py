@@ -42,6 +42,7 @@ static inline float __int_as_float(unsigned int x) { float f; memcpy(&f, &x, 4);
 static inline double __longlong_as_double(unsigned long long x) {
   double d; memcpy(&d, &x, 8); return d;
 }
+template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; return old; }
 """
 
 _BUILD_DIR = tempfile.mkdtemp(prefix="einpage-cpu-cuda-")
