@@ -376,7 +376,8 @@ def _digits(prog: Program, count: int, dtype: str) -> tuple[Tensor, Tensor, int]
 def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     """The cross-entropy of `logits` [..., classes] against integer `labels` [...], as
     `torch.nn.functional.cross_entropy` (every position counts; labels must be in
-    [0, classes): one outside picks no logit): `logsumexp(logits) - logits[label]` per
+    [0, classes): the program cannot check data, so `einpage.models.training.training_inputs`
+    refuses labels outside the vocabulary): `logsumexp(logits) - logits[label]` per
     position, then their mean (`reduction="mean"`, a scalar), sum, or none.
 
     Numerically stable: `logsumexp = log(sum(exp(logits - m))) + m` with m the maximum

@@ -40,6 +40,7 @@ from einpage.models.common import token_ids
 from einpage.models.errors import ConfigError
 from einpage.optim import Optimizer
 from einpage.program import Program, Tensor
+from einpage_core.errors import InputError
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 
@@ -156,6 +157,13 @@ def training_inputs(
     ids, targets = token_ids(tokens), token_ids(labels)
     if ids.shape != targets.shape:
         raise ConfigError(f"training_inputs: tokens {ids.shape} and labels {targets.shape} differ")
+    outside = np.flatnonzero((targets < 0) | (targets >= cfg.vocab_size))
+    if outside.size:  # the loss would pick no logit for it: refuse, never a silent wrong loss
+        where = np.unravel_index(outside[0], targets.shape)
+        raise InputError(
+            f"training_inputs: label {int(targets[where])} at {tuple(map(int, where))} is "
+            f"outside the vocabulary [0, {cfg.vocab_size}) ({outside.size} such labels)"
+        )
     name = dtypes.canonical(dtype)
     inputs = family.prefill_inputs(cfg, ids, weights, name)
     inputs["labels"] = targets

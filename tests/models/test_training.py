@@ -262,3 +262,13 @@ def test_written_back_outputs_are_not_reused_while_their_copy_runs():
     applies = sorted((e.start, e.end) for e in sim.events if e.stream == "compute")
     gaps = [b[0] - a[1] for a, b in zip(applies, applies[1:], strict=False)]
     assert max(gaps) < 1e-12
+
+
+@pytest.mark.parametrize("bad", [-1, "vocab"])
+def test_labels_outside_the_vocabulary_are_refused(bad):
+    """The loss would pick no logit for such a label: a typed error names it."""
+    _, cfg, weights, _, tokens, labels = setup(sorted(MODELS)[0])
+    labels = np.array(labels)
+    labels[0, 1] = cfg.vocab_size if bad == "vocab" else bad
+    with pytest.raises(ep.InputError, match=r"label -?\d+ at \(0, 1\) is outside the vocabulary"):
+        training_inputs(cfg, SGD(), tokens, labels, weights)
