@@ -47,7 +47,18 @@ from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into
 from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, Slice, Task, View
+from taskgraph.nodes import (
+    ArgReduce,
+    Concat,
+    Einsum,
+    Fill,
+    Gather,
+    Input,
+    KthLargest,
+    Slice,
+    Task,
+    View,
+)
 
 __all__ = ["CupyBackend", "CupyKernels", "import_cupy", "evaluate_on_gpu", "INSTALL_HINT"]
 
@@ -266,10 +277,31 @@ class CupyKernels:
         out[...] = operands[0].reshape(task.shape)
         self.counters["copy"] += 1
 
+    def argreduce(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+        op: ArgReduce = task.op  # type: ignore[assignment]
+        pick = self.cp.argmax if op.agg == "argmax" else self.cp.argmin
+        out[...] = pick(operands[0], axis=-1)
+        self.counters["argreduce"] += 1
+
+    def kth_largest(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+        op: KthLargest = task.op  # type: ignore[assignment]
+        at = operands[0].shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
+        out[...] = self.cp.partition(operands[0], at, axis=-1)[..., at]
+        self.counters["kth_largest"] += 1
+
     HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
     HANDLERS = OpTable(
         "CuPy kernels",
-        {Einsum: einsum, Fill: fill, Gather: gather, Slice: slice, Concat: concat, View: view},
+        {
+            Einsum: einsum,
+            Fill: fill,
+            Gather: gather,
+            Slice: slice,
+            Concat: concat,
+            View: view,
+            ArgReduce: argreduce,
+            KthLargest: kth_largest,
+        },
         without={Input: "inputs are copied to the device, not computed"},
     )
 

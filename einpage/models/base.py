@@ -91,6 +91,7 @@ from einpage.models.weights import WeightSpec, check_layer_count, load_weights, 
 from taskgraph import dtypes
 
 if TYPE_CHECKING:
+    from einpage.models.common import Decoder
     from einpage.program import Program
 
 __all__ = [
@@ -367,3 +368,22 @@ class ModelFamily:
     presets: Mapping[str, ModelConfig] = field(repr=False)
     prefill_program: Callable[..., Program] = field(repr=False)
     prefill_inputs: Callable[..., dict[str, np.ndarray]] = field(repr=False)
+    decoder: Callable[..., Decoder] | None = field(default=None, repr=False)
+    """`decoder(cfg, prog, weight, dtype, positions) -> common.Decoder`: the family's
+    blocks for generation programs (None: the family cannot generate)."""
+    position_inputs: Callable[..., dict[str, np.ndarray]] | None = field(default=None, repr=False)
+    """`position_inputs(cfg, positions, dtype)`: the inputs `decoder` declared."""
+
+    def generation_program(self, cfg: ModelConfig, *args: Any, **options: Any) -> Program:
+        """`einpage.models.generation.generation_program` for this family: prefill and
+        decode steps unrolled into one program."""
+        from einpage.models import generation
+
+        return generation.generation_program(self, cfg, *args, **options)
+
+    def decode_program(self, cfg: ModelConfig, *args: Any, **options: Any) -> Program:
+        """`einpage.models.generation.decode_program` for this family: one decode step
+        over a paged KV cache of a length bucket."""
+        from einpage.models import generation
+
+        return generation.decode_program(self, cfg, *args, **options)

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 from taskgraph.dispatch import OpTable
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
+    ArgReduce,
     Block,
     Concat,
     Einsum,
     Fill,
     Gather,
     Input,
+    KthLargest,
     Shape,
     Slice,
     Task,
@@ -108,6 +110,18 @@ def _gather_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
     # by rows straight from host storage) may need those rows copied together.
     assembled = None if isinstance(table.op, Input) else table_tensor
     return Geometry(dims, (table_tensor, ids_tensor, out_tensor(task)), links, assembled=assembled)
+
+
+def _last_axis_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
+    # argreduce, kth_largest: blocks split the output (the operand's leading axes); each
+    # reads its rows whole along the last axis, which a position cannot be combined over.
+    (operand,) = (tasks[i] for i in task.inputs)
+    rank = len(task.shape)
+    rows = Tensor(itemsize(operand), tuple(range(rank)), operand.shape[-1])
+    links = tuple(Link(a, 0, a) for a in range(rank))
+    assembled = None if isinstance(operand.op, Input) else rows
+    dims = tuple(Dim(e) for e in task.shape)
+    return Geometry(dims, (rows, out_tensor(task)), links, assembled=assembled)
 
 
 def view_groups(src: Shape, dst: Shape) -> tuple[ViewGroup, ...]:
@@ -310,6 +324,13 @@ def _emit_concat(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) ->
     return m.add(Concat(axis), inputs, box_sizes(box), task.dtype, task, block)
 
 
+def _emit_last_axis(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) -> int:
+    (operand,) = task.inputs
+    rows = m.fetch(operand, (*box, Range(0, m.tg[operand].shape[-1])))
+    block = Block(task.id, box_starts(box), box_sizes(box))
+    return m.add(task.op, (rows,), box_sizes(box), task.dtype, task, block)
+
+
 # -- the table ----------------------------------------------------------------------
 
 
@@ -331,6 +352,8 @@ RULES: OpTable[PartitionRule] = OpTable(
         View: PartitionRule(_view_geometry, _emit_view),
         Slice: PartitionRule(_slice_geometry, _emit_slice),
         Concat: PartitionRule(_concat_geometry, _emit_concat),
+        ArgReduce: PartitionRule(_last_axis_geometry, _emit_last_axis),
+        KthLargest: PartitionRule(_last_axis_geometry, _emit_last_axis),
     },
 )
 """The partition rule of each op kind."""

@@ -226,6 +226,9 @@ def fake_cupy() -> SimpleNamespace:
         tanh=np.tanh,
         abs=np.abs,
         where=np.where,
+        argmax=np.argmax,
+        argmin=np.argmin,
+        partition=np.partition,
     )
 
 
