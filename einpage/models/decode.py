@@ -50,6 +50,7 @@ import numpy as np
 from einpage import ops
 from einpage.models.errors import GenerationError
 from einpage.program import Tensor
+from taskgraph.labels import KV_PAGE_LABELS
 
 __all__ = [
     "KV_LABELS",
@@ -62,8 +63,8 @@ __all__ = [
     "check_sampling",
 ]
 
-KV_LABELS = ("kv.k", "kv.v")
-"""Labels of the tasks that make KV-cache pages (keys, values)."""
+KV_LABELS = KV_PAGE_LABELS
+"""Labels of the tasks that make KV-cache pages (keys, values): `taskgraph.labels.is_kv_page`."""
 
 
 def mask_value(dtype: str) -> float:
@@ -107,7 +108,9 @@ class LayerCache:
             return cache
         for start in range(0, seq, page_size):
             size = min(page_size, seq - start)
-            page = Page(_page_slice(k, start, size, "kv.k"), _page_slice(v, start, size, "kv.v"))
+            page = Page(
+                _page_slice(k, start, size, KV_LABELS[0]), _page_slice(v, start, size, KV_LABELS[1])
+            )
             if size == page_size:
                 cache.pages.append(page)
             else:
@@ -121,8 +124,8 @@ class LayerCache:
         else:
             prog = k.program
             page = Page(
-                prog.concat([self.partial.k, k], axis=-2, label="kv.k"),
-                prog.concat([self.partial.v, v], axis=-2, label="kv.v"),
+                prog.concat([self.partial.k, k], axis=-2, label=KV_LABELS[0]),
+                prog.concat([self.partial.v, v], axis=-2, label=KV_LABELS[1]),
             )
         if page.size == self.page_size:
             self.pages.append(page)
