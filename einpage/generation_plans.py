@@ -176,7 +176,9 @@ class Transfers:
     def of(cls, mg: MemGraph) -> Transfers:
         """The transfers of `mg`; a step plan's KV outputs (`kv.*`) count as KV pages."""
         tg = mg.taskgraph
-        kv_outputs = {tg.storage_root(i) for name, i in tg.outputs.items() if name.startswith("kv.")}
+        kv_outputs = {
+            tg.storage_root(i) for name, i in tg.outputs.items() if name.startswith("kv.")
+        }
         counts: dict[str, dict[str, int]] = {"reload": {}, "offload": {}}
         for node in mg.nodes:
             if node.kind not in (NodeKind.RELOAD, NodeKind.OFFLOAD):
@@ -551,7 +553,9 @@ class StepPlans:
         with _session(self.prefill.plan, backend, mode) as session:
             out = session.run(inputs, seed=run_seed)
             reports = [session.last]
-        total_pages = -(-(spec.prompt_len + spec.new_tokens) // spec.page_size)
+        total_pages = max(
+            -(-(spec.prompt_len + spec.new_tokens) // spec.page_size), *self.buckets, 0
+        )
         cache = _HostPages(spec, out["kv.0.k"].shape, total_pages)
         cache.write(out, 0)
         chosen, logits = [out["ids"][:, 0]], [out["logits"][:, 0]] if spec.logits else []

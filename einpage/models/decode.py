@@ -33,11 +33,16 @@ combine by the online-softmax identity: with `M = max_j m_j`,
 computed from the per-page statistics stacked along a page axis n (a Concat of the
 small m_j, l_j, o_j, never of the pages): `M` by agg "max" over n, then two sums.
 
-A page may carry an additive mask [n] (0 at filled positions, `mask_value(dtype)` –
-a large finite negative – at unfilled ones): a decode step plan reused for many cache
-lengths reads pages of which only a prefix is filled. A masked position's weight
-`exp(s + mask - M)` is exactly 0 in float32 and float16, and since the newest position
-is never masked, `M` is always a real score.
+A page may carry a mask [n] (1 at filled positions, 0 at unfilled ones): a decode step
+plan reused for many cache lengths reads pages of which only a prefix is filled. Its
+statistics read `where(mask, s, masked_score(dtype))` in place of `s`: an unfilled
+position scores `masked_score` – a power of two, exactly representable, far below any
+real score – so its weight `exp(masked_score - M)` is exactly 0. The score is replaced,
+not shifted by an additive mask, so that a page's stored maximum equals a score exactly
+even in float16 (a shifted maximum, rounded to float16, would not cancel against the
+float32 shifted scores and could overflow the page's sum). A page with no filled
+position has maximum `masked_score`, finite, and weight 0 in the combination, since the
+newest position is never masked and so `M` is always a real score.
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ __all__ = [
     "LayerCache",
     "Sampling",
     "paged_attention",
-    "mask_value",
+    "masked_score",
     "choose_tokens",
     "check_sampling",
 ]
@@ -67,16 +72,21 @@ KV_LABELS = KV_PAGE_LABELS
 """Labels of the tasks that make KV-cache pages (keys, values): `taskgraph.labels.is_kv_page`."""
 
 
-def mask_value(dtype: str) -> float:
-    """The additive mask of an unfilled cache position: half the dtype's lowest value, so
-    that a score plus it stays finite (no -inf - -inf = NaN) and its exp is 0."""
-    return 0.5 * float(np.finfo(dtype).min)
+def masked_score(dtype: str) -> float:
+    """The score of an unfilled cache position: -2**(maxexp - 1) of the float dtype
+    (-32768 for float16, about -1.7e38 for float32), exact and finite, so that a page with
+    no filled position has a finite maximum (no -inf - -inf = NaN) and weight 0.
+
+    >>> masked_score("float16")
+    -32768.0
+    """
+    return -(2.0 ** (np.finfo(dtype).maxexp - 1))
 
 
 @dataclass(frozen=True)
 class Page:
-    """One page of a layer's cache: `k` and `v` [b, heads, n, e], and an optional
-    additive `mask` [n] (None: every position is filled)."""
+    """One page of a layer's cache: `k` and `v` [b, heads, n, e], and an optional `mask`
+    [n], 1 at filled positions and 0 at unfilled ones (None: every position is filled)."""
 
     k: Tensor
     v: Tensor
@@ -173,14 +183,15 @@ def paged_attention(q: Tensor, pages: Sequence[Page]) -> Tensor:
     for page in pages:
         s = prog.einsum(f"{qh}qe,{kh}ke->{qh}qk", q, page.k, label="scores")
         if page.mask is None:
-            operands, terms, shifted = [s], [f"{qh}qk"], "a"
+            operands, terms, score = [s], [f"{qh}qk"], "a"
         else:
-            operands, terms, shifted = [s, page.mask], [f"{qh}qk", "k"], "a + b"
+            floor = masked_score(q.dtype)
+            operands, terms, score = [s, page.mask], [f"{qh}qk", "k"], f"where(b, a, {floor!r})"
         stat = ",".join(terms)
-        join = None if page.mask is None else shifted
+        join = None if page.mask is None else score
         m = prog.einsum(f"{stat}->{qh}q", *operands, join=join, agg="max", label="page.max")
         m_var = "abc"[len(operands)]
-        weight = f"exp({shifted} - {m_var})"
+        weight = f"exp({score} - {m_var})"
         total = prog.einsum(f"{stat},{qh}q->{qh}q", *operands, m, join=weight, label="page.sum")
         v_var = "abcd"[len(operands) + 1]
         out = prog.einsum(

@@ -28,8 +28,8 @@ prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
 
 Inputs of a decode step program: `tokens` int64 [batch] (the previous ids),
 `position` int64 [1] (the cache length L: the new token's position), the position
-inputs for `pages * page_size + 1` positions, `kv.mask` [pages, page_size] (0 at the
-positions below L, `decode.mask_value` elsewhere), the pages `kv.{i}.k.{j}` and
+inputs for `pages * page_size + 1` positions, `kv.mask` [pages, page_size] (1 at the
+positions below L, 0 from L on), the pages `kv.{i}.k.{j}` and
 `kv.{i}.v.{j}` [batch, kv heads, page_size, head_dim] (in host memory, like weights),
 `gumbel` [batch, vocab] when sampling, and the weights. Outputs: `ids` [batch], the new
 position's `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv heads, 1, head_dim], and
@@ -65,7 +65,6 @@ from einpage.models.decode import (
     Sampling,
     check_sampling,
     choose_tokens,
-    mask_value,
     paged_attention,
 )
 from einpage.models.errors import GenerationError
@@ -363,14 +362,15 @@ def generation_inputs(
 
 def kv_mask(pages: int, page_size: int, length: int, dtype: Any = "float32") -> np.ndarray:
     """The `kv.mask` input of a decode step over `pages` pages when `length` positions are
-    filled: 0 below `length`, `decode.mask_value(dtype)` from it on.
+    filled: 1 below `length`, 0 from it on.
 
-    >>> kv_mask(2, 3, 4)[1]
-    array([ 0.0000000e+00, -1.7014117e+38, -1.7014117e+38], dtype=float32)
+    >>> kv_mask(2, 3, 4)
+    array([[1., 1., 1.],
+           [1., 0., 0.]], dtype=float32)
     """
     name = dtypes.canonical(dtype)
-    flat = np.full(pages * page_size, mask_value(name), dtype=name)
-    flat[:length] = 0
+    flat = np.zeros(pages * page_size, dtype=name)
+    flat[:length] = 1
     return flat.reshape(pages, page_size)
 
 
