@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from einpage.models.errors import CheckpointError, GenerationError
-from einpage_core.optional import require
+from einpage_core.errors import MissingDependencyError
 
 __all__ = ["TOKENIZER_FILE", "find_tokenizer", "load_tokenizer", "encode", "decode"]
 
@@ -35,7 +35,15 @@ def find_tokenizer(checkpoint: str | os.PathLike[str]) -> Path | None:
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """A `tokenizers.Tokenizer` from a `tokenizer.json` file or a checkpoint folder
     holding one; `CheckpointError` when there is none or it cannot be read."""
-    tokenizers = require("tokenizers", extra="text")
+    try:
+        import tokenizers
+    except ImportError as err:
+        raise MissingDependencyError(
+            "tokenizers is not installed (needed for text in and out of generation); "
+            "install it with `pip install 'einpage[text]'`",
+            package="tokenizers",
+            extra="text",
+        ) from err
     file = Path(path)
     if file.is_dir():
         found = find_tokenizer(file)

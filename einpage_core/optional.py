@@ -22,7 +22,7 @@ from einpage_core.errors import MissingDependencyError
 
 __all__ = ["EXTRAS", "require"]
 
-EXTRAS = {"viz": "pictures", "text": "text in and out of generation (a tokenizer.json)"}
+EXTRAS = {"viz": "pictures"}
 """The extras of `setup.cfg` that `require` may name, and what each is for."""
 
 

@@ -67,8 +67,8 @@ TASK_STYLES: dict[str, NodeStyle] = {
     "view": NodeStyle("view (no copy)", "box", "#ffffff", "rounded,dashed"),
     "slice": NodeStyle("slice", "invtrapezium", "#fcc5c0"),
     "concat": NodeStyle("concat", "trapezium", "#fcc5c0"),
-    "argreduce": NodeStyle("argmax / argmin (ids)", "octagon", "#dadaeb"),
-    "kth_largest": NodeStyle("k-th largest", "octagon", "#dadaeb"),
+    "argreduce": NodeStyle("argmax / argmin (ids)", "octagon", "#bcbddc"),
+    "kth_largest": NodeStyle("k-th largest", "doubleoctagon", "#bcbddc"),
     "output": NodeStyle("program output", "box", "#fff2ae", "rounded,filled,bold"),
 }
 """Node styles by kind; inputs are split into weights and activations."""
