@@ -188,3 +188,17 @@ def test_text_prompts_of_different_lengths(checkpoint):
         text.encode(tok, ["the", "the planner keeps the pages"])
     with pytest.raises(CheckpointError, match="no tokenizer.json"):
         text.load_tokenizer(folder.parent)
+
+
+def test_the_cli_generates_text_from_a_checkpoint(checkpoint, capsys):
+    from einpage.cli import main
+
+    folder, model, tok = checkpoint
+    argv = ["generate", "--checkpoint", str(folder), "--prompt", "the planner keeps"]
+    argv += ["--budget", "60KiB", "--new-tokens", "3", "--page-size", "4", "--run"]
+    assert main([*argv, "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    ids = text.encode(tok, "the planner keeps")
+    want = text.decode(tok, hf_greedy(model, ids, 3))[0]
+    assert "weights        checkpoint" in out
+    assert f"  0  {want}" in out.split("\ntext\n")[1]
