@@ -76,6 +76,7 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
+    gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
     gen.add_argument("--dtype", default="float32", help="float16, float32 or float64")
     gen.add_argument("--cost-model", choices=list(COST_MODELS), default="h100-pcie5")
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
@@ -151,6 +152,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 dtype=args.dtype,
                 page_size=args.page_size,
                 bucket_pages=args.bucket_pages,
+                chunk_steps=args.chunk_steps,
                 cost_model=args.cost_model,
                 run=False,
             )

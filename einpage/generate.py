@@ -165,12 +165,14 @@ def generate(
     logits: bool = False,
     cost_model: str = "h100-pcie5",
     bucket_pages: int = 1,
+    chunk_steps: int = 1,
     **plan_options: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
     planned under `budget` (bytes, a size string, or a percentage of the no-offload
     peak) one `way` ("unrolled" or "steps"); greedy unless `sampling` is given (its
-    noise drawn from `seed`). With `run=False` it only plans (no weights needed).
+    noise drawn from `seed`); step plans serve buckets of `bucket_pages` pages and
+    chunks of `chunk_steps` steps. With `run=False` it only plans (no weights needed).
     `plan_options` go to `einpage.compile`. Raises `GenerationError` for bad arguments
     and `GenerationBudgetError` when the budget is too small (naming the step and task).
     """
@@ -187,7 +189,9 @@ def generate(
         sampling,
         logits,
     )
-    plan = plan_generation(spec, budget, way, bucket_pages=bucket_pages, **plan_options)
+    plan = plan_generation(
+        spec, budget, way, bucket_pages=bucket_pages, chunk_steps=chunk_steps, **plan_options
+    )
     stats = plan.stats(cost_model)
     if not run:
         return Generation(spec, plan, stats)

@@ -71,6 +71,8 @@ __all__ = [
     "GenerationOutput",
     "UnrolledPlan",
     "StepPlans",
+    "Chunk",
+    "chunks_of",
     "plan_generation",
 ]
 
@@ -135,13 +137,14 @@ class GenerationSpec:
             cache_outputs=cache_outputs,
         )
 
-    def decode_program(self, pages: int) -> Program:
+    def decode_program(self, pages: int, steps: int = 1) -> Program:
         return decode_program(
             self.family,
             self.cfg,
             self.batch,
             pages,
             self.dtype,
+            steps=steps,
             page_size=self.page_size,
             sampling=self.sampling,
             logits=self.logits,
@@ -199,9 +202,6 @@ class Transfers:
 
     def __add__(self, other: Transfers) -> Transfers:
         return Transfers(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
-
-    def scaled(self, factor: int) -> Transfers:
-        return Transfers(*(a * factor for a in self.values()))
 
     def values(self) -> tuple[int, ...]:
         return (
@@ -456,10 +456,53 @@ class _HostPages:
         return {name: a for name, a in self.pages.items() if int(name.rsplit(".", 1)[1]) in wanted}
 
 
+@dataclass(frozen=True)
+class Chunk:
+    """Decode steps `first` .. `first + steps - 1` (1-based after the prefill's token),
+    run by one plan: `length` cache positions when it starts, `pages` in its bucket."""
+
+    first: int
+    steps: int
+    length: int
+    pages: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The plan it needs: (pages, steps)."""
+        return self.pages, self.steps
+
+    @property
+    def name(self) -> str:
+        """ "decode (pages P)", or "decode (pages P, steps S)" for a chunk of steps."""
+        return decode_name(*self.key)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_name(pages: int, steps: int) -> str:
+    return f"decode (pages {pages})" if steps == 1 else f"decode (pages {pages}, steps {steps})"
+
+
+def chunks_of(spec: GenerationSpec, bucket_pages: int, chunk_steps: int) -> list[Chunk]:
+    """The decode steps of `spec` cut into chunks of `chunk_steps` (the last may be
+    shorter), each served by the bucket of its first step's cache length: that length's
+    pages, rounded up to a multiple of `bucket_pages` (the chunk's own new positions are
+    computed in the plan, not read from pages)."""
+    chunks = []
+    for first in range(1, spec.new_tokens, chunk_steps):
+        length = spec.prompt_len + first - 1
+        pages = _ceil(_ceil(length, spec.page_size), bucket_pages) * bucket_pages
+        steps = min(chunk_steps, spec.new_tokens - first)
+        chunks.append(Chunk(first, steps, length, pages))
+    return chunks
+
+
 class StepPlans:
-    """A prefill plan and a decode step plan per length bucket (module docstring).
-    `buckets` maps a bucket's page count to its compiled plan; a step at cache length L
-    uses the bucket `pages_for(L)`."""
+    """A prefill plan and decode plans reused across steps (module docstring): one per
+    (length bucket, chunk size), keyed `(pages, steps)` in `decoders`; `chunks` says
+    which decode steps each run covers."""
 
     way = "steps"
 
@@ -467,54 +510,39 @@ class StepPlans:
         self,
         spec: GenerationSpec,
         prefill: Compiled,
-        buckets: Mapping[int, Compiled],
-        bucket_pages: int,
+        decoders: Mapping[tuple[int, int], Compiled],
+        chunks: list[Chunk],
         planning_seconds: float,
     ):
         self.spec = spec
         self.prefill = prefill
-        self.buckets = dict(buckets)
-        self.bucket_pages = bucket_pages
+        self.decoders = dict(decoders)
+        self.chunks = list(chunks)
         self.planning_seconds = planning_seconds
 
     def __repr__(self) -> str:
-        return f"<StepPlans {self.spec.cfg.name!r}: prefill + buckets {sorted(self.buckets)}>"
-
-    @staticmethod
-    def bucket_of(length: int, page_size: int, bucket_pages: int) -> int:
-        """The pages of the bucket serving cache length `length`: the pages holding its
-        positions, rounded up to a multiple of `bucket_pages`."""
-        pages = -(-length // page_size)
-        return -(-pages // bucket_pages) * bucket_pages
-
-    def pages_for(self, length: int) -> int:
-        return self.bucket_of(length, self.spec.page_size, self.bucket_pages)
-
-    def step_lengths(self) -> list[int]:
-        """The cache length of each decode step (1 .. new_tokens - 1), in order."""
-        spec = self.spec
-        return [spec.prompt_len + t - 1 for t in range(1, spec.new_tokens)]
+        return f"<StepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)}>"
 
     @property
     def plans(self) -> dict[str, Compiled]:
-        """Every plan by name: "prefill", then "decode (pages P)" per bucket."""
+        """Every plan by name: "prefill", then "decode (pages P[, steps S])"."""
         named = {"prefill": self.prefill}
-        named.update({f"decode (pages {p})": c for p, c in sorted(self.buckets.items())})
+        named.update({decode_name(*key): c for key, c in sorted(self.decoders.items())})
         return named
 
     def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
-        """The prefill's cost plus each step's, by its bucket's plan."""
+        """The prefill's cost plus each chunk's, by its plan."""
         seconds = _simulate(self.prefill.plan, cost_model)
         transfers = Transfers.of(self.prefill.plan)
-        per_bucket = {
-            p: (_simulate(c.plan, cost_model), Transfers.of(c.plan))
-            for p, c in self.buckets.items()
+        per_plan = {
+            key: (_simulate(c.plan, cost_model), Transfers.of(c.plan))
+            for key, c in self.decoders.items()
         }
-        for length in self.step_lengths():
-            step_seconds, step_transfers = per_bucket[self.pages_for(length)]
-            seconds += step_seconds
-            transfers = transfers + step_transfers
-        plans = [self.prefill, *self.buckets.values()]
+        for chunk in self.chunks:
+            chunk_seconds, chunk_transfers = per_plan[chunk.key]
+            seconds += chunk_seconds
+            transfers = transfers + chunk_transfers
+        plans = [self.prefill, *self.decoders.values()]
         return GenerationStats(
             way=self.way,
             tokens=self.spec.tokens,
@@ -541,47 +569,39 @@ class StepPlans:
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         gumbel = spec.gumbel(seed)
-        inputs = generation_inputs(
-            spec.family,
-            spec.cfg,
-            ids,
-            1,
-            spec.dtype,
-            weights,
-            None if gumbel is None else gumbel[:1],
-        )
+        first = None if gumbel is None else gumbel[:1]
+        inputs = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, weights, first)
         with _session(self.prefill.plan, backend, mode) as session:
             out = session.run(inputs, seed=run_seed)
             reports = [session.last]
-        total_pages = max(
-            -(-(spec.prompt_len + spec.new_tokens) // spec.page_size), *self.buckets, 0
+        needed = _ceil(spec.prompt_len + spec.new_tokens, spec.page_size)
+        cache = _HostPages(
+            spec, out["kv.0.k"].shape, max([needed, *(c.pages for c in self.chunks)])
         )
-        cache = _HostPages(spec, out["kv.0.k"].shape, total_pages)
         cache.write(out, 0)
-        chosen, logits = [out["ids"][:, 0]], [out["logits"][:, 0]] if spec.logits else []
-        for pages, lengths in self._runs_of_buckets():
-            reports += self._bucket_run(
-                pages, lengths, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
+        chosen = [out["ids"]]
+        logits = [out["logits"]] if spec.logits else []
+        for run in self._runs():
+            reports += self._run_plan(
+                run, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
             )
-        ids_out = np.stack(chosen, axis=1)
-        logits_out = np.stack(logits, axis=1) if spec.logits else None
+        ids_out = np.concatenate(chosen, axis=1)
+        logits_out = np.concatenate(logits, axis=1) if spec.logits else None
         return GenerationOutput(ids_out, logits_out, tuple(reports))
 
-    def _runs_of_buckets(self) -> list[tuple[int, list[int]]]:
-        """The decode steps grouped by bucket, in order: (pages, cache lengths)."""
-        runs: list[tuple[int, list[int]]] = []
-        for length in self.step_lengths():
-            pages = self.pages_for(length)
-            if runs and runs[-1][0] == pages:
-                runs[-1][1].append(length)
+    def _runs(self) -> list[list[Chunk]]:
+        """Consecutive chunks that use the same plan (one session each)."""
+        runs: list[list[Chunk]] = []
+        for chunk in self.chunks:
+            if runs and runs[-1][0].key == chunk.key:
+                runs[-1].append(chunk)
             else:
-                runs.append((pages, [length]))
+                runs.append([chunk])
         return runs
 
-    def _bucket_run(
+    def _run_plan(
         self,
-        pages: int,
-        lengths: list[int],
+        run: list[Chunk],
         cache: _HostPages,
         weights: Mapping[str, np.ndarray],
         chosen: list[np.ndarray],
@@ -591,26 +611,26 @@ class StepPlans:
         mode: str | None,
         run_seed: int,
     ) -> list[Any]:
-        """The steps of one bucket in one session: stage what stays, then run each step
-        and write its new key and value into the host pages."""
+        """Chunks of one plan in one session: stage what stays (weights, position tables,
+        pages), then run each chunk and write its new keys and values into the host pages,
+        re-staging the pages that changed."""
         spec = self.spec
+        pages, steps = run[0].key
+        positions = spec.family.position_inputs(
+            spec.cfg, pages * spec.page_size + steps, spec.dtype
+        )
         reports = []
-        with _session(self.buckets[pages].plan, backend, mode) as session:
-            session.stage(
-                {
-                    **weights,
-                    **spec.family.position_inputs(spec.cfg, pages * spec.page_size + 1, spec.dtype),
-                    **cache.of(range(pages)),
-                }
-            )
-            for length in lengths:
-                t = length - spec.prompt_len + 1
-                step = decode_inputs(chosen[-1], length, pages, spec.page_size, spec.dtype)
+        with _session(self.decoders[run[0].key].plan, backend, mode) as session:
+            session.stage({**weights, **positions, **cache.of(range(pages))})
+            for chunk in run:
+                step = decode_inputs(
+                    chosen[-1][:, -1], chunk.length, pages, spec.page_size, spec.dtype, steps
+                )
                 if gumbel is not None:
-                    step["gumbel"] = gumbel[t]
-                out = session.run(step, seed=run_seed + t)
+                    step["gumbel"] = gumbel[chunk.first : chunk.first + steps]
+                out = session.run(step, seed=run_seed + chunk.first)
                 reports.append(session.last)
-                touched = cache.write(out, length, ".new")
+                touched = cache.write(out, chunk.length, ".new")
                 session.stage(cache.of(p for p in touched if p < pages))
                 chosen.append(out["ids"])
                 if spec.logits:
@@ -624,40 +644,42 @@ def plan_generation(
     way: str = "unrolled",
     *,
     bucket_pages: int = 1,
+    chunk_steps: int = 1,
     **options: Any,
 ) -> UnrolledPlan | StepPlans:
     """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
-    or "steps" (a prefill plan and a decode plan per bucket of `bucket_pages` pages).
-    `options` go to `einpage.compile` (partition, cost_model, eviction, ...). A budget
-    percentage is read against the largest program's no-offload peak. Raises
-    `GenerationBudgetError` (naming the step and the task) when the budget is too small."""
+    or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
+    `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
+    eviction, ...). A budget percentage is read against the largest program's no-offload
+    peak. Raises `GenerationBudgetError` (naming the step and the task) when the budget
+    is too small."""
     if way not in WAYS:
         raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
     if way == "unrolled":
         compiled, seconds = _compile(spec.generation_program(), budget, "unrolled", None, options)
         return UnrolledPlan(spec, compiled, seconds)
-    if isinstance(bucket_pages, bool) or not isinstance(bucket_pages, int) or bucket_pages <= 0:
-        raise GenerationError(f"bucket_pages must be a positive int, got {bucket_pages!r}")
+    for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise GenerationError(f"{what} must be a positive int, got {value!r}")
     options = {"outputs": "host", **options}  # what a step outputs goes to the host loop
     started = time.perf_counter()
+    chunks = chunks_of(spec, bucket_pages, chunk_steps)
     programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
     first_step: dict[str, str] = {"prefill": "prefill"}
-    for t, length in enumerate(range(spec.prompt_len, spec.prompt_len + spec.new_tokens - 1), 1):
-        pages = StepPlans.bucket_of(length, spec.page_size, bucket_pages)
-        name = f"decode (pages {pages})"
-        if name not in programs:
-            programs[name] = spec.decode_program(pages)
-            first_step[name] = f"step {t}"
+    keys: dict[str, tuple[int, int]] = {}
+    for chunk in chunks:
+        if chunk.name not in programs:
+            programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
+            first_step[chunk.name] = f"step {chunk.first}"
+            keys[chunk.name] = chunk.key
     budget = _one_budget(programs, budget, options)
     seconds = time.perf_counter() - started
     compiled = {}
     for name, program in programs.items():
         compiled[name], plan_seconds = _compile(program, budget, name, first_step[name], options)
         seconds += plan_seconds
-    buckets = {
-        int(name.split()[-1].rstrip(")")): c for name, c in compiled.items() if name != "prefill"
-    }
-    return StepPlans(spec, compiled["prefill"], buckets, bucket_pages, seconds)
+    decoders = {key: compiled[name] for name, key in keys.items()}
+    return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds)
 
 
 def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[str, Any]) -> Any:

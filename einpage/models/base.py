@@ -56,14 +56,23 @@ How to add a family
    `prefill_program(cfg, batch, seq, dtype="float32", logits="all")` built on
    `common.begin_prefill`, `common.decoder_layers` and `common.logits_head`, and
    `prefill_inputs(cfg, tokens, weights=None, dtype="float32")`.
-3. Export the loaders (`weights_from_state_dict = base.weights_from_state_dict`, the
+3. For generation, write the attention as two blocks shared by the prefill and the
+   decode steps – `_qkv(x, ...) -> common.Heads` (norm, projections, positions) and
+   `_attn_out(x, attention, ...)` (output projection, residual) – and a
+   `decoder(cfg, prog, weight, dtype, positions) -> common.Decoder` over them, with
+   `position_inputs(cfg, positions, dtype)` for the inputs it declares (see
+   `llama.decoder`); `einpage.models.generation` builds the generation and decode step
+   programs from those alone (paged KV cache, next-token choice).
+4. Export the loaders (`weights_from_state_dict = base.weights_from_state_dict`, the
    same for safetensors, and `weight_specs`/`weight_shapes`), define
-   `FAMILY = ModelFamily("my", MyConfig, PRESETS, prefill_program, prefill_inputs)`,
-   and add it to `FAMILIES` in `einpage/models/__init__.py`.
-4. Tests: `tests/models/test_families.py` runs over every family in `FAMILIES`
+   `FAMILY = ModelFamily("my", MyConfig, PRESETS, prefill_program, prefill_inputs,
+   decoder=decoder, position_inputs=position_inputs)`, and add it to `FAMILIES` in
+   `einpage/models/__init__.py`.
+5. Tests: `tests/models/test_families.py` runs over every family in `FAMILIES`
    (presets build, parameters equal weight bytes, specs follow the program). Add an
    equality test against the Hugging Face model (`tests/models/hf_models.py` builds
-   small random ones) and the family's config errors.
+   small random ones) and the family's config errors; `tests/models/test_generation.py`
+   compares generated tokens with `generate(do_sample=False)` (add the model to MODELS).
 
 A family that is another one with a few changes (a sliding window, Q/K/V biases) can
 subclass that family's config and reuse its program builders.

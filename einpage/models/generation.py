@@ -12,10 +12,11 @@ that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
   choosing the next ids. Planned once, the planner sees every future use of every
   weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 .. new_tokens - 1), each
   with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
-* `decode_program(family, cfg, batch, pages)`: one decode step for any cache length up
-  to `pages * page_size` – a length bucket. The position, the mask of filled cache
-  positions and the pages are inputs, so one plan serves every step of the bucket
-  (`einpage.generate` runs the loop).
+* `decode_program(family, cfg, batch, pages, steps=1)`: one decode step (or a chunk of
+  `steps` consecutive ones) for any cache length up to `pages * page_size` – a length
+  bucket. The positions, the mask of filled cache positions and the pages are inputs,
+  so one plan serves every step (chunk) of the bucket (`einpage.generation_plans` runs
+  the loop).
 
 Inputs of a generation program: `tokens` int64 [batch, prompt_len]; the family's
 position inputs for prompt_len + new_tokens - 1 positions (LLaMA's `rope.cos`,
@@ -26,14 +27,14 @@ Outputs: `ids` int64 [batch, new_tokens]; with `logits=True`, `logits`
 prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
 `kv.{i}.k`, `kv.{i}.v` [batch, kv heads, prompt_len, head_dim] of each layer.
 
-Inputs of a decode step program: `tokens` int64 [batch] (the previous ids),
-`position` int64 [1] (the cache length L: the new token's position), the position
-inputs for `pages * page_size + 1` positions, `kv.mask` [pages, page_size] (1 at the
-positions below L, 0 from L on), the pages `kv.{i}.k.{j}` and
-`kv.{i}.v.{j}` [batch, kv heads, page_size, head_dim] (in host memory, like weights),
-`gumbel` [batch, vocab] when sampling, and the weights. Outputs: `ids` [batch], the new
-position's `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv heads, 1, head_dim], and
-`logits` [batch, vocab] with `logits=True`.
+Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
+`positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
+position), the position inputs for `pages * page_size + steps` positions, `kv.mask`
+[pages, page_size] (1 at the positions below L, 0 from L on), the pages `kv.{i}.k.{j}`
+and `kv.{i}.v.{j}` [batch, kv heads, page_size, head_dim] (in host memory, like
+weights), `gumbel` [steps, batch, vocab] when sampling, and the weights. Outputs:
+`ids` [batch, steps], the new positions' `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv
+heads, steps, head_dim], and `logits` [batch, steps, vocab] with `logits=True`.
 
 >>> from einpage.models import llama
 >>> tg = llama.generation_program(llama.PRESETS["tiny"], 1, 5, 3, page_size=4).build()
@@ -43,7 +44,7 @@ position's `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv heads, 1, head_dim], and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,7 @@ import numpy as np
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.common import (
     Decoder,
+    Heads,
     Positions,
     cached_weight_input,
     causal_attention,
@@ -256,10 +258,15 @@ def _prefill(
 
 
 def _decode_step(
-    build: _Build, previous: Tensor, where: Positions, caches: dict[str, LayerCache]
+    build: _Build,
+    previous: Tensor,
+    where: Positions,
+    caches: dict[str, LayerCache],
+    before: Callable[[str, Heads], list[Page]] | None = None,
 ) -> Tensor:
-    """One decode step of the unrolled program: the previous ids through every layer,
-    each appending its new position to its cache and attending over the pages."""
+    """One decode step: the previous ids through every layer, each appending its new
+    position to its cache and attending over the pages (after `before(prefix, heads)`,
+    the layer's pages that are inputs, when given)."""
     prog, decoder = build.prog, build.decoder
     feats = decoder.features(where)
     with prog.scope("embed"):
@@ -270,7 +277,8 @@ def _decode_step(
         cache = caches[prefix]
         with prog.scope("kv"):
             cache.append(heads.k, heads.v)
-        return decoder.attn_out(x, paged_attention(heads.q, cache.all_pages), prefix)
+        pages = ([] if before is None else before(prefix, heads)) + cache.all_pages
+        return decoder.attn_out(x, paged_attention(heads.q, pages), prefix)
 
     return decoder_layers(x, build.cfg.num_layers, attention, decoder.mlp)
 
@@ -282,57 +290,69 @@ def decode_program(
     pages: int,
     dtype: Any = "float32",
     *,
+    steps: int = 1,
     page_size: int = DEFAULT_PAGE_SIZE,
     sampling: Sampling | None = None,
     logits: bool = False,
 ) -> Program:
-    """One decode step of `family`'s model `cfg` over a cache of up to `pages` pages of
-    `page_size` positions (module docstring): the plan of a length bucket."""
+    """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then
+    keep weights on the device from one step to the next) of `family`'s model `cfg`
+    over a cache of up to `pages` pages of `page_size` positions (module docstring): the
+    plan of a length bucket. Scopes `step{s}.*`, s = 1 .. steps."""
     dtype = check_generation(family, cfg, batch, 1, 1, dtype, page_size, sampling)
-    pages = _positive("pages", pages)
+    pages, steps = _positive("pages", pages), _positive("steps", steps)
     capacity = pages * page_size
-    prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}")
+    chunk = "" if steps == 1 else f"-steps{steps}"
+    prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}")
     weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
     tokens = prog.input("tokens", (batch,), "int64")
-    position = prog.input("position", (1,), "int64")
-    decoder = family.decoder(cfg, prog, weight, dtype, capacity + 1)  # type: ignore[misc]
+    positions = prog.input("positions", (steps,), "int64")
+    decoder = family.decoder(cfg, prog, weight, dtype, capacity + steps)  # type: ignore[misc]
     build = _Build(prog, cfg, decoder, dtype, sampling, batch)
     mask = prog.input("kv.mask", (pages, page_size), dtype)
     gumbel = None
     if sampling is not None:
-        gumbel = prog.input("gumbel", (batch, cfg.vocab_size), dtype)
+        gumbel = prog.input("gumbel", (steps, batch, cfg.vocab_size), dtype)
     with prog.scope("kv"):
         masks = [
             prog.view(prog.slice(mask, (j, 0), (1, page_size), label="kv.mask"), (page_size,))
             for j in range(pages)
         ]
-    feats = decoder.features(Positions(1, ids=position))
-    with prog.scope("embed"):
-        x = decoder.embed(prog.view(tokens, (batch, 1)), feats)
+    inputs: dict[str, list[Page]] = {}
 
-    def attention(x: Tensor, prefix: str) -> Tensor:
-        heads = decoder.qkv(x, prefix, feats)
+    def before(prefix: str, heads: Heads) -> list[Page]:
+        """The layer's cached pages: inputs in host memory, masked beyond the length."""
+        if prefix not in inputs:
+            layer = prefix.split(".")[1]
+            shape = (*heads.k.shape[:-2], page_size, heads.k.shape[-1])
+            inputs[prefix] = [
+                Page(
+                    prog.input(f"kv.{layer}.k.{j}", shape, dtype, location="host"),
+                    prog.input(f"kv.{layer}.v.{j}", shape, dtype, location="host"),
+                    masks[j],
+                )
+                for j in range(pages)
+            ]
+        return inputs[prefix]
+
+    caches = {f"layers.{i}.attn.": LayerCache(page_size) for i in range(cfg.num_layers)}
+    ids, step_logits = [tokens], []
+    for s in range(steps):
+        with prog.scope(f"step{s + 1}"):
+            at = positions if steps == 1 else prog.slice(positions, (s,), (1,), label="position")
+            x = _decode_step(build, ids[-1], Positions(1, ids=at), caches, before)
+            with prog.scope("head"):
+                step_logits.append(decoder.head(prog.view(x, (batch, cfg.hidden_size))))
+            ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, s)))
+    for prefix, cache in caches.items():
         layer = prefix.split(".")[1]
-        shape = (*heads.k.shape[:-2], page_size, heads.k.shape[-1])
-        cached = [
-            Page(
-                prog.input(f"kv.{layer}.k.{j}", shape, dtype, location="host"),
-                prog.input(f"kv.{layer}.v.{j}", shape, dtype, location="host"),
-                masks[j],
-            )
-            for j in range(pages)
-        ]
-        prog.output(heads.k, f"kv.{layer}.k.new")
-        prog.output(heads.v, f"kv.{layer}.v.new")
-        out = paged_attention(heads.q, [*cached, Page(heads.k, heads.v)])
-        return decoder.attn_out(x, out, prefix)
-
-    x = decoder_layers(x, cfg.num_layers, attention, decoder.mlp)
-    with prog.scope("head"):
-        step_logits = decoder.head(prog.view(x, (batch, cfg.hidden_size)))
-    prog.output(build.choose(step_logits, gumbel), "ids")
+        for part in "kv":
+            new = [getattr(page, part) for page in cache.all_pages]
+            whole = new[0] if len(new) == 1 else prog.concat(new, axis=-2, label=f"kv.{part}.new")
+            prog.output(whole, f"kv.{layer}.{part}.new")
+    prog.output(_stack(prog, ids[1:], "ids"), "ids")
     if logits:
-        prog.output(step_logits, "logits")
+        prog.output(_stack(prog, step_logits, "logits"), "logits")
     return prog
 
 
@@ -380,14 +400,15 @@ def decode_inputs(
     pages: int,
     page_size: int,
     dtype: Any = "float32",
+    steps: int = 1,
 ) -> dict[str, np.ndarray]:
-    """The inputs of `decode_program(family, cfg, batch, pages)` that change from step to
-    step at cache length `length`: the previous ids, the position and the mask (the
-    position tables – `family.position_inputs(cfg, pages * page_size + 1, dtype)` –, the
-    pages, the noise and the weights are the caller's)."""
+    """The inputs of `decode_program(family, cfg, batch, pages, steps=steps)` that change
+    from run to run, at cache length `length`: the previous ids, the positions of the
+    steps and the mask (the position tables – `family.position_inputs(cfg, pages *
+    page_size + steps, dtype)` –, the pages, the noise and the weights are the caller's)."""
     name = dtypes.canonical(dtype)
     return {
         "tokens": np.asarray(previous, dtype=np.int64).reshape(-1),
-        "position": np.array([length], dtype=np.int64),
+        "positions": np.arange(length, length + steps, dtype=np.int64),
         "kv.mask": kv_mask(pages, page_size, length, name),
     }

@@ -72,8 +72,8 @@ def hf_greedy(model, ids: np.ndarray, new_tokens: int) -> np.ndarray:
             torch.from_numpy(ids),
             attention_mask=torch.ones(ids.shape, dtype=torch.long),
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             do_sample=False,
+            eos_token_id=model.config.vocab_size,  # no id: generation never stops early
             pad_token_id=0,
         )
     return out.numpy()
@@ -125,7 +125,7 @@ def test_sampling_is_reproducible_per_seed_and_the_same_both_ways():
 def test_plan_only_needs_no_weights():
     out = generate(llama.PRESETS["tiny-gqa"], prompt=np.zeros((2, 9), np.int64), new_tokens=3,
                    budget="200KiB", run=False, page_size=4, way="steps")  # fmt: skip
-    assert out.ids is None and sorted(out.plan.buckets) == [3]
+    assert out.ids is None and sorted(out.plan.decoders) == [(3, 1)]
     assert {"prefill", "decode (pages 3)"} == set(out.plan.plans)
 
 
@@ -149,6 +149,7 @@ PROMPT = np.zeros((1, 4), np.int64)
         ({"prompt": None}, "a prompt is needed"),
         ({"run": True}, "weights are needed"),
         ({"bucket_pages": 0, "way": "steps"}, "bucket_pages must be a positive int"),
+        ({"chunk_steps": -1, "way": "steps"}, "chunk_steps must be a positive int"),
     ],
 )
 def test_bad_arguments_raise_generation_errors(kwargs, words):

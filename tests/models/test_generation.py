@@ -3,8 +3,8 @@
 Small random LLaMA (multi-head, grouped-query with a tied head, multi-query) and GPT-2
 models (`hf_models`) generate from random prompts – prompt lengths that are and are not
 multiples of the page size – planned both ways (one unrolled plan; step plans per
-length bucket) under budgets that force KV pages and weights off the device, and run on
-the NumPy runtime in sequential, streams and random order. Each step's logits stay
+length bucket, of one step or a chunk of steps) under budgets that force KV pages and
+weights off the device, and run on the NumPy runtime in sequential, streams and random order. Each step's logits stay
 within the prefill tests' tolerance of Hugging Face's.
 """
 
@@ -22,7 +22,7 @@ from hf_models import TOLERANCE, hf_gpt2, hf_llama, relative_error  # noqa: E402
 
 import taskgraph  # noqa: E402
 from einpage.generation_plans import GenerationSpec, plan_generation  # noqa: E402
-from einpage.models import gpt2, llama  # noqa: E402
+from einpage.models import FAMILIES, gpt2, llama  # noqa: E402
 from einpage.models.generation import generation_inputs  # noqa: E402
 
 torch.set_num_threads(1)
@@ -57,8 +57,8 @@ def reference(family: str, variant: str, batch: int, prompt_len: int, new_tokens
             torch.from_numpy(tokens),
             attention_mask=torch.ones(tokens.shape, dtype=torch.long),
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             do_sample=False,
+            eos_token_id=cfg.vocab_size,  # no id: generation never stops early
             pad_token_id=0,
             output_logits=True,
             return_dict_in_generate=True,
@@ -102,7 +102,7 @@ def test_unrolled_greedy_generation_equals_transformers(family, variant, case):
 @pytest.mark.parametrize("family, variant", MODELS)
 def test_step_plans_generate_the_same_tokens(family, variant, case):
     plan = plan_generation(spec_of(family, variant, *case), "40KiB", "steps")
-    assert len(plan.buckets) >= 2, "the steps should cross a page boundary"
+    assert len(plan.decoders) >= 2, "the steps should cross a page boundary"
     moved = plan.stats().transfers
     assert moved.kv_reload > 0 and moved.weight_reload > 0
     check_run(plan, family, variant, case)
@@ -111,8 +111,17 @@ def test_step_plans_generate_the_same_tokens(family, variant, case):
 def test_buckets_of_several_pages_serve_several_lengths():
     case = (2, 7, 5, 2)
     plan = plan_generation(spec_of("llama", "gqa-tied", *case), "40KiB", "steps", bucket_pages=4)
-    assert sorted(plan.buckets) == [4, 8]  # lengths 7..10: 4 and 5 pages of 2
+    assert sorted(plan.decoders) == [(4, 1), (8, 1)]  # lengths 7..10: 4 and 5 pages of 2
     check_run(plan, "llama", "gqa-tied", case)
+
+
+@pytest.mark.parametrize("family, variant", [("llama", "gqa-tied"), ("gpt2", "base")])
+def test_chunks_of_steps_generate_the_same_tokens(family, variant):
+    """Decode plans of 3 steps each (and a shorter last chunk) across page boundaries."""
+    case = (2, 5, 8, 2)
+    plan = plan_generation(spec_of(family, variant, *case), "48KiB", "steps", chunk_steps=3)
+    assert [(c.first, c.steps, c.pages) for c in plan.chunks] == [(1, 3, 3), (4, 3, 4), (7, 1, 6)]
+    check_run(plan, family, variant, case)
 
 
 def test_the_program_evaluates_to_the_same_tokens():
@@ -134,3 +143,26 @@ def test_one_new_token_is_the_prefill_argmax():
     for way in ("unrolled", "steps"):
         plan = plan_generation(spec_of(family, variant, 2, 7, 1, 4), "1MiB", way)
         np.testing.assert_array_equal(plan.run(weights, tokens).ids, want_ids)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_every_family_builds_generation_and_decode_programs(name):
+    """A family with a decoder gets both programs from the shared code (random weights:
+    the unrolled program and the step loop agree on the tokens)."""
+    family = FAMILIES[name]
+    cfg = family.presets["tiny"]
+    spec = GenerationSpec(family, cfg, 2, 6, 4, page_size=4, logits=True)
+    tg = spec.generation_program().build()
+    assert tg[tg.outputs["ids"]].shape == (2, 4)
+    step = spec.decode_program(2).build()
+    assert step[step.outputs["ids"]].shape == (2, 1)
+    assert {f"kv.{i}.k.new" for i in range(cfg.num_layers)} <= set(step.outputs)
+    rng = np.random.default_rng(0)
+    weights = {
+        n: (0.3 * rng.standard_normal(s)).astype("float32") for n, s in cfg.weight_shapes().items()
+    }
+    tokens = rng.integers(0, cfg.vocab_size, (2, 6))
+    ids = [
+        plan_generation(spec, "1MiB", way).run(weights, tokens).ids for way in ("unrolled", "steps")
+    ]
+    np.testing.assert_array_equal(ids[0], ids[1])
