@@ -5,23 +5,25 @@
   The planner sees every future use of every weight and KV page – Belady over the whole
   generation – so what stays resident is chosen across steps, and the ids of each step
   feed the next on the device.
-* **Step plans** (`StepPlans`): a prefill plan, then one decode step plan per length
-  bucket (`decode_program`: a cache of up to `pages` pages, the position and the mask
-  of filled positions as inputs), reused for every step of its bucket. A
+* **Step plans** (`StepPlans`): a prefill plan, then decode plans reused across steps:
+  one per length bucket (`decode_program`: a cache of up to `pages` pages, rounded up
+  to `bucket_pages`; the positions and the mask of filled positions are inputs) and
+  chunk size (`chunk_steps` consecutive steps per run, default 1). A
   `runtime.Session` per plan runs the loop: the pages live in host memory between
-  steps, where the loop writes each step's new key and value into its page; each
-  bucket's session stages the weights, the position tables and the pages once, and
-  after a step re-stages only the page that changed. Inside a step the plan pages the
-  KV cache and the weights under the budget like any tensors, but nothing stays on the
-  device from one step to the next: every step reads its pages and the weights it does
-  not hold from host memory again. Planning cost grows with the number of buckets, not
-  with the number of steps.
+  runs, where the loop writes each run's new keys and values into their pages; each
+  plan's session stages the weights, the position tables and the pages once, and after
+  a run re-stages only the pages that changed. Inside a run the plan pages the KV
+  cache and the weights under the budget like any tensors, but nothing stays on the
+  device from one run to the next: every run reads its pages and the weights it does
+  not hold from host memory again. Planning cost grows with the number of (bucket,
+  chunk size) pairs and the chunk length, not with the number of steps.
 
 Which to use: unrolled when the program fits in planning time (it keeps a fixed set of
 weights and the most reused pages resident across steps, and needs no host round trip
-per token); step plans for generations too long to unroll, at the price of re-reading
-from host memory, every step, whatever does not fit in one step's plan. The README's
-"Measured" section quantifies both (`benchmarks/generation.py`).
+per token); step plans for generations too long to unroll, with chunks as long as
+planning time allows, at the price of re-reading from host memory, every run, whatever
+does not fit in one run's plan. The README's "Measured" section quantifies both
+(`benchmarks/generation.py`).
 
 `GenerationStats` reports the simulated time on a cost model, tokens/s, and the bytes
 each way moves: weights streamed and KV pages paged (reloaded and offloaded), in total

@@ -4,8 +4,8 @@ Small random LLaMA (multi-head, grouped-query with a tied head, multi-query) and
 models (`hf_models`) generate from random prompts – prompt lengths that are and are not
 multiples of the page size – planned both ways (one unrolled plan; step plans per
 length bucket, of one step or a chunk of steps) under budgets that force KV pages and
-weights off the device, and run on the NumPy runtime in sequential, streams and random order. Each step's logits stay
-within the prefill tests' tolerance of Hugging Face's.
+weights off the device, and run on the NumPy runtime in sequential, streams and random
+order. Each step's logits stay within the prefill tests' tolerance of Hugging Face's.
 """
 
 from __future__ import annotations
