@@ -231,7 +231,9 @@ def run_cell(
 
 
 def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
+    if value is None:
+        return "-"
+    return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
 
 
 def print_cell(cell: Cell) -> None:

@@ -36,7 +36,7 @@ over a paged KV cache, planned under the same budget – is `einpage.generate.ge
 `benchmarks/llama_plans.py` plans the 7B and 65B shapes.
 """
 
-from einpage.models import base, errors, gpt2, llama
+from einpage.models import base, decode, errors, generation, gpt2, llama
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.errors import *  # noqa: F403
 
@@ -47,6 +47,8 @@ __all__ = [
     "llama",
     "gpt2",
     "base",
+    "decode",
+    "generation",
     "errors",
     "FAMILIES",
     "ModelConfig",
