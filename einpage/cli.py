@@ -51,6 +51,7 @@ from einpage.checks import (
     compare_outputs,
     raise_on_mismatch,
 )
+from einpage.cli_generate import add_generate
 from einpage.console import Console, format_table, plan_report, plan_title, program_rows
 from einpage.files import load_inputs, load_json_graph, load_plan, save_arrays
 from einpage.pipeline import (
@@ -395,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_render(commands, common)
     _add_demo(commands, common)
     _add_presets(commands, common)
+    add_generate(commands, common)
     return parser
 
 

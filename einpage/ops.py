@@ -18,9 +18,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from einpage.program import Program, Tensor
-from einpage_core.errors import ProgramError, ShapeError
+from einpage_core.errors import DTypeError, ProgramError, ShapeError
+from taskgraph import dtypes
 from taskgraph.einsum import LETTERS
+from taskgraph.nodes import ArgReduce, KthLargest
 
 __all__ = [
     "add", "sub", "mul", "div", "neg", "scale", "matmul", "transpose", "permute",
@@ -28,6 +32,7 @@ __all__ = [
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "relu", "abs",
     "causal_mask", "reshape", "concat", "slice", "getitem", "gather", "cast",
     "cross_entropy",
+    "argmax", "argmin", "kth_largest", "sample_gumbel",
 ]  # fmt: skip
 
 Scalar = int | float
@@ -434,3 +439,89 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
     scale = 1.0 / labels.size if reduction == "mean" else 1.0
     join = "a - b" if scale == 1.0 else f"(a - b) * {scale!r}"
     return prog.einsum(f"{lead},{lead}->", lse, picked, join=join, label="ce")
+
+
+# -- selections along an axis: greedy and sampled next tokens ---------------------------
+
+
+def _last_axis(a: Tensor, axis: int) -> Tensor:
+    """`a` with `axis` moved last (a copy unless it already is)."""
+    (axis,) = _axes(a, axis)
+    if axis == a.ndim - 1:
+        return a
+    return transpose(a, [*(i for i in range(a.ndim) if i != axis), axis])
+
+
+def _arg(a: Tensor, axis: int, agg: str, label: str) -> Tensor:
+    if a.ndim == 0:
+        raise ShapeError(f"{agg}: the tensor must have at least one dimension, got a scalar")
+    a = _last_axis(a, axis)
+    return a.program._add(ArgReduce(agg), (a,), label=label)
+
+
+def argmax(a: Tensor, axis: int = -1, label: str = "") -> Tensor:
+    """The position of the largest element along `axis` as int64 ids (the first one on
+    ties): `a.shape` without `axis`. Greedy decoding's next token from logits [b, vocab].
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> argmax(prog.input("logits", (2, 50))).task.line()
+    '%1 : i64[2] = argreduce[argmax](%0)'
+    """
+    return _arg(a, axis, "argmax", label)
+
+
+def argmin(a: Tensor, axis: int = -1, label: str = "") -> Tensor:
+    """The position of the smallest element along `axis` as int64 ids (the first on ties)."""
+    return _arg(a, axis, "argmin", label)
+
+
+def kth_largest(a: Tensor, k: int, axis: int = -1, label: str = "") -> Tensor:
+    """The `k`-th largest value along `axis` (k=1: the maximum), in `a`'s dtype: the
+    threshold that keeps the top k elements (those `>=` it; ties at it are all kept)."""
+    if a.ndim == 0:
+        raise ShapeError("kth_largest: the tensor must have at least one dimension")
+    a = _last_axis(a, axis)
+    return a.program._add(KthLargest(k), (a,), label=label)
+
+
+def sample_gumbel(
+    logits: Tensor,
+    gumbel: Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    label: str = "",
+) -> Tensor:
+    """Ids sampled from `softmax(logits / temperature)` over the last axis, restricted to
+    the `top_k` largest logits when given: the Gumbel-max trick,
+    `argmax(logits / temperature + gumbel)` over the kept entries, where `gumbel` (the
+    shape and dtype of `logits`) holds independent standard Gumbel noise – an input, so
+    that the program stays static and a seed on the host makes it reproducible
+    (`numpy.random.Generator.gumbel`). Entries below the k-th largest logit get the
+    dtype's lowest value, so they are never chosen.
+    """
+    if gumbel.shape != logits.shape:
+        raise ShapeError(
+            f"sample_gumbel: the noise has shape {gumbel.shape}, the logits {logits.shape}"
+        )
+    if not dtypes.is_float(logits.dtype):
+        raise DTypeError(f"sample_gumbel: logits must be a float type, got {logits.dtype}")
+    ok = isinstance(temperature, int | float) and not isinstance(temperature, bool)
+    if not ok or not math.isfinite(temperature) or temperature <= 0:
+        raise ProgramError(f"sample_gumbel: temperature must be > 0, got {temperature!r}")
+    prog = _program(logits, gumbel)
+    scaled = f"a * {1.0 / float(temperature)!r}"
+    if top_k is None:
+        z = prog.einsum("...,...->...", logits, gumbel, join=f"{scaled} + b", label="gumbel")
+    else:
+        floor = float(np.finfo(logits.dtype).min)
+        threshold = kth_largest(logits, top_k, label="top_k")
+        z = prog.einsum(
+            "...v,...,...v->...v",
+            logits,
+            threshold,
+            gumbel,
+            join=f"where(a >= b, {scaled} + c, {floor!r})",
+            label="gumbel",
+        )
+    return argmax(z, label=label)

@@ -69,6 +69,7 @@ TENSOR_KINDS: dict[str, tuple[str, ...]] = {
     "weight": ("#f28e2b", "#f5a65b", "#e07b14"),
     "activation": ("#4e79a7", "#7196c0", "#3b6590"),
     "output": ("#59a14f", "#7dbb73", "#468a3d"),
+    "kv": ("#b07aa1", "#c699bb", "#95648a"),
 }
 """Residency colours by tensor kind: the legend colour, then shades for neighbours."""
 

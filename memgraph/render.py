@@ -50,7 +50,7 @@ from einpage_core.dot import (
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from taskgraph.labels import op_lines
+from taskgraph.labels import is_kv_page, op_lines
 
 __all__ = [
     "DepKind",
@@ -130,14 +130,21 @@ MEM_STYLES: dict[str, NodeStyle] = {
     "reload": NodeStyle("reload (host to device)", "house", "#a1d99b"),
     "free": NodeStyle("free", "box", "#ffffff", "dashed"),
     "output": NodeStyle("output", "box", "#fff2ae", "rounded,filled,bold"),
+    "reload_kv": NodeStyle("reload of a KV page", "house", "#d4b9da"),
+    "offload_kv": NodeStyle("offload of a KV page", "invhouse", "#c994c7"),
 }
 """Node styles by kind; inputs are split by where they start."""
 
 
-def style_kind(node: MemNode) -> str:
-    """The style key of a node: its kind, with inputs split into host and device."""
+def style_kind(node: MemNode, mg: MemGraph | None = None) -> str:
+    """The style key of a node: its kind, with inputs split into host and device (and,
+    given the plan, transfers of KV-cache pages apart: `taskgraph.labels.is_kv_page`)."""
     if node.kind is NodeKind.INPUT:
         return "input_host" if node.storage is not None else "input_device"
+    if mg is not None and node.kind in (NodeKind.RELOAD, NodeKind.OFFLOAD):
+        tg = mg.taskgraph
+        if is_kv_page(tg[tg.storage_root(node.tensor)]):
+            return f"{node.kind.value}_kv"
     return node.kind.value
 
 
@@ -288,7 +295,7 @@ def _add_nodes(
     kinds_drawn: set[str] = set()
     for i in shown:
         node = mg.nodes[i]
-        kind = style_kind(node)
+        kind = style_kind(node, mg)
         kinds_drawn.add(kind)
         lines = node_lines(mg, node)
         freed = folding.frees_at.get(i)

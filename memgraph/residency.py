@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memgraph.nodes import MemNode, NodeKind, Region
+from taskgraph.labels import is_kv_page
 from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
@@ -67,7 +68,8 @@ class Residency:
     (None: still resident at the end). `writer` is the node that put its data there
     (None if nothing did), `offloads` the offloads that copied it out during the stay,
     `readers` the applies and device outputs that read it; `role` is the tensor's role
-    in the program: "weight", "activation" or "output"."""
+    in the program: "weight", "kv" (a KV-cache page, `taskgraph.labels.is_kv_page`),
+    "activation" or "output"."""
 
     tensor: int
     region: Region
@@ -149,6 +151,8 @@ def _roles(mg: MemGraph) -> list[str]:
     for task in tg:
         if isinstance(task.op, Input) and task.op.role == "weight":
             roles.append("weight")
+        elif is_kv_page(task):
+            roles.append("kv")
         elif task.id in outputs:
             roles.append("output")
         else:

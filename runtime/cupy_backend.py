@@ -47,7 +47,19 @@ from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into
 from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, ScatterAdd, Slice, Task, View
+from taskgraph.nodes import (
+    ArgReduce,
+    Concat,
+    Einsum,
+    Fill,
+    Gather,
+    Input,
+    KthLargest,
+    ScatterAdd,
+    Slice,
+    Task,
+    View,
+)
 
 __all__ = ["CupyBackend", "CupyKernels", "import_cupy", "evaluate_on_gpu", "INSTALL_HINT"]
 
@@ -287,6 +299,18 @@ class CupyKernels:
             out[...] = acc
         self.counters["scatter_add"] += 1
 
+    def argreduce(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+        op: ArgReduce = task.op  # type: ignore[assignment]
+        pick = self.cp.argmax if op.agg == "argmax" else self.cp.argmin
+        out[...] = pick(operands[0], axis=-1)
+        self.counters["argreduce"] += 1
+
+    def kth_largest(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+        op: KthLargest = task.op  # type: ignore[assignment]
+        at = operands[0].shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
+        out[...] = self.cp.partition(operands[0], at, axis=-1)[..., at]
+        self.counters["kth_largest"] += 1
+
     HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
     HANDLERS = OpTable(
         "CuPy kernels",
@@ -298,6 +322,8 @@ class CupyKernels:
             Concat: concat,
             View: view,
             ScatterAdd: scatter_add,
+            ArgReduce: argreduce,
+            KthLargest: kth_largest,
         },
         without={Input: "inputs are copied to the device, not computed"},
     )

@@ -25,7 +25,19 @@ from taskgraph import dtypes
 from taskgraph.dispatch import OpTable
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Concat, Einsum, Fill, Gather, Input, ScatterAdd, Slice, Task, View
+from taskgraph.nodes import (
+    ArgReduce,
+    Concat,
+    Einsum,
+    Fill,
+    Gather,
+    Input,
+    KthLargest,
+    ScatterAdd,
+    Slice,
+    Task,
+    View,
+)
 
 __all__ = ["evaluate", "evaluate_task", "compute_dtype", "REFERENCE_KERNELS"]
 
@@ -209,6 +221,23 @@ def _scatter_add(
     return result
 
 
+def _argreduce(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
+    op: ArgReduce = task.op  # type: ignore[assignment]
+    pick = np.argmax if op.agg == "argmax" else np.argmin
+    return pick(np.asarray(operands[0]), axis=-1).astype(np.int64, copy=False)
+
+
+def _kth_largest(
+    task: Task, operands: Sequence[np.ndarray], work: str, out: np.ndarray | None
+) -> np.ndarray:
+    op: KthLargest = task.op  # type: ignore[assignment]
+    values = np.asarray(operands[0])
+    at = values.shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
+    return np.partition(values, at, axis=-1)[..., at]
+
+
 _Kernel = Callable[[Task, Sequence[np.ndarray], str, "np.ndarray | None"], np.ndarray]
 REFERENCE_KERNELS: OpTable[_Kernel] = OpTable(
     "reference kernels",
@@ -220,6 +249,8 @@ REFERENCE_KERNELS: OpTable[_Kernel] = OpTable(
         Slice: _slice,
         Concat: _concat,
         ScatterAdd: _scatter_add,
+        ArgReduce: _argreduce,
+        KthLargest: _kth_largest,
     },
     without={Input: "inputs are given to `evaluate`, not computed"},
 )

@@ -9,6 +9,8 @@ Op kinds (each an immutable record with the attributes of that kind):
 * `View`    – the same bytes with another shape (a reshape of a contiguous tensor).
 * `Slice`   – a box-shaped region copied out of a tensor.
 * `Concat`  – tensors joined along one axis.
+* `ArgReduce` – the index (int64) of the largest or smallest element along the last axis.
+* `KthLargest` – the k-th largest value along the last axis (a top-k threshold).
 * `ScatterAdd` – rows summed into a table by integer ids (a gather's gradient).
 
 A task may also carry a `Block` (`taskgraph.blocks`): its provenance when a pass
@@ -33,7 +35,8 @@ all index sizes), one FLOP per arithmetic operation of its join (a plain einsum 
 operands has k-1 multiplications) plus one for the aggregation when an index is
 reduced, and at least one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
 an elementwise op 1 per element. Data-movement ops (fill, gather, slice, concat)
-count 1 per output element; a view costs nothing.
+count 1 per output element; a view costs nothing; the last-axis selections (argreduce,
+kth_largest) count 1 per operand element.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ __all__ = [
     "View",
     "Slice",
     "Concat",
+    "ArgReduce",
+    "KthLargest",
     "ScatterAdd",
     "OP_KINDS",
     "is_input_slice",
@@ -497,8 +502,89 @@ class ScatterAdd(Op):
         return {"start": self.start}
 
 
+def _last_axis_operand(op: Op, operands: Sequence[Operand]) -> Operand:
+    """The one operand of an op that reduces the last axis, checked to have one."""
+    _expect_arity(op, operands, 1)
+    (operand,) = operands
+    if not operand.shape:
+        raise ShapeError(f"{op.kind}: the operand must have at least one dimension, got a scalar")
+    return operand
+
+
+@dataclass(frozen=True, slots=True)
+class ArgReduce(Op):
+    """`out[i...] = argmax_j in[i..., j]` (or argmin): the position of the largest
+    (smallest) element along the operand's last axis, as int64 ids – a greedy next token
+    from logits, ready for a `Gather`. Ties go to the first position (NumPy's rule).
+
+    A reduction whose result is a position cannot be combined from partial results by
+    a value aggregate, which is why it is its own op kind and not an einsum `agg`.
+    """
+
+    kind: ClassVar[str] = "argreduce"
+    agg: str = "argmax"
+
+    AGGS: ClassVar[tuple[str, ...]] = ("argmax", "argmin")
+
+    def __post_init__(self) -> None:
+        if self.agg not in self.AGGS:
+            raise GraphError(f"unknown argreduce agg {self.agg!r}; valid: {', '.join(self.AGGS)}")
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        operand = _last_axis_operand(self, operands)
+        if dtype is not None and dtypes.canonical(dtype) != "int64":
+            raise DTypeError(f"{self.agg}: the ids are int64, got dtype {dtype!r}")
+        return operand.shape[:-1], "int64"
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        return math.prod(operands[0].shape)  # one comparison per element
+
+    def describe(self) -> str:
+        return f"argreduce[{self.agg}]"
+
+    def attributes(self) -> dict[str, Any]:
+        return {"agg": self.agg}
+
+
+@dataclass(frozen=True, slots=True)
+class KthLargest(Op):
+    """`out[i...]` = the `k`-th largest of `in[i..., :]` (k=1: the maximum), in the
+    operand's dtype: the threshold of top-k sampling (keep the elements >= it)."""
+
+    kind: ClassVar[str] = "kth_largest"
+    k: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k <= 0:
+            raise GraphError(f"kth_largest: k must be a positive int, got {self.k!r}")
+
+    def infer(
+        self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
+    ) -> tuple[Shape, str]:
+        operand = _last_axis_operand(self, operands)
+        if self.k > operand.shape[-1]:
+            raise ShapeError(
+                f"kth_largest: k={self.k} exceeds the last axis' extent {operand.shape[-1]}"
+            )
+        if dtype is not None and dtypes.canonical(dtype) != operand.dtype:
+            raise DTypeError(f"kth_largest: the result has the operand's dtype {operand.dtype}")
+        return operand.shape[:-1], operand.dtype
+
+    def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
+        return math.prod(operands[0].shape)  # a selection: linear in the elements
+
+    def describe(self) -> str:
+        return f"kth_largest[k={self.k}]"
+
+    def attributes(self) -> dict[str, Any]:
+        return {"k": self.k}
+
+
 OP_KINDS: dict[str, type[Op]] = {
-    cls.kind: cls for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat, ScatterAdd)
+    cls.kind: cls
+    for cls in (Input, Einsum, Fill, Gather, View, Slice, Concat, ScatterAdd, ArgReduce, KthLargest)
 }
 """Every op kind by name."""
 

@@ -69,6 +69,8 @@ TASK_STYLES: dict[str, NodeStyle] = {
     "slice": NodeStyle("slice", "invtrapezium", "#fcc5c0"),
     "concat": NodeStyle("concat", "trapezium", "#fcc5c0"),
     "scatter_add": NodeStyle("scatter-add", "hexagon", "#bcbddc"),
+    "argreduce": NodeStyle("argmax / argmin (ids)", "octagon", "#bcbddc"),
+    "kth_largest": NodeStyle("k-th largest", "doubleoctagon", "#bcbddc"),
     "output": NodeStyle("program output", "box", "#fff2ae", "rounded,filled,bold"),
 }
 """Node styles by kind; inputs are split into weights and activations."""

@@ -21,7 +21,8 @@ Schema (version 1)::
 `id` must equal the task's position and `inputs` must name earlier tasks. `attrs`
 by op: input {name, role, location}; einsum {spec, join (string or null), agg};
 fill {value (number, or "inf"/"-inf"/"nan"), pattern, origin}; gather {}; view {};
-slice {starts}; concat {axis}. FLOPs are not stored: they are recomputed.
+slice {starts}; concat {axis}; argreduce {agg}; kth_largest {k}. FLOPs are not
+stored: they are recomputed.
 
 A task made by partitioning has one more key, `"block"` (absent otherwise), its
 provenance (`taskgraph.nodes.Block`)::

@@ -401,3 +401,12 @@ def test_cross_entropy_backward_is_one_pass_per_contribution_over_the_logits():
     g = taskgraph.grad(prog.build(), "loss", ["x"])
     full = [t for t in g if t.label.startswith("grad") and t.shape == (4, 50)]
     assert len(full) == 2  # softmax(x) * g, fused with the picked logit's -g
+
+
+def test_differentiating_through_a_top_k_threshold_is_refused():
+    prog = ep.Program("topk")
+    x = prog.input("x", (2, 8))
+    t = ep.kth_largest(x, 3)
+    prog.output(ep.reduce_sum(t * t), "loss")
+    with pytest.raises(ep.UnsupportedError, match="top-k threshold"):
+        taskgraph.grad(prog.build(), "loss", ["x"])

@@ -55,6 +55,8 @@ def zoo() -> TaskGraph:
         "fill": prog.fill((4, 6), 0.5),
         "gather": prog.gather(x, ids),
         "slice": prog.slice(x, (1, 0), (2, 6)),
+        "argreduce": ep.argmax(x),
+        "kth_largest": ep.kth_largest(x, 2),
     }
     parts["view"] = prog.view(parts["einsum"], (4, 2, 3))
     parts["concat"] = prog.concat([x, parts["fill"]], 0)

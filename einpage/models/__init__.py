@@ -29,13 +29,14 @@ so) – on a GPU with less memory than the model::
     next_token = logits.argmax(-1)  # [batch]
 
 A program has fixed (batch, seq): prompts of another length need another program and
-plan (plans are fast: ~0.1 s for 7B), and there is no KV cache yet, so generating a
-token means a prefill over the whole prompt again. `notebooks/03_llama.py` walks
-through the same steps with a small model, and `benchmarks/llama_plans.py` plans the
-7B and 65B shapes.
+plan (plans are fast: ~0.1 s for 7B). Generating tokens – a prefill and decode steps
+over a paged KV cache, planned under the same budget – is `einpage.generate.generate`
+(programs: `einpage.models.generation`, built from each family's `decoder`).
+`notebooks/03_llama.py` walks through the same steps with a small model, and
+`benchmarks/llama_plans.py` plans the 7B and 65B shapes.
 """
 
-from einpage.models import base, errors, gpt2, llama
+from einpage.models import base, decode, errors, generation, gpt2, llama
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.errors import *  # noqa: F403
 
@@ -46,6 +47,8 @@ __all__ = [
     "llama",
     "gpt2",
     "base",
+    "decode",
+    "generation",
     "errors",
     "FAMILIES",
     "ModelConfig",

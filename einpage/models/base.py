@@ -56,14 +56,23 @@ How to add a family
    `prefill_program(cfg, batch, seq, dtype="float32", logits="all")` built on
    `common.begin_prefill`, `common.decoder_layers` and `common.logits_head`, and
    `prefill_inputs(cfg, tokens, weights=None, dtype="float32")`.
-3. Export the loaders (`weights_from_state_dict = base.weights_from_state_dict`, the
+3. For generation, write the attention as two blocks shared by the prefill and the
+   decode steps – `_qkv(x, ...) -> common.Heads` (norm, projections, positions) and
+   `_attn_out(x, attention, ...)` (output projection, residual) – and a
+   `decoder(cfg, prog, weight, dtype, positions) -> common.Decoder` over them, with
+   `position_inputs(cfg, positions, dtype)` for the inputs it declares (see
+   `llama.decoder`); `einpage.models.generation` builds the generation and decode step
+   programs from those alone (paged KV cache, next-token choice).
+4. Export the loaders (`weights_from_state_dict = base.weights_from_state_dict`, the
    same for safetensors, and `weight_specs`/`weight_shapes`), define
-   `FAMILY = ModelFamily("my", MyConfig, PRESETS, prefill_program, prefill_inputs)`,
-   and add it to `FAMILIES` in `einpage/models/__init__.py`.
-4. Tests: `tests/models/test_families.py` runs over every family in `FAMILIES`
+   `FAMILY = ModelFamily("my", MyConfig, PRESETS, prefill_program, prefill_inputs,
+   decoder=decoder, position_inputs=position_inputs)`, and add it to `FAMILIES` in
+   `einpage/models/__init__.py`.
+5. Tests: `tests/models/test_families.py` runs over every family in `FAMILIES`
    (presets build, parameters equal weight bytes, specs follow the program). Add an
    equality test against the Hugging Face model (`tests/models/hf_models.py` builds
-   small random ones) and the family's config errors.
+   small random ones) and the family's config errors; `tests/models/test_generation.py`
+   compares generated tokens with `generate(do_sample=False)` (add the model to MODELS).
 
 A family that is another one with a few changes (a sliding window, Q/K/V biases) can
 subclass that family's config and reuse its program builders.
@@ -91,6 +100,7 @@ from einpage.models.weights import WeightSpec, check_layer_count, load_weights, 
 from taskgraph import dtypes
 
 if TYPE_CHECKING:
+    from einpage.models.common import Decoder
     from einpage.program import Program
 
 __all__ = [
@@ -367,3 +377,22 @@ class ModelFamily:
     presets: Mapping[str, ModelConfig] = field(repr=False)
     prefill_program: Callable[..., Program] = field(repr=False)
     prefill_inputs: Callable[..., dict[str, np.ndarray]] = field(repr=False)
+    decoder: Callable[..., Decoder] | None = field(default=None, repr=False)
+    """`decoder(cfg, prog, weight, dtype, positions) -> common.Decoder`: the family's
+    blocks for generation programs (None: the family cannot generate)."""
+    position_inputs: Callable[..., dict[str, np.ndarray]] | None = field(default=None, repr=False)
+    """`position_inputs(cfg, positions, dtype)`: the inputs `decoder` declared."""
+
+    def generation_program(self, cfg: ModelConfig, *args: Any, **options: Any) -> Program:
+        """`einpage.models.generation.generation_program` for this family: prefill and
+        decode steps unrolled into one program."""
+        from einpage.models import generation
+
+        return generation.generation_program(self, cfg, *args, **options)
+
+    def decode_program(self, cfg: ModelConfig, *args: Any, **options: Any) -> Program:
+        """`einpage.models.generation.decode_program` for this family: one decode step
+        over a paged KV cache of a length bucket."""
+        from einpage.models import generation
+
+        return generation.decode_program(self, cfg, *args, **options)

@@ -33,16 +33,21 @@ from taskgraph import dtypes
 __all__ = [
     "LOGITS",
     "Weight",
+    "Positions",
+    "Heads",
+    "Decoder",
     "Prefill",
     "begin_prefill",
     "decoder_layers",
     "logits_head",
+    "head_logits",
     "token_ids",
     "causal_attention",
     "last_position",
     "check_prefill_args",
     "scaled",
     "weight_input",
+    "cached_weight_input",
 ]
 
 Weight = Callable[[str], Tensor]
@@ -122,6 +127,84 @@ def weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: st
     return weight
 
 
+def cached_weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Weight:
+    """Like `weight_input`, but a weight asked for again is the same input: a generation
+    program reads every weight once per step."""
+    declared: dict[str, Tensor] = {}
+
+    def weight(name: str) -> Tensor:
+        if name not in declared:
+            declared[name] = prog.input(name, shapes[name], dtype, role="weight")
+        return declared[name]
+
+    return weight
+
+
+# -- what prefill and decode steps share ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Positions:
+    """The positions of a chunk of tokens: `count` positions from `start`, known when the
+    program is built, or – with `ids`, an int64 tensor [count] – given when it runs (one
+    plan then serves every position, as a decode step plan reused across steps does)."""
+
+    count: int
+    start: int = 0
+    ids: Tensor | None = None
+
+    def rows(self, table: Tensor, label: str = "") -> Tensor:
+        """The rows of `table` [n, width] at these positions: [count, width] – the table
+        itself when it is exactly those rows, else a slice (or a gather of `ids`)."""
+        prog = table.program
+        n, width = table.shape
+        if self.ids is not None:
+            return prog.gather(table, self.ids, label=label)
+        if self.start == 0 and self.count == n:
+            return table
+        return prog.slice(table, (self.start, 0), (self.count, width), label=label)
+
+
+@dataclass(frozen=True)
+class Heads:
+    """A layer's attention heads for a chunk of s positions: `q` [b, h, s, e] (or
+    [b, g, r, s, e] with grouped-query attention), already scaled by 1/sqrt(e), and `k`,
+    `v` [b, h, s, e] (or [b, g, s, e]): what a KV cache keeps."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A family's program pieces over one program, shared by prefill chunks and decode
+    steps (`einpage.models.generation` builds generation programs from them alone).
+
+    A family's `decoder(cfg, prog, weight, dtype, positions)` makes one: it declares the
+    program inputs its positions need for `positions` positions (LLaMA's rotary
+    tables), and returns:
+
+    * `features(where)`: what the blocks need of a chunk's `Positions` (LLaMA: the
+      rotation tables; GPT-2: the position embeddings), computed once per chunk;
+    * `embed(tokens, features)`: int64 ids [b, s] -> hidden states [b, s, d];
+    * `qkv(x, prefix, features)`: the layer's normalized projections as `Heads`;
+    * `attn_out(x, attention, prefix)`: the output projection of the attention (with
+      q's shape) plus the residual;
+    * `mlp(x, prefix)`: the MLP block with its residual;
+    * `head(x)`: hidden states [b, d] -> logits [b, vocab] (final norm, projection);
+    * `max_positions`: the most positions the model has (None: no limit).
+    """
+
+    features: Callable[[Positions], Any]
+    embed: Callable[[Tensor, Any], Tensor]
+    qkv: Callable[[Tensor, str, Any], Heads]
+    attn_out: Callable[[Tensor, Tensor, str], Tensor]
+    mlp: Callable[[Tensor, str], Tensor]
+    head: Callable[[Tensor], Tensor]
+    max_positions: int | None = None
+
+
 # -- the prefill scaffolding -------------------------------------------------------------
 
 
@@ -190,6 +273,12 @@ def logits_head(
     with prog.scope("head"):
         if logits == "last":
             x = last_position(x)
-        h = norm(x)
-        spec = "bsd,vd->bsv" if logits == "all" else "bd,vd->bv"
-        prog.output(prog.einsum(spec, h, table(), label="logits"), "logits")
+        prog.output(head_logits(x, norm, table), "logits")
+
+
+def head_logits(x: Tensor, norm: Callable[[Tensor], Tensor], table: Callable[[], Tensor]) -> Tensor:
+    """`norm(x)` projected onto the vocabulary by `table()` [vocab, d]: `bsd,vd->bsv` for
+    hidden states [b, s, d], `bd,vd->bv` for [b, d]."""
+    h = norm(x)
+    spec = "bsd,vd->bsv" if x.ndim == 3 else "bd,vd->bv"
+    return x.program.einsum(spec, h, table(), label="logits")

@@ -6,7 +6,7 @@ can catch one family, or `EinpageError` for everything einpage raises on purpose
 
 from __future__ import annotations
 
-from einpage_core.errors import EinpageError, UnsupportedError
+from einpage_core.errors import EinpageError, InfeasibleBudgetError, UnsupportedError
 
 __all__ = [
     "ModelError",
@@ -15,6 +15,8 @@ __all__ = [
     "ConfigMismatchError",
     "WeightError",
     "CheckpointError",
+    "GenerationError",
+    "GenerationBudgetError",
 ]
 
 
@@ -60,3 +62,30 @@ class WeightError(ModelError):
 class CheckpointError(ModelError):
     """A checkpoint on disk cannot be read: no weights file, a malformed index JSON, a
     shard that is missing or escapes the checkpoint directory, an unreadable header."""
+
+
+class GenerationError(ModelError):
+    """Bad arguments of a generation: `new_tokens` <= 0, a prompt longer than the model's
+    positions, a token id outside the vocabulary, a page size that is not positive, a
+    sampling setting out of range (the message names the value and what is valid)."""
+
+
+class GenerationBudgetError(InfeasibleBudgetError):
+    """The budget is below what a generation plan needs. Besides `budget` and `needed`
+    (bytes) and `task` (a task id of the planned program, or None), `step` names the part
+    of the generation that needs it: "prefill" or "step {t}" (decode step t, 1-based
+    after the prefill's token), and `plan` the plan ("unrolled", "prefill", or
+    "decode (pages P)")."""
+
+    def __init__(
+        self,
+        message: str,
+        budget: int,
+        needed: int,
+        task: int | None,
+        step: str,
+        plan: str,
+    ):
+        super().__init__(message, budget, needed, task)
+        self.step = step
+        self.plan = plan

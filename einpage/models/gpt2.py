@@ -65,10 +65,14 @@ from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily, check_positive_int
 from einpage.models.common import (
+    Decoder,
+    Heads,
+    Positions,
     Weight,
     begin_prefill,
     causal_attention,
     decoder_layers,
+    head_logits,
     logits_head,
     token_ids,
 )
@@ -83,6 +87,10 @@ __all__ = [
     "FAMILY",
     "prefill_program",
     "prefill_inputs",
+    "decoder",
+    "position_inputs",
+    "generation_program",
+    "decode_program",
     "weight_specs",
     "weight_shapes",
     "weights_from_state_dict",
@@ -308,7 +316,8 @@ def prefill_program(
     return prog
 
 
-def _attention(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
+def _qkv(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Heads:
+    """The layer's LayerNorm and Q/K/V projections with their biases (q also scaled)."""
     prog = x.program
     h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
     scale = 1.0 / math.sqrt(cfg.head_dim)
@@ -318,10 +327,20 @@ def _attention(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tenso
         heads[part] = prog.einsum(
             "bhse,he->bhse", y, weight(prefix + "b" + part), join=join, label=part + ".bias"
         )
-    out = causal_attention(heads["q"], heads["k"], heads["v"])
+    return Heads(heads["q"], heads["k"], heads["v"])
+
+
+def _attn_out(x: Tensor, out: Tensor, weight: Weight, prefix: str) -> Tensor:
+    """The output projection of the attention `out` [b, h, s, e], its bias and the residual."""
+    prog = x.program
     o = prog.einsum("bhse,hed->bsd", out, weight(prefix + "wo"), label="o")
     bias = weight(prefix + "bo")
     return prog.einsum("bsd,bsd,d->bsd", x, o, bias, join="a + b + c", label="residual")
+
+
+def _attention(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
+    heads = _qkv(cfg, x, weight, prefix)
+    return _attn_out(x, causal_attention(heads.q, heads.k, heads.v), weight, prefix)
 
 
 def _mlp(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
@@ -334,5 +353,69 @@ def _mlp(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     return prog.einsum("bsd,bsd,d->bsd", x, proj, bias, join="a + b + c", label="residual")
 
 
-FAMILY = ModelFamily("gpt2", GPT2Config, PRESETS, prefill_program, prefill_inputs)
+# -- generation --------------------------------------------------------------------------
+
+
+def decoder(cfg: GPT2Config, prog: Program, weight: Weight, dtype: str, positions: int) -> Decoder:
+    """GPT-2's blocks for `einpage.models.generation`: a chunk's position embeddings are
+    the rows of `pos_embed` at its positions (so at most `max_positions` positions)."""
+
+    def features(where: Positions) -> Tensor:
+        with prog.scope("embed"):
+            return where.rows(weight("pos_embed"), "positions")
+
+    def embed(tokens: Tensor, rows: Tensor) -> Tensor:
+        x = prog.gather(weight("embed"), tokens, label="tokens")
+        return prog.einsum("bsd,sd->bsd", x, rows, join="a + b", label="x")
+
+    def norm(h: Tensor) -> Tensor:
+        return ops.layernorm(h, weight("norm"), weight("norm_bias"), cfg.layer_norm_eps)
+
+    return Decoder(
+        features=features,
+        embed=embed,
+        qkv=lambda x, prefix, rows: _qkv(cfg, x, weight, prefix),
+        attn_out=lambda x, out, prefix: _attn_out(x, out, weight, prefix),
+        mlp=lambda x, prefix: _mlp(cfg, x, weight, prefix),
+        head=lambda x: head_logits(x, norm, lambda: weight("embed")),
+        max_positions=cfg.max_positions,
+    )
+
+
+def position_inputs(
+    cfg: GPT2Config, positions: int, dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """None: GPT-2's positions are rows of a weight (`pos_embed`)."""
+    dtypes.canonical(dtype)
+    return {}
+
+
+def generation_program(
+    cfg: GPT2Config,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    dtype: Any = "float32",
+    **options: Any,
+) -> Program:
+    """`einpage.models.generation.generation_program` for GPT-2."""
+    return FAMILY.generation_program(cfg, batch, prompt_len, new_tokens, dtype, **options)
+
+
+def decode_program(
+    cfg: GPT2Config, batch: int, pages: int, dtype: Any = "float32", **options: Any
+) -> Program:
+    """`einpage.models.generation.decode_program` for GPT-2."""
+    return FAMILY.decode_program(cfg, batch, pages, dtype, **options)
+
+
+FAMILY = ModelFamily(
+    "gpt2",
+    GPT2Config,
+    PRESETS,
+    prefill_program,
+    prefill_inputs,
+    decoder=decoder,
+    position_inputs=position_inputs,
+)
 """GPT-2 as a family of `einpage.models.FAMILIES`."""

@@ -74,10 +74,14 @@ from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily
 from einpage.models.common import (
+    Decoder,
+    Heads,
+    Positions,
     Weight,
     begin_prefill,
     causal_attention,
     decoder_layers,
+    head_logits,
     logits_head,
     scaled,
     token_ids,
@@ -94,6 +98,10 @@ __all__ = [
     "prefill_program",
     "prefill_inputs",
     "rope_tables",
+    "decoder",
+    "position_inputs",
+    "generation_program",
+    "decode_program",
     "weight_specs",
     "weight_shapes",
     "weights_from_state_dict",
@@ -413,17 +421,30 @@ def _rotate(x: Tensor, rot: Tensor) -> Tensor:
     return prog.view(out, x.shape)
 
 
-def _attention(
+def _qkv(
     cfg: LlamaConfig, x: Tensor, rot_q: Tensor, rot_k: Tensor, weight: Weight, prefix: str
-) -> Tensor:
+) -> Heads:
+    """The layer's RMSNorm and Q/K/V projections, rotated (q also scaled): `Heads`."""
     prog = x.program
     h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
     q = prog.einsum("bsd,gred->bgrse", h, weight(prefix + "wq"), label="q")
     k = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wk"), label="k")
     v = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wv"), label="v")
-    out = causal_attention(_rotate(q, rot_q), _rotate(k, rot_k), v)
+    return Heads(_rotate(q, rot_q), _rotate(k, rot_k), v)
+
+
+def _attn_out(x: Tensor, out: Tensor, weight: Weight, prefix: str) -> Tensor:
+    """The output projection of the attention `out` [b, g, r, s, e], plus the residual."""
+    prog = x.program
     o = prog.einsum("bgrse,gred->bsd", out, weight(prefix + "wo"), label="o")
     return prog.einsum("bsd,bsd->bsd", x, o, join="a + b", label="residual")
+
+
+def _attention(
+    cfg: LlamaConfig, x: Tensor, rot_q: Tensor, rot_k: Tensor, weight: Weight, prefix: str
+) -> Tensor:
+    heads = _qkv(cfg, x, rot_q, rot_k, weight, prefix)
+    return _attn_out(x, causal_attention(heads.q, heads.k, heads.v), weight, prefix)
 
 
 def _mlp(cfg: LlamaConfig, x: Tensor, weight: Weight, prefix: str) -> Tensor:
@@ -436,5 +457,73 @@ def _mlp(cfg: LlamaConfig, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     return prog.einsum("bsd,bsd->bsd", x, down, join="a + b", label="residual")
 
 
-FAMILY = ModelFamily("llama", LlamaConfig, PRESETS, prefill_program, prefill_inputs)
+# -- generation --------------------------------------------------------------------------
+
+
+def decoder(cfg: LlamaConfig, prog: Program, weight: Weight, dtype: str, positions: int) -> Decoder:
+    """LLaMA's blocks for `einpage.models.generation`: declares the rotary tables
+    `rope.cos`, `rope.sin` [positions, head_dim] (`position_inputs` makes them) and
+    rotates each chunk by their rows at the chunk's positions."""
+    e = cfg.head_dim
+    with prog.scope("rope"):
+        cos = prog.input("rope.cos", (positions, e), dtype)
+        sin = prog.input("rope.sin", (positions, e), dtype)
+
+    def features(where: Positions) -> tuple[Tensor, Tensor]:
+        with prog.scope("rope"):
+            rows = where.rows(cos, "rope.cos"), where.rows(sin, "rope.sin")
+            return _rotation_tables(*rows, 1.0 / math.sqrt(e))
+
+    def head(x: Tensor) -> Tensor:
+        table = weight("embed") if cfg.tie_embeddings else weight("lm_head")
+        return head_logits(
+            x, lambda h: ops.rmsnorm(h, weight("norm"), cfg.rms_norm_eps), lambda: table
+        )
+
+    return Decoder(
+        features=features,
+        embed=lambda tokens, rot: prog.gather(weight("embed"), tokens, label="x"),
+        qkv=lambda x, prefix, rot: _qkv(cfg, x, rot[0], rot[1], weight, prefix),
+        attn_out=lambda x, out, prefix: _attn_out(x, out, weight, prefix),
+        mlp=lambda x, prefix: _mlp(cfg, x, weight, prefix),
+        head=head,
+    )
+
+
+def position_inputs(
+    cfg: LlamaConfig, positions: int, dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The inputs `decoder` declares for `positions` positions: the rotary tables."""
+    cos, sin = rope_tables(cfg, positions, dtype)
+    return {"rope.cos": cos, "rope.sin": sin}
+
+
+def generation_program(
+    cfg: LlamaConfig,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    dtype: Any = "float32",
+    **options: Any,
+) -> Program:
+    """`einpage.models.generation.generation_program` for LLaMA."""
+    return FAMILY.generation_program(cfg, batch, prompt_len, new_tokens, dtype, **options)
+
+
+def decode_program(
+    cfg: LlamaConfig, batch: int, pages: int, dtype: Any = "float32", **options: Any
+) -> Program:
+    """`einpage.models.generation.decode_program` for LLaMA."""
+    return FAMILY.decode_program(cfg, batch, pages, dtype, **options)
+
+
+FAMILY = ModelFamily(
+    "llama",
+    LlamaConfig,
+    PRESETS,
+    prefill_program,
+    prefill_inputs,
+    decoder=decoder,
+    position_inputs=position_inputs,
+)
 """LLaMA as a family of `einpage.models.FAMILIES`."""

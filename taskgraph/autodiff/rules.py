@@ -14,7 +14,8 @@ sums the contributions to one tensor's gradient.
 * scatter-add: a gather of the gradient's rows (valid when every id is in range, as
   for an embedding's gradient; a partitioned block with `start` > 0 is refused).
 
-Inputs and fills have no operands, so no rule (`without`).
+Inputs and fills have no operands, so no rule (`without`); nor do argmax/argmin (integer
+ids) and the k-th largest (a sampling threshold): differentiating through one is refused.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from taskgraph.autodiff.einsum_rule import einsum_gradients
 from taskgraph.autodiff.emitter import Emitter
 from taskgraph.dispatch import OpTable
 from taskgraph.nodes import (
+    ArgReduce,
     Concat,
     Einsum,
     Fill,
     Gather,
     Input,
+    KthLargest,
     ScatterAdd,
     Slice,
     Task,
@@ -116,6 +119,11 @@ VJP_RULES: OpTable[VjpRule] = OpTable(
     without={
         Input: "an input has no operands: its gradient is an output of the pass",
         Fill: "a constant has no operands: nothing to differentiate",
+        ArgReduce: "its output is integer ids: no gradient flows through it",
+        KthLargest: (
+            "a top-k threshold for sampling: differentiating through it is not supported "
+            "(use agg='max' einsums for a differentiable maximum)"
+        ),
     },
 )
 """The gradient rule of each op kind."""

@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 from taskgraph.dispatch import OpTable
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
+    ArgReduce,
     Block,
     Concat,
     Einsum,
     Fill,
     Gather,
     Input,
+    KthLargest,
     ScatterAdd,
     Shape,
     Slice,
@@ -123,6 +125,18 @@ def _scatter_add_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
     links = tuple(Link(1 + j, 0, k + j) for j in range(len(task.shape) - 1))
     assembled = None if isinstance(src.op, Input) else src_tensor
     return Geometry(dims, (src_tensor, ids_tensor, out_tensor(task)), links, assembled=assembled)
+
+
+def _last_axis_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
+    # argreduce, kth_largest: blocks split the output (the operand's leading axes); each
+    # reads its rows whole along the last axis, which a position cannot be combined over.
+    (operand,) = (tasks[i] for i in task.inputs)
+    rank = len(task.shape)
+    rows = Tensor(itemsize(operand), tuple(range(rank)), operand.shape[-1])
+    links = tuple(Link(a, 0, a) for a in range(rank))
+    assembled = None if isinstance(operand.op, Input) else rows
+    dims = tuple(Dim(e) for e in task.shape)
+    return Geometry(dims, (rows, out_tensor(task)), links, assembled=assembled)
 
 
 def view_groups(src: Shape, dst: Shape) -> tuple[ViewGroup, ...]:
@@ -335,6 +349,13 @@ def _emit_concat(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) ->
     return m.add(Concat(axis), inputs, box_sizes(box), task.dtype, task, block)
 
 
+def _emit_last_axis(m: Materializer, task: Task, box: Box, sizes: Sequence[int]) -> int:
+    (operand,) = task.inputs
+    rows = m.fetch(operand, (*box, Range(0, m.tg[operand].shape[-1])))
+    block = Block(task.id, box_starts(box), box_sizes(box))
+    return m.add(task.op, (rows,), box_sizes(box), task.dtype, task, block)
+
+
 # -- the table ----------------------------------------------------------------------
 
 
@@ -357,6 +378,8 @@ RULES: OpTable[PartitionRule] = OpTable(
         Slice: PartitionRule(_slice_geometry, _emit_slice),
         Concat: PartitionRule(_concat_geometry, _emit_concat),
         ScatterAdd: PartitionRule(_scatter_add_geometry, _emit_scatter_add),
+        ArgReduce: PartitionRule(_last_axis_geometry, _emit_last_axis),
+        KthLargest: PartitionRule(_last_axis_geometry, _emit_last_axis),
     },
 )
 """The partition rule of each op kind."""

@@ -227,6 +227,9 @@ def fake_cupy() -> SimpleNamespace:
         tanh=np.tanh,
         abs=np.abs,
         where=np.where,
+        argmax=np.argmax,
+        argmin=np.argmin,
+        partition=np.partition,
     )
 
 

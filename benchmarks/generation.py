@@ -1,0 +1,343 @@
+"""Generation under a device budget: einpage's plans against offloading baselines and a bound.
+
+Run: `python benchmarks/generation.py [--json out.json] [--quick]`. FlexGen's setting
+(prompt 512, 32 new tokens, float16) for LLaMA-7B at 8 and 16 GiB and LLaMA-65B at
+32 GiB, batches 1 to 64, simulated on the "h100-pcie5" cost model (400 TFLOP/s, 2 TB/s
+HBM, 50 GB/s each way over PCIe; `memgraph.simulate`). Greedy decoding, KV pages of
+128 positions. Each cell prints the simulated generation throughput – generated tokens
+(batch x 32) over the simulated seconds of the prefill and every decode step – of:
+
+* `unrolled`: `einpage.generation_plans.plan_generation(spec, budget, "unrolled")`: the
+  prefill and 31 decode steps as one program planned once (`einpage.compile`);
+* `steps`: the same with "steps": a prefill plan and one decode plan per length bucket
+  (a page), run back to back – nothing stays on the device between steps;
+* `steps×8`: step plans of chunks of 8 decode steps (`chunk_steps=8`): weights and the
+  chunk's pages stay on the device within a chunk;
+* `stream`: `memgraph.layer_streaming_plan` of the unrolled program, ZeRO-Inference-like:
+  every weight copied in per layer and dropped after use, every step; activations and
+  KV pages stay on the device (infeasible when they do not fit);
+* `flexgen`: a FlexGen-like fixed placement, modelled analytically on the same cost
+  model (the same per-step compute as the program): the largest fraction of the
+  weights that fits beside its working set (two layers of streamed weights, two
+  layers of KV pages, the largest task) stays resident, the rest is streamed every
+  step, and the KV cache lives on the host – read in whole every step, each step's new
+  keys and values written back – with transfers overlapping compute perfectly;
+* `bound`: per step, max(compute seconds, bytes that must cross PCIe / bandwidth),
+  summed: a step reads every weight and every page so far, at most `budget` bytes of
+  which can be on the device when it starts, so at least `weights + pages - budget`
+  bytes (all weights for the prefill) come in during the step.
+
+and, for the einpage plans, the weight bytes streamed and KV bytes paged (reloaded plus
+offloaded) per generated token, and the planning seconds (building the programs and
+`einpage.compile`, without verification: the verifier's dependency search is slow on
+graphs of this size, so plans here are not verified; the test suite verifies the small
+ones). JSON (`--json`) has every number in bytes and seconds.
+
+What the numbers say: see the README's "Measured" section (the command there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import memgraph  # noqa: E402
+from einpage.generation_plans import GenerationSpec, plan_generation  # noqa: E402
+from einpage.models import llama  # noqa: E402
+from einpage.models.errors import GenerationBudgetError  # noqa: E402
+from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
+from einpage_core.units import format_bytes, parse_bytes  # noqa: E402
+from memgraph.cost import get_cost_model  # noqa: E402
+from taskgraph import TaskGraph  # noqa: E402
+from taskgraph.nodes import Input  # noqa: E402
+
+COST_MODEL = "h100-pcie5"
+PROMPT, NEW_TOKENS, PAGE_SIZE, CHUNK = 512, 32, 128, 8
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+SETTINGS = (("7b", "8GiB"), ("7b", "16GiB"), ("65b", "32GiB"))
+QUICK = {"settings": (("7b", "8GiB"),), "batches": (1, 4), "prompt": 128, "new_tokens": 4}
+
+
+@dataclass(frozen=True)
+class Way:
+    """One einpage plan of a cell."""
+
+    tokens_per_s: float
+    seconds: float
+    planning_seconds: float
+    weight_bytes_per_token: float
+    kv_bytes_per_token: float
+    tasks: int
+    nodes: int
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: str
+    budget: int
+    batch: int
+    prompt: int
+    new_tokens: int
+    weight_bytes: int
+    kv_bytes: int
+    bound_tokens_per_s: float
+    unrolled: Way | None
+    steps: Way | None
+    chunked: Way | None
+    stream_tokens_per_s: float | None
+    flexgen_tokens_per_s: float | None
+    flexgen_resident_fraction: float | None
+    notes: dict[str, str]
+
+
+def step_of(scope: str) -> int:
+    """0 for the prefill, t for decode step t (scopes `prefill.*`, `step{t}.*`)."""
+    head = scope.split(".")[0]
+    return int(head[4:]) if head.startswith("step") and head[4:].isdigit() else 0
+
+
+def per_step(
+    tg: TaskGraph, cost: Any, prompt: int, kv_per_position: int
+) -> tuple[list[float], list[int], int]:
+    """Compute seconds of each step (0 = prefill), the KV bytes cached when each step
+    starts (read by it: the prompt and the tokens before it), and the weight bytes."""
+    steps = 1 + max(step_of(t.scope) for t in tg)
+    compute = [0.0] * steps
+    weights = 0
+    for task in tg:
+        if isinstance(task.op, Input):
+            weights += task.nbytes if task.op.role == "weight" else 0
+        else:
+            compute[step_of(task.scope)] += cost.task_seconds(tg, task.id)
+    kv = [0] + [(prompt + t - 1) * kv_per_position for t in range(1, steps)]
+    return compute, kv, weights
+
+
+def bound_seconds(
+    compute: list[float], kv: list[int], weights: int, budget: int, cost: Any
+) -> float:
+    """The per-step bound of the module docstring, summed."""
+    total = max(compute[0], weights / cost.h2d_bytes_per_s)
+    for t in range(1, len(compute)):
+        must = max(0, weights + kv[t] - budget)
+        total += max(compute[t], must / cost.h2d_bytes_per_s)
+    return total
+
+
+def flexgen_seconds(
+    compute: list[float], kv: list[int], weights: int, budget: int, layers: int,
+    largest_task: int, new_kv_per_step: int, cost: Any,
+) -> tuple[float | None, float | None]:  # fmt: skip
+    """(seconds, resident fraction) of the FlexGen-like placement, or (None, None) when
+    its working set alone exceeds the budget."""
+    kv_max = kv[-1] + new_kv_per_step
+    working = largest_task + 2 * kv_max / layers
+    room = budget - working
+    two_layers = 2 * weights / layers  # the streamed part's double buffer, at most
+    if room < two_layers:
+        return None, None
+    # resident f*W plus two layers of the streamed (1-f)*W fill `room`
+    f = min(1.0, (room - two_layers) / (weights * (1 - 2 / layers)))
+    h2d, d2h = cost.h2d_bytes_per_s, cost.d2h_bytes_per_s
+    total = max(compute[0], weights / h2d, kv[1] / d2h if len(kv) > 1 else 0.0)
+    for t in range(1, len(compute)):
+        streamed = (1 - f) * weights + kv[t]
+        total += max(compute[t], streamed / h2d, new_kv_per_step / d2h)
+    return total, f
+
+
+def einpage_way(
+    spec: GenerationSpec, budget: int, way: str, eviction: str, chunk: int = 1
+) -> tuple[Way | None, str, Any]:
+    options = {} if way == "unrolled" else {"chunk_steps": chunk}
+    try:
+        plan = plan_generation(spec, budget, way, verify=False, eviction=eviction, **options)
+    except (GenerationBudgetError, InfeasibleBudgetError) as err:
+        return None, f"infeasible: {err}"[:300], None
+    stats = plan.stats(COST_MODEL)
+    result = Way(
+        tokens_per_s=stats.tokens_per_s,
+        seconds=stats.simulated_seconds,
+        planning_seconds=stats.planning_seconds,
+        weight_bytes_per_token=stats.weight_bytes_per_token,
+        kv_bytes_per_token=stats.kv_bytes_per_token,
+        tasks=stats.tasks,
+        nodes=stats.nodes,
+    )
+    return result, "", plan
+
+
+def run_cell(
+    model: str, budget_text: str, batch: int, prompt: int, new_tokens: int, eviction: str = "belady"
+) -> Cell:
+    cfg = llama.PRESETS[model]
+    budget = parse_bytes(budget_text)
+    cost = get_cost_model(COST_MODEL)
+    spec = GenerationSpec(
+        llama.FAMILY, cfg, batch, prompt, new_tokens, "float16", page_size=PAGE_SIZE
+    )
+    notes: dict[str, str] = {}
+    unrolled, note, plan = einpage_way(spec, budget, "unrolled", eviction)
+    if note:
+        notes["unrolled"] = note
+    tg = plan.compiled.program if plan is not None else spec.generation_program().build()
+    steps, note, _ = einpage_way(spec, budget, "steps", eviction)
+    if note:
+        notes["steps"] = note
+    chunked, note, _ = einpage_way(spec, budget, "steps", eviction, CHUNK)
+    if note:
+        notes["chunked"] = note
+    new_kv = 2 * cfg.num_layers * batch * cfg.num_kv_heads * cfg.head_dim * 2  # one position
+    compute, kv, weights = per_step(tg, cost, prompt, new_kv)
+    stream = None
+    try:
+        mg = memgraph.layer_streaming_plan(tg, budget, prefetch=1, cost_model=COST_MODEL)
+        stream = spec.tokens / memgraph.simulate(mg, COST_MODEL).makespan
+    except InfeasibleBudgetError as err:
+        notes["stream"] = f"infeasible: needs {format_bytes(err.needed)}"
+    largest = memgraph.min_budget(tg)[0]
+    flex, fraction = flexgen_seconds(
+        compute, kv, weights, budget, cfg.num_layers, largest, new_kv, cost
+    )
+    if flex is None:
+        notes["flexgen"] = "infeasible: its working set exceeds the budget"
+    return Cell(
+        model=model,
+        budget=budget,
+        batch=batch,
+        prompt=prompt,
+        new_tokens=new_tokens,
+        weight_bytes=weights,
+        kv_bytes=kv[-1] + new_kv,
+        bound_tokens_per_s=spec.tokens / bound_seconds(compute, kv, weights, budget, cost),
+        unrolled=unrolled,
+        steps=steps,
+        chunked=chunked,
+        stream_tokens_per_s=stream,
+        flexgen_tokens_per_s=None if flex is None else spec.tokens / flex,
+        flexgen_resident_fraction=fraction,
+        notes=notes,
+    )
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
+
+
+def print_cell(cell: Cell) -> None:
+    u, s, c = cell.unrolled, cell.steps, cell.chunked
+    share = "-" if u is None else f"{u.tokens_per_s / cell.bound_tokens_per_s:.0%}"
+    flex = cell.flexgen_tokens_per_s
+    over = "-" if u is None or flex is None else f"{u.tokens_per_s / flex:.2f}"
+    print(
+        f"{cell.model:>4} {format_bytes(cell.budget):>9} {cell.batch:>3}  "
+        f"{_rate(u and u.tokens_per_s):>8} {_rate(s and s.tokens_per_s):>8} "
+        f"{_rate(c and c.tokens_per_s):>8} "
+        f"{_rate(cell.stream_tokens_per_s):>8} {_rate(flex):>8} "
+        f"{cell.bound_tokens_per_s:>8,.1f} {share:>5} {over:>5}  "
+        f"{'-' if u is None else format_bytes(u.weight_bytes_per_token):>10} "
+        f"{'-' if u is None else format_bytes(u.kv_bytes_per_token):>10} "
+        f"{'-' if u is None else f'{u.planning_seconds:.1f}':>6} "
+        f"{'-' if s is None else f'{s.planning_seconds:.1f}':>6}",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="two small cells (a smoke test)")
+    parser.add_argument("--only", metavar="MODEL:BUDGET:BATCH", help="one cell, e.g. 7b:16GiB:16")
+    parser.add_argument(
+        "--eviction", default="belady", help="the planner's eviction policy (belady, lru)"
+    )
+    args = parser.parse_args(argv)
+    settings, batches = (QUICK["settings"], QUICK["batches"]) if args.quick else (SETTINGS, BATCHES)
+    if args.only:
+        model, budget, batch = args.only.split(":")
+        settings, batches = ((model, budget),), (int(batch),)
+    prompt, new_tokens = (
+        (QUICK["prompt"], QUICK["new_tokens"]) if args.quick else (PROMPT, NEW_TOKENS)
+    )
+    print(
+        f"prompt {prompt}, {new_tokens} new tokens, float16, pages of {PAGE_SIZE}, "
+        f"simulated on {COST_MODEL}; tokens/s of the whole generation"
+    )
+    print(
+        "model    budget   b  unrolled    steps  steps×8   stream  flexgen    bound  u/bd  u/fx  "
+        "weights/tok     KV/tok  plan-u plan-s"
+    )
+    cells = []
+    started = time.perf_counter()
+    for model, budget in settings:
+        for batch in batches:
+            cell = run_cell(model, budget, batch, prompt, new_tokens, args.eviction)
+            print_cell(cell)
+            cells.append(cell)
+    summary = summarize(cells)
+    for line in summary["lines"]:
+        print(line)
+    result = {
+        "machine": platform.platform(),
+        "cost_model": COST_MODEL,
+        "page_size": PAGE_SIZE,
+        "eviction": args.eviction,
+        "seconds": time.perf_counter() - started,
+        "cells": [asdict(c) for c in cells],
+        "summary": {k: v for k, v in summary.items() if k != "lines"},
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+def summarize(cells: list[Cell]) -> dict[str, Any]:
+    """The targets of the issue, met or not, cell by cell."""
+    near, beats, close, fails = 0, 0, 0, defaultdict(list)
+    for c in cells:
+        u = c.unrolled
+        if u is None:
+            fails["unrolled infeasible"].append((c.model, c.batch))
+            continue
+        where = (c.model, format_bytes(c.budget), c.batch)
+        if u.tokens_per_s >= 0.9 * c.bound_tokens_per_s:
+            near += 1
+        else:
+            fails["more than 10% under the bound"].append(where)
+        flex = c.flexgen_tokens_per_s
+        if flex is None or u.tokens_per_s >= flex:
+            beats += 1
+        else:
+            fails["below the FlexGen-like policy"].append(where)
+        close += flex is None or u.tokens_per_s >= 0.98 * flex
+    n = len(cells)
+    lines = [
+        f"within 10% of the bound: {near} of {n} cells; at least the FlexGen-like policy: "
+        f"{beats} of {n} (within 2% of it: {close})"
+    ]
+    lines += [f"  {why}: {where}" for why, where in fails.items()]
+    slowest = max((c.unrolled.planning_seconds for c in cells if c.unrolled), default=math.nan)
+    lines.append(f"slowest unrolled plan: {slowest:.1f} s")
+    return {
+        "near_bound": near,
+        "beats_flexgen": beats,
+        "within_2pct_of_flexgen": close,
+        "cells": n,
+        "lines": lines,
+    }
+
+
+if __name__ == "__main__":
+    main()

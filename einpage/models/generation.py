@@ -1,0 +1,414 @@
+"""Generation programs for any family: a prefill and decode steps over a paged KV cache.
+
+Both programs are built from a family's `common.Decoder` (its embedding, attention
+projections, MLP and head – the same blocks its prefill program uses), so a family
+that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
+
+* `generation_program(family, cfg, batch, prompt_len, new_tokens)`: the whole
+  generation unrolled into one program – the prefill of the prompt, whose last
+  position's logits give the first new token, then `new_tokens - 1` decode steps, each
+  embedding the previous step's ids (an int64 tensor on the device: the token never
+  visits the host), attending over the layer's KV pages (`einpage.models.decode`) and
+  choosing the next ids. Planned once, the planner sees every future use of every
+  weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 .. new_tokens - 1), each
+  with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
+* `decode_program(family, cfg, batch, pages, steps=1)`: one decode step (or a chunk of
+  `steps` consecutive ones) for any cache length up to `pages * page_size` – a length
+  bucket. The positions, the mask of filled cache positions and the pages are inputs,
+  so one plan serves every step (chunk) of the bucket (`einpage.generation_plans` runs
+  the loop).
+
+Inputs of a generation program: `tokens` int64 [batch, prompt_len]; the family's
+position inputs for prompt_len + new_tokens - 1 positions (LLaMA's `rope.cos`,
+`rope.sin`); with sampling, `gumbel` [new_tokens, batch, vocab] (standard Gumbel
+noise, one slice per step, read from host memory slice by slice); the weights.
+Outputs: `ids` int64 [batch, new_tokens]; with `logits=True`, `logits`
+[batch, new_tokens, vocab] (each step's, for checks). With `cache_outputs=True` (the
+prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
+`kv.{i}.k`, `kv.{i}.v` [batch, kv heads, prompt_len, head_dim] of each layer.
+
+Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
+`positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
+position), the position inputs for `pages * page_size + steps` positions, `kv.mask`
+[pages, page_size] (1 at the positions below L, 0 from L on), the pages `kv.{i}.k.{j}`
+and `kv.{i}.v.{j}` [batch, kv heads, page_size, head_dim] (in host memory, like
+weights), `gumbel` [steps, batch, vocab] when sampling, and the weights. Outputs:
+`ids` [batch, steps], the new positions' `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv
+heads, steps, head_dim], and `logits` [batch, steps, vocab] with `logits=True`.
+
+>>> from einpage.models import llama
+>>> tg = llama.generation_program(llama.PRESETS["tiny"], 1, 5, 3, page_size=4).build()
+>>> tg.tasks[tg.outputs["ids"]].shape
+(1, 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from einpage.models.base import ModelConfig, ModelFamily
+from einpage.models.common import (
+    Decoder,
+    Heads,
+    Positions,
+    cached_weight_input,
+    causal_attention,
+    decoder_layers,
+    last_position,
+    token_ids,
+)
+from einpage.models.decode import (
+    LayerCache,
+    Page,
+    Sampling,
+    check_sampling,
+    choose_tokens,
+    paged_attention,
+)
+from einpage.models.errors import GenerationError
+from einpage.program import Program, Tensor
+from taskgraph import dtypes
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "generation_program",
+    "decode_program",
+    "generation_inputs",
+    "decode_inputs",
+    "check_generation",
+    "check_page_size",
+    "check_tokens",
+    "kv_mask",
+]
+
+DEFAULT_PAGE_SIZE = 64
+"""Positions per KV page unless told otherwise."""
+
+
+def _positive(what: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        raise GenerationError(f"{what} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_page_size(page_size: Any) -> int:
+    """The page size, or `GenerationError` unless it is a positive int."""
+    return _positive("page_size", page_size)
+
+
+def check_generation(
+    family: ModelFamily,
+    cfg: ModelConfig,
+    batch: Any,
+    prompt_len: Any,
+    new_tokens: Any,
+    dtype: Any,
+    page_size: Any,
+    sampling: Sampling | None,
+) -> str:
+    """Check a generation's arguments; returns the canonical float dtype. Raises
+    `GenerationError` naming the bad value (the positions limit is checked by
+    `generation_program`, which knows the family's)."""
+    if family.decoder is None or family.position_inputs is None:
+        raise GenerationError(f"model family {family.name!r} has no decoder: it cannot generate")
+    if not isinstance(cfg, family.config):
+        raise GenerationError(
+            f"the {family.name} family needs a {family.config.__name__}, got {type(cfg).__name__}"
+        )
+    _positive("batch", batch)
+    _positive("prompt_len", prompt_len)
+    _positive("new_tokens", new_tokens)
+    check_page_size(page_size)
+    check_sampling(sampling, cfg.vocab_size)
+    name = dtypes.canonical(dtype)
+    if not dtypes.is_float(name):
+        raise GenerationError(f"dtype must be a float type, got {name}")
+    return name
+
+
+def _check_positions(decoder: Decoder, cfg: ModelConfig, needed: int, what: str) -> None:
+    limit = decoder.max_positions
+    if limit is not None and needed > limit:
+        raise GenerationError(
+            f"{what} needs {needed} positions, but {cfg.name!r} has {limit} "
+            f"(max_positions): shorten the prompt or generate fewer tokens"
+        )
+
+
+def check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
+    """The prompt as int64 [batch, prompt_len]; `GenerationError` for an id outside
+    [0, vocab_size) (naming it and where), `ConfigError` for a bad array."""
+    ids = token_ids(tokens)
+    bad = np.argwhere((ids < 0) | (ids >= vocab_size))
+    if len(bad):
+        row, col = (int(i) for i in bad[0])
+        raise GenerationError(
+            f"token {int(ids[row, col])} at prompt [{row}, {col}] is outside the vocabulary "
+            f"[0, {vocab_size}) ({len(bad)} such ids)"
+        )
+    return ids
+
+
+@dataclass
+class _Build:
+    """What the builders share: the program, the config, the family's decoder, options."""
+
+    prog: Program
+    cfg: ModelConfig
+    decoder: Decoder
+    dtype: str
+    sampling: Sampling | None
+    batch: int
+
+    def choose(self, logits: Tensor, gumbel: Tensor | None) -> Tensor:
+        with self.prog.scope("head"):
+            return choose_tokens(logits, self.sampling, gumbel)
+
+    def step_gumbel(self, gumbel: Tensor | None, step: int) -> Tensor | None:
+        """Step `step`'s slice [batch, vocab] of the noise input [steps, batch, vocab]."""
+        if gumbel is None:
+            return None
+        prog, shape = self.prog, gumbel.shape
+        if shape[0] == 1:
+            return prog.view(gumbel, shape[1:])
+        part = prog.slice(gumbel, (step, 0, 0), (1, *shape[1:]), label="gumbel")
+        return prog.view(part, shape[1:])
+
+
+def generation_program(
+    family: ModelFamily,
+    cfg: ModelConfig,
+    batch: int,
+    prompt_len: int,
+    new_tokens: int,
+    dtype: Any = "float32",
+    *,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    sampling: Sampling | None = None,
+    logits: bool = False,
+    cache_outputs: bool = False,
+) -> Program:
+    """The prefill and `new_tokens - 1` decode steps of `family`'s model `cfg`, unrolled
+    (module docstring). `sampling` None is greedy decoding. Raises `GenerationError` for
+    bad arguments (also a prompt plus new tokens beyond the model's positions)."""
+    dtype = check_generation(family, cfg, batch, prompt_len, new_tokens, dtype, page_size, sampling)
+    if cache_outputs and new_tokens != 1:
+        raise GenerationError(f"cache_outputs needs new_tokens=1, got {new_tokens}")
+    prog = Program(f"{cfg.name}-generate-b{batch}-p{prompt_len}-n{new_tokens}")
+    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    tokens = prog.input("tokens", (batch, prompt_len), "int64")
+    positions = prompt_len + new_tokens - 1
+    decoder = family.decoder(cfg, prog, weight, dtype, positions)  # type: ignore[misc]
+    what = f"a prompt of {prompt_len} tokens and {new_tokens} new ones"
+    _check_positions(decoder, cfg, positions, what)
+    build = _Build(prog, cfg, decoder, dtype, sampling, batch)
+    gumbel = None
+    if sampling is not None:
+        gumbel = prog.input("gumbel", (new_tokens, batch, cfg.vocab_size), dtype, location="host")
+    with prog.scope("prefill"):
+        caches, x = _prefill(build, tokens, page_size, cache_outputs)
+        with prog.scope("head"):
+            step_logits = [build.decoder.head(last_position(x))]
+        ids = [build.choose(step_logits[0], build.step_gumbel(gumbel, 0))]
+    for t in range(1, new_tokens):
+        with prog.scope(f"step{t}"):
+            x = _decode_step(build, ids[-1], Positions(1, prompt_len + t - 1), caches)
+            with prog.scope("head"):
+                step_logits.append(build.decoder.head(prog.view(x, (batch, cfg.hidden_size))))
+            ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, t)))
+    prog.output(_stack(prog, ids, "ids"), "ids")
+    if logits:
+        prog.output(_stack(prog, step_logits, "logits"), "logits")
+    return prog
+
+
+def _stack(prog: Program, parts: list[Tensor], label: str) -> Tensor:
+    """[batch, ...] tensors, one per step, as [batch, steps, ...]."""
+    views = [prog.view(p, (p.shape[0], 1, *p.shape[1:])) for p in parts]
+    return views[0] if len(views) == 1 else prog.concat(views, axis=1, label=label)
+
+
+def _prefill(
+    build: _Build, tokens: Tensor, page_size: int, cache_outputs: bool
+) -> tuple[dict[str, LayerCache], Tensor]:
+    """The prompt through every layer; returns each layer's cache (by attention prefix)
+    and the last hidden states [batch, prompt_len, d]."""
+    prog, decoder = build.prog, build.decoder
+    caches: dict[str, LayerCache] = {}
+    feats = decoder.features(Positions(tokens.shape[1]))
+    with prog.scope("embed"):
+        x = decoder.embed(tokens, feats)
+
+    def attention(x: Tensor, prefix: str) -> Tensor:
+        heads = decoder.qkv(x, prefix, feats)
+        if cache_outputs:
+            layer = prefix.split(".")[1]
+            prog.output(heads.k, f"kv.{layer}.k")
+            prog.output(heads.v, f"kv.{layer}.v")
+        else:
+            caches[prefix] = LayerCache.of_prompt(heads.k, heads.v, page_size)
+        return decoder.attn_out(x, causal_attention(heads.q, heads.k, heads.v), prefix)
+
+    x = decoder_layers(x, build.cfg.num_layers, attention, decoder.mlp)
+    return caches, x
+
+
+def _decode_step(
+    build: _Build,
+    previous: Tensor,
+    where: Positions,
+    caches: dict[str, LayerCache],
+    before: Callable[[str, Heads], list[Page]] | None = None,
+) -> Tensor:
+    """One decode step: the previous ids through every layer, each appending its new
+    position to its cache and attending over the pages (after `before(prefix, heads)`,
+    the layer's pages that are inputs, when given)."""
+    prog, decoder = build.prog, build.decoder
+    feats = decoder.features(where)
+    with prog.scope("embed"):
+        x = decoder.embed(prog.view(previous, (build.batch, 1)), feats)
+
+    def attention(x: Tensor, prefix: str) -> Tensor:
+        heads = decoder.qkv(x, prefix, feats)
+        cache = caches[prefix]
+        with prog.scope("kv"):
+            cache.append(heads.k, heads.v)
+        pages = ([] if before is None else before(prefix, heads)) + cache.all_pages
+        return decoder.attn_out(x, paged_attention(heads.q, pages), prefix)
+
+    return decoder_layers(x, build.cfg.num_layers, attention, decoder.mlp)
+
+
+def decode_program(
+    family: ModelFamily,
+    cfg: ModelConfig,
+    batch: int,
+    pages: int,
+    dtype: Any = "float32",
+    *,
+    steps: int = 1,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    sampling: Sampling | None = None,
+    logits: bool = False,
+) -> Program:
+    """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then
+    keep weights on the device from one step to the next) of `family`'s model `cfg`
+    over a cache of up to `pages` pages of `page_size` positions (module docstring): the
+    plan of a length bucket. Scopes `step{s}.*`, s = 1 .. steps."""
+    dtype = check_generation(family, cfg, batch, 1, 1, dtype, page_size, sampling)
+    pages, steps = _positive("pages", pages), _positive("steps", steps)
+    capacity = pages * page_size
+    chunk = "" if steps == 1 else f"-steps{steps}"
+    prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}")
+    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    tokens = prog.input("tokens", (batch,), "int64")
+    positions = prog.input("positions", (steps,), "int64")
+    decoder = family.decoder(cfg, prog, weight, dtype, capacity + steps)  # type: ignore[misc]
+    build = _Build(prog, cfg, decoder, dtype, sampling, batch)
+    mask = prog.input("kv.mask", (pages, page_size), dtype)
+    gumbel = None
+    if sampling is not None:
+        gumbel = prog.input("gumbel", (steps, batch, cfg.vocab_size), dtype)
+    with prog.scope("kv"):
+        masks = [
+            prog.view(prog.slice(mask, (j, 0), (1, page_size), label="kv.mask"), (page_size,))
+            for j in range(pages)
+        ]
+    inputs: dict[str, list[Page]] = {}
+
+    def before(prefix: str, heads: Heads) -> list[Page]:
+        """The layer's cached pages: inputs in host memory, masked beyond the length."""
+        if prefix not in inputs:
+            layer = prefix.split(".")[1]
+            shape = (*heads.k.shape[:-2], page_size, heads.k.shape[-1])
+            inputs[prefix] = [
+                Page(
+                    prog.input(f"kv.{layer}.k.{j}", shape, dtype, location="host"),
+                    prog.input(f"kv.{layer}.v.{j}", shape, dtype, location="host"),
+                    masks[j],
+                )
+                for j in range(pages)
+            ]
+        return inputs[prefix]
+
+    caches = {f"layers.{i}.attn.": LayerCache(page_size) for i in range(cfg.num_layers)}
+    ids, step_logits = [tokens], []
+    for s in range(steps):
+        with prog.scope(f"step{s + 1}"):
+            at = positions if steps == 1 else prog.slice(positions, (s,), (1,), label="position")
+            x = _decode_step(build, ids[-1], Positions(1, ids=at), caches, before)
+            with prog.scope("head"):
+                step_logits.append(decoder.head(prog.view(x, (batch, cfg.hidden_size))))
+            ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, s)))
+    for prefix, cache in caches.items():
+        layer = prefix.split(".")[1]
+        for part in "kv":
+            new = [getattr(page, part) for page in cache.all_pages]
+            whole = new[0] if len(new) == 1 else prog.concat(new, axis=-2, label=f"kv.{part}.new")
+            prog.output(whole, f"kv.{layer}.{part}.new")
+    prog.output(_stack(prog, ids[1:], "ids"), "ids")
+    if logits:
+        prog.output(_stack(prog, step_logits, "logits"), "logits")
+    return prog
+
+
+# -- inputs ------------------------------------------------------------------------------
+
+
+def generation_inputs(
+    family: ModelFamily,
+    cfg: ModelConfig,
+    tokens: Any,
+    new_tokens: int,
+    dtype: Any = "float32",
+    weights: Mapping[str, np.ndarray] | None = None,
+    gumbel: np.ndarray | None = None,
+) -> dict[str, np.ndarray]:
+    """Every input of `generation_program(family, cfg, *tokens.shape, new_tokens, dtype)`
+    but the weights unless given: the tokens (checked against the vocabulary), the
+    position inputs and, when sampling, the noise `gumbel` [new_tokens, batch, vocab]."""
+    ids = check_tokens(tokens, cfg.vocab_size)
+    name = dtypes.canonical(dtype)
+    inputs = {"tokens": ids}
+    inputs.update(family.position_inputs(cfg, ids.shape[1] + new_tokens - 1, name))  # type: ignore[misc]
+    if gumbel is not None:
+        inputs["gumbel"] = np.asarray(gumbel, dtype=name)
+    return {**inputs, **(weights or {})}
+
+
+def kv_mask(pages: int, page_size: int, length: int, dtype: Any = "float32") -> np.ndarray:
+    """The `kv.mask` input of a decode step over `pages` pages when `length` positions are
+    filled: 1 below `length`, 0 from it on.
+
+    >>> kv_mask(2, 3, 4)
+    array([[1., 1., 1.],
+           [1., 0., 0.]], dtype=float32)
+    """
+    name = dtypes.canonical(dtype)
+    flat = np.zeros(pages * page_size, dtype=name)
+    flat[:length] = 1
+    return flat.reshape(pages, page_size)
+
+
+def decode_inputs(
+    previous: np.ndarray,
+    length: int,
+    pages: int,
+    page_size: int,
+    dtype: Any = "float32",
+    steps: int = 1,
+) -> dict[str, np.ndarray]:
+    """The inputs of `decode_program(family, cfg, batch, pages, steps=steps)` that change
+    from run to run, at cache length `length`: the previous ids, the positions of the
+    steps and the mask (the position tables – `family.position_inputs(cfg, pages *
+    page_size + steps, dtype)` –, the pages, the noise and the weights are the caller's)."""
+    name = dtypes.canonical(dtype)
+    return {
+        "tokens": np.asarray(previous, dtype=np.int64).reshape(-1),
+        "positions": np.arange(length, length + steps, dtype=np.int64),
+        "kv.mask": kv_mask(pages, page_size, length, name),
+    }

@@ -1,0 +1,205 @@
+"""`einpage.generate.generate`: from a checkpoint folder with a tokenizer (a small random
+LLaMA saved by `save_pretrained` and a BPE tokenizer trained here on a paragraph: no
+network), from a config and a state dict, sampling reproducibly – and the typed errors
+for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from hf_models import hf_gpt2, hf_llama  # noqa: E402
+
+from einpage import text  # noqa: E402
+from einpage.generate import generate  # noqa: E402
+from einpage.models import gpt2, llama  # noqa: E402
+from einpage.models.decode import Sampling  # noqa: E402
+from einpage.models.errors import CheckpointError, GenerationBudgetError, GenerationError  # noqa: E402
+from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
+
+torch.set_num_threads(1)
+
+PARAGRAPH = (
+    "einpage compiles tensor programs written as einsums into memory plans that run on a "
+    "GPU whose memory is smaller than the program needs. The planner keeps the pages of "
+    "the cache on the device or sends them to host memory by their reuse distance, under "
+    "one budget shared with the weights and the activations of every step."
+)
+
+
+def train_tokenizer():
+    """A small BPE tokenizer (Metaspace: decoding restores the spaces)."""
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    tok.decoder = tokenizers.decoders.Metaspace()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=90, special_tokens=["[UNK]"])
+    tok.train_from_iterator([PARAGRAPH], trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A checkpoint folder: config.json, model.safetensors and tokenizer.json."""
+    folder = tmp_path_factory.mktemp("llama-checkpoint")
+    tok = train_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=500.0,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.mul_(10.0)  # sharper than the default init: varied tokens
+    model.save_pretrained(folder)
+    tok.save(str(folder / text.TOKENIZER_FILE))
+    return folder, model, tok
+
+
+def hf_greedy(model, ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    with torch.no_grad():
+        out = model.generate(
+            torch.from_numpy(ids),
+            attention_mask=torch.ones(ids.shape, dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=model.config.vocab_size,  # no id: generation never stops early
+            pad_token_id=0,
+        )
+    return out.numpy()
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_text_in_text_out_from_a_checkpoint_folder(checkpoint, way):
+    folder, model, tok = checkpoint
+    out = generate(
+        folder, prompt="the planner keeps", new_tokens=5, budget="60KiB", batch=2, way=way,
+        page_size=4,
+    )  # fmt: skip
+    ids = text.encode(tok, "the planner keeps", 2)
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 5))
+    assert out.text == text.decode(tok, out.ids)
+    assert out.text[0].startswith("the planner keeps")
+    assert out.stats.transfers.weight_reload > 0 and out.stats.tokens_per_s > 0
+
+
+def test_config_and_state_dict_and_ids():
+    hf = hf_gpt2("base")
+    cfg = gpt2.GPT2Config.from_hf(hf.config)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 6))
+    out = generate(cfg, hf.state_dict(), ids, 4, "64KiB", page_size=4, mode="random")
+    np.testing.assert_array_equal(out.ids, hf_greedy(hf, ids, 4))
+    assert out.ids.shape == (2, 10) and out.new_ids.shape == (2, 4) and out.text is None
+
+
+def test_sampling_is_reproducible_per_seed_and_the_same_both_ways():
+    hf = hf_llama("gqa-tied")
+    cfg = llama.LlamaConfig.from_hf(hf.config)
+    weights = llama.weights_from_state_dict(cfg, hf.state_dict())
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (3, 5))
+    sampling = Sampling(temperature=1.5, top_k=20)
+
+    def draw(seed, way="unrolled"):
+        return generate(
+            cfg, weights, ids, 6, "1MiB", sampling=sampling, seed=seed, way=way, page_size=4
+        ).new_ids
+
+    first = draw(0)
+    np.testing.assert_array_equal(first, draw(0))
+    np.testing.assert_array_equal(first, draw(0, "steps"))
+    assert not np.array_equal(first, draw(1))
+    greedy = generate(cfg, weights, ids, 6, "1MiB", page_size=4).new_ids
+    assert not np.array_equal(first, greedy)
+
+
+def test_plan_only_needs_no_weights():
+    out = generate(llama.PRESETS["tiny-gqa"], prompt=np.zeros((2, 9), np.int64), new_tokens=3,
+                   budget="200KiB", run=False, page_size=4, way="steps")  # fmt: skip
+    assert out.ids is None and sorted(out.plan.decoders) == [(3, 1)]
+    assert {"prefill", "decode (pages 3)"} == set(out.plan.plans)
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+CFG = llama.PRESETS["tiny"]
+PROMPT = np.zeros((1, 4), np.int64)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"new_tokens": 0}, "new_tokens must be a positive int, got 0"),
+        ({"new_tokens": -2}, "new_tokens must be a positive int"),
+        ({"page_size": 0}, "page_size must be a positive int, got 0"),
+        ({"prompt": np.array([[1, 256, 3]])}, r"token 256 at prompt \[0, 1\] is outside"),
+        ({"prompt": np.array([[-1, 2]])}, "token -1"),
+        ({"way": "sideways"}, "way must be one of"),
+        ({"sampling": Sampling(top_k=300)}, "top_k=300 exceeds the vocabulary"),
+        ({"prompt": "text"}, "text prompts need a tokenizer"),
+        ({"prompt": None}, "a prompt is needed"),
+        ({"run": True}, "weights are needed"),
+        ({"bucket_pages": 0, "way": "steps"}, "bucket_pages must be a positive int"),
+        ({"chunk_steps": -1, "way": "steps"}, "chunk_steps must be a positive int"),
+    ],
+)
+def test_bad_arguments_raise_generation_errors(kwargs, words):
+    args = {"prompt": PROMPT, "new_tokens": 3, "budget": "1MiB", "run": False, **kwargs}
+    with pytest.raises(GenerationError, match=words):
+        generate(CFG, **args)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True])
+def test_bad_sampling_settings(bad):
+    with pytest.raises(GenerationError, match="temperature"):
+        Sampling(temperature=bad)
+    with pytest.raises(GenerationError, match="top_k"):
+        Sampling(top_k=bad if bad is not True else 0)
+
+
+def test_a_prompt_longer_than_the_models_positions():
+    cfg = gpt2.PRESETS["tiny"]  # 32 positions
+    with pytest.raises(GenerationError, match="needs 33 positions.*32"):
+        generate(cfg, prompt=np.zeros((1, 30), np.int64), new_tokens=4, budget="1MiB", run=False)
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_a_budget_below_the_minimum_names_the_step_and_the_task(way):
+    with pytest.raises(GenerationBudgetError) as caught:
+        generate(CFG, prompt=PROMPT, new_tokens=3, budget="2KiB", run=False, way=way)
+    err = caught.value
+    assert isinstance(err, InfeasibleBudgetError) and err.budget == 2048 and err.needed > 2048
+    assert err.step == "prefill" or err.step.startswith("step ")
+    assert err.step in str(err) and err.plan in str(err)
+    assert err.task is not None and f"%{err.task}" in str(err)
+
+
+def test_text_prompts_of_different_lengths(checkpoint):
+    folder, _, tok = checkpoint
+    with pytest.raises(GenerationError, match="different lengths"):
+        text.encode(tok, ["the", "the planner keeps the pages"])
+    with pytest.raises(CheckpointError, match="no tokenizer.json"):
+        text.load_tokenizer(folder.parent)
+
+
+def test_the_cli_generates_text_from_a_checkpoint(checkpoint, capsys):
+    from einpage.cli import main
+
+    folder, model, tok = checkpoint
+    argv = ["generate", "--checkpoint", str(folder), "--prompt", "the planner keeps"]
+    argv += ["--budget", "60KiB", "--new-tokens", "3", "--page-size", "4", "--run"]
+    assert main([*argv, "--backend", "numpy"]) == 0
+    out = capsys.readouterr().out
+    ids = text.encode(tok, "the planner keeps")
+    want = text.decode(tok, hf_greedy(model, ids, 3))[0]
+    assert "weights        checkpoint" in out
+    assert f"  0  {want}" in out.split("\ntext\n")[1]

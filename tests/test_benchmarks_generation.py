@@ -1,0 +1,33 @@
+"""benchmarks/generation.py runs end to end in its quick mode (so the script cannot rot),
+and its numbers hang together."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "generation.py"
+
+
+def test_generation_benchmark_quick(tmp_path, monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("generation_bench", BENCH)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "generation_bench", bench)  # dataclasses look it up
+    spec.loader.exec_module(bench)
+    out = tmp_path / "generation.json"
+    result = bench.main(["--quick", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    cells = result["cells"]
+    assert len(cells) == 2 and {c["model"] for c in cells} == {"7b"}
+    for cell in cells:
+        u, s = cell["unrolled"], cell["steps"]
+        assert u is not None and s is not None
+        tokens = cell["batch"] * cell["new_tokens"]
+        assert abs(u["tokens_per_s"] * u["seconds"] - tokens) < 1e-6 * tokens
+        # 8 GiB holds part of the 12.6 GiB of weights: every plan streams some each step
+        assert u["weight_bytes_per_token"] > 0 and s["weight_bytes_per_token"] > 0
+        assert 0 < cell["flexgen_resident_fraction"] < 1
+        assert cell["bound_tokens_per_s"] > 0 and cell["stream_tokens_per_s"] > 0
+    assert "within 10% of the bound" in capsys.readouterr().out

@@ -1,0 +1,59 @@
+"""`einpage generate`: plans and stats of a preset, a run printing the tokens, pictures,
+and the exit codes of bad input and infeasible budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
+
+TINY = ["generate", "llama:tiny", "--batch", "2", "--prompt-len", "9", "--new-tokens", "4"]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_generate_prints_the_plans_and_the_simulated_tokens_per_second(capsys, way):
+    code, out, err = cli(capsys, *TINY, "--budget", "100KiB", "--page-size", "4", "--way", way)
+    assert code == EXIT_OK, err
+    assert f"generation ({way})" in out and "tokens/s" in out
+    assert "KV pages paged" in out and "weights streamed" in out
+    assert ("unrolled plan" in out) == (way == "unrolled")
+    assert ("decode (pages 3) plan" in out) == (way == "steps")
+
+
+def test_generate_runs_and_prints_the_tokens(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    picture = tmp_path / "map.png"
+    code, out, err = cli(
+        capsys, *TINY, "--budget", "100KiB", "--page-size", "4", "--run", "--backend", "numpy",
+        "--mode", "random", "--sample", "--top-k", "5", "--memory-map", picture,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert picture.stat().st_size > 0
+    rows = out.split("tokens (prompt, then new)")[1].strip().splitlines()
+    assert len(rows) == 2 and all(len(row.split()) == 1 + 9 + 4 for row in rows)
+    assert "sampled (temperature 1.0, top-k 5)" in out
+
+
+@pytest.mark.parametrize(
+    "argv, code, words",
+    [
+        (["--budget", "2KiB"], EXIT_INFEASIBLE, "does not fit the budget at prefill"),
+        (["--budget", "1MiB", "--checkpoint", "x"], EXIT_BAD_INPUT, "not both"),
+        (["--budget", "1MiB", "--prompt", "hello"], EXIT_BAD_INPUT, "needs a tokenizer"),
+        (["--budget", "1MiB", "--sample", "--top-k", "999"], EXIT_BAD_INPUT, "top_k=999"),
+    ],
+)
+def test_generate_errors(capsys, argv, code, words):
+    got, _, err = cli(capsys, *TINY, *argv)
+    assert got == code and err.startswith("einpage: error: ") and words in err, err
+
+
+def test_an_unknown_model_lists_the_presets(capsys):
+    code, _, err = cli(capsys, "generate", "llama:huge", "--budget", "1GiB")
+    assert code == EXIT_BAD_INPUT and "llama:tiny" in err
