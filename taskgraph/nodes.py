@@ -28,9 +28,10 @@ runs too), the partition rule (`taskgraph.partition.rules.RULES`) and the CuPy k
 a sample of it in its program.
 
 FLOP convention: an einsum costs, per point of its iteration space (the product of
-all index sizes, each index once: a trace `ii->` has n points), one FLOP per arithmetic operation of its join (a plain einsum of k
-operands has k-1 multiplications) plus one for the aggregation when an index is
-reduced, and at least one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
+all index sizes, each index once: a trace `ii->` has n points), one FLOP per
+arithmetic operation of its join (a plain einsum of k operands has k-1
+multiplications) plus one for the aggregation when an index is reduced, and at least
+one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
 an elementwise op 1 per element. Data-movement ops (fill, gather, slice, concat)
 count 1 per output element; a view costs nothing.
 """
