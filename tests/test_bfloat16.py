@@ -25,7 +25,7 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
-from einpage.errors import DTypeError, InputError
+from einpage.errors import DTypeError, InputError, UnsupportedError
 from einpage.presets import load_program, random_inputs
 from taskgraph import TaskGraph, dtypes
 from taskgraph.partition import partition
@@ -245,3 +245,35 @@ def test_presets_build_in_bfloat16():
     assert logits.dtype.name == "bfloat16" and np.isfinite(logits.astype(np.float32)).all()
     mlp = load_program("mlp", dtype="bf16")
     assert {t.dtype for t in mlp} == {"bfloat16"}
+
+
+def test_a_backend_without_bfloat16_refuses_the_plan_before_allocating():
+    """CuPy has no bfloat16: a backend that says so refuses the plan with what is missing."""
+    from runtime.numpy_backend import NumpyBackend
+
+    allocated = []
+
+    class NoBfloat16(NumpyBackend):
+        name = "no-bf16"
+        unsupported_dtypes = {"bfloat16": "no bfloat16 kernels here"}
+
+        def allocate_arena(self, nbytes):
+            allocated.append(nbytes)
+            return super().allocate_arena(nbytes)
+
+    mg = memgraph.plan(small_program(), "1GiB")
+    with pytest.raises(
+        UnsupportedError, match=r"no-bf16 backend cannot run bfloat16 .*no bfloat16 kernels"
+    ):
+        runtime.run(mg, small_inputs(3), backend=NoBfloat16())
+    assert allocated == []
+    wide = memgraph.plan(small_program("float32"), "1GiB")
+    wide_inputs = {k: v if k == "ids" else v.astype("float32") for k, v in small_inputs(3).items()}
+    runtime.run(wide, wide_inputs, backend=NoBfloat16())
+    assert allocated
+
+
+def test_the_cupy_backend_declares_bfloat16_unsupported():
+    from runtime.cupy_backend import CupyBackend
+
+    assert "CuPy has no bfloat16" in CupyBackend.unsupported_dtypes["bfloat16"]
