@@ -92,6 +92,8 @@ TABLE: dict[str, DType] = {
         DType("bfloat16", "bf16", 16, "float", "float32", "uint16"),
         DType("float32", "f32", 32, "float", "float32", "uint32"),
         DType("float64", "f64", 64, "float", "float64", "uint64"),
+        DType("int8", "i8", 8, "int", "int32", "uint8"),
+        DType("uint8", "u8", 8, "int", "int32", "uint8"),
         DType("int32", "i32", 32, "int", "int32", "uint32"),
         DType("int64", "i64", 64, "int", "int64", "uint64"),
     )

@@ -28,6 +28,7 @@ _CALLS = {
     "gelu": lambda x: F.gelu(x, approximate="tanh"),
     "relu": torch.relu,
     "abs": torch.abs,
+    "floor": torch.floor,
     "max": torch.maximum,
     "min": torch.minimum,
     "where": lambda c, x, y: torch.where(c != 0, x, y),

@@ -344,7 +344,12 @@ def prefill_inputs(
 
 
 def prefill_program(
-    cfg: LlamaConfig, batch: int, seq: int, dtype: Any = "float32", logits: str = "all"
+    cfg: LlamaConfig,
+    batch: int,
+    seq: int,
+    dtype: Any = "float32",
+    logits: str = "all",
+    quant: Any = None,
 ) -> Program:
     """The prefill forward pass of `cfg` over `batch` prompts of `seq` tokens.
 
@@ -357,7 +362,7 @@ def prefill_program(
     >>> len(tg), len(tg.inputs), tg.tasks[tg.outputs["logits"]].shape
     (1167, 294, (1, 2048, 32000))
     """
-    build = begin_prefill(cfg, batch, seq, dtype, logits)
+    build = begin_prefill(cfg, batch, seq, dtype, logits, quant=quant)
     prog, weight = build.prog, build.weight
     with prog.scope("rope"):
         cos = prog.input("rope.cos", (seq, cfg.head_dim), build.dtype)
