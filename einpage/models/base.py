@@ -372,7 +372,7 @@ class ModelFamily:
     >>> FAMILIES["gpt2"]
     ModelFamily(name='gpt2', config=<class 'einpage.models.gpt2.GPT2Config'>)
     >>> sorted(FAMILIES["llama"].presets)
-    ['13b', '65b', '70b', '7b', 'tiny', 'tiny-gqa']
+    ['13b', '3-8b', '65b', '70b', '7b', 'tiny', 'tiny-gqa']
     """
 
     name: str
