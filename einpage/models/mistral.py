@@ -16,6 +16,8 @@ from einpage.models import base, llama
 from einpage.models.base import Getter, ModelFamily
 
 __all__ = [
+    "weight_specs",
+    "weight_shapes",
     "prefill_program",
     "prefill_inputs",
     "rope_tables",
@@ -43,6 +45,8 @@ class MistralConfig(llama.LlamaConfig):
 
 weights_from_state_dict = base.weights_from_state_dict
 weights_from_safetensors = base.weights_from_safetensors
+weight_specs = llama.weight_specs
+weight_shapes = llama.weight_shapes
 prefill_program = llama.prefill_program
 prefill_inputs = llama.prefill_inputs
 rope_tables = llama.rope_tables
@@ -51,7 +55,7 @@ PRESETS: dict[str, MistralConfig] = {
     # Mistral-7B-v0.1: 32 query heads over 8 K/V heads, MLP 14336, window 4096.
     "7b": MistralConfig(4096, 32, 32, 8, 14336, rms_norm_eps=1e-5, name="mistral-7b"),
     "tiny": MistralConfig(
-        64, 2, 4, 2, 128, vocab_size=256, sliding_window=64, name="mistral-tiny"
+        64, 2, 4, 2, 128, vocab_size=256, sliding_window=256, name="mistral-tiny"
     ),  # fmt: skip
 }
 """Mistral-7B's shape and a small one for tests."""

@@ -17,6 +17,8 @@ from einpage.models.base import Getter, ModelFamily
 from einpage.models.errors import UnsupportedConfigError
 
 __all__ = [
+    "weight_specs",
+    "weight_shapes",
     "prefill_program",
     "prefill_inputs",
     "rope_tables",
@@ -48,6 +50,8 @@ class Qwen2Config(llama.LlamaConfig):
 
 weights_from_state_dict = base.weights_from_state_dict
 weights_from_safetensors = base.weights_from_safetensors
+weight_specs = llama.weight_specs
+weight_shapes = llama.weight_shapes
 prefill_program = llama.prefill_program
 prefill_inputs = llama.prefill_inputs
 rope_tables = llama.rope_tables
