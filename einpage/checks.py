@@ -24,7 +24,7 @@ __all__ = [
     "raise_on_mismatch",
 ]
 
-TOLERANCES = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
+TOLERANCES = {"float16": 1e-2, "bfloat16": 8e-2, "float32": 1e-4, "float64": 1e-9}
 """Largest |output - reference| a check accepts, relative to the reference's largest
 magnitude (at least 1), by dtype; integer outputs must be equal."""
 

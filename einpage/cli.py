@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     program.add_argument("program", metavar="PROGRAM", help=PROGRAM_HELP)
     program.add_argument("--batch", type=_positive_int, help="batch size (presets, build())")
     program.add_argument("--seq", type=_positive_int, help="sequence length (model presets)")
-    program.add_argument("--dtype", help="float16, float32 or float64 (presets, build())")
+    program.add_argument("--dtype", help="float16, bfloat16, float32 or float64 (presets, build())")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_show(commands, common, program)
     _add_plan(commands, common, program)

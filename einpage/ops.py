@@ -160,6 +160,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     prog = _program(a, b)
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul: operands must have at least one dimension")
+    inner = b.shape[0] if b.ndim == 1 else b.shape[-2]
+    if a.shape[-1] != inner:  # einsum would broadcast a size-1 k; `@` does not
+        raise ShapeError(
+            f"matmul: the contracted index 'k' has size {a.shape[-1]} in operand 0 "
+            f"{a.shape} but {inner} in operand 1 {b.shape}"
+        )
     if a.ndim == 1 and b.ndim == 1:
         return prog.einsum("k,k->", a, b)
     if a.ndim == 1:

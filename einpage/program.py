@@ -311,10 +311,15 @@ class Program:
     ) -> Tensor:
         """A generalized einsum: `out[O] = agg over reduced indices of join(a[I0], b[I1], ...)`.
 
-        `spec` follows NumPy (`"ij,jk->ik"`, implicit output, `...`); `join` is a scalar
-        expression over `a, b, c, ...` (default: their product); `agg` is one of sum, max,
-        min, prod. `dtype` casts the result. A plain einsum of three or more operands is
+        `spec` follows `numpy.einsum` (`"ij,jk->ik"`, implicit output, `...`, size-1
+        broadcasting, an index repeated in one operand for its diagonal: `"ii->i"`,
+        `"ii"`, `"aab,bc->ac"`); `join` is a scalar expression over `a, b, c, ...`
+        (default: their product); `agg` is one of sum, max, min, prod. `dtype` casts the
+        result. A plain einsum of two or more operands first takes the diagonals of
+        operands that repeat an index, each as a task of its own (`"aab->ab"`), so the
+        contraction that follows is an ordinary one; with three or more operands, that is
         split into pairwise steps along an opt_einsum path (`optimize`, `memory_limit`).
+        A generalized einsum (a join or another agg) reads its diagonals in its one task.
         """
         if not operands:
             raise SpecError(f"einsum {spec!r} needs at least one operand")
@@ -327,11 +332,31 @@ class Program:
             for t, drop in zip(tensors, normalized.squeeze, strict=True)
         ]
         parsed = None if join is None else parse_join(join, len(tensors))
-        if parsed is None and agg == "sum" and len(tensors) >= 3:
-            return self._contract_path(
-                normalized.spec, tensors, dtype, optimize, memory_limit, label
-            )
-        return self._add(Einsum(normalized.spec, parsed, agg), tensors, None, dtype, label)
+        spec = normalized.spec
+        plain = parsed is None and agg == "sum"
+        if plain and len(tensors) >= 2 and spec.has_diagonal:
+            spec, tensors = self._take_diagonals(spec, tensors)
+        if plain and len(tensors) >= 3:
+            return self._contract_path(spec, tensors, dtype, optimize, memory_limit, label)
+        return self._add(Einsum(spec, parsed, agg), tensors, None, dtype, label)
+
+    def _take_diagonals(
+        self, spec: EinsumSpec, tensors: list[Tensor]
+    ) -> tuple[EinsumSpec, list[Tensor]]:
+        """Each operand that repeats an index replaced by a task reading its diagonal,
+        keeping the indices another operand or the output needs (the rest are summed
+        there: `"iij,jk->ik"` becomes `"iij->ij"` then `"ij,jk->ik"`; `"iij,k->k"`
+        becomes `"iij->"`, a trace)."""
+        terms, taken = list(spec.inputs), list(tensors)
+        for position, term in enumerate(spec.inputs):
+            if len(set(term)) == len(term):
+                continue
+            elsewhere = "".join(terms[:position] + terms[position + 1 :]) + spec.output
+            kept = "".join(c for c in dict.fromkeys(term) if c in elsewhere)
+            diagonal = EinsumSpec((term,), kept)
+            taken[position] = self._add(Einsum(diagonal), (tensors[position],), label="diagonal")
+            terms[position] = kept
+        return EinsumSpec(tuple(terms), spec.output), taken
 
     def _drop_axes(self, tensor: Tensor, axes: Sequence[int]) -> Tensor:
         shape = tuple(d for i, d in enumerate(tensor.shape) if i not in axes)

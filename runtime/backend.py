@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -114,6 +114,9 @@ class Backend(abc.ABC):
     host_staging: ClassVar[bool] = False
     """Whether device inputs and outputs pass through host staging buffers (pinned memory
     on a GPU, so that their transfers are asynchronous)."""
+    unsupported_dtypes: ClassVar[Mapping[str, str]] = {}
+    """Dtypes this backend cannot run, each with what is missing; a `Session` refuses a
+    plan holding one (`UnsupportedError`) before allocating anything."""
     reuse_buffers: ClassVar[bool] = False
     """Whether `runtime.run` may keep a closed session's arena and host buffer for the next
     run of the same plan (plain host memory: yes; device memory: no, it is the scarce

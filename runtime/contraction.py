@@ -8,12 +8,13 @@ layout logic is tested on the CPU:
   transpose and reshape the operands (free for contiguous layouts) so that
   `matmul_into` can write the result straight into the output array;
 * `broadcast_operands(spec, arrays)` views every operand over the full iteration
-  space (output indices, then reduced ones), size-1 where it lacks an index: what
-  elementwise and reduction kernels broadcast over;
+  space (output indices, then reduced ones), size-1 where it lacks an index, through
+  its diagonal where its term repeats an index (a strided view: `take_diagonals`):
+  what elementwise and reduction kernels broadcast over;
 * `evaluate_einsum(xp, task, arrays)` is the generic path (the reference evaluator's
   algorithm over `xp`), for what no specialised kernel covers.
 
->>> from taskgraph.einsum import EinsumSpec
+>>> from taskgraph.einsum import EinsumSpec, take_diagonals
 >>> p = matmul_plan(EinsumSpec.parse("bqd,bkd->bqk"), [(2, 3, 4), (2, 5, 4)])
 >>> p.left_shape, p.right_shape, p.out_shape, p.out_perm
 ((2, 3, 4), (2, 4, 5), (2, 3, 5), None)
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskgraph import dtypes
-from taskgraph.einsum import EinsumSpec
+from taskgraph.einsum import EinsumSpec, take_diagonals
 from taskgraph.evaluate import compute_dtype
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.nodes import Einsum, Task
@@ -64,10 +65,11 @@ class MatmulPlan:
 def matmul_plan(spec: EinsumSpec, shapes: Sequence[Shape]) -> MatmulPlan | None:
     """The plan of `spec` as one (batched) matmul, or None when it is not matmul-shaped.
 
-    Matmul-shaped: two operands, at least one reduced index, and every reduced index
-    in both operands (an index reduced from one operand only needs a reduction first).
+    Matmul-shaped: two operands, at least one reduced index, every reduced index in
+    both operands (an index reduced from one operand only needs a reduction first),
+    and no index repeated inside an operand (a diagonal is not a reshape).
     """
-    if len(spec.inputs) != 2:
+    if len(spec.inputs) != 2 or spec.has_diagonal:
         return None
     a, b = spec.inputs
     out = spec.output
@@ -121,10 +123,12 @@ def matmul_into(xp: Any, plan: MatmulPlan, a: Any, b: Any, out: Any) -> bool:
 
 def broadcast_operands(spec: EinsumSpec, arrays: Sequence[Any]) -> list[Any]:
     """Views of the operands over the iteration space `spec.indices` (output indices, then
-    reduced ones): transposed into that order, with size-1 axes for missing indices."""
+    reduced ones): their diagonals taken where a term repeats an index, transposed into
+    that order, with size-1 axes for missing indices."""
     order = spec.indices
     views = []
-    for term, array in zip(spec.inputs, arrays, strict=True):
+    for spec_term, whole in zip(spec.inputs, arrays, strict=True):
+        term, array = take_diagonals(spec_term, whole)
         present = [c for c in order if c in term]
         moved = array.transpose([term.index(c) for c in present])
         views.append(moved[tuple(slice(None) if c in term else None for c in order)])
@@ -136,7 +140,7 @@ _AGGREGATE = {"sum": "sum", "max": "max", "min": "min", "prod": "prod"}
 
 def evaluate_einsum(xp: Any, task: Task, arrays: Sequence[Any]) -> Any:
     """The generalized einsum `task` over `xp` arrays, as the reference evaluator computes it
-    (float16 in float32; the result in the task's dtype)."""
+    (float16 and bfloat16 in float32; the result in the task's dtype)."""
     op: Einsum = task.op  # type: ignore[assignment]
     spec = op.spec
     work = compute_dtype(task.dtype)

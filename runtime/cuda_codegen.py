@@ -69,6 +69,7 @@ _FUNCTIONS = {
     "sqrt": "sqrt",
     "tanh": "tanh",
     "abs": "fabs",
+    "floor": "floor",
     "rsqrt": "ep_rsqrt",
     "sigmoid": "ep_sigmoid",
     "silu": "ep_silu",

@@ -353,6 +353,11 @@ class CupyBackend(Backend):
     default_mode = "streams"
     host_staging = True
     clock = "cuda"
+    unsupported_dtypes = {
+        "bfloat16": "CuPy has no bfloat16 dtype, and this backend has neither raw 16-bit "
+        "bfloat16 kernels nor a cuBLAS bf16 GEMM; run it with backend='numpy', or build "
+        "the program in float16 (load the checkpoint with dtype='float16')",
+    }
 
     def __init__(self, scratch: int | str = "256MiB", device: int | None = None):
         cp = import_cupy()

@@ -6,7 +6,8 @@ results here just as it would on a GPU. A copy of a box (`copy_box`) is one
 `np.copyto` between the box's view of the host array and the arena view. Kernels
 are `taskgraph.evaluate_task`, the reference evaluator's, writing into the output's
 arena view (`out=`: straight from `np.einsum`, the aggregations, `np.take`, ...;
-float16 results, computed in float32, are cast into it).
+float16 and bfloat16 results, computed in float32, are cast into it). A bfloat16
+tensor is a NumPy view of the arena with `ml_dtypes`' bfloat16 dtype, like any other.
 
 Streams come in two kinds: `ImmediateStream` runs work as it is issued (the
 sequential and random-order modes), `ThreadStream` is a worker thread that runs its

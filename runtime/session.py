@@ -35,6 +35,7 @@ from einpage_core.errors import (
     EinpageError,
     GraphError,
     InputError,
+    UnsupportedError,
     VerificationError,
 )
 from einpage_core.units import format_bytes
@@ -187,6 +188,19 @@ def _reject_device_arrays(arrays: Mapping[str, Any]) -> None:
             )
 
 
+def refuse_unsupported(mg: MemGraph, backend: Backend) -> None:
+    """`UnsupportedError` when `mg` holds a tensor of a dtype `backend` cannot run,
+    naming the dtype, how many tasks have it, an example, and what is missing."""
+    for dtype, missing in backend.unsupported_dtypes.items():
+        tasks = [t for t in mg.taskgraph.tasks if t.dtype == dtype]
+        if tasks:
+            example = tasks[0].label or f"%{tasks[0].id}"
+            raise UnsupportedError(
+                f"the {backend.name} backend cannot run {dtype} tensors ({len(tasks)} tasks "
+                f"of this plan, e.g. {example}): {missing}"
+            )
+
+
 class Session:
     """A MemGraph ready to run many times on one backend (see the module docstring).
 
@@ -227,6 +241,12 @@ class Session:
             verified(mg)
         self._owns_backend = not isinstance(backend, Backend)
         self.backend = get_backend(backend, **options)
+        try:
+            refuse_unsupported(mg, self.backend)
+        except UnsupportedError:
+            if self._owns_backend:
+                self.backend.close()
+            raise
         self.mode = resolve_mode(mode, self.backend.default_mode)
         self.poison = self.mode == "random" if poison is None else bool(poison)
         self.schedule = Schedule.build(mg, self.mode, self.poison)

@@ -2,15 +2,22 @@
 
 A TaskGraph stores only *explicit* specs (`"ij,jk->ik"`): letters only, an output
 after `->`, no ellipsis. `normalize` turns what a user may write (implicit output,
-`...`, spaces) into such a spec, following NumPy's conventions.
+`...`, spaces, size-1 dimensions that broadcast) into such a spec, following
+`numpy.einsum` exactly.
 
 Semantics (generalized einsum): every index names one dimension size shared by all
 operands that use it; an operand that lacks an index is broadcast along it; indices
-absent from the output are reduced with the einsum's aggregation.
+absent from the output are reduced with the einsum's aggregation. An index repeated
+inside one operand reads that operand's diagonal (`ii->i`, `iij->ij`, the trace
+`ii->`): the operand's axes of that index have one size and move together, as in
+NumPy. A diagonal is not a contiguous view, so it is read by the task itself (see
+`take_diagonals`); an index may not repeat in the output.
 
 >>> spec = EinsumSpec.parse("bd,df->bf")
 >>> spec.reduced, spec.index_sizes([(4, 8), (8, 16)])
 ('d', {'b': 4, 'd': 8, 'f': 16})
+>>> EinsumSpec.parse("iij,jk->ik").has_diagonal
+True
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from einpage_core.errors import ShapeError, SpecError, UnsupportedError
+from einpage_core.errors import ShapeError, SpecError
 
-__all__ = ["EinsumSpec", "Normalized", "normalize", "LETTERS"]
+__all__ = ["EinsumSpec", "Normalized", "normalize", "take_diagonals", "LETTERS"]
 
 LETTERS = string.ascii_letters
 """Characters allowed as einsum indices."""
@@ -52,7 +60,8 @@ class EinsumSpec:
         return self
 
     def check_structure(self, original: str | None = None) -> None:
-        """Raise `SpecError` for bad characters, repeated or unbound indices, empty terms."""
+        """Raise `SpecError` for bad characters, an index repeated in the output, an output
+        index bound by no operand, or no operands."""
         shown = original if original is not None else str(self)
         if not self.inputs:
             raise SpecError(f"einsum spec {shown!r} has no operand terms")
@@ -66,11 +75,6 @@ class EinsumSpec:
             repeated = sorted({c for c in term if term.count(c) > 1})
             if repeated and position == len(self.inputs):
                 raise SpecError(f"einsum spec {shown!r}: output index {repeated[0]!r} is repeated")
-            if repeated:
-                raise UnsupportedError(
-                    f"einsum spec {shown!r}: index {repeated[0]!r} is repeated in {where}; "
-                    "diagonals are not supported (use distinct indices)"
-                )
         bound = set("".join(self.inputs))
         for char in self.output:
             if char not in bound:
@@ -85,6 +89,11 @@ class EinsumSpec:
     def indices(self) -> str:
         """All indices: the output's first, then the reduced ones in order of appearance."""
         return self.output + self.reduced
+
+    @property
+    def has_diagonal(self) -> bool:
+        """Whether some operand repeats an index (the task reads a diagonal of it)."""
+        return any(len(set(term)) < len(term) for term in self.inputs)
 
     @property
     def reduced(self) -> str:
@@ -110,7 +119,14 @@ class EinsumSpec:
                     f"einsum spec {str(self)!r}: operand {position} has shape {tuple(shape)} "
                     f"(rank {len(shape)}) but its term {term!r} has {len(term)} indices"
                 )
-            for char, size in zip(term, shape, strict=True):
+            for axis, (char, size) in enumerate(zip(term, shape, strict=True)):
+                first = term.index(char)
+                if first < axis and shape[first] != size:
+                    raise ShapeError(
+                        f"einsum spec {str(self)!r}: index {char!r} repeats in operand "
+                        f"{position} (a diagonal) over axes {first} and {axis} of sizes "
+                        f"{shape[first]} and {size}; a diagonal needs equal sizes"
+                    )
                 if char in sizes and sizes[char] != size:
                     raise ShapeError(
                         f"einsum spec {str(self)!r}: index {char!r} has size {sizes[char]} in "
@@ -126,7 +142,8 @@ class EinsumSpec:
         return tuple(sizes[c] for c in self.output)
 
     def iteration_size(self, shapes: Sequence[Shape]) -> int:
-        """Points in the iteration space: the product of every index size."""
+        """Points in the iteration space: the product of every index's size, each index once
+        (an index repeated in an operand is one dimension: `ii->` has n points)."""
         return math.prod(self.index_sizes(shapes).values())
 
 
@@ -135,7 +152,8 @@ class Normalized:
     """A user spec made explicit: the spec, and per operand the axes of size 1 to drop.
 
     `squeeze[i]` lists axes of operand i that NumPy would broadcast (size 1 against a
-    larger size inside `...`); the caller reshapes those away before building the task.
+    larger size, under `...` or of a named index); the caller reshapes those away
+    before building the task.
     """
 
     spec: EinsumSpec
@@ -143,26 +161,32 @@ class Normalized:
 
 
 def normalize(spec: str, shapes: Sequence[Shape]) -> Normalized:
-    """Make a user's einsum spec explicit, following NumPy: implicit output, `...`.
+    """Make a user's einsum spec explicit, following `numpy.einsum`: implicit output,
+    `...`, broadcasting.
 
     Implicit output (no `->`) is the ellipsis dimensions followed by the indices that
-    appear exactly once, sorted. `...` stands for the leading dimensions not named by
-    letters; they are aligned from the right across operands, and a size-1 dimension
-    broadcasts against a larger one.
+    appear exactly once (an index repeated inside one operand appears twice: `"ii"` is
+    the trace), sorted by character code (uppercase first). `...` stands for the
+    leading dimensions not named by letters; they are aligned from the right across
+    operands. A size-1 dimension broadcasts against a larger one, under `...` and for
+    a named index alike (`"ij,jk"` with j of size 1 in one operand and 3 in the
+    other); the caller drops such axes (`Normalized.squeeze`). The axes of an index
+    repeated inside one operand must have one size.
 
     >>> normalize("...ij,...jk", [(2, 3, 4), (4, 5)]).spec
     EinsumSpec(inputs=('Aij', 'jk'), output='Aik')
+    >>> normalize("ij,jk", [(2, 1), (3, 4)])
+    Normalized(spec=EinsumSpec(inputs=('i', 'jk'), output='ik'), squeeze=((1,), ()))
     """
     terms, arrow, out = _split_spec(spec, len(shapes))
     ranks = _ellipsis_ranks(spec, terms, shapes)
     ellipsis = _ellipsis_letters(spec, max(ranks, default=0))
     sizes = _ellipsis_sizes(spec, terms, shapes, ranks, len(ellipsis))
-    new_terms: list[str] = []
-    squeeze: list[tuple[int, ...]] = []
-    for term, shape, rank in zip(terms, shapes, ranks, strict=True):
-        explicit, drop = _expand_term(term, shape, rank, ellipsis, sizes)
-        new_terms.append(explicit)
-        squeeze.append(drop)
+    axes = [
+        _expand_term(term, shape, rank, ellipsis, sizes)
+        for term, shape, rank in zip(terms, shapes, ranks, strict=True)
+    ]
+    axes = _broadcast_named(axes, shapes)
     if arrow:
         if ellipsis and "..." not in out:
             raise SpecError(f"einsum spec {spec!r}: the output must contain '...' when operands do")
@@ -170,15 +194,57 @@ def normalize(spec: str, shapes: Sequence[Shape]) -> Normalized:
     else:
         named = "".join(terms).replace(".", "")
         output = ellipsis + "".join(sorted(c for c in set(named) if named.count(c) == 1))
-    result = EinsumSpec(tuple(new_terms), output)
+    result = EinsumSpec(tuple("".join(c for c, _ in kept) for kept in axes), output)
     result.check_structure(spec)
     result.index_sizes(
-        [
-            tuple(d for axis, d in enumerate(shape) if axis not in drop)
-            for shape, drop in zip(shapes, squeeze, strict=True)
-        ]
+        [tuple(shape[axis] for _, axis in kept) for shape, kept in zip(shapes, axes, strict=True)]
     )
-    return Normalized(result, tuple(squeeze))
+    squeeze = tuple(
+        tuple(a for a in range(len(shape)) if a not in {axis for _, axis in kept})
+        for shape, kept in zip(shapes, axes, strict=True)
+    )
+    return Normalized(result, squeeze)
+
+
+_Axes = list[tuple[str, int]]
+"""The axes of an operand that stay: (index letter, axis of the operand), in order."""
+
+
+def _broadcast_named(axes: Sequence[_Axes], shapes: Sequence[Shape]) -> list[_Axes]:
+    """Drop the axes of an index whose every axis in that operand has size 1 where another
+    operand gives the index a larger size (NumPy broadcasts them). Disagreeing sizes are
+    left for `EinsumSpec.index_sizes` to report."""
+    largest: dict[str, int] = {}
+    for kept, shape in zip(axes, shapes, strict=True):
+        for char, axis in kept:
+            largest[char] = max(largest.get(char, 1), shape[axis])
+    result = []
+    for kept, shape in zip(axes, shapes, strict=True):
+        ones = {c for c, _ in kept if all(shape[a] == 1 for d, a in kept if d == c)}
+        result.append([(c, a) for c, a in kept if c not in ones or largest[c] == 1])
+    return result
+
+
+def take_diagonals(term: str, array: Any) -> tuple[str, Any]:
+    """`array` (indexed by `term`) with the diagonal of every repeated index taken, and the
+    term of the result: each index once, a diagonal's index last. Uses the array's own
+    `diagonal` method, so NumPy and CuPy arrays alike give a view (strided, not
+    contiguous).
+
+    >>> import numpy as np
+    >>> term, view = take_diagonals("iji", np.arange(12).reshape(2, 3, 2))
+    >>> term, view.tolist()
+    ('ji', [[0, 7], [2, 9], [4, 11]])
+    """
+    letters = list(term)
+    while True:
+        repeated = next((c for c in letters if letters.count(c) > 1), None)
+        if repeated is None:
+            return "".join(letters), array
+        first = letters.index(repeated)
+        second = letters.index(repeated, first + 1)
+        array = array.diagonal(0, first, second)
+        letters = [c for k, c in enumerate(letters) if k not in (first, second)] + [repeated]
 
 
 def _split_spec(spec: str, operands: int) -> tuple[list[str], str, str]:
@@ -247,19 +313,18 @@ def _ellipsis_sizes(
     return sizes
 
 
-def _expand_term(
-    term: str, shape: Shape, rank: int, ellipsis: str, sizes: Sequence[int]
-) -> tuple[str, tuple[int, ...]]:
-    """`term` with its `...` replaced by ellipsis letters, and the operand's axes to squeeze
-    (size 1 where the ellipsis dimension is larger: NumPy broadcasts them)."""
+def _expand_term(term: str, shape: Shape, rank: int, ellipsis: str, sizes: Sequence[int]) -> _Axes:
+    """The axes of an operand that stay, with `...` named by ellipsis letters: all of
+    them but the size-1 ellipsis axes where the ellipsis dimension is larger (NumPy
+    broadcasts those)."""
     start = term.find("...")
     if start < 0:
-        return term, ()
-    letters, drop = [], []
+        return [(c, axis) for axis, c in enumerate(term)]
+    kept = [(c, axis) for axis, c in enumerate(term[:start])]
     for k in range(rank):
         slot = len(ellipsis) - rank + k
-        if shape[start + k] == 1 and sizes[slot] != 1:
-            drop.append(start + k)
-        else:
-            letters.append(ellipsis[slot])
-    return term.replace("...", "".join(letters)), tuple(drop)
+        if not (shape[start + k] == 1 and sizes[slot] != 1):
+            kept.append((ellipsis[slot], start + k))
+    after = term[start + 3 :]
+    kept += [(c, start + rank + k) for k, c in enumerate(after)]
+    return kept

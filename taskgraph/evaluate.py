@@ -7,8 +7,23 @@ kind's kernel is an entry of `REFERENCE_KERNELS` (a `taskgraph.dispatch.OpTable`
 a new op kind without one fails at import); the NumPy runtime backend runs the same
 kernels.
 
-Precision: each task is computed in its own dtype, except that float16 tasks are
-computed in float32 and rounded to float16 when stored (as GPU kernels accumulate).
+An operand whose spec term repeats an index is read through its diagonal (a strided
+view, `taskgraph.einsum.take_diagonals`); plain einsums go to `numpy.einsum`, which
+does the same.
+
+Precision: each task is computed in its dtype's compute dtype (`dtypes.compute_dtype`)
+and rounded to its dtype when stored. float32, float64 and the integer types compute in
+themselves; float16 and bfloat16 compute in float32 and round once per task (NumPy's
+bfloat16 is `ml_dtypes`', rounding to nearest even), as GPU kernels and PyTorch's CPU
+and CUDA kernels for bfloat16 matmuls, reductions and elementwise ops do: operands are
+widened exactly, a matmul accumulates in float32, the result is rounded once. So one
+task agrees with the same PyTorch op to within one bfloat16 rounding (a relative error
+of 2**-8 = 0.39% of the result's magnitude) plus float32 accumulation-order noise. A
+chain of tasks rounds at every task boundary where PyTorch may round at different
+points (a softmax of three einsums rounds the max and the sum; PyTorch's fused
+softmax does not), so whole models differ from PyTorch's bfloat16 by a few roundings:
+`tests/test_bfloat16.py` measures ops and `tests/models/test_bfloat16_models.py` whole
+models against PyTorch, with the tolerances they document.
 `evaluate(..., dtype="float64")` instead computes and keeps every float tensor in
 float64, for checking lower-precision results.
 """
@@ -23,6 +38,7 @@ import numpy as np
 from einpage_core.errors import InputError
 from taskgraph import dtypes
 from taskgraph.dispatch import OpTable
+from taskgraph.einsum import take_diagonals
 from taskgraph.expr import evaluate as evaluate_join
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
@@ -50,8 +66,9 @@ _AGGREGATE: dict[str, Callable[..., np.ndarray]] = {
 
 
 def compute_dtype(dtype: str) -> str:
-    """The dtype a task of `dtype` is computed in: float16 is widened to float32."""
-    return "float32" if dtype == "float16" else dtype
+    """The dtype a task of `dtype` is computed in: float16 and bfloat16 are widened to
+    float32 (`taskgraph.dtypes.compute_dtype`)."""
+    return dtypes.compute_dtype(dtype)
 
 
 def evaluate(
@@ -96,7 +113,7 @@ def evaluate_task(
 
     `out`: an array of exactly that shape and dtype, sharing no memory with the
     operands, to write the result into; it is returned. Where the result's dtype is
-    the compute dtype (not for float16, computed in float32), kernels write into it
+    the compute dtype (not for float16 and bfloat16, computed in float32), kernels write into it
     directly – `np.einsum(..., out=)` for plain einsums, the aggregation's `out=`,
     `np.take`, `np.concatenate` – and otherwise the result is cast into it with
     `np.copyto`, so it holds the same values as a call without `out`.
@@ -115,12 +132,12 @@ def evaluate_task(
     kernel = REFERENCE_KERNELS.of(task.op)
     if out is None:
         return np.asarray(kernel(task, operands, work, None)).astype(out_dtype, copy=False)
-    if out.shape != task.shape or out.dtype != np.dtype(out_dtype):
+    if out.shape != task.shape or out.dtype != dtypes.numpy_dtype(out_dtype):
         raise InputError(
             f"evaluate_task %{task.id}: out is {out.dtype}{list(out.shape)}, expected "
             f"{out_dtype}{list(task.shape)}"
         )
-    result = kernel(task, operands, work, out if out.dtype == np.dtype(work) else None)
+    result = kernel(task, operands, work, out if out.dtype == dtypes.numpy_dtype(work) else None)
     if result is not out:
         np.copyto(out, result, casting="unsafe")  # as astype would
     return out
@@ -136,12 +153,14 @@ def _einsum(
         arrays = [a.astype(work, copy=False) for a in arrays]
     if op.is_plain:
         return np.einsum(str(spec), *arrays, optimize=len(arrays) > 1, out=out)
-    # Broadcast each operand over the iteration space, ordered output then reduced indices.
+    # Broadcast each operand (its diagonals taken) over the iteration space, ordered
+    # output then reduced indices.
     order = spec.indices
     sizes = spec.index_sizes([a.shape for a in arrays])
     full_shape = tuple(sizes[c] for c in order)
     aligned = []
-    for term, array in zip(spec.inputs, arrays, strict=True):
+    for spec_term, whole in zip(spec.inputs, arrays, strict=True):
+        term, array = take_diagonals(spec_term, whole)
         present = [c for c in order if c in term]
         moved = np.transpose(array, [term.index(c) for c in present])
         aligned.append(moved.reshape([sizes[c] if c in term else 1 for c in order]))

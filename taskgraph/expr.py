@@ -76,6 +76,7 @@ FUNCTIONS: dict[str, Function] = {
         Function("gelu", 1, _gelu, "GELU, tanh approximation (GPT-2's gelu_new)"),
         Function("relu", 1, lambda xp, x: xp.maximum(x, 0), "max(x, 0)"),
         Function("abs", 1, lambda xp, x: xp.abs(x), "absolute value"),
+        Function("floor", 1, lambda xp, x: xp.floor(x), "largest integer <= x (int4 unpacking)"),
         Function("max", 2, lambda xp, x, y: xp.maximum(x, y), "elementwise maximum"),
         Function("min", 2, lambda xp, x, y: xp.minimum(x, y), "elementwise minimum"),
         Function("where", 3, lambda xp, c, x, y: xp.where(c != 0, x, y), "x if c != 0 else y"),

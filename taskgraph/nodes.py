@@ -31,9 +31,10 @@ runs too), the partition rule (`taskgraph.partition.rules.RULES`) and the CuPy k
 a sample of it in its program.
 
 FLOP convention: an einsum costs, per point of its iteration space (the product of
-all index sizes), one FLOP per arithmetic operation of its join (a plain einsum of k
-operands has k-1 multiplications) plus one for the aggregation when an index is
-reduced, and at least one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
+all index sizes, each index once: a trace `ii->` has n points), one FLOP per
+arithmetic operation of its join (a plain einsum of k operands has k-1
+multiplications) plus one for the aggregation when an index is reduced, and at least
+one. So a matmul costs 2·m·n·k (a multiply-add is 2 FLOPs) and
 an elementwise op 1 per element. Data-movement ops (fill, gather, slice, concat)
 count 1 per output element; a view costs nothing; the last-axis selections (argreduce,
 kth_largest) count 1 per operand element.
@@ -201,7 +202,8 @@ class Einsum(Op):
     """`out[O] = agg over reduced indices of join(in0[I0], in1[I1], ...)`.
 
     `join` is None for the plain product `a * b * ...`; `agg` applies only when some
-    index is reduced.
+    index is reduced. An index repeated inside one operand's term reads that operand's
+    diagonal (`"ii->i"`, `"iij,jk->ik"`); the iteration space has each index once.
     """
 
     kind: ClassVar[str] = "einsum"

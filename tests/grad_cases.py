@@ -28,6 +28,7 @@ _CALLS = {
     "gelu": lambda x: F.gelu(x, approximate="tanh"),
     "relu": torch.relu,
     "abs": torch.abs,
+    "floor": torch.floor,
     "max": torch.maximum,
     "min": torch.minimum,
     "where": lambda c, x, y: torch.where(c != 0, x, y),
@@ -68,6 +69,9 @@ def _einsum(task, operands: list[torch.Tensor]) -> torch.Tensor:
     sizes = spec.index_sizes([tuple(a.shape) for a in operands])
     aligned = []
     for term, array in zip(spec.inputs, operands, strict=True):
+        if len(set(term)) < len(term):  # a repeated index reads the diagonal
+            distinct = "".join(dict.fromkeys(term))
+            array, term = torch.einsum(f"{term}->{distinct}", array), distinct
         present = [c for c in order if c in term]
         moved = array.permute([term.index(c) for c in present]) if term else array
         aligned.append(moved.reshape([sizes[c] if c in term else 1 for c in order]))

@@ -65,6 +65,31 @@ def test_plain_einsum_gradients_equal_torch(spec, shapes):
     check_against_torch(tg, arrays, [n for n in arrays if n.startswith("x")])
 
 
+DIAGONALS = [
+    ("ii->i", [(3, 3)]),
+    ("ii->", [(4, 4)]),
+    ("iii->i", [(3, 3, 3)]),
+    ("iji->j", [(3, 2, 3)]),
+    ("ii,i->i", [(3, 3), (3,)]),
+    ("ij,jj->i", [(2, 3), (3, 3)]),
+    ("iijj->ij", [(2, 2, 3, 3)]),
+]
+
+
+@pytest.mark.parametrize("spec, shapes", DIAGONALS)
+def test_gradients_through_a_diagonal_read_equal_torch(spec, shapes):
+    """An operand read with a repeated index gets its gradient on the diagonal, zero off it."""
+    tg, arrays = program(spec, shapes)
+    check_against_torch(tg, arrays, [n for n in arrays if n.startswith("x")])
+
+
+def test_a_diagonal_gradient_is_zero_off_the_diagonal():
+    tg, arrays = program("ii->i", [(4, 4)])
+    g = taskgraph.evaluate(taskgraph.grad(tg, "loss", ["x0"]), arrays)["grad.x0"]
+    np.testing.assert_array_equal(g - np.diag(np.diag(g)), np.zeros((4, 4)))
+    np.testing.assert_allclose(np.diag(g), arrays["r"])
+
+
 def test_the_gradient_of_a_matmul_is_two_plain_matmuls():
     tg, arrays = program("ij,jk->ik", [(3, 4), (4, 5)])
     g = taskgraph.grad(tg, "loss", ["x0", "x1"])

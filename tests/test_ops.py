@@ -159,3 +159,15 @@ def test_op_errors():
         a @ prog.input("b", (2, 2))
     with pytest.raises(ShapeError, match="rank >= 2"):
         ep.causal_mask(prog.input("v", (3,)))
+
+
+def test_matmul_does_not_broadcast_the_contracted_dimension():
+    """NumPy's `@` refuses k of size 1 against a larger k, though einsum broadcasts it."""
+    prog = ep.Program()
+    a = prog.input("a", (2, 1))
+    with pytest.raises(ShapeError, match=r"'k' has size 1 in operand 0 \(2, 1\) but 3"):
+        a @ prog.input("b", (3, 4))
+    with pytest.raises(ShapeError, match="has size 1 in operand 0"):
+        a @ prog.input("v", (3,))
+    with pytest.raises(ValueError):
+        np.ones((2, 1)) @ np.ones((3, 4))

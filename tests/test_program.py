@@ -136,6 +136,34 @@ def test_generalized_multi_operand_einsum_is_one_task():
     assert len(y.task.inputs) == 3
 
 
+def test_plain_contractions_take_diagonals_first_and_generalized_ones_read_them():
+    prog = ep.Program()
+    a = prog.input("a", (3, 3, 4))
+    b = prog.input("b", (4, 5))
+    y = prog.einsum("aab,bc->ac", a, b, label="y")
+    einsums = [prog._builder.tasks[i] for i in (y.task.inputs[0], y.id)]
+    assert [str(t.op.spec) for t in einsums] == ["aab->ab", "ab,bc->ac"]
+    assert einsums[0].label == "diagonal" and einsums[1].label == "y"
+    trace = prog.einsum("aab,c->c", a, prog.input("c", (5,)))  # a's indices needed nowhere
+    assert str(prog._builder.tasks[trace.task.inputs[0]].op.spec) == "aab->"
+    alone = prog.einsum("aab->ab", a)  # one operand: the diagonal is the einsum
+    assert str(alone.task.op.spec) == "aab->ab" and alone.task.inputs == (a.id,)
+    fused = prog.einsum("aab,bc->ac", a, b, join="a - b")  # generalized: one task
+    assert str(fused.task.op.spec) == "aab,bc->ac" and fused.task.inputs == (a.id, b.id)
+
+
+def test_named_size_one_dims_broadcast_as_in_numpy():
+    prog = ep.Program()
+    a = prog.input("a", (2, 1), "float64")
+    b = prog.input("b", (3, 4), "float64")
+    prog.output(prog.einsum("ij,jk", a, b), "y")
+    tg = prog.build()
+    rng = np.random.default_rng(0)
+    arrays = {"a": rng.standard_normal((2, 1)), "b": rng.standard_normal((3, 4))}
+    got = taskgraph.evaluate(tg, arrays)["y"]
+    np.testing.assert_allclose(got, np.einsum("ij,jk", arrays["a"], arrays["b"]))
+
+
 def test_scopes_nest_and_label_tasks():
     prog = ep.Program()
     x = prog.input("x", (2, 2))

@@ -51,13 +51,19 @@ def test_plain_einsum_matches_numpy(case, seed, optimize, memory_limit):
 
 
 @st.composite
-def generalized_cases(draw):
+def generalized_cases(draw, repeats: bool = False):
+    """A generalized einsum: terms, output, sizes, join (source and scalar function), agg.
+    With `repeats`, a term may repeat an index (the einsum reads a diagonal)."""
     n_idx = draw(st.integers(1, 5))
     letters = "".join(draw(st.permutations("ijklmn"))[:n_idx])
     sizes = {c: draw(st.integers(1, 3)) for c in letters}
     n_ops = draw(st.integers(1, 3))
     terms = [
-        "".join(draw(st.lists(st.sampled_from(letters), max_size=3, unique=True)))
+        "".join(
+            draw(
+                st.lists(st.sampled_from(letters), max_size=4 if repeats else 3, unique=not repeats)
+            )
+        )
         for _ in range(n_ops)
     ]
     used = sorted(set("".join(terms))) or [letters[0]]
@@ -98,6 +104,25 @@ def test_generalized_join_agg_matches_loops(case, seed):
     spec = ",".join(terms) + "->" + out
     prog.output(prog.einsum(spec, *tensors, join=source, agg=agg), "out")
     got = taskgraph.evaluate(prog.build(), {f"x{i}": a for i, a in enumerate(arrays)})["out"]
+    expected = loop_reference(terms, out, sizes, scalar, agg, arrays)
+    scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * scale)
+
+
+@given(case=generalized_cases(repeats=True), seed=st.integers(0, 2**16))
+def test_generalized_einsums_with_diagonals_match_loops(case, seed):
+    """Terms that repeat an index read the diagonal, whatever the join and agg: the loops
+    index each operand by its term, repeated letters included."""
+    terms, out, sizes, source, scalar, agg = case
+    shapes = [tuple(sizes[c] for c in term) for term in terms]
+    arrays = random_arrays(shapes, "float64", seed)
+    prog = ep.Program()
+    tensors = [prog.input(f"x{i}", s, "float64") for i, s in enumerate(shapes)]
+    spec = ",".join(terms) + "->" + out
+    prog.output(prog.einsum(spec, *tensors, join=source, agg=agg), "out")
+    tg = prog.build()
+    assert TaskGraph.from_json(tg.to_json()).tasks == tg.tasks
+    got = taskgraph.evaluate(tg, {f"x{i}": a for i, a in enumerate(arrays)})["out"]
     expected = loop_reference(terms, out, sizes, scalar, agg, arrays)
     scale = max(1.0, float(np.abs(expected).max(initial=0.0)))
     np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9 * scale)

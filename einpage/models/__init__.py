@@ -36,16 +36,21 @@ over a paged KV cache, planned under the same budget – is `einpage.generate.ge
 `benchmarks/llama_plans.py` plans the 7B and 65B shapes.
 """
 
-from einpage.models import base, decode, errors, generation, gpt2, llama
+from einpage.models import base, decode, errors, generation, gpt2, llama, mistral, qwen2
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.errors import *  # noqa: F403
 
-FAMILIES: dict[str, ModelFamily] = {family.name: family for family in (llama.FAMILY, gpt2.FAMILY)}
-"""Every model family by name (`"llama"`, `"gpt2"`), as the CLI's presets name them."""
+FAMILIES: dict[str, ModelFamily] = {
+    family.name: family for family in (llama.FAMILY, gpt2.FAMILY, qwen2.FAMILY, mistral.FAMILY)
+}
+"""Every model family by name (`"llama"`, `"gpt2"`, `"qwen2"`, `"mistral"`), as the CLI's
+presets name them."""
 
 __all__ = [
     "llama",
     "gpt2",
+    "qwen2",
+    "mistral",
     "base",
     "decode",
     "generation",

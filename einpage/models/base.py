@@ -311,6 +311,8 @@ def weights_from_state_dict(
     """The program's weights ({input name: array of `dtype`}) from a Hugging Face state dict
     of the family's model, with or without its model prefix (`LlamaForCausalLM` or
     `LlamaModel`, `GPT2LMHeadModel` or `GPT2Model`; torch tensors or NumPy arrays).
+    `dtype` is any float dtype: float16, bfloat16 (NumPy arrays of `ml_dtypes.bfloat16`;
+    torch bfloat16 tensors keep their bits), float32, float64.
 
     Arrays that need no conversion may share memory with the state dict's tensors.
     Raises `ConfigMismatchError` when the checkpoint's sizes (vocabulary, hidden size,
@@ -325,9 +327,10 @@ def weights_from_safetensors(
 ) -> dict[str, np.ndarray]:
     """The program's weights from a safetensors checkpoint directory (`save_pretrained`:
     `model.safetensors`, or shards listed in `model.safetensors.index.json`) or file,
-    reading only the tensors (and parts of tensors) the program uses. A `config.json`
-    beside the weights must describe the same model as `cfg` (`ConfigMismatchError`
-    otherwise)."""
+    reading only the tensors (and parts of tensors) the program uses, each converted
+    once from the dtype it is stored in (a bfloat16 checkpoint read as bfloat16 is never
+    widened). A `config.json` beside the weights must describe the same model as `cfg`
+    (`ConfigMismatchError` otherwise)."""
     on_disk = read_hf_config(path)
     if on_disk is not None:
         check_same_config(cfg, type(cfg).from_hf(on_disk), path)
@@ -369,7 +372,7 @@ class ModelFamily:
     >>> FAMILIES["gpt2"]
     ModelFamily(name='gpt2', config=<class 'einpage.models.gpt2.GPT2Config'>)
     >>> sorted(FAMILIES["llama"].presets)
-    ['13b', '65b', '70b', '7b', 'tiny', 'tiny-gqa']
+    ['13b', '3-8b', '65b', '70b', '7b', 'tiny', 'tiny-gqa']
     """
 
     name: str

@@ -9,8 +9,14 @@ axis) as a NumPy array in the dtype it is stored in:
   `safetensors.safe_open(..., framework="numpy")` and reads only the tensors asked
   for. A sharded checkpoint is described by `model.safetensors.index.json`; that file
   comes from disk, so it is validated (shape of the JSON, shard names that stay inside
-  the directory, shards that exist) before anything is read. NumPy has no bfloat16:
-  bfloat16 tensors are read from the file's bytes and widened to float32 exactly.
+  the directory, shards that exist) before anything is read.
+
+bfloat16 tensors stay bfloat16 (NumPy arrays of `ml_dtypes.bfloat16`, which
+`taskgraph.dtypes` registers): safetensors' NumPy loader does not know the type, so a
+bfloat16 tensor is read from the file's header and raw bytes and viewed as bfloat16,
+and a torch bfloat16 tensor's bits are viewed the same way. Nothing is widened to
+float32 on the way; the weight loader converts to the program's dtype (widening to
+float32 is exact).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from einpage.models.errors import CheckpointError
+from taskgraph import dtypes
 
 __all__ = [
     "Source",
@@ -61,14 +68,19 @@ class Source(Protocol):
 
 
 def to_numpy(value: Any) -> np.ndarray:
-    """A NumPy array with the data of `value` (a NumPy array or a torch tensor; bfloat16
-    torch tensors are widened to float32, which is exact). Torch is never imported."""
+    """A NumPy array with the data of `value` (a NumPy array or a torch tensor). A torch
+    bfloat16 tensor becomes a bfloat16 array with the same bits (torch cannot convert it
+    to NumPy itself, so its bits go through int16). Torch is imported only for a torch
+    tensor, when it is loaded already."""
     if isinstance(value, np.ndarray):
         return value
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
         tensor = value.detach().cpu()
         if str(tensor.dtype) == "torch.bfloat16":
-            tensor = tensor.float()
+            import torch
+
+            bits = tensor.view(torch.int16).numpy()
+            return bits.view(dtypes.numpy_dtype("bfloat16"))
         return tensor.numpy()
     return np.asarray(value)
 
@@ -289,8 +301,8 @@ _HEADER_LIMIT = 100 * 2**20  # safetensors caps headers at 100 MB
 
 
 def _read_bf16(file: Path, key: str) -> np.ndarray:
-    """Read the bfloat16 tensor `key` of a safetensors file as float32 (exact), from the
-    file's header and bytes (NumPy, and so safetensors' NumPy framework, lacks bfloat16)."""
+    """Read the bfloat16 tensor `key` of a safetensors file as a bfloat16 array, from the
+    file's header and bytes (safetensors' NumPy framework does not know bfloat16)."""
     try:
         with open(file, "rb") as f:
             header_size = int.from_bytes(f.read(8), "little")
@@ -310,4 +322,4 @@ def _read_bf16(file: Path, key: str) -> np.ndarray:
         ) from None
     if raw.size != count:
         raise CheckpointError(f"{str(file)!r}: tensor {key!r} is truncated")
-    return (raw.astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return raw.view(dtypes.numpy_dtype("bfloat16")).reshape(shape)

@@ -118,10 +118,17 @@ def scaled(join: str, factor: float) -> str:
     return join if factor == 1.0 else f"({join}) * {float(factor)!r}"
 
 
-def weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Weight:
-    """A function `weight(name)` declaring the weight input `name` with its shape."""
+def weight_input(
+    prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str, quant: Any = None
+) -> Weight:
+    """A function `weight(name)` declaring the weight input `name` with its shape; with
+    `quant` (an `einpage.quantize.Quantization`), quantizable weights are declared as
+    their quantized inputs and rebuilt on the device (`dequantized_weight`)."""
+    from einpage.quantize import dequantized_weight, quantizable
 
     def weight(name: str) -> Tensor:
+        if quant is not None and quantizable(name, shapes[name]):
+            return dequantized_weight(prog, name, shapes[name], dtype, quant)
         return prog.input(name, shapes[name], dtype, role="weight")
 
     return weight
@@ -227,6 +234,7 @@ def begin_prefill(
     dtype: Any,
     logits: Any,
     max_positions: int | None = None,
+    quant: Any = None,
 ) -> Prefill:
     """Check `prefill_program`'s arguments (`seq` at most `max_positions` when the model
     has a longest prompt) and start the program `"{cfg.name}-prefill-b{batch}-s{seq}"`
@@ -236,8 +244,17 @@ def begin_prefill(
         raise ProgramError(
             f"prefill_program: seq={seq} exceeds the model's {max_positions} positions"
         )
-    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}")
-    weight = weight_input(prog, cfg.weight_shapes(), dtype)
+    suffix = ""
+    if quant is not None:
+        from einpage.quantize import Quantization
+
+        if not isinstance(quant, Quantization):
+            raise ProgramError(
+                f"prefill_program: quant must be an einpage.quantize.Quantization, got {quant!r}"
+            )
+        suffix = f"-int{quant.bits}"
+    prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}{suffix}")
+    weight = weight_input(prog, cfg.weight_shapes(), dtype, quant)
     tokens = prog.input("tokens", (batch, seq), "int64")
     return Prefill(prog, dtype, tokens, weight)
 

@@ -283,7 +283,12 @@ def prefill_inputs(
 
 
 def prefill_program(
-    cfg: GPT2Config, batch: int, seq: int, dtype: Any = "float32", logits: str = "all"
+    cfg: GPT2Config,
+    batch: int,
+    seq: int,
+    dtype: Any = "float32",
+    logits: str = "all",
+    quant: Any = None,
 ) -> Program:
     """The prefill forward pass of `cfg` over `batch` prompts of `seq` tokens (positions
     0..seq-1, so `seq` <= max_positions).
@@ -292,7 +297,9 @@ def prefill_program(
     position (`logits="last"`). Tasks are scoped `embed`, `layers.{i}.attn`,
     `layers.{i}.mlp` and `head`.
     """
-    build = begin_prefill(cfg, batch, seq, dtype, logits, max_positions=cfg.max_positions)
+    build = begin_prefill(
+        cfg, batch, seq, dtype, logits, max_positions=cfg.max_positions, quant=quant
+    )
     prog, weight = build.prog, build.weight
     with prog.scope("embed"):
         embed = weight("embed")

@@ -110,6 +110,75 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """A scaled rotary embedding: `rope_type` "llama3" (Llama 3.1's: frequencies whose
+    wavelength exceeds `original_max_position_embeddings / low_freq_factor` divided by
+    `factor`, those below `... / high_freq_factor` kept, the band between interpolated
+    smoothly) or "linear" (every frequency divided by `factor`)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    TYPES: ClassVar[tuple[str, ...]] = ("llama3", "linear")
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in self.TYPES:
+            raise UnsupportedConfigError(
+                f"RoPE scaling {self.rope_type!r} is not supported (only {self.TYPES})"
+            )
+        for name in ("factor", "low_freq_factor", "high_freq_factor"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ConfigError(f"RopeScaling: {name} must be a positive number, got {value!r}")
+        if self.rope_type == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError(
+                f"RopeScaling: high_freq_factor={self.high_freq_factor} must exceed "
+                f"low_freq_factor={self.low_freq_factor}"
+            )
+
+    @classmethod
+    def from_hf(cls, params: Mapping[str, Any], where: str) -> RopeScaling | None:
+        """The scaling a HF `rope_parameters`/`rope_scaling` dict asks for (None: the
+        default RoPE); `UnsupportedConfigError` for another kind or unknown keys."""
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        fields = {k: v for k, v in params.items() if k not in ("rope_type", "type", "rope_theta")}
+        if rope_type == "default" and not fields:
+            return None
+        allowed = {
+            "linear": {"factor"},
+            "llama3": {"factor", "low_freq_factor", "high_freq_factor",
+                       "original_max_position_embeddings"},
+        }.get(rope_type)  # fmt: skip
+        if allowed is None or set(fields) - allowed:
+            raise UnsupportedConfigError(
+                f"{where}: RoPE scaling {dict(params)} is not supported; only the default, "
+                "'linear' and 'llama3' rotary embeddings are"
+            )
+        missing = sorted(allowed - set(fields))
+        if missing:
+            raise ConfigError(f"{where}: RoPE scaling {rope_type!r} needs {missing}")
+        return cls(rope_type, **fields)
+
+    def apply(self, inv_freq: np.ndarray) -> np.ndarray:
+        """The scaled inverse frequencies (float32, as transformers computes them)."""
+        f32 = np.float32
+        factor = f32(self.factor)
+        if self.rope_type == "linear":
+            return (inv_freq / factor).astype(f32)
+        old = f32(self.original_max_position_embeddings)
+        low, high = f32(self.low_freq_factor), f32(self.high_freq_factor)
+        wavelen = (f32(2 * math.pi) / inv_freq).astype(f32)
+        scaled = np.where(wavelen > old / low, inv_freq / factor, inv_freq).astype(f32)
+        smooth = ((old / wavelen - low) / (high - low)).astype(f32)
+        smoothed = ((1 - smooth) * scaled / factor + smooth * scaled).astype(f32)
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        return np.where(medium, smoothed, scaled).astype(f32)
+
+
+@dataclass(frozen=True)
 class LlamaConfig(ModelConfig):
     """The shape of a LLaMA model.
 
@@ -117,9 +186,14 @@ class LlamaConfig(ModelConfig):
     heads share 8 K/V heads); equal is multi-head attention. `name` only labels
     programs and is ignored by `==`.
 
+    Variants of the same architecture: `rope_scaling` (Llama 3's `"llama3"` frequency
+    scaling, or `"linear"`), `qkv_bias` (biases on the Q/K/V projections, as Qwen2),
+    `sliding_window` (Mistral: attention to the last `sliding_window` positions; programs
+    longer than the window are refused, within it attention is the causal one).
+
     `from_hf` rejects settings this program does not implement with
-    `UnsupportedConfigError`: RoPE scaling, attention or MLP biases, an activation
-    other than SiLU, a head_dim other than hidden_size / num_heads.
+    `UnsupportedConfigError`: other RoPE scalings, an output-projection or MLP bias, an
+    activation other than SiLU, a head_dim other than hidden_size / num_heads.
 
     >>> cfg = PRESETS["7b"]
     >>> cfg.head_dim, cfg.group_size, cfg.num_parameters()
@@ -135,6 +209,9 @@ class LlamaConfig(ModelConfig):
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = False
+    rope_scaling: RopeScaling | None = None
+    qkv_bias: bool = False
+    sliding_window: int | None = None
     name: str = field(default="llama", compare=False)
 
     model_type: ClassVar[str] = "llama"
@@ -159,6 +236,19 @@ class LlamaConfig(ModelConfig):
             raise ConfigError(
                 f"{owner}: num_kv_heads={self.num_kv_heads} does not divide "
                 f"num_heads={self.num_heads} (each K/V head serves a whole group of query heads)"
+            )
+        if self.sliding_window is not None and (
+            isinstance(self.sliding_window, bool)
+            or not isinstance(self.sliding_window, int)
+            or self.sliding_window <= 0
+        ):
+            raise ConfigError(
+                f"{owner}: sliding_window must be a positive int or None, got "
+                f"{self.sliding_window!r}"
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ConfigError(
+                f"{owner}: rope_scaling must be a RopeScaling or None, got {self.rope_scaling!r}"
             )
         if self.head_dim % 2:
             raise ConfigError(
@@ -196,6 +286,16 @@ class LlamaConfig(ModelConfig):
                 ),
                 WeightSpec(ours + "attn.wk", (g, e, d), hf + "self_attn.k_proj.weight", (g * e, d)),
                 WeightSpec(ours + "attn.wv", (g, e, d), hf + "self_attn.v_proj.weight", (g * e, d)),
+            ]
+            if self.qkv_bias:
+                specs += [
+                    WeightSpec(
+                        ours + "attn.bq", (g, r, e), hf + "self_attn.q_proj.bias", (g * r * e,)
+                    ),
+                    WeightSpec(ours + "attn.bk", (g, e), hf + "self_attn.k_proj.bias", (g * e,)),
+                    WeightSpec(ours + "attn.bv", (g, e), hf + "self_attn.v_proj.bias", (g * e,)),
+                ]
+            specs += [
                 WeightSpec(
                     ours + "attn.wo",
                     (g, r, e, d),
@@ -225,7 +325,10 @@ class LlamaConfig(ModelConfig):
             )
         for flag in ("attention_bias", "mlp_bias"):
             if get(flag, False):
-                raise UnsupportedConfigError(f"{owner}: {flag}=True is not supported")
+                raise UnsupportedConfigError(
+                    f"{owner}: {flag}=True is not supported (biases on the output projection "
+                    "or the MLP; Q/K/V biases alone are the qwen2 family)"
+                )
         hidden, heads = get("hidden_size", None), get("num_attention_heads", None)
         kv_heads = get("num_key_value_heads", None)
         head_dim = get("head_dim", None)
@@ -242,36 +345,34 @@ class LlamaConfig(ModelConfig):
             "num_kv_heads": heads if kv_heads is None else kv_heads,
             "intermediate_size": get("intermediate_size", None),
             "vocab_size": get("vocab_size", None),
-            "rope_theta": _rope_theta(get, owner),
+            **_rope(get, owner),
             "rms_norm_eps": get("rms_norm_eps", 1e-6),
             "tie_embeddings": bool(get("tie_word_embeddings", False)),
         }
 
 
-def _rope_theta(get: Getter, owner: str) -> float:
-    """RoPE's base from a HF config; only the default (unscaled) RoPE is supported.
+def _rope(get: Getter, owner: str) -> dict[str, Any]:
+    """RoPE's base and scaling from a HF config: `rope_theta` and `rope_scaling`.
 
-    transformers >= 5 keeps it in `rope_parameters` (`{"rope_type": "default",
-    "rope_theta": ...}`); older versions in `rope_theta` with `rope_scaling` None. Both
-    are checked, so a `config.json` that has both (e.g. edited by hand) cannot hide a
-    scaled RoPE behind a default one.
+    transformers >= 5 keeps them in `rope_parameters` (`{"rope_type": "default",
+    "rope_theta": ...}`); older versions in `rope_theta` and `rope_scaling`. Both are
+    read, so a `config.json` that has both (e.g. edited by hand) cannot hide a scaled
+    RoPE behind a default one; two different scalings are refused.
     """
     theta = get("rope_theta", 10000.0)
+    scaling: RopeScaling | None = None
     for key in ("rope_parameters", "rope_scaling"):
         params = get(key, None)
         if params is None:
             continue
         if not isinstance(params, Mapping):
             raise ConfigError(f"{owner}: {key} must be a dict, got {params!r}")
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        extra = sorted(set(params) - {"rope_type", "type", "rope_theta"})
-        if rope_type != "default" or extra:
-            raise UnsupportedConfigError(
-                f"{owner}: RoPE scaling is not supported ({key} {dict(params)}); "
-                "only the default rotary embedding is"
-            )
         theta = params.get("rope_theta", theta)
-    return theta
+        found = RopeScaling.from_hf(params, f"{owner}: {key}")
+        if found is not None and scaling is not None and found != scaling:
+            raise ConfigError(f"{owner}: rope_parameters and rope_scaling disagree")
+        scaling = found or scaling
+    return {"rope_theta": theta, "rope_scaling": scaling}
 
 
 PRESETS: dict[str, LlamaConfig] = {
@@ -281,11 +382,25 @@ PRESETS: dict[str, LlamaConfig] = {
     "65b": LlamaConfig(8192, 80, 64, 64, 22016, name="llama-65b"),
     # Llama-2-70B: grouped-query attention with 8 K/V heads, eps 1e-5.
     "70b": LlamaConfig(8192, 80, 64, 8, 28672, rms_norm_eps=1e-5, name="llama2-70b"),
+    # Llama-3.1-8B: GQA, a 128,256-token vocabulary, theta 500000 and llama3 RoPE scaling.
+    "3-8b": LlamaConfig(
+        4096,
+        32,
+        32,
+        8,
+        14336,
+        vocab_size=128256,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
+        name="llama3.1-8b",
+    ),  # fmt: skip
     # Small shapes for tests and examples.
     "tiny": LlamaConfig(64, 2, 4, 4, 128, vocab_size=256, name="llama-tiny"),
     "tiny-gqa": LlamaConfig(64, 2, 8, 2, 160, vocab_size=256, name="llama-tiny-gqa"),
 }
-"""Published LLaMA shapes ("7b", "13b", "65b", "70b") and small ones ("tiny", "tiny-gqa")."""
+"""Published LLaMA shapes ("7b", "13b", "65b", "70b", Llama 3.1's "3-8b") and small ones
+("tiny", "tiny-gqa")."""
 
 
 # -- weights --------------------------------------------------------------------
@@ -317,6 +432,8 @@ def rope_tables(
     exponents = np.arange(0, e, 2, dtype=np.int64).astype(np.float32) / np.float32(e)
     powers = (float(cfg.rope_theta) ** exponents.astype(np.float64)).astype(np.float32)
     inv_freq = np.float32(1.0) / powers
+    if cfg.rope_scaling is not None:
+        inv_freq = cfg.rope_scaling.apply(inv_freq)
     positions = np.arange(seq, dtype=np.int64).astype(np.float32)
     freqs = positions[:, None] * inv_freq[None, :]
     angles = np.concatenate([freqs, freqs], axis=-1).astype(np.float64)
@@ -344,7 +461,12 @@ def prefill_inputs(
 
 
 def prefill_program(
-    cfg: LlamaConfig, batch: int, seq: int, dtype: Any = "float32", logits: str = "all"
+    cfg: LlamaConfig,
+    batch: int,
+    seq: int,
+    dtype: Any = "float32",
+    logits: str = "all",
+    quant: Any = None,
 ) -> Program:
     """The prefill forward pass of `cfg` over `batch` prompts of `seq` tokens.
 
@@ -357,7 +479,8 @@ def prefill_program(
     >>> len(tg), len(tg.inputs), tg.tasks[tg.outputs["logits"]].shape
     (1167, 294, (1, 2048, 32000))
     """
-    build = begin_prefill(cfg, batch, seq, dtype, logits)
+    check_window(cfg, seq, "prefill_program")
+    build = begin_prefill(cfg, batch, seq, dtype, logits, quant=quant)
     prog, weight = build.prog, build.weight
     with prog.scope("rope"):
         cos = prog.input("rope.cos", (seq, cfg.head_dim), build.dtype)
@@ -430,7 +553,23 @@ def _qkv(
     q = prog.einsum("bsd,gred->bgrse", h, weight(prefix + "wq"), label="q")
     k = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wk"), label="k")
     v = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wv"), label="v")
+    if cfg.qkv_bias:
+        add = "a + b"
+        q = prog.einsum("bgrse,gre->bgrse", q, weight(prefix + "bq"), join=add, label="q.bias")
+        k = prog.einsum("bgse,ge->bgse", k, weight(prefix + "bk"), join=add, label="k.bias")
+        v = prog.einsum("bgse,ge->bgse", v, weight(prefix + "bv"), join=add, label="v.bias")
     return Heads(_rotate(q, rot_q), _rotate(k, rot_k), v)
+
+
+def check_window(cfg: LlamaConfig, positions: int, where: str) -> None:
+    """`UnsupportedConfigError` when a program of `positions` positions would need
+    sliding-window attention beyond the window (within it, attention is causal)."""
+    if cfg.sliding_window is not None and positions > cfg.sliding_window:
+        raise UnsupportedConfigError(
+            f"{where}: {positions} positions exceed the sliding window of {cfg.sliding_window}; "
+            "attention limited to the window is not implemented (programs up to the window "
+            "are exact)"
+        )
 
 
 def _attn_out(x: Tensor, out: Tensor, weight: Weight, prefix: str) -> Tensor:
@@ -464,6 +603,7 @@ def decoder(cfg: LlamaConfig, prog: Program, weight: Weight, dtype: str, positio
     """LLaMA's blocks for `einpage.models.generation`: declares the rotary tables
     `rope.cos`, `rope.sin` [positions, head_dim] (`position_inputs` makes them) and
     rotates each chunk by their rows at the chunk's positions."""
+    check_window(cfg, positions, "generation")
     e = cfg.head_dim
     with prog.scope("rope"):
         cos = prog.input("rope.cos", (positions, e), dtype)

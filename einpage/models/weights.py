@@ -43,10 +43,12 @@ class WeightSpec:
     transpose: bool = False
 
     def convert(self, array: np.ndarray, dtype: str) -> np.ndarray:
-        """The program's array from the checkpoint's (already cut to `part`)."""
+        """The program's array from the checkpoint's (already cut to `part`), in `dtype`:
+        one cast, straight from the stored dtype (bfloat16 to float32 is exact; to
+        bfloat16, rounded to nearest even as torch's `.to(torch.bfloat16)`)."""
         if self.transpose:
             array = array.T
-        return np.ascontiguousarray(array.reshape(self.shape), dtype=dtype)
+        return np.ascontiguousarray(array.reshape(self.shape), dtype=dtypes.numpy_dtype(dtype))
 
 
 def resolve_prefix(keys: Sequence[str], probe: str, prefixes: Sequence[str], where: str) -> str:
@@ -89,9 +91,11 @@ def check_layer_count(
 
 def load_weights(specs: Sequence[WeightSpec], source: Source, dtype: str) -> dict[str, np.ndarray]:
     """Read and convert every weight of `specs` from `source` (a checkpoint source, see
-    `einpage.models.checkpoint`), as contiguous arrays of `dtype`. Where no conversion
-    is needed (same dtype, no transpose) an array may share memory with the source's
-    tensor, so a model already in memory is not copied a second time.
+    `einpage.models.checkpoint`), as contiguous arrays of `dtype` (a float dtype:
+    float16, bfloat16, float32, float64). Where no conversion is needed (same dtype, no
+    transpose) an array may share memory with the source's tensor, so a model already
+    in memory is not copied a second time: a bfloat16 checkpoint loaded as bfloat16 is
+    never widened.
 
     Raises `WeightError` for a missing key or a shape that differs from `source_shape`
     (all are checked before any tensor is read).
@@ -123,7 +127,7 @@ def load_weights(specs: Sequence[WeightSpec], source: Source, dtype: str) -> dic
     weights = {}
     for spec in specs:
         array = source.read(spec.key, spec.part)
-        if not np.issubdtype(array.dtype, np.floating):
+        if not dtypes.is_float_array(array.dtype):
             raise WeightError(
                 f"weight {spec.name!r}: {spec.key!r} in {where} has dtype {array.dtype}, "
                 "expected a floating-point tensor",

@@ -11,6 +11,7 @@ autograd does so that gradients equal `torch.autograd` also on ties:
 * comparisons (`<`, `==`, ...) have derivative 0: they route, never carry, gradients;
 * `where(c, x, y)`: `where(c, dx, dy)` (nothing flows into the condition);
 * `relu(x)`: `dx` where `x > 0`, else 0 (0 at 0, as `torch.relu`);
+* `floor(x)`: 0 (piecewise constant, as `torch.floor`);
 * `abs(x)`: `sign(x) * dx`, 0 at 0 (as `torch.abs`);
 * `max(x, y)` / `min(x, y)`: the whole gradient to the larger (smaller) argument and,
   on a tie, half to each (as `torch.maximum` / `torch.minimum`);
@@ -170,6 +171,8 @@ def _unary(fn: str, x: Expr, dx: Expr) -> Expr:
     """The derivative of `fn(x)` given `dx`, the derivative of its argument."""
     if fn == "neg":
         return neg(dx)
+    if fn == "floor":  # piecewise constant: 0 everywhere (as torch.floor's gradient)
+        return ZERO
     if fn == "relu":
         return where(compare(">", x, ZERO), dx, ZERO)
     if fn == "abs":
@@ -232,7 +235,7 @@ def diff(expr: Expr, operand: int) -> Expr:
             return where(cond, parts[1], parts[2])
         if expr.fn in ("max", "min"):
             return _extremum(expr.fn, *expr.args, *parts)
-        if expr.fn == "neg" or expr.fn in _UNARY_FACTORS or expr.fn in ("relu", "abs"):
+        if expr.fn == "neg" or expr.fn in _UNARY_FACTORS or expr.fn in ("relu", "abs", "floor"):
             return ZERO if is_zero(parts[0]) else _unary(expr.fn, expr.args[0], parts[0])
         raise UnsupportedError(f"no derivative rule for the join function {expr.fn!r}")
     return ZERO

@@ -19,7 +19,9 @@ the same indices `I` (positions P) is one einsum over S with output `I`:
   leave the product zero whatever one factor does) – two more einsums per task.
 
 Operands of another dtype than the output (an einsum that casts) get the gradient
-cast back to theirs.
+cast back to theirs. An operand read with a repeated index (`ii`: its diagonal) gets
+the gradient of the diagonal, placed onto the diagonal of a zero tensor
+(`Emitter.onto_diagonal`).
 """
 
 from __future__ import annotations
@@ -111,9 +113,17 @@ class _TaskGradient:
             values = self.operand_vars(operands, self.join)
             d, joined = substitute(derivative, values), substitute(self.join, values)
             join = self._extremum_or_product(operands, g, d, joined)
-        self.em.einsum(
-            operands, join, term, self.space, "sum", self.task, self.dtype, into=producer
+        if len(set(term)) == len(term):
+            self.em.einsum(
+                operands, join, term, self.space, "sum", self.task, self.dtype, into=producer
+            )
+            return
+        distinct = "".join(dict.fromkeys(term))
+        diagonal = self.em.einsum(
+            operands, join, distinct, self.space, "sum", self.task, self.dtype
         )
+        part = self.em.onto_diagonal(diagonal, distinct, term, self.space, self.task)
+        self.em.contribute(producer, part, self.task)
 
     def _extremum_or_product(self, operands: Operands, g: Expr, d: Expr, joined: Expr) -> Expr:
         output = self.spec.output

@@ -81,6 +81,38 @@ class Emitter:
             self._fills[key] = self.add(Fill(float(value)), (), source, tuple(shape), dtype)
         return self._fills[key]
 
+    def eye(self, size: int, dtype: str, source: Task) -> int:
+        """The identity matrix of `size`: 1 - C - Cᵀ with C the strictly upper
+        triangle of ones (a causal fill), made once per size and dtype."""
+        key = ((size, size), -1.0, dtype)
+        if key not in self._fills:
+            upper = self.add(Fill(1.0, "causal"), (), source, (size, size), dtype)
+            spec = EinsumSpec(("ab", "ba"), "ab")
+            join = BinOp("-", BinOp("-", Const(1.0), Var(0)), Var(1))
+            self._fills[key] = self.add(Einsum(spec, join), (upper, upper), source)
+        return self._fills[key]
+
+    def onto_diagonal(
+        self, diagonal: int, distinct: str, term: str, space: Mapping[str, int], source: Task
+    ) -> int:
+        """The tensor read as `term` (an index repeated: a diagonal) that is zero off its
+        diagonal and `diagonal` (indexed by `distinct`, the term's indices once) on it:
+        each repeat of an index gets a fresh letter tied to the first by an identity."""
+        spare = iter(c for c in LETTERS if c not in space)
+        seen: set[str] = set()
+        out, eyes = "", []
+        for c in term:
+            if c not in seen:
+                seen.add(c)
+                out += c
+                continue
+            fresh = next(spare)
+            out += fresh
+            eyes.append((self.eye(space[c], self.tasks[diagonal].dtype, source), c + fresh))
+        operands = [diagonal] + [eye for eye, _ in eyes]
+        spec = EinsumSpec((distinct, *(pair for _, pair in eyes)), out)
+        return self.add(Einsum(spec), operands, source)
+
     def cast(self, task_id: int, dtype: str, source: Task) -> int:
         """`task_id` converted to `dtype` (itself when it already is)."""
         task = self.tasks[task_id]

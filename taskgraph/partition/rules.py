@@ -71,6 +71,11 @@ def _input_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
 
 
 def _einsum_geometry(task: Task, tasks: Sequence[Task]) -> Geometry:
+    """One dim per distinct index. An operand whose term repeats an index (a diagonal)
+    has two or more axes on that dim: a block reads the square (cube, ...) box of them,
+    whose diagonal is the block's part of the diagonal; its links put two axes of one
+    producer into one class, which alignment refuses, so such a region is assembled
+    when the producer is split."""
     op: Einsum = task.op  # type: ignore[assignment]
     spec = op.spec
     sizes = spec.index_sizes([tasks[i].shape for i in task.inputs])

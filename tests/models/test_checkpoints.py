@@ -21,6 +21,7 @@ from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.checkpoint import INDEX_FILE, SafetensorsSource  # noqa: E402
 from einpage.models.errors import (  # noqa: E402
     CheckpointError,
+    ConfigError,
     ConfigMismatchError,
     UnsupportedConfigError,
     WeightError,
@@ -273,18 +274,33 @@ def test_a_checkpoint_without_config_json_asks_for_a_config(checkpoints, tmp_pat
     assert llama.weights_from_safetensors(cfg, tmp_path).keys() == set(llama.weight_shapes(cfg))
 
 
-def test_a_llama_3_checkpoint_says_rope_scaling_is_missing(checkpoints, tmp_path):
+def test_a_llama_3_checkpoint_reads_its_rope_scaling(checkpoints, tmp_path):
     _, path = checkpoints["llama"]
     config = json.loads((path / "config.json").read_text())
-    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    llama3 = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     older = {k: v for k, v in config.items() if k != "rope_parameters"}
     for edited in (  # as transformers 4 writes it, and with both keys
         {**older, "rope_theta": 5e5, "rope_scaling": llama3},
         {**config, "rope_scaling": llama3},
     ):
         (tmp_path / "config.json").write_text(json.dumps(edited))
-        with pytest.raises(UnsupportedConfigError, match="RoPE scaling.*llama3"):
-            llama.LlamaConfig.from_checkpoint(tmp_path)
+        cfg = llama.LlamaConfig.from_checkpoint(tmp_path)
+        assert cfg.rope_scaling == llama.RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    incomplete = {k: v for k, v in llama3.items() if k != "high_freq_factor"}
+    (tmp_path / "config.json").write_text(json.dumps({**older, "rope_scaling": incomplete}))
+    with pytest.raises(ConfigError, match="llama3.*high_freq_factor"):
+        llama.LlamaConfig.from_checkpoint(tmp_path)
+    (tmp_path / "config.json").write_text(
+        json.dumps({**older, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    )
+    with pytest.raises(UnsupportedConfigError, match="RoPE scaling.*yarn"):
+        llama.LlamaConfig.from_checkpoint(tmp_path)
 
 
 def test_a_checkpoint_of_another_model_is_named():

@@ -52,7 +52,7 @@ def source_state_dict(cfg: ModelConfig, prefix: str, seed: int = 0) -> dict[str,
 
 
 def test_families_are_registered_by_their_names():
-    assert sorted(models.FAMILIES) == ["gpt2", "llama"]
+    assert sorted(models.FAMILIES) == ["gpt2", "llama", "mistral", "qwen2"]
     for name, family in models.FAMILIES.items():
         assert family.name == name
         assert issubclass(family.config, ModelConfig)

@@ -150,8 +150,8 @@ LLAMA_BASE = {
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, ["RoPE scaling"]),
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}, ["llama3"]),
+        ({"rope_scaling": {"type": "yarn", "factor": 2.0}}, ["RoPE scaling", "yarn"]),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 5e5}}, ["dynamic"]),
         ({"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.5}}, ["partial"]),
         ({"attention_bias": True}, ["attention_bias=True"]),
         ({"mlp_bias": True}, ["mlp_bias=True"]),
