@@ -144,9 +144,9 @@ _CAUSAL_FILL = (
     " out = (col0 + c > row0 + r) ? (T)value : (T)0;",
     "einpage_causal_fill",
 )
-_GATHER = (
-    "raw T table, raw I ids, int64 row, int64 rows, raw int64 flag",
-    "T out",
+_GATHER = (  # the flag is an output: CuPy declares every input const
+    "raw T table, raw I ids, int64 row, int64 rows",
+    "T out, raw int64 flag",
     "const long long id = (long long)ids[i / row];"
     " if (id < 0 || id >= rows) { flag[0] = 1; flag[1] = id; out = (T)0; }"
     " else { out = table[id * row + i % row]; }",
@@ -267,7 +267,7 @@ class CupyKernels:
         table, ids = operands
         row = math.prod(table.shape[1:])
         flag = self.cp.zeros(2, dtype=self.cp.int64)
-        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], flag, out)
+        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], out, flag)
         self.flags.append((task, flag))
         self.counters["gather"] += 1
 
