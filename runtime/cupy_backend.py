@@ -390,10 +390,20 @@ class CupyBackend(Backend):
             return cp.cuda.MemoryPointer(memory, 0)
 
     def allocate_host(self, nbytes: int) -> np.ndarray:
-        import cupyx
-
+        """`nbytes` of page-locked memory, allocated once for the session outside CuPy's
+        pinned-memory pool, so that it is returned to the system when the session's
+        buffer is dropped (a pool would keep it for the process's lifetime)."""
+        cp = self.cp
         with self.device:
-            return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)[:nbytes]
+            try:
+                memory = cp.cuda.PinnedMemory(max(nbytes, 1))
+            except cp.cuda.runtime.CUDARuntimeError as err:
+                raise BackendError(
+                    f"cannot allocate {format_bytes(nbytes)} ({nbytes} bytes) of pinned host "
+                    f"memory ({type(err).__name__}: {err}); see runtime.pinned_bytes(plan)"
+                ) from None
+            pointer = cp.cuda.PinnedMemoryPointer(memory, 0)
+            return np.ndarray((max(nbytes, 1),), dtype=np.uint8, buffer=pointer)[:nbytes]
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         return self.cp.ndarray(shape, dtype=dtype, memptr=arena + offset)
