@@ -161,7 +161,7 @@ def test_the_generated_kernels_cover_every_dtype_and_kind():
     every = set().union(*program_kernels().values())
     text = "\n".join(every)
     for needle in ("typedef float16 T", "float16 &out", "einpage_gather", "einpage_scatter_add",
-                   "einpage_causal_fill", "#define REDUCE", "unsigned char", "floor("):  # fmt: skip
+                   "einpage_causal_fill", "#define REDUCE"):  # fmt: skip
         assert needle in text, needle
 
 
