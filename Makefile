@@ -19,7 +19,7 @@ $(VENV)/.core: setup.cfg pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,test,viz,text]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,test,viz,text,nvrtc]'
 	touch $@ $(VENV)/.core
 
 dot:
@@ -45,11 +45,13 @@ test: $(VENV)/.dev dot lint
 	exit $$rc
 
 # GPU tests only (they skip cleanly without CuPy or a GPU). CuPy is installed for the
-# CUDA major version of the NVIDIA driver (from nvidia-smi); without a driver it is not.
+# CUDA major version of the NVIDIA driver (from nvidia-smi; the test extras' CUDA 12
+# CuPy, there for the NVRTC tier, makes way for CUDA 13's); without a driver it is not.
 test-gpu: $(VENV)/.dev
 	@cuda=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1); \
 	if [ -z "$$cuda" ]; then echo "no NVIDIA driver found: the GPU tests will skip"; \
-	elif [ "$$cuda" -ge 13 ]; then $(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'; \
+	elif [ "$$cuda" -ge 13 ]; then $(BIN)/python -m pip uninstall --quiet -y cupy-cuda12x; \
+	  $(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'; \
 	else $(BIN)/python -m pip install --quiet -e '.[gpu]'; fi
 	$(BIN)/python -m pytest tests/gpu -rs
 

@@ -22,10 +22,20 @@ from runtime.backend import (
 )
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
-from runtime.session import RunReport, Session, clear_buffer_cache, run, verified
+from runtime.session import (
+    HostBudgetError,
+    RunReport,
+    Session,
+    clear_buffer_cache,
+    pinned_bytes,
+    run,
+    verified,
+)
 from runtime.trace import Trace
 
 __all__ = [
+    "HostBudgetError",
+    "pinned_bytes",
     "run",
     "Session",
     "RunReport",

@@ -144,9 +144,9 @@ _CAUSAL_FILL = (
     " out = (col0 + c > row0 + r) ? (T)value : (T)0;",
     "einpage_causal_fill",
 )
-_GATHER = (
-    "raw T table, raw I ids, int64 row, int64 rows, raw int64 flag",
-    "T out",
+_GATHER = (  # the flag is an output: CuPy declares every input const
+    "raw T table, raw I ids, int64 row, int64 rows",
+    "T out, raw int64 flag",
     "const long long id = (long long)ids[i / row];"
     " if (id < 0 || id >= rows) { flag[0] = 1; flag[1] = id; out = (T)0; }"
     " else { out = table[id * row + i % row]; }",
@@ -267,7 +267,7 @@ class CupyKernels:
         table, ids = operands
         row = math.prod(table.shape[1:])
         flag = self.cp.zeros(2, dtype=self.cp.int64)
-        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], flag, out)
+        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], out, flag)
         self.flags.append((task, flag))
         self.counters["gather"] += 1
 
@@ -390,10 +390,20 @@ class CupyBackend(Backend):
             return cp.cuda.MemoryPointer(memory, 0)
 
     def allocate_host(self, nbytes: int) -> np.ndarray:
-        import cupyx
-
+        """`nbytes` of page-locked memory, allocated once for the session outside CuPy's
+        pinned-memory pool, so that it is returned to the system when the session's
+        buffer is dropped (a pool would keep it for the process's lifetime)."""
+        cp = self.cp
         with self.device:
-            return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)[:nbytes]
+            try:
+                memory = cp.cuda.PinnedMemory(max(nbytes, 1))
+            except cp.cuda.runtime.CUDARuntimeError as err:
+                raise BackendError(
+                    f"cannot allocate {format_bytes(nbytes)} ({nbytes} bytes) of pinned host "
+                    f"memory ({type(err).__name__}: {err}); see runtime.pinned_bytes(plan)"
+                ) from None
+            pointer = cp.cuda.PinnedMemoryPointer(memory, 0)
+            return np.ndarray((max(nbytes, 1),), dtype=np.uint8, buffer=pointer)[:nbytes]
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         return self.cp.ndarray(shape, dtype=dtype, memptr=arena + offset)

@@ -38,7 +38,7 @@ from einpage_core.errors import (
     UnsupportedError,
     VerificationError,
 )
-from einpage_core.units import format_bytes
+from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import node_event
@@ -201,6 +201,35 @@ def refuse_unsupported(mg: MemGraph, backend: Backend) -> None:
             )
 
 
+class HostBudgetError(BackendError):
+    """The plan needs more host (pinned) memory than the session's `host_budget`."""
+
+
+def pinned_bytes(mg: MemGraph) -> int:
+    """The bytes of host memory a staging backend (CuPy: page-locked memory) allocates
+    for `mg`, once per session: every host storage of the plan (`mg.host_bytes`, each
+    rounded up to the host alignment) plus a staging slot for each device-side input
+    and output. Nothing else is pinned: sliced reloads and host-assembled outputs copy
+    boxes of these slots."""
+    return HostLayout.of(mg, True).nbytes
+
+
+def check_host_budget(layout: HostLayout, host_budget: int | str | None, backend: Backend) -> None:
+    """`HostBudgetError` when `layout` needs more than `host_budget` bytes."""
+    if host_budget is None:
+        return
+    limit = parse_bytes(host_budget)
+    if layout.nbytes > limit:
+        kind = "pinned host" if backend.host_staging else "host"
+        raise HostBudgetError(
+            f"the plan needs {format_bytes(layout.nbytes)} ({layout.nbytes} bytes) of {kind} "
+            f"memory, over the host budget of {format_bytes(limit)} ({limit} bytes): "
+            f"{len(layout.storages)} host storages, {len(layout.inputs)} staged inputs, "
+            f"{len(layout.outputs)} staged outputs; raise host_budget, or plan with a "
+            "larger device budget (fewer offloads)"
+        )
+
+
 class Session:
     """A MemGraph ready to run many times on one backend (see the module docstring).
 
@@ -211,8 +240,10 @@ class Session:
     without `memgraph.verify`; for tests that break plans on purpose), `reuse_buffers`
     (take the arena and host buffer from the cache of closed sessions' buffers, and
     give them back on close, on backends that allow it: what `run` does; see the
-    module docstring), and backend options (NumPy: `timeout`; CuPy: `scratch`,
-    `device`).
+    module docstring), `host_budget` (bytes or a size string: the most host memory
+    the session may allocate – pinned memory on a GPU, `pinned_bytes(mg)` – refused
+    up front with `HostBudgetError` when the plan needs more), and backend options
+    (NumPy: `timeout`; CuPy: `scratch`, `device`).
 
     >>> with Session(mg, "numpy") as s:                          # doctest: +SKIP
     ...     s.stage({"w": w})
@@ -228,6 +259,7 @@ class Session:
         poison: bool | None = None,
         unsafe_skip_verify: bool = False,
         reuse_buffers: bool = False,
+        host_budget: int | str | None = None,
         **options: Any,
     ):
         if not isinstance(mg, MemGraph):
@@ -251,6 +283,12 @@ class Session:
         self.poison = self.mode == "random" if poison is None else bool(poison)
         self.schedule = Schedule.build(mg, self.mode, self.poison)
         self.layout = HostLayout.of(mg, self.backend.host_staging)
+        try:
+            check_host_budget(self.layout, host_budget, self.backend)
+        except HostBudgetError:
+            if self._owns_backend:
+                self.backend.close()
+            raise
         self._reuse_buffers = reuse_buffers and self.backend.reuse_buffers
         cached = _take_buffers(mg, self.backend) if self._reuse_buffers else None
         if cached is not None:

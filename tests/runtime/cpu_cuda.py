@@ -8,8 +8,10 @@ reduction `_s = REDUCE(_s, static_cast<_type_reduce>(map_expr))` from
 host C++ (`__device__`, `__int_as_float`, ...). Only float32/float64/int dtypes:
 CuPy's `float16` class has no host equivalent here.
 
-It lets the CuPy backend's kernel dispatch and the generated code run on a machine
-without a GPU; it says nothing about CUDA streams, memory or cuBLAS.
+Parameters are declared as CuPy declares them: inputs `const` (raw inputs are
+`const T*`), so a kernel that writes an input fails to compile here as it does under
+NVRTC. It lets the CuPy backend's kernel dispatch and the generated code run on a
+machine without a GPU; it says nothing about CUDA streams, memory or cuBLAS.
 """
 
 from __future__ import annotations
@@ -115,11 +117,13 @@ class ElementwiseKernel:
             zip(self.params, args, strict=True)
         ):
             ctype = _ctype(type_name, bound)
-            if raw:
+            if raw:  # CuPy declares inputs const, raw ones too
                 data = np.ascontiguousarray(arg)
-                decls.append(f"{ctype}* {name}")
+                const = "const " if position < self.n_in else ""
+                decls.append(f"{const}{ctype}* {name}")
                 call.append(data)
-                outputs.append((arg, data))
+                if position >= self.n_in:
+                    outputs.append((arg, data))
             elif isinstance(arg, np.ndarray):
                 data = np.ascontiguousarray(np.broadcast_to(arg, shape))
                 if position >= self.n_in:

@@ -252,6 +252,22 @@ def test_gather_kernel_flags_bad_ids():
 
 
 @needs_cxx
+def test_the_stand_in_declares_inputs_const_as_cupy_does():
+    """A kernel writing a raw input (the gather kernel's flag once was one) fails to
+    compile on the stand-in, as NVRTC refuses it for a GPU."""
+    cp = fake_cupy()
+    writes_input = cp.ElementwiseKernel("raw int64 flag, float32 x", "float32 y",
+                                        "flag[0] = 1; y = x;", "writes_input")  # fmt: skip
+    with pytest.raises(RuntimeError, match="read-only"):
+        writes_input(np.zeros(2, np.int64), np.ones(3, np.float32), np.empty(3, np.float32))
+    as_output = cp.ElementwiseKernel("float32 x", "float32 y, raw int64 flag",
+                                     "flag[0] = 1; y = x;", "writes_output")  # fmt: skip
+    flag, y = np.zeros(2, np.int64), np.empty(3, np.float32)
+    as_output(np.ones(3, np.float32), y, flag)
+    assert flag[0] == 1 and (y == 1).all()
+
+
+@needs_cxx
 def test_causal_fill_with_an_origin():
     prog = ep.Program()
     x = prog.input("x", (2, 3, 4))
