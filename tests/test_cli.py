@@ -304,7 +304,7 @@ def test_a_split_output_nothing_else_reads_is_assembled_on_the_host(capsys):
 def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
     assert code == EXIT_INFEASIBLE
-    assert_one_error(err, "blocks of at most 256 B", "--partition auto stops at 100,000")
+    assert_one_error(err, "blocks of at most 1.0 KiB", "--partition auto stops at 100,000")
     needed = re.search(r"\(about ([0-9.]+ \w+) of budget\)", err).group(1)
     assert "hint" not in err
     assert needed != "1.0 KiB"
