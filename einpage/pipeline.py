@@ -412,7 +412,9 @@ def _choose_graph(
         limit, how, fraction = mode, "explicit", None
     else:
         if floor > usable:
-            raise _no_block_fits(tg, reading, needed, task_id, floor, floor_task, alignment)
+            raise _no_block_fits(
+                tg, reading, needed, task_id, floor, floor_task, alignment, max_blocks
+            )
         if max_blocks is not None:
             check_block_count(tg, usable, max_blocks, alignment)
         cap = None if max_blocks is None else 2 * max_blocks
@@ -529,10 +531,15 @@ def _no_block_fits(
     floor: int,
     floor_task: int | None,
     alignment: int,
+    max_blocks: int | None = None,
 ) -> PartitionInfeasibleError:
-    """The error for a budget below even the finest block of some task."""
+    """The error for a budget below even the finest block of some task; its `needed` is
+    the smallest budget that then compiles (under the `max_blocks` cap too)."""
     assembly, output = _assembly_floor(tg, floor, alignment)
     smallest = max(floor, assembly)
+    capped = smallest
+    if max_blocks is not None and _blocks_for_budget(tg, smallest, alignment) > max_blocks:
+        capped = _smallest_under(tg, max_blocks, smallest, alignment)
     head = infeasible_message(tg, reading, needed, task_id, alignment)
     culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
     text = (
@@ -545,8 +552,15 @@ def _no_block_fits(
             f", and program output {output!r}, split, is rebuilt from its blocks by a "
             f"Concat that needs at least {_size(assembly)}"
         )
-    text += f". No budget below {_size(smallest)} can work."
-    return PartitionInfeasibleError(text, reading.nbytes, smallest, floor_task, floor, floor_task)
+    text += f". No budget below {_size(smallest)} can work"
+    if capped > smallest:
+        text += (
+            f"; automatic partitioning stops at {max_blocks:,} tasks, which takes at least "
+            f"{_size(capped)}"
+        )
+    return PartitionInfeasibleError(
+        text + ".", reading.nbytes, capped, floor_task, floor, floor_task
+    )
 
 
 def _partition_too_large(
