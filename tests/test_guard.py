@@ -80,3 +80,17 @@ def test_any_budget_compiles_or_raises_a_typed_error_with_bounded_tasks(case, st
     except EinpageError:
         return
     assert len(compiled.graph) <= max(600, len(tg))
+
+
+def test_api_misuse_raises_typed_errors_that_say_what_was_expected():
+    from einpage_core.errors import GraphError, ProgramError
+
+    with pytest.raises(GraphError, match="takes a TaskGraph, got str"):
+        memgraph.plan("mlp", "1GiB")
+    with pytest.raises(ProgramError, match="non-empty string, got 3"):
+        ep.Program(3)
+    prog = ep.Program()
+    with pytest.raises(ProgramError, match="expected a Tensor"):
+        prog.slice(3, (0,), (1,))
+    with pytest.raises(EinpageError, match="shape must be a sequence of ints"):
+        prog.fill(3, 1.0)
