@@ -138,7 +138,8 @@ def run_cell(
     cell = Cell(model, budget, batch, seq, compute, transfer, feasible=False)
     started = time.perf_counter()
     try:
-        mg = einpage.compile(tg, budget, cost_model=cost, verify=False).plan
+        # max_blocks=None: the grid plans large partitions on purpose (153,005 tasks at most)
+        mg = einpage.compile(tg, budget, cost_model=cost, verify=False, max_blocks=None).plan
     except InfeasibleBudgetError as error:
         cell.plan_seconds = time.perf_counter() - started
         cell.error = str(error).split(". ")[0]

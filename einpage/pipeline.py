@@ -59,6 +59,9 @@ from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 from taskgraph.partition import (
     DEFAULT_BUDGET_FRACTION,
+    TooManyTasksError,
+    budget_block_limit,
+    estimate_tasks,
     finest_block,
     partition_for_budget,
     working_set,
@@ -84,9 +87,10 @@ PARTITION_MODES = ("auto", "off")
 """`compile(..., partition=)` besides a block limit: split only what does not fit, or never."""
 
 MAX_AUTO_BLOCKS = 100_000
-"""The CLI's `--partition auto` refuses budgets that would cut the program into more
-blocks than this (estimated): such a graph takes minutes to build and plan, and is
-rarely meant (`compile(..., max_blocks=MAX_AUTO_BLOCKS)`)."""
+"""`einpage.compile` (and so the CLI) refuses budgets whose automatic partition would
+have more tasks than this (estimated before any block is made): such a graph takes
+minutes and gigabytes to build and plan, and is rarely meant (`max_blocks=` changes it;
+None removes the cap)."""
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -316,7 +320,7 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     *,
     partition: bool | int | str | None = "auto",
     verify: bool = True,
-    max_blocks: int | None = None,
+    max_blocks: int | None = MAX_AUTO_BLOCKS,
     **options: Any,
 ) -> Compiled:
     """Partition `source` when needed, plan it within `budget`, verify; a `Compiled`.
@@ -324,8 +328,11 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     `source` is a `Program` (built first) or a TaskGraph. `budget` is bytes, a size
     string (`"8GiB"`) or a percentage of the program's no-offload peak (`"50%"`,
     `memgraph.no_offload_peak`). `partition` is "auto", "off" or a block limit (see the
-    module docstring); `max_blocks` refuses automatic partitioning into more (estimated)
-    blocks than that (`TooManyBlocksError`). `verify` runs `memgraph.verify` on the
+    module docstring); `max_blocks` (default `MAX_AUTO_BLOCKS`; None: no cap) refuses
+    automatic partitioning into more tasks than that – counted from the partition's
+    arithmetic before any block is made (`taskgraph.partition.estimate_tasks`), and
+    stopped while materializing past twice that – with a `TooManyBlocksError` that
+    names the smallest budget under the cap. `verify` runs `memgraph.verify` on the
     plan (raising `VerificationError` if it fails). Other keywords are the planner's
     options (`memgraph.plan`: order, eviction, lookahead, cost_model, alignment, ...).
 
@@ -404,11 +411,21 @@ def _choose_graph(
         graph = partition_graph(tg, mode, alignment=alignment)
         limit, how, fraction = mode, "explicit", None
     else:
-        if max_blocks is not None:
-            check_block_count(tg, reading.nbytes, max_blocks)
         if floor > usable:
-            raise _no_block_fits(tg, reading, needed, task_id, floor, floor_task, alignment)
-        chosen = partition_for_budget(tg, usable, alignment=alignment)
+            raise _no_block_fits(
+                tg, reading, needed, task_id, floor, floor_task, alignment, max_blocks
+            )
+        if max_blocks is not None:
+            check_block_count(tg, usable, max_blocks, alignment)
+        cap = None if max_blocks is None else 2 * max_blocks
+        try:
+            chosen = partition_for_budget(tg, usable, alignment=alignment, max_tasks=cap)
+        except TooManyTasksError as err:
+            limit = budget_block_limit(usable, floor, alignment)
+            raise TooManyBlocksError(
+                tg.name, reading.nbytes, _smallest_under(tg, max_blocks, usable, alignment),
+                err.max_tasks, limit, max_blocks,
+            ) from None  # fmt: skip
         graph, limit, fraction = chosen.graph, chosen.limit, DEFAULT_BUDGET_FRACTION
         how = "auto: the finest block" if limit == floor else f"auto: {fraction:.0%} of the budget"
     part_needed, part_task = min_budget(graph, alignment, opts.inputs)
@@ -422,39 +439,52 @@ def _choose_graph(
 # -- how many blocks ---------------------------------------------------------------------
 
 
-def estimated_blocks(tg: TaskGraph, limit: int) -> int:
-    """About how many tasks partitioning `tg` to `limit` bytes makes: per compute task,
-    its working set over the limit (rounded up). Assembly and combines come on top."""
-    return sum(-(-working_set(tg, t.id) // limit) for t in tg if t.is_compute)
+def estimated_blocks(tg: TaskGraph, limit: int, alignment: int = 1) -> int:
+    """About how many tasks partitioning `tg` to `limit` bytes makes, counted from the
+    partition's block sizes without making a block (`estimate_tasks`: blocks, partial
+    sums and their combines, output concats, slices of whole tasks; at least this many)."""
+    return estimate_tasks(tg, limit, alignment=alignment).tasks
 
 
-def _auto_limit(budget: int) -> int:
-    """The block limit automatic partitioning aims at for `budget` (before the floor)."""
-    return max(256, int(budget * DEFAULT_BUDGET_FRACTION) // 256 * 256)
+def _blocks_for_budget(tg: TaskGraph, budget: int, alignment: int) -> int:
+    """`estimated_blocks` at the block limit automatic partitioning picks for `budget`."""
+    floor, _ = finest_block(tg, alignment)
+    return estimated_blocks(tg, budget_block_limit(budget, floor, alignment), alignment)
 
 
-def check_block_count(tg: TaskGraph, budget: int, max_blocks: int = MAX_AUTO_BLOCKS) -> None:
+def check_block_count(
+    tg: TaskGraph, budget: int, max_blocks: int = MAX_AUTO_BLOCKS, alignment: int = 256
+) -> None:
     """Raise `TooManyBlocksError` when `partition_for_budget(tg, budget)` would make more
-    than `max_blocks` blocks (by `estimated_blocks`); its `needed` is about the smallest
-    budget that would not (at most the program's `min_budget`, where nothing is split)."""
-    count = estimated_blocks(tg, _auto_limit(budget))
+    than `max_blocks` tasks (by `estimated_blocks`); its `needed` is the smallest budget
+    that would not (found by bisection on the same estimate)."""
+    count = _blocks_for_budget(tg, budget, alignment)
     if count <= max_blocks:
         return
-    unsplit, _ = min_budget(tg)
+    needed = _smallest_under(tg, max_blocks, budget, alignment)
+    limit = budget_block_limit(budget, finest_block(tg, alignment)[0], alignment)
+    raise TooManyBlocksError(tg.name, budget, needed, count, limit, max_blocks)
+
+
+def _smallest_under(tg: TaskGraph, max_blocks: int, budget: int, alignment: int) -> int:
+    """About the smallest budget above `budget` whose automatic partition stays within
+    `max_blocks` estimated tasks (at most the program's `min_budget`, where nothing is
+    split), rounded up to a KiB."""
+    unsplit, _ = min_budget(tg, alignment)
 
     def too_many(nbytes: int) -> bool:
-        return nbytes < unsplit and estimated_blocks(tg, _auto_limit(nbytes)) > max_blocks
+        return nbytes < unsplit and _blocks_for_budget(tg, nbytes, alignment) > max_blocks
 
     low, high = budget, max(budget, 1) * 2
     while too_many(high):
         low, high = high, high * 2
-    while high - low > max(256, high // 100):  # within 1%: it is an estimate anyway
+    while high - low > max(1024, high // 100):
         middle = (low + high) // 2
         if too_many(middle):
             low = middle
         else:
             high = middle
-    raise TooManyBlocksError(tg.name, budget, high, count, _auto_limit(budget), max_blocks)
+    return min(-(-high // 1024) * 1024, max(unsplit, high))
 
 
 # -- errors of partitioning for a budget -------------------------------------------------
@@ -501,10 +531,15 @@ def _no_block_fits(
     floor: int,
     floor_task: int | None,
     alignment: int,
+    max_blocks: int | None = None,
 ) -> PartitionInfeasibleError:
-    """The error for a budget below even the finest block of some task."""
+    """The error for a budget below even the finest block of some task; its `needed` is
+    the smallest budget that then compiles (under the `max_blocks` cap too)."""
     assembly, output = _assembly_floor(tg, floor, alignment)
     smallest = max(floor, assembly)
+    capped = smallest
+    if max_blocks is not None and _blocks_for_budget(tg, smallest, alignment) > max_blocks:
+        capped = _smallest_under(tg, max_blocks, smallest, alignment)
     head = infeasible_message(tg, reading, needed, task_id, alignment)
     culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
     text = (
@@ -517,8 +552,15 @@ def _no_block_fits(
             f", and program output {output!r}, split, is rebuilt from its blocks by a "
             f"Concat that needs at least {_size(assembly)}"
         )
-    text += f". No budget below {_size(smallest)} can work."
-    return PartitionInfeasibleError(text, reading.nbytes, smallest, floor_task, floor, floor_task)
+    text += f". No budget below {_size(smallest)} can work"
+    if capped > smallest:
+        text += (
+            f"; automatic partitioning stops at {max_blocks:,} tasks, which takes at least "
+            f"{_size(capped)}"
+        )
+    return PartitionInfeasibleError(
+        text + ".", reading.nbytes, capped, floor_task, floor, floor_task
+    )
 
 
 def _partition_too_large(

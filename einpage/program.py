@@ -155,6 +155,8 @@ class Program:
     """Builds a tensor program: inputs, generalized einsums, structural ops, outputs."""
 
     def __init__(self, name: str = "program"):
+        if not isinstance(name, str) or not name:
+            raise ProgramError(f"Program(name): the name must be a non-empty string, got {name!r}")
         self._builder = GraphBuilder(name)
         self._scopes: list[str] = []
 

@@ -25,6 +25,7 @@ string (tooltips, cluster labels) is a DOT quoted string (`quote`).
 
 from __future__ import annotations
 
+import difflib
 import os
 import shutil
 import subprocess
@@ -396,12 +397,27 @@ def select_ids(
             raise RenderError(
                 f"select: {what} id {bad[0]!r} is out of range; valid ids are 0..{count - 1}"
             )
+    chosen = list(chosen)
     kept = [
         i for i in chosen if i not in hidden and (scope is None or in_scope(scope_of(i), scope))
     ]
+    if scope is not None and not any(in_scope(scope_of(i), scope) for i in chosen):
+        raise RenderError(unknown_scope(scope, {scope_of(i) for i in range(count)}))
     if max_nodes is None or len(kept) <= max_nodes:
         return Selection(tuple(kept), ())
     return Selection(tuple(kept[:max_nodes]), tuple(kept[max_nodes:]))
+
+
+def unknown_scope(scope: str, scopes: Iterable[str]) -> str:
+    """The message for a `scope` no node is in: the scopes there are, closest first."""
+    every: set[str] = set()
+    for name in scopes:
+        parts = name.split(".") if name else []
+        every.update(".".join(parts[: k + 1]) for k in range(len(parts)))
+    if not every:
+        return f"scope {scope!r}: this graph has no scopes"
+    close = difflib.get_close_matches(scope, sorted(every), n=5, cutoff=0.0)
+    return f"scope {scope!r} holds no node; closest scopes: {', '.join(close)}"
 
 
 # -- running Graphviz ----------------------------------------------------------------

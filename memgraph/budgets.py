@@ -103,8 +103,8 @@ def read_budget(
             raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
         return BudgetReading(budget, parse_bytes(budget))
     percent = float(match.group(1))
-    if percent <= 0:
-        raise BudgetFormatError(f"budget {budget!r} must be a positive percentage")
+    if percent < 0:  # "0%" is zero bytes: refused as any budget below the minimum is
+        raise BudgetFormatError(f"budget {budget!r} must not be a negative percentage")
     opts = options or PlanOptions()
     peak = no_offload_peak(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
     return BudgetReading(budget, int(peak * percent / 100), percent, NO_OFFLOAD_PEAK, peak)

@@ -152,7 +152,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from einpage_core.errors import PlanError
+from einpage_core.errors import GraphError, PlanError
 from memgraph.budgets import (
     BudgetReading,
     check_budget,
@@ -204,6 +204,12 @@ def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> Me
     names the task and the way out: partitioning, see "Partitioning" above),
     `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
     """
+    if not isinstance(tg, TaskGraph):
+        raise GraphError(
+            f"memgraph.plan takes a TaskGraph, got {type(tg).__name__} {tg!r:.60}: build a "
+            "Program with .build(), load a preset with einpage.presets.load_program(name), "
+            "or use einpage.compile(program, budget)"
+        )
     if "partition" in options:
         raise PlanError(
             "memgraph.plan does not partition: use einpage.compile(tg, budget, "

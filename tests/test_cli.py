@@ -239,10 +239,21 @@ def test_plan_with_an_explicit_block_size(capsys, tmp_path):
     assert memgraph.MemGraph.from_json(path.read_text()).info["block_limit"] == 128 * 1024
 
 
+def test_zero_zero_percent_and_a_hundred_bytes_are_one_error_with_one_minimum(capsys):
+    """The issue: 0 and 100 B named two different minimums and 0% another exit code."""
+    hints = set()
+    for budget in ("0", "0%", "100B"):
+        code, _, err = cli(capsys, "plan", "mlp", "--budget", budget)
+        assert code == EXIT_INFEASIBLE, (budget, err)
+        hints.add(err.splitlines()[-1])
+    assert len(hints) == 1 and "the smallest budget that works is" in hints.pop()
+
+
 @pytest.mark.parametrize(
     "budget, needle",
-    [("8XB", "'8XB'"), ("lots", "'lots'"), ("50 %%", "50 %%"), ("=-1GiB", "-1GiB"), ("0%", "0%")],
-)
+    [("8XB", "'8XB'"), ("lots", "'lots'"), ("50 %%", "50 %%"), ("=-1GiB", "-1GiB"),
+     ("=-5%", "-5%")],
+)  # fmt: skip
 def test_plan_rejects_malformed_budgets(capsys, budget, needle):
     code, _, err = cli(
         capsys, "plan", *SMALL_MLP, f"--budget{budget if budget[0] == '=' else '=' + budget}"
@@ -304,7 +315,7 @@ def test_a_split_output_nothing_else_reads_is_assembled_on_the_host(capsys):
 def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
     assert code == EXIT_INFEASIBLE
-    assert_one_error(err, "blocks of at most 256 B", "--partition auto stops at 100,000")
+    assert_one_error(err, "blocks of at most 1.0 KiB", "--partition auto stops at 100,000")
     needed = re.search(r"\(about ([0-9.]+ \w+) of budget\)", err).group(1)
     assert "hint" not in err
     assert needed != "1.0 KiB"

@@ -25,7 +25,6 @@ from einpage.pipeline import (
     estimated_blocks,
     partition_mode,
 )
-from einpage.units import BudgetFormatError
 from memgraph.budgets import NO_OFFLOAD_PEAK, BudgetReading, read_budget
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION, finest_block, partition_for_budget
 
@@ -119,8 +118,20 @@ def test_a_percentage_is_read_against_the_programs_no_offload_peak():
     assert str(reading).startswith("40% of the no-offload peak ")
     assert compiled.plan.budget == reading.nbytes and compiled.plan.info["budget_request"] == "40%"
     assert read_budget(tg, "40%") == reading
-    with pytest.raises(BudgetFormatError, match="positive percentage"):
-        read_budget(tg, "0%")
+    assert read_budget(tg, "0%").nbytes == 0  # zero bytes: refused like 0 and 100 B
+
+
+def test_zero_a_zero_percent_and_a_hundred_bytes_are_one_error_with_one_minimum():
+    """Budgets below the minimum raise one error class whatever their spelling, naming
+    the same smallest budget – the one that then compiles."""
+    tg = softmax_program().build()
+    errors = []
+    for budget in (0, "0%", "0B", 100):
+        with pytest.raises(InfeasibleBudgetError) as info:
+            ep.compile(tg, budget)
+        errors.append(info.value)
+    assert len({type(e) for e in errors}) == 1 and len({e.needed for e in errors}) == 1
+    ep.compile(tg, errors[0].needed)
 
 
 def test_an_explicit_block_limit_and_the_finest_block():

@@ -134,10 +134,13 @@ True
 from taskgraph.partition.driver import (
     DEFAULT_BUDGET_FRACTION,
     BudgetPartition,
+    TooManyTasksError,
     blocks_of,
+    budget_block_limit,
     partition,
     partition_for_budget,
 )
+from taskgraph.partition.estimate import TaskEstimate, estimate_tasks
 from taskgraph.partition.feasibility import (
     BlockLimitError,
     finest_block,
@@ -158,6 +161,10 @@ __all__ = [
     "finest_block",
     "blocks_of",
     "BlockLimitError",
+    "TooManyTasksError",
+    "estimate_tasks",
+    "TaskEstimate",
+    "budget_block_limit",
     "DEFAULT_BUDGET_FRACTION",
     "MAX_COMBINE_FANIN",
     "Box",

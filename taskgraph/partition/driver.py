@@ -14,9 +14,9 @@ from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Concat, Input, Slice, Task, is_input_slice, with_blocks
-from taskgraph.partition.feasibility import BlockLimitError, feasible_limit, working_set
+from taskgraph.partition.feasibility import feasible_limit, limit_error, working_set
 from taskgraph.partition.geometry import aligned
-from taskgraph.partition.materializing import Materializer, NewTask
+from taskgraph.partition.materializing import Materializer, NewTask, TaskCapReached
 from taskgraph.partition.rules import geometries
 from taskgraph.partition.sizing import block_sizes
 
@@ -25,6 +25,8 @@ __all__ = [
     "partition_for_budget",
     "BudgetPartition",
     "blocks_of",
+    "budget_block_limit",
+    "TooManyTasksError",
     "DEFAULT_BUDGET_FRACTION",
 ]
 
@@ -119,7 +121,12 @@ def _check_alignment(alignment: Any) -> int:
 
 
 def partition(
-    tg: TaskGraph, max_block_bytes: int | str, *, alignment: int = 1, absorb: bool = True
+    tg: TaskGraph,
+    max_block_bytes: int | str,
+    *,
+    alignment: int = 1,
+    absorb: bool = True,
+    max_tasks: int | None = None,
 ) -> TaskGraph:
     """Split the tasks of `tg` so that every working set is at most `max_block_bytes`.
 
@@ -131,23 +138,18 @@ def partition(
     names and shapes.
 
     Raises `BlockLimitError` (an `InfeasibleBudgetError`) when the limit is below
-    `smallest_feasible_block_limit(tg)`.
+    `smallest_feasible_block_limit(tg)`, and `TooManyTasksError` as soon as it has made
+    more than `max_tasks` tasks (None: no cap), so that a tiny limit never runs away
+    (`estimate_tasks` says beforehand about how many it makes).
     """
     if not isinstance(tg, TaskGraph):
         raise GraphError(f"partition needs a TaskGraph, got {type(tg).__name__}")
     limit = parse_bytes(max_block_bytes)
     alignment = _check_alignment(alignment)
     geoms = geometries(tg)
-    needed, culprit = feasible_limit(tg, geoms, alignment)
-    if limit < needed:
-        raise BlockLimitError(
-            f"block limit {format_bytes(limit)} ({limit} B) is below the smallest that works, "
-            f"{format_bytes(needed)} ({needed} B): task %{culprit} needs that much even when "
-            f"split as finely as allowed: {tg[culprit].line()}",
-            limit,
-            needed,
-            culprit,
-        )
+    found = feasible_limit(tg, geoms, alignment)
+    if limit < found.needed:
+        raise limit_error(tg, limit, found)
     forced = {
         t.id
         for t in tg.tasks
@@ -158,8 +160,11 @@ def partition(
     factors: dict[int, float] = {}
     for _ in range(MAX_ROUNDS):
         sizes = block_sizes(tg, geoms, forced, factors, limit, alignment, absorb)
-        m = Materializer(tg, geoms, sizes, limit, alignment)
-        outputs = m.run()
+        m = Materializer(tg, geoms, sizes, limit, alignment, max_tasks)
+        try:
+            outputs = m.run()
+        except TaskCapReached:
+            raise TooManyTasksError(tg.name, limit, max_tasks or 0) from None
         culprits = _violations(m.new, limit, alignment)
         if not culprits:
             return _build(tg, m.new, outputs)
@@ -172,6 +177,17 @@ def partition(
         f"partition found no split of {tg.name!r} within {format_bytes(limit)} after "
         f"{MAX_ROUNDS} rounds (tasks still over the limit: {sorted(culprits)[:10]})"
     )
+
+
+class TooManyTasksError(PlanError):
+    """`partition` stopped: the block limit would make more than `max_tasks` tasks."""
+
+    def __init__(self, name: str, limit: int, max_tasks: int):
+        super().__init__(
+            f"partitioning {name!r} to blocks of {format_bytes(limit)} makes more than "
+            f"{max_tasks:,} tasks; stopped (use a larger block limit or budget)"
+        )
+        self.limit, self.max_tasks = limit, max_tasks
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +211,7 @@ def partition_for_budget(
     budget: int | str,
     alignment: int = 256,
     fraction: float = DEFAULT_BUDGET_FRACTION,
+    max_tasks: int | None = None,
 ) -> BudgetPartition:
     """Partition `tg` for a device of `budget` bytes: what a planner calls when a task
     cannot fit.
@@ -228,8 +245,17 @@ def partition_for_budget(
             needed,
             culprit,
         )
-    limit = max(needed, int(budget_bytes * fraction) // alignment * alignment)
-    return BudgetPartition(partition(tg, limit, alignment=alignment), limit, needed)
+    limit = budget_block_limit(budget_bytes, needed, alignment, fraction)
+    graph = partition(tg, limit, alignment=alignment, max_tasks=max_tasks)
+    return BudgetPartition(graph, limit, needed)
+
+
+def budget_block_limit(
+    budget: int, finest: int, alignment: int = 256, fraction: float = DEFAULT_BUDGET_FRACTION
+) -> int:
+    """The block limit `partition_for_budget` uses for `budget` bytes: `fraction` of it,
+    rounded down to `alignment`, but at least `finest` (the graph's smallest limit)."""
+    return max(finest, int(budget * fraction) // alignment * alignment)
 
 
 def blocks_of(tg: TaskGraph) -> dict[int, tuple[int, ...]]:

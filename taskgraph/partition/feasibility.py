@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from einpage_core.errors import InfeasibleBudgetError
+from einpage_core.units import format_bytes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 from taskgraph.partition.geometry import Geometry, aligned
@@ -23,6 +24,7 @@ __all__ = [
     "feasible_limit",
     "smallest_feasible_block_limit",
     "finest_block",
+    "limit_error",
 ]
 
 
@@ -186,3 +188,16 @@ def finest_block(tg: TaskGraph, alignment: int = 1) -> tuple[int, int | None]:
     """
     found = feasible_limit(tg, geometries(tg), alignment)
     return found.needed, (found.task if found.task >= 0 else None)
+
+
+def limit_error(tg: TaskGraph, limit: int, found: FeasibleLimit) -> BlockLimitError:
+    """The error for a block limit below `found` (the graph's `feasible_limit`)."""
+    needed, culprit = found
+    return BlockLimitError(
+        f"block limit {format_bytes(limit)} ({limit} B) is below the smallest that works, "
+        f"{format_bytes(needed)} ({needed} B): task %{culprit} needs that much even when "
+        f"split as finely as allowed: {tg[culprit].line()}",
+        limit,
+        needed,
+        culprit,
+    )

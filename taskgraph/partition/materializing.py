@@ -28,10 +28,15 @@ from taskgraph.partition.geometry import (
 )
 from taskgraph.partition.rules import RULES
 
-__all__ = ["MAX_COMBINE_FANIN", "NewTask", "Materializer"]
+__all__ = ["MAX_COMBINE_FANIN", "NewTask", "Materializer", "TaskCapReached"]
 
 MAX_COMBINE_FANIN = len(VARIABLES)
 """Operands of one combine einsum at most: join variables are `a` to `z`."""
+
+
+class TaskCapReached(Exception):
+    """Raised by `Materializer.add` when it would make more than `max_tasks` tasks (the
+    partition driver turns it into a `BlockCountError`)."""
 
 
 @dataclass(slots=True)
@@ -77,7 +82,8 @@ class Materializer:
     """Emits the new tasks (step 5): blocks, partials and combines, and assembly.
 
     `sizes` holds the block size of every dim of each task that is split (others are
-    one block); `new` collects the tasks made, in the order made.
+    one block); `new` collects the tasks made, in the order made. With `max_tasks`,
+    making more than that many raises `TaskCapReached` (bounded work whatever the sizes).
     """
 
     def __init__(
@@ -87,8 +93,10 @@ class Materializer:
         sizes: dict[int, tuple[int, ...]],
         limit: int,
         alignment: int,
+        max_tasks: int | None = None,
     ):
         self.tg = tg
+        self.max_tasks = max_tasks
         self.geometries = geometries
         self.sizes = sizes
         self.limit = limit
@@ -110,6 +118,8 @@ class Materializer:
         block: Block,
     ) -> int:
         """Make a new task computing `op` for `block` of the original task `source`."""
+        if self.max_tasks is not None and len(self.new) >= self.max_tasks:
+            raise TaskCapReached
         self.new.append(
             NewTask(
                 op,
