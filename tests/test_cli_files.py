@@ -164,3 +164,15 @@ def test_documents_are_told_apart_by_their_parsed_top_level(tmp_path):
     graph.write_text(json.dumps(data))
     with pytest.raises(SerializationError, match=r"outputs.*at least one output"):
         load_json_graph(graph)
+
+
+def test_run_reports_the_time_of_each_stage(capsys, tmp_path):
+    """Not one 'time' for a command that mostly loads, prepares and checks."""
+    plan = tmp_path / "p.json"
+    assert cli(capsys, "plan", *SMALL_MLP, "--budget", "50%", "-o", plan)[0] == 0
+    code, out, _ = cli(capsys, "run", plan, "--check", "--backend", "numpy")
+    assert code == 0
+    line = next(row for row in out.splitlines() if row.strip().startswith("time"))
+    for stage in ("loading the plan", "preparing inputs", "running", "evaluating the reference"):
+        assert stage in line, line
+    assert "of which the plan's run" in line
