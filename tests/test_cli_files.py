@@ -176,3 +176,27 @@ def test_run_reports_the_time_of_each_stage(capsys, tmp_path):
     for stage in ("loading the plan", "preparing inputs", "running", "evaluating the reference"):
         assert stage in line, line
     assert "of which the plan's run" in line
+
+
+def test_the_check_holds_each_element_to_its_own_precision():
+    """The old check (max |out - ref| / max(1, |ref|) <= 1e-4) let 2.5% through on
+    probabilities near 0.004; the per-element check does not, and names the element."""
+    import numpy as np
+
+    from einpage.checks import compare_outputs, raise_on_mismatch
+    from einpage.cli import CheckFailedError
+
+    want = np.full((3, 4), 0.004, np.float32)
+    want[0, 0] = 0.9
+    got = want.copy()
+    got[2, 1] *= 1.025
+    (comparison,) = compare_outputs({"p": got}, {"p": want})
+    assert not comparison.ok and comparison.index == (2, 1)
+    assert comparison.got == pytest.approx(0.0041) and comparison.want == pytest.approx(0.004)
+    with pytest.raises(CheckFailedError, match=r"worst at \[2, 1\]"):
+        raise_on_mismatch([comparison])
+    close = want * (1 + 1e-6)
+    assert compare_outputs({"p": close}, {"p": want})[0].ok
+    assert compare_outputs({"p": want.astype("float16") * 1.005}, {"p": want.astype("float16")})[
+        0
+    ].ok
