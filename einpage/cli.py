@@ -53,7 +53,14 @@ from einpage.checks import (
 )
 from einpage.cli_generate import add_generate
 from einpage.console import Console, format_table, plan_report, plan_title, program_rows
-from einpage.files import load_inputs, load_json_graph, load_plan, save_arrays
+from einpage.files import (
+    atomic_output,
+    check_output,
+    load_inputs,
+    load_json_graph,
+    load_plan,
+    save_arrays,
+)
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
     Compiled,
@@ -101,6 +108,9 @@ EXIT_BAD_INPUT = 2
 EXIT_INFEASIBLE = 3
 EXIT_UNAVAILABLE = 4
 EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141
+"""128 + SIGPIPE: the reader of stdout went away (`einpage plan ... | head`); files asked
+for were still written, and nothing is printed about it, as Unix tools do."""
 
 
 def _wrote(console: Console, what: str, path: Path | str) -> None:
@@ -114,7 +124,17 @@ def _program(args: argparse.Namespace) -> TaskGraph:
     return load_program(args.program, batch=args.batch, seq=args.seq, dtype=args.dtype)
 
 
+def _check_outputs(args: argparse.Namespace, *outputs: tuple[str, str, str]) -> None:
+    """Every output path the command was given, checked before any work (`check_output`):
+    (attribute, kind, option) triples."""
+    for attribute, kind, option in outputs:
+        value = getattr(args, attribute, None)
+        if value:
+            check_output(value, kind, option)
+
+
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
+    _check_outputs(args, ("output", "json", "-o"), ("render", "graph picture", "--render"))
     with console.stages(2):
         with console.stage("building the program"):
             tg = _program(args)
@@ -127,7 +147,8 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         console.print()
     console.print(format_table(rows, f"program {tg.name!r}"))
     if args.output:
-        Path(args.output).write_text(tg.to_json(), encoding="utf-8")
+        with atomic_output(args.output) as temporary:
+            temporary.write_text(tg.to_json(), encoding="utf-8")
         _wrote(console, "TaskGraph", args.output)
     if args.render:
         path = render_taskgraph(tg, args.render, max_nodes=_max_nodes(args.max_nodes))
@@ -135,7 +156,19 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+PLAN_OUTPUTS = (
+    ("output", "json", "-o"),
+    ("render", "graph picture", "--render"),
+    ("memory_map", "plot", "--memory-map"),
+    ("timeline", "plot", "--timeline"),
+    ("trace", "json", "--trace"),
+    ("memory_snapshot", "snapshot", "--memory-snapshot"),
+)
+"""`einpage plan`'s outputs: (attribute, kind, option)."""
+
+
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    _check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
     with console.stages(3 + pictures):
@@ -149,10 +182,12 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         with console.stage("simulating"):
             console.print(plan_report(mg, args.cost_model))
         if args.output:
-            Path(args.output).write_text(mg.to_json(), encoding="utf-8")
+            with atomic_output(args.output) as temporary:
+                temporary.write_text(mg.to_json(), encoding="utf-8")
             _wrote(console, "plan", args.output)
-        _pictures(args, mg, console)
-        _exports(args, mg, console)
+        failed = _pictures(args, mg, console) + _exports(args, mg, console)
+    if failed:
+        raise PicturesFailedError(failed)
     return EXIT_OK
 
 
@@ -173,35 +208,60 @@ def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) 
         raise err.spelled("--partition auto", "--partition SIZE") from None
 
 
-def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:
+class PicturesFailedError(EinpageError):
+    """Some of the requested pictures or exports failed; the others were written."""
+
+    def __init__(self, failed: list[tuple[str, EinpageError]]):
+        lines = "; ".join(f"{what}: {err}" for what, err in failed)
+        super().__init__(f"{len(failed)} output(s) not written ({lines})")
+        self.failed = failed
+
+
+def _each(failed: list, console: Console, what: str, option: str, path: Any, write) -> None:
+    """Write one picture or export with `write(temporary_path)`; an error is recorded in
+    `failed` (the others still get written) and leaves nothing at `path`."""
+    try:
+        with atomic_output(path) as temporary:
+            write(temporary)
+    except (EinpageError, OSError) as err:
+        failed.append((f"{option} {path}", err))
+        return
+    _wrote(console, what, path)
+
+
+def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> list:
+    """The plan's pictures; returns the ones that failed as (what, error)."""
+    failed: list = []
     if args.render:
+        limit = _max_nodes(args.max_nodes)
         with console.stage("drawing the plan"):
-            path = mg.render(args.render, collapse=True, max_nodes=_max_nodes(args.max_nodes))
-        _wrote(console, "plan picture", path)
+            _each(failed, console, "plan picture", "--render", args.render,
+                  lambda p: mg.render(p, collapse=True, max_nodes=limit))  # fmt: skip
     if args.memory_map:
         with console.stage("drawing the memory map"):
-            mg.memory_map(args.memory_map)
-        _wrote(console, "memory map", args.memory_map)
+            _each(failed, console, "memory map", "--memory-map", args.memory_map, mg.memory_map)
     if args.timeline:
         with console.stage("simulating the streams"):
             sim = memgraph.simulate(mg, args.cost_model, timeline=True)
-            sim.plot(args.timeline)
-        _wrote(console, "stream timeline", args.timeline)
+            _each(failed, console, "stream timeline", "--timeline", args.timeline, sim.plot)
+    return failed
 
 
-def _exports(args: argparse.Namespace, mg: MemGraph, console: Console) -> None:
+def _exports(args: argparse.Namespace, mg: MemGraph, console: Console) -> list:
     """`--trace` and `--memory-snapshot`: the simulated schedule as a Chrome trace (the
     lanes and event names of `einpage run --trace`) and the device memory as a PyTorch
-    memory snapshot."""
+    memory snapshot; returns the ones that failed."""
+    failed: list = []
     if args.trace:
         with console.stage("simulating the streams"):
             sim = memgraph.simulate(mg, args.cost_model, timeline=True)
-            sim.write_chrome_trace(args.trace)
-        _wrote(console, "simulated trace (open it in https://ui.perfetto.dev)", args.trace)
+            where = "simulated trace (open it in https://ui.perfetto.dev)"
+            _each(failed, console, where, "--trace", args.trace, sim.write_chrome_trace)
     if args.memory_snapshot:
-        write_memory_snapshot(mg, args.memory_snapshot)
-        where = "open it in https://pytorch.org/memory_viz"
-        _wrote(console, f"memory snapshot ({where})", args.memory_snapshot)
+        where = "memory snapshot (open it in https://pytorch.org/memory_viz)"
+        _each(failed, console, where, "--memory-snapshot", args.memory_snapshot,
+              lambda p: write_memory_snapshot(mg, p))  # fmt: skip
+    return failed
 
 
 def _max_nodes(value: int) -> int | None:
@@ -252,6 +312,7 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    _check_outputs(args, ("output", "arrays", "-o"), ("trace", "json", "--trace"))
     stages = 3 + bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
@@ -273,7 +334,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             outputs = session.run(arrays, trace=bool(args.trace))
             last = session.last
             if args.trace:
-                last.trace.write(args.trace)
+                with atomic_output(args.trace) as temporary:
+                    last.trace.write(temporary)
         comparisons = []
         if args.check:
             with console.stage("evaluating the reference"):
@@ -296,7 +358,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.trace:
         _wrote(console, "trace (open it in https://ui.perfetto.dev)", args.trace)
     if args.output:
-        save_arrays(args.output, outputs)
+        with atomic_output(args.output) as temporary:
+            save_arrays(temporary, outputs)
         _wrote(console, "outputs", args.output)
     raise_on_mismatch(comparisons)
     return EXIT_OK
@@ -315,6 +378,7 @@ def _output_row(name: str, value: np.ndarray) -> tuple[str, str]:
 
 
 def _cmd_render(args: argparse.Namespace, console: Console) -> int:
+    _check_outputs(args, ("output", "graph picture", "-o"))
     with console.stages(2):
         with console.stage("loading"):
             graph = load_json_graph(args.file)
@@ -569,6 +633,9 @@ def _add_presets(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def exit_code(err: EinpageError) -> int:
     """The exit code for an error (see the module docstring)."""
+    if isinstance(err, PicturesFailedError):  # that of the first output that failed
+        first = err.failed[0][1]
+        return exit_code(first) if isinstance(first, EinpageError) else EXIT_BAD_INPUT
     if isinstance(err, InfeasibleBudgetError):
         return EXIT_INFEASIBLE
     if isinstance(err, CheckFailedError | VerificationError):
@@ -638,7 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(quiet=args.quiet)
     handler: Callable[[argparse.Namespace, Console], int] = args.handler
     try:
-        return handler(args, console)
+        code = handler(args, console)
+        return EXIT_STDOUT_CLOSED if console.out_closed and code == EXIT_OK else code
     except EinpageError as err:
         report_error(err, args, sys.stderr)
         return exit_code(err)

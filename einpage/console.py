@@ -7,6 +7,7 @@ summarize a TaskGraph and a plan.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -38,11 +39,19 @@ class Console:
         self.progress = progress
         self._bar: Any = None
         self.timings: dict[str, float] = {}
+        self.out_closed = False
 
     def print(self, text: str = "") -> None:
-        if not self.quiet:
-            self._clear_bar()
+        """Print a result line; once the reader of stdout has gone (a closed pipe), the
+        rest is dropped quietly and the work goes on (files still get written)."""
+        if self.quiet or self.out_closed:
+            return
+        self._clear_bar()
+        try:
             print(text, file=self.out, flush=True)
+        except BrokenPipeError:
+            self.out_closed = True
+            _silence(self.out)
 
     @contextmanager
     def stages(self, total: int) -> Iterator[None]:
@@ -79,6 +88,17 @@ class Console:
     def _clear_bar(self) -> None:
         if self._bar is not None:
             self._bar.clear()
+
+
+def _silence(stream: Any) -> None:
+    """Point a closed stdout's file descriptor at /dev/null, so that the interpreter's
+    final flush does not report the broken pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # not a real file: nothing to flush
+        pass
 
 
 def _is_tty(stream: Any) -> bool:

@@ -7,21 +7,42 @@ arrays go through `numpy`'s .npz format without pickles.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from einpage.presets import read_text
+from einpage_core.dot import FORMATS as DOT_FORMATS
 from einpage_core.errors import InputError, SerializationError
 from memgraph import MemGraph
+from memgraph.plots import PLOT_FORMATS
 from memgraph.serialize import FORMAT as PLAN_FORMAT
 from memgraph.serialize import memgraph_from_dict
 from taskgraph import TaskGraph
 from taskgraph.serialize import FORMAT as GRAPH_FORMAT
 from taskgraph.serialize import taskgraph_from_dict
 
-__all__ = ["load_plan", "load_inputs", "save_arrays", "load_json_graph"]
+__all__ = [
+    "load_plan",
+    "load_inputs",
+    "save_arrays",
+    "load_json_graph",
+    "OUTPUT_KINDS",
+    "check_output",
+    "atomic_output",
+]
+
+OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
+    "json": (".json",),
+    "graph picture": tuple("." + f for f in DOT_FORMATS),
+    "plot": tuple("." + f for f in PLOT_FORMATS),
+    "arrays": (".npz",),
+    "snapshot": (".pickle", ".pkl"),
+}
+"""The suffixes each kind of output the CLI writes accepts."""
 
 
 def load_plan(path: str | Path) -> MemGraph:
@@ -84,3 +105,45 @@ def load_json_graph(path: str | Path) -> MemGraph | TaskGraph:
         f"{path}: $.format: expected {PLAN_FORMAT!r} (a plan) or {GRAPH_FORMAT!r} "
         f"(a TaskGraph), got {kind!r}"
     )
+
+
+# -- writing outputs ---------------------------------------------------------------------
+
+
+def check_output(path: str | os.PathLike[str], kind: str, option: str) -> Path:
+    """`path` as an output of `kind` (see `OUTPUT_KINDS`), checked before any work: its
+    suffix is one that kind accepts and its folder exists and is writable. `InputError`
+    names the `option` and the problem."""
+    path = Path(path)
+    suffixes = OUTPUT_KINDS[kind]
+    if path.suffix.lower() not in suffixes:
+        found = path.suffix.lower().lstrip(".")
+        raise InputError(
+            f"{option} {str(path)!r}: unknown format {found!r}; a {kind} is written as "
+            f"{' or '.join(suffixes)}"
+        )
+    folder = path.parent
+    if not folder.is_dir():
+        raise InputError(
+            f"{option} {str(path)!r}: No such file or directory (the folder "
+            f"{str(folder)!r} does not exist)"
+        )
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {str(path)!r}: the folder {str(folder)!r} is not writable")
+    if path.is_dir():
+        raise InputError(f"{option} {str(path)!r} is a folder")
+    return path
+
+
+@contextmanager
+def atomic_output(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside `path` (same suffix) to write to; on success it replaces
+    `path` at once, on failure it is removed: no partial file is ever left at `path`."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.einpage-{os.getpid()}{path.suffix}")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()

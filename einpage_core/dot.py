@@ -472,7 +472,7 @@ def render_source(source: str, path: str | os.PathLike[str], timeout: float = 12
     path = Path(path)
     fmt = format_of(path)
     if fmt in ("dot", "gv"):
-        path.write_text(source, encoding="utf-8")
+        _write_whole(path, source.encode("utf-8"))
         return path
     try:
         data = _run_dot(source, fmt, timeout)
@@ -486,8 +486,20 @@ def render_source(source: str, path: str | os.PathLike[str], timeout: float = 12
         if isinstance(err, GraphvizNotFoundError):
             raise GraphvizNotFoundError(message, fallback) from None
         raise RenderError(message) from None
-    path.write_bytes(data)
+    _write_whole(path, data)
     return path
+
+
+def _write_whole(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, then rename it over `path`: a
+    failed write never leaves part of a picture there."""
+    temporary = path.with_name(f".{path.stem}.einpage-{os.getpid()}{path.suffix}")
+    try:
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
 
 
 def svg_source(source: str, timeout: float = 30.0) -> str:
