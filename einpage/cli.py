@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -344,7 +344,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         ("plan", f"{args.plan}: {tg.name!r}, {len(mg)} nodes, budget {format_bytes(mg.budget)}"),
         ("inputs", f"{len(arrays)} arrays, {source}"),
         ("backend", f"{last.backend} ({last.mode} mode)"),
-        ("time", f"{last.seconds:.3f} s"),
+        ("time", _stage_times(console.timings, last.seconds)),
     ]
     peak = last.memory.get("device_peak_bytes")
     if peak is not None:
@@ -363,6 +363,13 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         _wrote(console, "outputs", args.output)
     raise_on_mismatch(comparisons)
     return EXIT_OK
+
+
+def _stage_times(timings: Mapping[str, float], run_seconds: float) -> str:
+    """Each stage of `einpage run` with its time, the plan's own run among them (the
+    session's wall clock from placing the inputs to the outputs on the host)."""
+    parts = [f"{name} {seconds:.2f} s" for name, seconds in timings.items()]
+    return " · ".join([*parts, f"(of which the plan's run {run_seconds:.3f} s)"])
 
 
 def _output_row(name: str, value: np.ndarray) -> tuple[str, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ from taskgraph.serialize import FORMAT as GRAPH_FORMAT
 from taskgraph.serialize import taskgraph_from_dict
 
 __all__ = [
+    "INPUT_FORMATS",
     "load_plan",
     "load_inputs",
     "save_arrays",
@@ -52,24 +54,63 @@ def load_plan(path: str | Path) -> MemGraph:
     try:
         return MemGraph.from_json(text)
     except SerializationError as err:
-        hint = ""
-        if '"einpage.taskgraph"' in text[:200]:
-            hint = " (this is a TaskGraph: plan it with `einpage plan` first)"
-        raise SerializationError(f"{path}: not a valid plan{hint}: {err}") from None
+        raise SerializationError(f"{path}: not a valid plan{_kind_hint(text)}: {err}") from None
+
+
+def _kind_hint(text: str) -> str:
+    """What the document is, by its parsed top level (a plan embeds a TaskGraph, so the
+    text alone cannot tell): a note for the error, or "" when it is not JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return " (the file is not complete JSON: truncated or corrupt)"
+    kind = data.get("format") if isinstance(data, dict) else None
+    if kind == GRAPH_FORMAT:
+        return " (this is a TaskGraph: plan it with `einpage plan` first)"
+    if kind == PLAN_FORMAT:
+        return ""
+    return f" (its top-level format is {kind!r}, not {PLAN_FORMAT!r})"
+
+
+INPUT_FORMATS = (".npz", ".safetensors")
+"""What `--inputs` reads: NumPy's .npz archives (no pickles) and safetensors files."""
 
 
 def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
-    """Arrays by input name from an .npz file (`numpy.savez`); pickles are refused."""
+    """Arrays by input name from an .npz archive (`numpy.savez`; pickles refused) or a
+    .safetensors file; `InputError` names the file and the formats accepted otherwise."""
     path = Path(path)
     if not path.is_file():
         raise InputError(f"no such inputs file: {path}")
+    accepted = " or ".join(INPUT_FORMATS)
+    suffix = path.suffix.lower()
+    if suffix not in INPUT_FORMATS:
+        raise InputError(
+            f"{path}: inputs are read from {accepted} files (named arrays), not "
+            f"{suffix or 'a file without a suffix'!r}; for one .npy array, "
+            "np.savez('in.npz', NAME=array)"
+        )
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not hasattr(data, "files"):
-                raise InputError(f"{path}: expected an .npz archive of named arrays (np.savez)")
+        if suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            return dict(load_file(str(path)))
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise InputError(
+                f"{path}: holds one array, not an archive of named arrays; save inputs "
+                "with np.savez('in.npz', NAME=array, ...)"
+            )
+        with data:
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as err:
-        raise InputError(f"{path}: cannot read arrays from it: {err}") from None
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise InputError(
+            f"{path}: cannot read arrays from it ({type(err).__name__}: {err}); expected {accepted}"
+        ) from None
+    except Exception as err:  # safetensors' own errors (SafetensorError) and the like
+        if type(err).__name__ == "SafetensorError":
+            raise InputError(f"{path}: not a valid .safetensors file ({err})") from None
+        raise
 
 
 def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -77,7 +118,6 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray]) -> None:
 
     Unlike `numpy.savez`, any name works (even "file") and no suffix is added.
     """
-    import zipfile
 
     with zipfile.ZipFile(path, "w", allowZip64=True) as archive:
         for name, value in arrays.items():

@@ -124,6 +124,7 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
     _expect(isinstance(tasks, list), f"{path}.tasks", "expected a list")
     outputs = data.get("outputs")
     _expect(isinstance(outputs, dict), f"{path}.outputs", "expected an object")
+    _expect(bool(outputs), f"{path}.outputs", "a program needs at least one output")
 
     builder = GraphBuilder(name)
     blocks: list[Block | None] = []

@@ -88,3 +88,115 @@ def test_a_closed_stdout_still_writes_the_plan_quietly(tmp_path):
     assert producer.wait(timeout=120) == EXIT_STDOUT_CLOSED
     assert plan.exists() and plan.read_text().startswith("{")
     assert "Traceback" not in err and "Broken pipe" not in err and "BrokenPipe" not in err
+
+
+@pytest.fixture
+def bad_inputs(tmp_path):
+    """Files `--inputs` must refuse with a typed error: (path, words of the message)."""
+    import pickle
+
+    import numpy as np
+
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    np.save(tmp_path / "renamed.npy", np.zeros(3))
+    (tmp_path / "renamed.npy").rename(tmp_path / "renamed.npz")
+    (tmp_path / "text.npz").write_text("hello")
+    with open(tmp_path / "pickled.npz", "wb") as handle:
+        pickle.dump({"x": 1}, handle)
+    np.savez(tmp_path / "whole.npz", x=np.zeros(64))
+    data = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[: len(data) // 2])
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00\x01garbage")
+    return [
+        (tmp_path / "one.npy", [".npz or .safetensors", "np.savez"]),
+        (tmp_path / "renamed.npz", ["one array"]),
+        (tmp_path / "text.npz", ["cannot read arrays", ".npz or .safetensors"]),
+        (tmp_path / "pickled.npz", ["cannot read arrays"]),
+        (tmp_path / "cut.npz", ["cannot read arrays"]),
+        (tmp_path / "bad.safetensors", [".safetensors"]),
+    ]
+
+
+def test_inputs_in_a_wrong_or_broken_file_are_typed_errors(bad_inputs):
+    from einpage.files import load_inputs
+
+    for path, words in bad_inputs:
+        with pytest.raises(InputError) as info:
+            load_inputs(path)
+        message = str(info.value)
+        assert str(path) in message and all(w in message for w in words), message
+
+
+def test_inputs_from_safetensors_are_read(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from einpage.files import load_inputs
+
+    save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(tmp_path / "in.safetensors"))
+    arrays = load_inputs(tmp_path / "in.safetensors")
+    np.testing.assert_array_equal(arrays["x"], np.arange(6, dtype=np.float32).reshape(2, 3))
+
+
+def test_documents_are_told_apart_by_their_parsed_top_level(tmp_path):
+    """A truncated plan is not called a TaskGraph (every plan embeds one), and a
+    TaskGraph without outputs is refused as the Program API refuses it."""
+    import json
+
+    import memgraph
+    from einpage.files import load_json_graph, load_plan
+    from einpage.presets import load_program
+    from einpage_core.errors import SerializationError
+
+    tg = load_program("mlp", batch=8, seq=None)
+    text = memgraph.plan(tg, memgraph.no_offload_peak(tg)).to_json()
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[: len(text) // 2])
+    with pytest.raises(SerializationError, match="truncated or corrupt") as info:
+        load_plan(cut)
+    assert "this is a TaskGraph" not in str(info.value)
+    graph = tmp_path / "graph.json"
+    graph.write_text(tg.to_json())
+    with pytest.raises(SerializationError, match="this is a TaskGraph"):
+        load_plan(graph)
+    data = json.loads(tg.to_json())
+    data["outputs"] = {}
+    graph.write_text(json.dumps(data))
+    with pytest.raises(SerializationError, match=r"outputs.*at least one output"):
+        load_json_graph(graph)
+
+
+def test_run_reports_the_time_of_each_stage(capsys, tmp_path):
+    """Not one 'time' for a command that mostly loads, prepares and checks."""
+    plan = tmp_path / "p.json"
+    assert cli(capsys, "plan", *SMALL_MLP, "--budget", "50%", "-o", plan)[0] == 0
+    code, out, _ = cli(capsys, "run", plan, "--check", "--backend", "numpy")
+    assert code == 0
+    line = next(row for row in out.splitlines() if row.strip().startswith("time"))
+    for stage in ("loading the plan", "preparing inputs", "running", "evaluating the reference"):
+        assert stage in line, line
+    assert "of which the plan's run" in line
+
+
+def test_the_check_holds_each_element_to_its_own_precision():
+    """The old check (max |out - ref| / max(1, |ref|) <= 1e-4) let 2.5% through on
+    probabilities near 0.004; the per-element check does not, and names the element."""
+    import numpy as np
+
+    from einpage.checks import compare_outputs, raise_on_mismatch
+    from einpage.cli import CheckFailedError
+
+    want = np.full((3, 4), 0.004, np.float32)
+    want[0, 0] = 0.9
+    got = want.copy()
+    got[2, 1] *= 1.025
+    (comparison,) = compare_outputs({"p": got}, {"p": want})
+    assert not comparison.ok and comparison.index == (2, 1)
+    assert comparison.got == pytest.approx(0.0041) and comparison.want == pytest.approx(0.004)
+    with pytest.raises(CheckFailedError, match=r"worst at \[2, 1\]"):
+        raise_on_mismatch([comparison])
+    close = want * (1 + 1e-6)
+    assert compare_outputs({"p": close}, {"p": want})[0].ok
+    assert compare_outputs({"p": want.astype("float16") * 1.005}, {"p": want.astype("float16")})[
+        0
+    ].ok
