@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import memgraph
+from einpage.pipeline import bytes_by_dtype
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
 from taskgraph import TaskGraph
@@ -137,11 +138,18 @@ def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
             "tasks",
             f"{len(tg)} ({_plural(len(tg.inputs), 'input')}, {_plural(len(tg.outputs), 'output')})",
         ),
+        ("dtypes", dtype_summary(tg)),
         ("compute", format_count(tg.total_flops, "FLOP")),
         ("inputs", f"{format_bytes(tg.input_bytes)} ({format_bytes(weights)} start on the host)"),
         ("no-offload peak", format_bytes(memgraph.no_offload_peak(tg))),
         ("smallest budget", f"{format_bytes(needed)}{at}, without partitioning"),
     ]
+
+
+def dtype_summary(tg: TaskGraph) -> str:
+    """The element types of a program's tensors, most bytes first: `float16 (31.2 GiB),
+    int64 (16.0 KiB)` – so a table always says which precision its numbers are for."""
+    return ", ".join(f"{d} ({format_bytes(n)})" for d, n in bytes_by_dtype(tg).items())
 
 
 def _plural(n: int, word: str) -> str:

@@ -258,7 +258,11 @@ class Compiled:
         """(label, value) rows for a table: program, budget, partition, plan, verify."""
         tg, mg = self.program, self.plan
         rows = [
-            ("program", f"{tg.name!r}: {len(tg)} tasks, {format_count(tg.total_flops, 'FLOP')}"),
+            (
+                "program",
+                f"{tg.name!r}: {len(tg)} tasks, {format_count(tg.total_flops, 'FLOP')}, "
+                f"{_main_dtype(tg)}",
+            ),
             ("budget", str(self.budget)),
         ]
         if self.block_limit is not None:
@@ -358,6 +362,19 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
         with _timed(timings, "verifying"):
             report = memgraph.verify(mg)
     return Compiled(tg, graph, mg, reading, chosen, report, MappingProxyType(timings))
+
+
+def bytes_by_dtype(tg: TaskGraph) -> dict[str, int]:
+    """The bytes of a program's tensors per dtype, most first."""
+    by_dtype: dict[str, int] = {}
+    for task in tg:
+        by_dtype[task.dtype] = by_dtype.get(task.dtype, 0) + task.nbytes
+    return dict(sorted(by_dtype.items(), key=lambda item: -item[1]))
+
+
+def _main_dtype(tg: TaskGraph) -> str:
+    """The dtype holding most of a program's bytes (what its figures are in)."""
+    return next(iter(bytes_by_dtype(tg)), "no tensors")
 
 
 def _taskgraph(source: Any) -> TaskGraph:

@@ -38,7 +38,8 @@ import numpy as np
 
 import einpage.ops as ops
 from einpage.program import Program
-from einpage_core.errors import EinpageError, SerializationError
+from einpage_core.errors import EinpageError, InputError, SerializationError
+from einpage_core.units import format_bytes
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Gather
@@ -322,8 +323,30 @@ def _describe_failure(path: Path, err: BaseException) -> str:
 # -- inputs ----------------------------------------------------------------------------
 
 
-def random_inputs(tg: TaskGraph, seed: int = 0) -> dict[str, np.ndarray]:
+def available_memory() -> int | None:
+    """Bytes of host memory available now (Linux's MemAvailable; else free pages), or
+    None when the system does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def random_inputs(
+    tg: TaskGraph, seed: int = 0, available: int | None = None
+) -> dict[str, np.ndarray]:
     """Random arrays for every input of `tg`, reproducible from `seed`.
+
+    Checked first: the arrays (and the float64 draw of the largest) must fit in the
+    host memory `available` (default: what the system has free now), else
+    `InputError` with the numbers – not NumPy's out-of-memory error minutes later.
 
     Floats are standard normal, scaled by 1/sqrt(the larger of the last two dims) so
     that products stay of order one; integers (ids) lie in [0, rows) of every table a
@@ -333,6 +356,16 @@ def random_inputs(tg: TaskGraph, seed: int = 0) -> dict[str, np.ndarray]:
     >>> x.dtype.name, x.shape, bool((x >= 0).all() and (x < 256).all())
     ('int64', (1, 4), True)
     """
+    tasks = [tg[i] for i in tg.inputs.values()]
+    needed = sum(t.nbytes for t in tasks) + max((8 * t.size for t in tasks), default=0)
+    available = available_memory() if available is None else available
+    if available is not None and needed > available:
+        raise InputError(
+            f"random inputs for {tg.name!r} need {format_bytes(needed)} ({needed} B) of host "
+            f"memory ({len(tasks)} arrays, {format_bytes(sum(t.nbytes for t in tasks))}, "
+            f"plus the float64 draw of the largest), more than the {format_bytes(available)} "
+            "available: give --inputs, or a smaller batch/seq"
+        )
     rng = np.random.default_rng(seed)
     arrays: dict[str, np.ndarray] = {}
     for name, task_id in tg.inputs.items():

@@ -200,3 +200,27 @@ def test_the_check_holds_each_element_to_its_own_precision():
     assert compare_outputs({"p": want.astype("float16") * 1.005}, {"p": want.astype("float16")})[
         0
     ].ok
+
+
+def test_random_inputs_larger_than_memory_are_refused_with_numbers():
+    from einpage.presets import available_memory, load_program, random_inputs
+
+    tg = load_program("mlp", batch=8, seq=None)
+    with pytest.raises(InputError, match=r"need .* of host memory .* more than the 1\.0 KiB"):
+        random_inputs(tg, available=1024)
+    assert set(random_inputs(tg, available=1 << 40)) == set(tg.inputs)
+    assert available_memory() is None or available_memory() > 0
+
+
+def test_tables_say_the_dtype(capsys):
+    """The presets default to float32 while README figures are float16: every table says."""
+    code, out, _ = cli(capsys, "show", "mlp", "--summary", "--dtype", "float16")
+    assert code == 0 and "dtypes" in out and "float16 (" in out
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%")
+    assert code == 0 and re_search(r"program\s+'mlp': .* float32", out)
+
+
+def re_search(pattern, text):
+    import re
+
+    return re.search(pattern, text)

@@ -14,7 +14,7 @@ from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Concat, Input, Slice, Task, is_input_slice, with_blocks
-from taskgraph.partition.feasibility import feasible_limit, limit_error, working_set
+from taskgraph.partition.feasibility import feasible_limit, tasks_over
 from taskgraph.partition.geometry import aligned
 from taskgraph.partition.materializing import Materializer, NewTask, TaskCapReached
 from taskgraph.partition.rules import geometries
@@ -147,14 +147,7 @@ def partition(
     limit = parse_bytes(max_block_bytes)
     alignment = _check_alignment(alignment)
     geoms = geometries(tg)
-    found = feasible_limit(tg, geoms, alignment)
-    if limit < found.needed:
-        raise limit_error(tg, limit, found)
-    forced = {
-        t.id
-        for t in tg.tasks
-        if not isinstance(t.op, Input) and working_set(tg, t.id, alignment) > limit
-    }
+    forced = tasks_over(tg, geoms, limit, alignment)
     if not forced:
         return tg
     factors: dict[int, float] = {}

@@ -21,7 +21,7 @@ from itertools import product
 from einpage_core.units import parse_bytes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Einsum, Input, Task
-from taskgraph.partition.feasibility import feasible_limit, limit_error, working_set
+from taskgraph.partition.feasibility import tasks_over
 from taskgraph.partition.geometry import Geometry, aligned, itemsize
 from taskgraph.partition.materializing import MAX_COMBINE_FANIN
 from taskgraph.partition.rules import geometries
@@ -72,14 +72,7 @@ def estimate_tasks(
     """
     limit_bytes = parse_bytes(limit)
     geoms = geometries(tg)
-    needed = feasible_limit(tg, geoms, alignment)
-    if limit_bytes < needed.needed:
-        raise limit_error(tg, limit_bytes, needed)
-    forced = {
-        t.id
-        for t in tg.tasks
-        if not isinstance(t.op, Input) and working_set(tg, t.id, alignment) > limit_bytes
-    }
+    forced = tasks_over(tg, geoms, limit_bytes, alignment)
     if not forced:
         return TaskEstimate(limit_bytes, 0, 0, 0, len(tg), 0)
     sizes = block_sizes(tg, geoms, forced, {}, limit_bytes, alignment, absorb)

@@ -25,6 +25,7 @@ __all__ = [
     "smallest_feasible_block_limit",
     "finest_block",
     "limit_error",
+    "tasks_over",
 ]
 
 
@@ -201,3 +202,16 @@ def limit_error(tg: TaskGraph, limit: int, found: FeasibleLimit) -> BlockLimitEr
         needed,
         culprit,
     )
+
+
+def tasks_over(tg: TaskGraph, geoms: Sequence[Geometry], limit: int, alignment: int) -> set[int]:
+    """The tasks whose working set exceeds `limit` (the ones partitioning must split),
+    after checking the limit is one the graph allows (`BlockLimitError` otherwise)."""
+    found = feasible_limit(tg, geoms, alignment)
+    if limit < found.needed:
+        raise limit_error(tg, limit, found)
+    return {
+        t.id
+        for t in tg.tasks
+        if not isinstance(t.op, Input) and working_set(tg, t.id, alignment) > limit
+    }
