@@ -36,7 +36,6 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,10 +51,18 @@ from einpage.checks import (
     raise_on_mismatch,
 )
 from einpage.cli_generate import add_generate
+from einpage.cli_outputs import (
+    PLAN_OUTPUTS,
+    PicturesFailedError,
+    check_outputs,
+    max_nodes,
+    plan_exports,
+    plan_pictures,
+    wrote,
+)
 from einpage.console import Console, format_table, plan_report, plan_title, program_rows
 from einpage.files import (
     atomic_output,
-    check_output,
     load_inputs,
     load_json_graph,
     load_plan,
@@ -79,7 +86,6 @@ from einpage_core.errors import (
 )
 from einpage_core.units import BudgetFormatError, format_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph
-from memgraph.snapshot import write_memory_snapshot
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError, partition
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -113,10 +119,6 @@ EXIT_STDOUT_CLOSED = 141
 for were still written, and nothing is printed about it, as Unix tools do."""
 
 
-def _wrote(console: Console, what: str, path: Path | str) -> None:
-    console.print(f"wrote {what}: {path}")
-
-
 # -- subcommands -------------------------------------------------------------------------
 
 
@@ -124,17 +126,8 @@ def _program(args: argparse.Namespace) -> TaskGraph:
     return load_program(args.program, batch=args.batch, seq=args.seq, dtype=args.dtype)
 
 
-def _check_outputs(args: argparse.Namespace, *outputs: tuple[str, str, str]) -> None:
-    """Every output path the command was given, checked before any work (`check_output`):
-    (attribute, kind, option) triples."""
-    for attribute, kind, option in outputs:
-        value = getattr(args, attribute, None)
-        if value:
-            check_output(value, kind, option)
-
-
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
-    _check_outputs(args, ("output", "json", "-o"), ("render", "graph picture", "--render"))
+    check_outputs(args, ("output", "json", "-o"), ("render", "graph picture", "--render"))
     with console.stages(2):
         with console.stage("building the program"):
             tg = _program(args)
@@ -149,26 +142,15 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
     if args.output:
         with atomic_output(args.output) as temporary:
             temporary.write_text(tg.to_json(), encoding="utf-8")
-        _wrote(console, "TaskGraph", args.output)
+        wrote(console, "TaskGraph", args.output)
     if args.render:
-        path = render_taskgraph(tg, args.render, max_nodes=_max_nodes(args.max_nodes))
-        _wrote(console, "picture", path)
+        path = render_taskgraph(tg, args.render, max_nodes=max_nodes(args.max_nodes))
+        wrote(console, "picture", path)
     return EXIT_OK
 
 
-PLAN_OUTPUTS = (
-    ("output", "json", "-o"),
-    ("render", "graph picture", "--render"),
-    ("memory_map", "plot", "--memory-map"),
-    ("timeline", "plot", "--timeline"),
-    ("trace", "json", "--trace"),
-    ("memory_snapshot", "snapshot", "--memory-snapshot"),
-)
-"""`einpage plan`'s outputs: (attribute, kind, option)."""
-
-
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    _check_outputs(args, *PLAN_OUTPUTS)
+    check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
     with console.stages(3 + pictures):
@@ -184,8 +166,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         if args.output:
             with atomic_output(args.output) as temporary:
                 temporary.write_text(mg.to_json(), encoding="utf-8")
-            _wrote(console, "plan", args.output)
-        failed = _pictures(args, mg, console) + _exports(args, mg, console)
+            wrote(console, "plan", args.output)
+        failed = plan_pictures(args, mg, console) + plan_exports(args, mg, console)
     if failed:
         raise PicturesFailedError(failed)
     return EXIT_OK
@@ -206,66 +188,6 @@ def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) 
         )
     except TooManyBlocksError as err:
         raise err.spelled("--partition auto", "--partition SIZE") from None
-
-
-class PicturesFailedError(EinpageError):
-    """Some of the requested pictures or exports failed; the others were written."""
-
-    def __init__(self, failed: list[tuple[str, EinpageError]]):
-        lines = "; ".join(f"{what}: {err}" for what, err in failed)
-        super().__init__(f"{len(failed)} output(s) not written ({lines})")
-        self.failed = failed
-
-
-def _each(failed: list, console: Console, what: str, option: str, path: Any, write) -> None:
-    """Write one picture or export with `write(temporary_path)`; an error is recorded in
-    `failed` (the others still get written) and leaves nothing at `path`."""
-    try:
-        with atomic_output(path) as temporary:
-            write(temporary)
-    except (EinpageError, OSError) as err:
-        failed.append((f"{option} {path}", err))
-        return
-    _wrote(console, what, path)
-
-
-def _pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> list:
-    """The plan's pictures; returns the ones that failed as (what, error)."""
-    failed: list = []
-    if args.render:
-        limit = _max_nodes(args.max_nodes)
-        with console.stage("drawing the plan"):
-            _each(failed, console, "plan picture", "--render", args.render,
-                  lambda p: mg.render(p, collapse=True, max_nodes=limit))  # fmt: skip
-    if args.memory_map:
-        with console.stage("drawing the memory map"):
-            _each(failed, console, "memory map", "--memory-map", args.memory_map, mg.memory_map)
-    if args.timeline:
-        with console.stage("simulating the streams"):
-            sim = memgraph.simulate(mg, args.cost_model, timeline=True)
-            _each(failed, console, "stream timeline", "--timeline", args.timeline, sim.plot)
-    return failed
-
-
-def _exports(args: argparse.Namespace, mg: MemGraph, console: Console) -> list:
-    """`--trace` and `--memory-snapshot`: the simulated schedule as a Chrome trace (the
-    lanes and event names of `einpage run --trace`) and the device memory as a PyTorch
-    memory snapshot; returns the ones that failed."""
-    failed: list = []
-    if args.trace:
-        with console.stage("simulating the streams"):
-            sim = memgraph.simulate(mg, args.cost_model, timeline=True)
-            where = "simulated trace (open it in https://ui.perfetto.dev)"
-            _each(failed, console, where, "--trace", args.trace, sim.write_chrome_trace)
-    if args.memory_snapshot:
-        where = "memory snapshot (open it in https://pytorch.org/memory_viz)"
-        _each(failed, console, where, "--memory-snapshot", args.memory_snapshot,
-              lambda p: write_memory_snapshot(mg, p))  # fmt: skip
-    return failed
-
-
-def _max_nodes(value: int) -> int | None:
-    return None if value == 0 else value
 
 
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
@@ -312,7 +234,7 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    _check_outputs(args, ("output", "arrays", "-o"), ("trace", "json", "--trace"))
+    check_outputs(args, ("output", "arrays", "-o"), ("trace", "json", "--trace"))
     stages = 3 + bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
@@ -356,11 +278,11 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print()
         console.print(format_table([c.row() for c in comparisons], CHECK_TITLE))
     if args.trace:
-        _wrote(console, "trace (open it in https://ui.perfetto.dev)", args.trace)
+        wrote(console, "trace (open it in https://ui.perfetto.dev)", args.trace)
     if args.output:
         with atomic_output(args.output) as temporary:
             save_arrays(temporary, outputs)
-        _wrote(console, "outputs", args.output)
+        wrote(console, "outputs", args.output)
     raise_on_mismatch(comparisons)
     return EXIT_OK
 
@@ -385,18 +307,18 @@ def _output_row(name: str, value: np.ndarray) -> tuple[str, str]:
 
 
 def _cmd_render(args: argparse.Namespace, console: Console) -> int:
-    _check_outputs(args, ("output", "graph picture", "-o"))
+    check_outputs(args, ("output", "graph picture", "-o"))
     with console.stages(2):
         with console.stage("loading"):
             graph = load_json_graph(args.file)
-        options: dict[str, Any] = {"max_nodes": _max_nodes(args.max_nodes), "scope": args.scope}
+        options: dict[str, Any] = {"max_nodes": max_nodes(args.max_nodes), "scope": args.scope}
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse
         elif args.collapse:
             raise InputError(f"--collapse applies to plans; {args.file} is a TaskGraph")
         with console.stage("drawing"):
             path = graph.render(args.output, **options)
-    _wrote(console, "picture", path)
+    wrote(console, "picture", path)
     return EXIT_OK
 
 
