@@ -112,12 +112,12 @@ def test_compile_plans_a_program_that_fits_as_it_is():
 def test_a_percentage_is_read_against_the_programs_no_offload_peak():
     tg = softmax_program().build()
     peak = memgraph.no_offload_peak(tg)
-    compiled = ep.compile(tg, "40%")
+    compiled = ep.compile(tg, "40%streaming")
     reading = compiled.budget
-    assert reading == BudgetReading("40%", int(peak * 0.4), 40.0, NO_OFFLOAD_PEAK, peak)
+    assert reading == BudgetReading("40%streaming", int(peak * 0.4), 40.0, NO_OFFLOAD_PEAK, peak)
     assert str(reading).startswith("40% of the no-offload peak ")
-    assert compiled.plan.budget == reading.nbytes and compiled.plan.info["budget_request"] == "40%"
-    assert read_budget(tg, "40%") == reading
+    assert compiled.plan.budget == reading.nbytes and compiled.plan.info["budget_request"] == "40%streaming"
+    assert read_budget(tg, "40%streaming") == reading
     assert read_budget(tg, "0%").nbytes == 0  # zero bytes: refused like 0 and 100 B
 
 
@@ -149,7 +149,7 @@ def test_an_explicit_block_limit_and_the_finest_block():
 def test_partition_off_lets_plan_refuse_with_the_budget_as_asked():
     tg = softmax_program().build()
     with pytest.raises(InfeasibleBudgetError) as caught:
-        ep.compile(tg, "40%", partition="off")
+        ep.compile(tg, "40%streaming", partition="off")
     assert not isinstance(caught.value, PartitionInfeasibleError)
     assert str(caught.value).startswith("budget '40%' = ")
 
