@@ -10,9 +10,11 @@
 
 A PROGRAM is a preset name, a TaskGraph JSON file or a Python file (executed: see
 `einpage.presets`). A budget is bytes (`1073741824`), a size (`8GiB`, `512MiB`,
-`1.5GB`) or a percentage of the program's no-offload peak (`50%`, see
-`memgraph.no_offload_peak`). Plans are JSON files (`MemGraph.to_json`), validated on
-load.
+`1.5GB`) or a percentage of one of the program's reference points (`einpage show` and
+`einpage plan` print them; see `memgraph.budgets`): of its resident peak (`50%`, or
+`50%resident`: all weights stay on the device, so `100%` moves nothing) or of its
+streaming minimum (`150%streaming`: weights loaded just in time, nothing written back).
+Plans are JSON files (`MemGraph.to_json`), validated on load.
 
 Exit codes (`EXIT_*`): 0 success; 1 a check failed (`run --check` found outputs that
 differ from the reference evaluator, or a plan fails `memgraph.verify`); 2 bad input
@@ -85,7 +87,7 @@ from einpage_core.errors import (
     VerificationError,
 )
 from einpage_core.units import BudgetFormatError, format_bytes
-from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph
+from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError, partition
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -153,13 +155,17 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
-    with console.stages(3 + pictures):
+    with console.stages(4 + pictures):
         with console.stage("building the program"):
             tg = _program(args)
         with console.stage("compiling"):
             compiled = _compile(tg, args, partition_arg)
         mg = compiled.plan
         console.print(format_table(compiled.rows(), plan_title(mg)))
+        console.print()
+        with console.stage("measuring the reference points"):
+            refs = budget_references(tg, PlanOptions(order=args.order, eviction=args.eviction))
+        console.print(format_table(refs.rows(), "budget reference points"))
         console.print()
         with console.stage("simulating"):
             console.print(plan_report(mg, args.cost_model))
@@ -341,7 +347,9 @@ PROGRAM_HELP = (
     "Python file is executed like `python FILE` (with __name__ == '__einpage__')"
 )
 BUDGET_HELP = (
-    "device memory: bytes, a size (8GiB, 512MiB) or a percentage of the no-offload peak (50%%)"
+    "device memory: bytes, a size (8GiB, 512MiB), or a percentage of the resident peak "
+    "(50%%: all weights stay, 100%% moves nothing) or of the streaming minimum "
+    "(150%%streaming: weights loaded just in time)"
 )
 
 
@@ -589,7 +597,8 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     if isinstance(err, BudgetFormatError):
         return (
             "sizes look like 8GiB, 512MiB, 1.5GB or 1073741824 (bytes); budgets may also "
-            "be a percentage of the no-offload peak, like 50%"
+            "be a percentage of the resident peak (50%) or of the streaming minimum "
+            "(150%streaming)"
         )
     if isinstance(err, VerificationError):
         return "the plan breaks an invariant of memgraph.verify; was the file edited?"

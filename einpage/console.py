@@ -124,15 +124,12 @@ def format_table(rows: Sequence[tuple[str, str]], title: str | None = None) -> s
 
 
 def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
-    """Sizes of a TaskGraph and its memory needs, as table rows."""
+    """Sizes of a TaskGraph and its memory needs (its budget reference points), as rows."""
 
     weights = sum(t.nbytes for t in tg if isinstance(t.op, Input) and t.op.location == "host")
-    needed, task = memgraph.min_budget(tg)
-    at = (
-        f" (task %{task}{', ' + tg[task].scope if tg[task].scope else ''})"
-        if task is not None
-        else ""
-    )
+    refs = memgraph.budget_references(tg)
+    task = refs.min_task
+    at = "" if task is None else f" (task %{task}{', ' + tg[task].scope if tg[task].scope else ''})"
     return [
         (
             "tasks",
@@ -141,8 +138,8 @@ def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
         ("dtypes", dtype_summary(tg)),
         ("compute", format_count(tg.total_flops, "FLOP")),
         ("inputs", f"{format_bytes(tg.input_bytes)} ({format_bytes(weights)} start on the host)"),
-        ("no-offload peak", format_bytes(memgraph.no_offload_peak(tg))),
-        ("smallest budget", f"{format_bytes(needed)}{at}, without partitioning"),
+        *refs.rows()[:2],  # the resident peak and the streaming minimum
+        ("smallest budget", f"{format_bytes(refs.min_budget)}{at}, without partitioning"),
     ]
 
 

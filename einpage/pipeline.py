@@ -330,8 +330,9 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     """Partition `source` when needed, plan it within `budget`, verify; a `Compiled`.
 
     `source` is a `Program` (built first) or a TaskGraph. `budget` is bytes, a size
-    string (`"8GiB"`) or a percentage of the program's no-offload peak (`"50%"`,
-    `memgraph.no_offload_peak`). `partition` is "auto", "off" or a block limit (see the
+    string (`"8GiB"`) or a percentage of the program's resident peak (`"50%"`; at
+    `"100%"` nothing moves) or of its streaming minimum (`"150%streaming"`; see
+    `memgraph.budgets`). `partition` is "auto", "off" or a block limit (see the
     module docstring); `max_blocks` (default `MAX_AUTO_BLOCKS`; None: no cap) refuses
     automatic partitioning into more tasks than that – counted from the partition's
     arithmetic before any block is made (`taskgraph.partition.estimate_tasks`), and

@@ -160,7 +160,10 @@ def test_show_prints_the_listing_and_memory_needs(capsys):
     tg = load_program("llama:tiny", seq=64)
     assert out.startswith(str(tg).splitlines()[0])
     assert str(tg[5].line()) in out
-    assert f"no-offload peak  {format_bytes(memgraph.no_offload_peak(tg))}" in out
+    resident = format_bytes(memgraph.resident_peak(tg))
+    assert f"resident peak      {resident} (all weights stay; = 100%)" in out
+    streaming = format_bytes(memgraph.streaming_minimum(tg))
+    assert f"streaming minimum  {streaming} (weights streamed; = 100%streaming)" in out
     needed, task = memgraph.min_budget(tg)
     assert f"{format_bytes(needed)} (task %{task}" in out
 
@@ -205,6 +208,22 @@ def test_plan_prints_stats_simulation_and_writes_a_valid_plan(capsys, tmp_path):
     assert f"makespan              {sim.makespan * 1e3:.3f} ms" in out
     assert mg.info["budget_request"] == "75%streaming"
     assert f"wrote plan: {path}" in out
+
+
+def test_plan_prints_the_budget_reference_points_and_100_percent_moves_nothing(capsys):
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "100%")
+    assert code == EXIT_OK, err
+    tg = load_program("mlp", batch=256)
+    refs = memgraph.budget_references(tg)
+    assert "budget reference points" in out
+    for label, value in refs.rows():
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
+    assert f"100% of the resident peak {format_bytes(refs.resident_peak)}" in out
+    assert re.search(r"offloaded\s+0 B in 0", out) and re.search(r"dropped.*\s+0 B in 0", out)
+    weights = sum(t.nbytes for t in tg if t.op.kind == "input" and t.op.location == "host")
+    assert re.search(rf"reloaded\s+{re.escape(format_bytes(weights))} in", out)  # each once
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%peak")
+    assert code == 2 and "'50%resident'" in err and "'50%streaming'" in err
 
 
 def test_plan_options_reach_the_planner(capsys, tmp_path):
@@ -627,7 +646,9 @@ def test_demo_plans_offloads_runs_checks_and_draws(capsys, tmp_path):
 
 
 def test_demo_numbers_follow_the_budget(capsys, tmp_path):
-    code, out, _ = cli(capsys, "demo", "--out", tmp_path, "--budget", "80%streaming", "--backend", "numpy")
+    code, out, _ = cli(
+        capsys, "demo", "--out", tmp_path, "--budget", "80%streaming", "--backend", "numpy"
+    )
     assert code == EXIT_OK
     mg = ep.compile(load_program("mlp"), "80%streaming").plan
     assert "partition" not in out.split("run\n")[0].split("plan\n")[1]  # it fits unsplit

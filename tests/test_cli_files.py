@@ -35,7 +35,9 @@ def cli(capsys, *argv):
     ],
 )
 def test_bad_output_paths_are_refused_before_any_work(capsys, tmp_path, option, name, needle):
-    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", option, tmp_path / name)
+    code, out, err = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", option, tmp_path / name
+    )
     assert code == EXIT_BAD_INPUT and needle in err and option in err
     assert out == ""  # nothing was planned or printed
     assert list(tmp_path.iterdir()) == []

@@ -19,9 +19,9 @@ from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
 from einpage.units import BudgetFormatError
 from memgraph import MemGraph, NodeKind
+from memgraph.budgets import RESIDENT_PEAK, STREAMING_MINIMUM, budget_references, read_budget
 from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.orders import ORDERS, check_order, get_order
-from memgraph.budgets import RESIDENT_PEAK, STREAMING_MINIMUM, budget_references, read_budget
 from memgraph.planner import min_budget, no_offload_peak, plan, resident_peak, streaming_minimum
 from taskgraph.graph import TaskGraph
 
