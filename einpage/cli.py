@@ -23,8 +23,9 @@ that does not build, inputs that do not fit); 3 the budget is infeasible; 4 this
 machine lacks something (Graphviz's `dot`, CuPy or a GPU); 130 interrupted. Errors
 print one line (and a hint) on stderr, never a traceback for an `EinpageError`.
 
-Progress bars (one step per stage: the planner and the runtime have no finer hook)
-go to stderr when both stdout and stderr are terminals, unless `--quiet`.
+Progress bars (a step per stage, and how far the planner and the verifier are within
+theirs: `einpage.compile(progress=)`) go to stderr when both stdout and stderr are
+terminals, unless `--quiet`.
 
 This module parses arguments and prints; what it runs lives in the library:
 `einpage.pipeline` (`einpage.compile`: partition, plan, verify), `einpage.checks`
@@ -159,7 +160,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         with console.stage("building the program"):
             tg = _program(args)
         with console.stage("compiling"):
-            compiled = _compile(tg, args, partition_arg)
+            compiled = _compile(tg, args, partition_arg, console)
         mg = compiled.plan
         console.print(format_table(compiled.rows(), plan_title(mg)))
         console.print()
@@ -179,7 +180,9 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) -> Compiled:
+def _compile(
+    tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int, console: Console
+) -> Compiled:
     """`einpage.compile` with the command's options; `--partition auto` stops at
     `MAX_AUTO_BLOCKS` blocks."""
     try:
@@ -191,6 +194,7 @@ def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) 
             eviction=args.eviction,
             cost_model=args.cost_model,
             max_blocks=MAX_AUTO_BLOCKS,
+            progress=console.report,
         )
     except TooManyBlocksError as err:
         raise err.spelled("--partition auto", "--partition SIZE") from None

@@ -16,6 +16,7 @@ from typing import Any
 
 import memgraph
 from einpage.pipeline import bytes_by_dtype
+from einpage_core.progress import Progress
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
 from taskgraph import TaskGraph
@@ -28,7 +29,8 @@ class Console:
     """Where the CLI writes: results to stdout (unless quiet), per-stage progress to stderr.
 
     `stage(name)` is a context manager; with progress on, a tqdm bar on stderr names the
-    running stage and counts finished ones (the planner and runtime have no finer hook).
+    running stage and counts finished ones; `report` is an `einpage.compile(progress=)`
+    callback that shows how far the stage's own work is (planning 45%).
     """
 
     def __init__(self, quiet: bool = False, progress: bool | None = None, out=None, err=None):
@@ -64,7 +66,7 @@ class Console:
                 total=total,
                 file=self.err,
                 leave=False,
-                bar_format="{desc:<24} {bar:20} {n_fmt}/{total_fmt} stages [{elapsed}]",
+                bar_format="{desc:<24} {bar:20} {n_fmt}/{total_fmt} stages [{elapsed}] {postfix}",
             )
         try:
             yield
@@ -85,6 +87,11 @@ class Console:
             self.timings[name] = time.perf_counter() - started
             if self._bar is not None:
                 self._bar.update(1)
+
+    def report(self, event: Progress) -> None:
+        """Show a library `Progress` event beside the running stage (nothing without a bar)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{event.stage} {event.fraction:.0%}", refresh=True)
 
     def _clear_bar(self) -> None:
         if self._bar is not None:

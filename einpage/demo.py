@@ -56,7 +56,7 @@ def run_demo(
         say()
         say(format_table(rows, f"program {tg.name!r}"))
         with console.stage("compiling"):
-            compiled = compile(tg, budget)
+            compiled = compile(tg, budget, progress=console.report)
         say()
         say(format_table(_plan_rows(compiled), "plan"))
         comparisons = _run_and_check(compiled, backend, seed, console)

@@ -690,7 +690,9 @@ def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[s
     if not (isinstance(budget, str) and "%" in budget):
         return budget
     plan_options = {
-        k: v for k, v in options.items() if k not in ("partition", "verify", "max_blocks")
+        k: v
+        for k, v in options.items()
+        if k not in ("partition", "verify", "max_blocks", "progress")
     }
     opts = memgraph.PlanOptions(**plan_options)
     return max(read_budget(p.build(), budget, opts).nbytes for p in programs.values())

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from einpage_core.errors import PlanError
+from einpage_core.progress import Tick, ticks
 from memgraph.allocator import Allocator, Block
 from memgraph.cost import get_cost_model
 from memgraph.eviction import NEVER, choose_window_ranked, get_policy
@@ -58,7 +59,8 @@ class HorizonPlanner:
     `arena` (default: the budget) is the allocator's size, `budget` the MemGraph's: the
     resident run (`memgraph.budgets.resident_run`) plans in an arena that holds every
     tensor at once and keeps every tensor loaded from host storage (`keep_loaded`) until
-    the end, then records the budget it was asked for.
+    the end, then records the budget it was asked for. `progress` is called as
+    `progress(steps done, steps)` about a hundred times during `run`.
     """
 
     def __init__(
@@ -69,8 +71,10 @@ class HorizonPlanner:
         *,
         arena: int | None = None,
         keep_loaded: bool = False,
+        progress: Tick | None = None,
     ):
         self.tg = tg
+        self.progress = progress
         self.opts = opts
         self.keep_loaded = keep_loaded
         self.cost = get_cost_model(opts.cost_model)
@@ -155,7 +159,10 @@ class HorizonPlanner:
         """Walk every step: advance the allocation horizon, prepare, apply; then the outputs."""
         counts = self.counts
         self.place_inputs()
-        for e in range(len(self.steps)):
+        total, every = len(self.steps), ticks(len(self.steps))
+        for e in range(total):
+            if self.progress is not None and e % every == 0:
+                self.progress(e, total)
             self.now = e
             self.clock = self.seconds_before(e)
             self.drain(until=self.clock)
@@ -166,6 +173,8 @@ class HorizonPlanner:
             counts.max_steps_ahead = max(counts.max_steps_ahead, self.horizon - e - 1)
             self.execute(e)
         self.finish_outputs()
+        if self.progress is not None:
+            self.progress(total, total)
 
     def info(self) -> dict[str, Any]:
         """What `info` records of this run: the counts the nodes cannot tell."""

@@ -154,6 +154,7 @@ from __future__ import annotations
 from typing import Any
 
 from einpage_core.errors import GraphError, PlanError
+from einpage_core.progress import Tick
 from memgraph.budgets import (
     BudgetReading,
     check_budget,
@@ -187,7 +188,13 @@ __all__ = [
 ]
 
 
-def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> MemGraph:
+def plan(
+    tg: TaskGraph,
+    budget: int | str | BudgetReading,
+    *,
+    progress: Tick | None = None,
+    **options: Any,
+) -> MemGraph:
     """Plan `tg` to run in a device arena of `budget` bytes; returns the MemGraph.
 
     `budget`: bytes (int), a size string (`"8GiB"`), a percentage of the resident peak
@@ -209,9 +216,12 @@ def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> Me
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host";
     * `placement`: "room" (the default) or "best_fit".
 
-    Raises `InfeasibleBudgetError` when the budget is below `min_budget` (its message
-    names the task and the way out: partitioning, see "Partitioning" above),
-    `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
+    `progress`, if given, is called as `progress(steps done, steps)` about a hundred
+    times while the planner walks (`einpage.compile(..., progress=)` turns it into
+    `Progress` events). Raises `InfeasibleBudgetError` when the budget is below
+    `min_budget` (its message names the task and the way out: partitioning, see
+    "Partitioning" above), `BudgetFormatError` for a malformed budget, `PlanError` for a
+    bad option.
     """
     if not isinstance(tg, TaskGraph):
         raise GraphError(
@@ -227,7 +237,7 @@ def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> Me
     opts = PlanOptions(**options)
     reading = read_budget(tg, budget, opts)
     needed = check_budget(tg, reading, opts)
-    planner = HorizonPlanner(tg, reading.nbytes, opts)
+    planner = HorizonPlanner(tg, reading.nbytes, opts, progress=progress)
     planner.run()
     resident = _resident_instead(tg, reading.nbytes, opts, planner)
     request = reading.request
