@@ -4,7 +4,7 @@
     einpage plan mlp --budget 50% -o plan.json    plan for a device of that many bytes
     einpage stats plan.json                       what the plan does, simulated and verified
     einpage run plan.json --check                 execute it; compare with the reference
-    einpage render plan.json -o plan.svg --collapse
+    einpage render plan.json -o plan.svg --collapse   (layers folded; --scope layers.3)
     einpage demo                                  all of the above on the demo MLP
     einpage presets                               the programs known by name
 
@@ -324,8 +324,10 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
         options: dict[str, Any] = {"max_nodes": max_nodes(args.max_nodes), "scope": args.scope}
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse
-        elif args.collapse:
-            raise InputError(f"--collapse applies to plans; {args.file} is a TaskGraph")
+            options["fold_layers"] = False if args.unfold else None
+        elif args.collapse or args.unfold:
+            flag = "--collapse" if args.collapse else "--unfold"
+            raise InputError(f"{flag} applies to plans; {args.file} is a TaskGraph")
         with console.stage("drawing"):
             path = graph.render(args.output, **options)
     wrote(console, "picture", path)
@@ -538,6 +540,11 @@ def _add_render(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     render.add_argument(
         "--collapse", action="store_true", help="fold allocs and frees into their users (plans)"
+    )
+    render.add_argument(
+        "--unfold",
+        action="store_true",
+        help="draw every node of a whole layered plan (by default each layer is one box)",
     )
     render.set_defaults(handler=_cmd_render)
 

@@ -29,9 +29,7 @@ __all__ = ["run_demo", "mlp_program", "random_inputs", "PICTURE_MAX_NODES"]
 
 PICTURE_MAX_NODES = 120
 """Nodes drawn in the demo's plan picture (after folding allocs and frees)."""
-PICTURE_NOTE = (
-    f"allocs and frees folded; the first {PICTURE_MAX_NODES} nodes, a note lists the rest"
-)
+PICTURE_NOTE = "allocs and frees folded, each layer one box (open one: --scope layers.0)"
 LAYER_NOTE = "the nodes of the first residual block, allocs and frees folded"
 
 

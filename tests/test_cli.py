@@ -590,6 +590,22 @@ def test_render_to_dot_text_needs_no_graphviz(capsys, plan_file, tmp_path):
     assert (tmp_path / "plan.dot").read_text().startswith("digraph")
 
 
+def test_render_folds_the_layers_of_a_whole_plan_unless_unfolded(capsys, plan_file, tmp_path):
+    folded, unfolded = tmp_path / "folded.dot", tmp_path / "unfolded.dot"
+    assert cli(capsys, "render", plan_file, "-o", folded, "--max-nodes", "0")[0] == EXIT_OK
+    text = folded.read_text()
+    assert ">layers.0<" in text and ">layers.1<" in text  # each layer one box, titled
+    assert "layers folded into one box each" in text
+    argv = ["render", plan_file, "-o", unfolded, "--max-nodes", "0", "--unfold"]
+    assert cli(capsys, *argv)[0] == EXIT_OK
+    assert "box3d" not in unfolded.read_text() and len(unfolded.read_text()) > len(text)
+    graph = tmp_path / "graph.json"
+    graph.write_text(load_program("llama:tiny", seq=16).to_json())
+    code, _, err = cli(capsys, "render", graph, "-o", tmp_path / "g.dot", "--unfold")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--unfold applies to plans")
+
+
 def test_render_errors(capsys, plan_file, tmp_path):
     code, _, err = cli(capsys, "render", plan_file, "-o", tmp_path / "plan.gif")
     assert code == EXIT_BAD_INPUT
