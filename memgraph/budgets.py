@@ -22,6 +22,8 @@ point, named after the `%` or not (then the resident peak):
 `read_budget` reads a budget into a `BudgetReading` (what was given, the bytes, and the
 reference point of a percentage); this is the one place percentages are parsed.
 `budget_references` computes all three points for tables (`einpage show`, `plan`).
+A percentage is read against the larger reference point of the program and memory
+orders (and the plan's own order: `reference_point`), so `--order` does not change it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ __all__ = [
     "streaming_minimum",
     "no_offload_peak",
     "budget_references",
+    "reference_point",
+    "REFERENCE_ORDERS",
     "check_budget",
     "infeasible_error",
     "infeasible_message",
@@ -74,6 +78,10 @@ NO_OFFLOAD_PEAK = STREAMING_MINIMUM
 
 REFERENCES = {"resident": RESIDENT_PEAK, "streaming": STREAMING_MINIMUM}
 """The words a percentage may name after its `%` (none: "resident")."""
+
+REFERENCE_ORDERS = ("program", "memory")
+"""A reference point is the larger of these orders' (and the plan's own order's), so that
+choosing an order (`--order memory`) does not change what a percentage means."""
 
 WAY_OUT = (
     "Partition the graph so that its tasks fit: einpage.compile(program, budget) does it "
@@ -144,12 +152,21 @@ def read_budget(
             f"{RESIDENT_PEAK} ('{match.group(1)}%' or '{match.group(1)}%resident') or of the "
             f"{STREAMING_MINIMUM} ('{match.group(1)}%streaming')"
         )
-    opts = options or PlanOptions()
-    if word == "resident":
-        peak = resident_peak(tg, opts)
-    else:
-        peak = streaming_minimum(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
+    peak = reference_point(tg, word, options or PlanOptions())
     return BudgetReading(budget, int(peak * percent / 100), percent, REFERENCES[word], peak)
+
+
+def reference_point(tg: TaskGraph, word: str, options: PlanOptions) -> int:
+    """The resident peak (`word` "resident") or streaming minimum ("streaming") a
+    percentage is read against: the larger over `REFERENCE_ORDERS` and `options.order`."""
+    peaks = []
+    for order in dict.fromkeys([*REFERENCE_ORDERS, options.order]):
+        opts = replace(options, order=order)
+        if word == "resident":
+            peaks.append(resident_peak(tg, opts))
+        else:
+            peaks.append(streaming_minimum(tg, order, opts.alignment, opts.outputs, opts.inputs))
+    return max(peaks)
 
 
 def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None = None) -> int:
@@ -302,11 +319,13 @@ class BudgetReferences:
 
 
 def budget_references(tg: TaskGraph, options: PlanOptions | None = None) -> BudgetReferences:
-    """The resident peak, streaming minimum and `min_budget` of `tg` under `options`."""
+    """The resident peak, streaming minimum (as percentages read them: `reference_point`)
+    and `min_budget` of `tg` under `options`."""
     opts = options or PlanOptions()
     needed, task = min_budget(tg, opts.alignment, opts.inputs)
-    streaming = streaming_minimum(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
-    return BudgetReferences(resident_peak(tg, opts), streaming, needed, task)
+    return BudgetReferences(
+        reference_point(tg, "resident", opts), reference_point(tg, "streaming", opts), needed, task
+    )
 
 
 def infeasible_message(

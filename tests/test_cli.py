@@ -365,11 +365,12 @@ def test_plan_pictures(capsys, tmp_path):
         "--timeline",
         streams,
         "--max-nodes",
-        "30",
+        "3",
     )
     assert code == EXIT_OK
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
-    assert "more node(s) not shown" in svg.read_text()
+    text = svg.read_text()
+    assert "more node(s) not shown" in text and "layers folded into one box each" in text
     for path in (png, streams):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert str(path) in out

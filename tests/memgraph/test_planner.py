@@ -18,7 +18,7 @@ import memgraph.planner as planner_module
 from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
 from einpage.units import BudgetFormatError
-from memgraph import MemGraph, NodeKind
+from memgraph import MemGraph, NodeKind, PlanOptions
 from memgraph.budgets import RESIDENT_PEAK, STREAMING_MINIMUM, budget_references, read_budget
 from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.orders import ORDERS, check_order, get_order
@@ -431,6 +431,14 @@ def test_the_memory_order_lowers_the_peak_of_independent_branches():
     assert no_offload_peak(tg, order="memory") < no_offload_peak(tg, order="program")
     order = get_order("memory")(tg)
     assert check_order(tg, order) == order
+    # ... but choosing it does not change what a percentage means: the larger one counts
+    for word, measure in (("", resident_peak), ("streaming", streaming_minimum)):
+        peaks = [measure(tg, PlanOptions(order=o)) if not word else measure(tg, o) for o in ORDERS]
+        for o in ORDERS:
+            reading = read_budget(tg, f"50%{word}", PlanOptions(order=o))
+            assert reading.reference_bytes == max(peaks) and reading.nbytes == max(peaks) // 2
+    mg = plan(tg, "100%", order="memory")
+    assert mg.info["evictions"] == 0 and mg.stats.drop_count == 0
 
 
 def test_a_small_llama_plans_and_computes_the_reference_at_tight_budgets():
