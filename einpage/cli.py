@@ -87,6 +87,7 @@ from einpage_core.errors import (
     InputError,
     VerificationError,
 )
+from einpage_core.progress import ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from taskgraph import TaskGraph
@@ -263,7 +264,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.stage("running"),
             runtime.Session(mg, args.backend, mode=args.mode) as session,
         ):
-            outputs = session.run(arrays, trace=bool(args.trace))
+            ran = ProgressReport(console.report, {"running": 1.0}).stage("running", len(mg))
+            outputs = session.run(arrays, trace=bool(args.trace), progress=ran)
             last = session.last
             if args.trace:
                 with atomic_output(args.trace) as temporary:

@@ -69,3 +69,18 @@ def test_the_console_shows_the_planners_progress_on_its_bar():
     quiet = Console(progress=False, out=io.StringIO(), err=io.StringIO())
     quiet.report(Progress("planning", 1, 2, 0.5))  # no bar: nothing drawn
     assert quiet.err.getvalue() == ""
+
+
+@pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
+def test_a_run_reports_the_nodes_issued_and_the_end(mode):
+    import runtime
+    from einpage.demo import random_inputs
+
+    tg = load_program("mlp")
+    mg = ep.compile(tg, "40%").plan
+    ticks: list[tuple[int, int]] = []
+    with runtime.Session(mg, "numpy", mode=mode) as session:
+        session.run(random_inputs(tg, 0), progress=lambda done, total: ticks.append((done, total)))
+    assert ticks[0] == (0, len(mg)) and ticks[-1] == (len(mg), len(mg))
+    assert [d for d, _ in ticks] == sorted(d for d, _ in ticks)
+    assert 2 < len(ticks) <= 102
