@@ -14,14 +14,17 @@ needed; a budget it cannot plan counts as too slow), and the plans found verifie
 
 The budget is reported as a fraction of two reference points:
 
-* the **no-offload peak** (`memgraph.no_offload_peak`, what `"100%"` budgets mean): the
+* the **no-offload peak** (`memgraph.no_offload_peak`, the streaming minimum: what
+  `"100%streaming"` budgets mean): the
   arena when no activation leaves the device. Weights start on the host and are read
   once in prefill, so there they are loaded just in time and dropped after use: it is
   already close to the streaming footprint, and a plan needs *more* to prefetch weights
   early enough to hide their transfers;
 * the **resident peak**: every weight resident plus the activation peak, the memory of
   inference without any offloading – HyperOffload's baseline. "cut" is one minus the
-  budget over it.
+  budget over it. (Computed here from the weights' bytes and the streaming run's
+  activation peak, the figures the README reports; `memgraph.resident_peak`, what
+  `"100%"` budgets mean, measures the same idea with a plan, fragmentation included.)
 
 The unlimited-budget time is that of a plan whose arena holds every tensor at once
 (every weight still crosses PCIe once: it starts on the host). "compute / weights" is

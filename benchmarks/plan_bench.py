@@ -324,10 +324,10 @@ def _scaling_line(row: dict) -> str:
 
 
 def partitioned_llama(seq: int, batch: int = 2) -> tuple[TaskGraph, int]:
-    """LLaMA-tiny prefill (float32) partitioned at 64 KiB blocks, and 30% of its peak:
+    """LLaMA-tiny prefill (float32) partitioned at 64 KiB blocks, and 30% of its streaming minimum:
     the graphs whose verification the issue measured (11k nodes at seq 256)."""
     tg = llama.prefill_program(llama.PRESETS["tiny"], batch, seq, "float32").build()
-    compiled = ep.compile(tg, "30%", partition="64KiB", verify=False)
+    compiled = ep.compile(tg, "30%streaming", partition="64KiB", verify=False)
     return compiled.graph, compiled.plan.budget
 
 

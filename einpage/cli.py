@@ -4,15 +4,17 @@
     einpage plan mlp --budget 50% -o plan.json    plan for a device of that many bytes
     einpage stats plan.json                       what the plan does, simulated and verified
     einpage run plan.json --check                 execute it; compare with the reference
-    einpage render plan.json -o plan.svg --collapse
+    einpage render plan.json -o plan.svg --collapse   (layers folded; --scope layers.3)
     einpage demo                                  all of the above on the demo MLP
     einpage presets                               the programs known by name
 
 A PROGRAM is a preset name, a TaskGraph JSON file or a Python file (executed: see
 `einpage.presets`). A budget is bytes (`1073741824`), a size (`8GiB`, `512MiB`,
-`1.5GB`) or a percentage of the program's no-offload peak (`50%`, see
-`memgraph.no_offload_peak`). Plans are JSON files (`MemGraph.to_json`), validated on
-load.
+`1.5GB`) or a percentage of one of the program's reference points (`einpage show` and
+`einpage plan` print them; see `memgraph.budgets`): of its resident peak (`50%`, or
+`50%resident`: all weights stay on the device, so `100%` moves nothing) or of its
+streaming minimum (`150%streaming`: weights loaded just in time, nothing written back).
+Plans are JSON files (`MemGraph.to_json`), validated on load.
 
 Exit codes (`EXIT_*`): 0 success; 1 a check failed (`run --check` found outputs that
 differ from the reference evaluator, or a plan fails `memgraph.verify`); 2 bad input
@@ -21,8 +23,9 @@ that does not build, inputs that do not fit); 3 the budget is infeasible; 4 this
 machine lacks something (Graphviz's `dot`, CuPy or a GPU); 130 interrupted. Errors
 print one line (and a hint) on stderr, never a traceback for an `EinpageError`.
 
-Progress bars (one step per stage: the planner and the runtime have no finer hook)
-go to stderr when both stdout and stderr are terminals, unless `--quiet`.
+Progress bars (a step per stage, and how far the planner and the verifier are within
+theirs: `einpage.compile(progress=)`) go to stderr when both stdout and stderr are
+terminals, unless `--quiet`.
 
 This module parses arguments and prints; what it runs lives in the library:
 `einpage.pipeline` (`einpage.compile`: partition, plan, verify), `einpage.checks`
@@ -84,8 +87,9 @@ from einpage_core.errors import (
     InputError,
     VerificationError,
 )
+from einpage_core.progress import ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes
-from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph
+from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError, partition
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -153,13 +157,17 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
-    with console.stages(3 + pictures):
+    with console.stages(4 + pictures):
         with console.stage("building the program"):
             tg = _program(args)
         with console.stage("compiling"):
-            compiled = _compile(tg, args, partition_arg)
+            compiled = _compile(tg, args, partition_arg, console)
         mg = compiled.plan
         console.print(format_table(compiled.rows(), plan_title(mg)))
+        console.print()
+        with console.stage("measuring the reference points"):
+            refs = budget_references(tg, PlanOptions(order=args.order, eviction=args.eviction))
+        console.print(format_table(refs.rows(), "budget reference points"))
         console.print()
         with console.stage("simulating"):
             console.print(plan_report(mg, args.cost_model))
@@ -173,7 +181,9 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
-def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) -> Compiled:
+def _compile(
+    tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int, console: Console
+) -> Compiled:
     """`einpage.compile` with the command's options; `--partition auto` stops at
     `MAX_AUTO_BLOCKS` blocks."""
     try:
@@ -185,6 +195,7 @@ def _compile(tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int) 
             eviction=args.eviction,
             cost_model=args.cost_model,
             max_blocks=MAX_AUTO_BLOCKS,
+            progress=console.report,
         )
     except TooManyBlocksError as err:
         raise err.spelled("--partition auto", "--partition SIZE") from None
@@ -253,7 +264,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.stage("running"),
             runtime.Session(mg, args.backend, mode=args.mode) as session,
         ):
-            outputs = session.run(arrays, trace=bool(args.trace))
+            ran = ProgressReport(console.report, {"running": 1.0}).stage("running", len(mg))
+            outputs = session.run(arrays, trace=bool(args.trace), progress=ran)
             last = session.last
             if args.trace:
                 with atomic_output(args.trace) as temporary:
@@ -314,8 +326,10 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
         options: dict[str, Any] = {"max_nodes": max_nodes(args.max_nodes), "scope": args.scope}
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse
-        elif args.collapse:
-            raise InputError(f"--collapse applies to plans; {args.file} is a TaskGraph")
+            options["fold_layers"] = False if args.unfold else None
+        elif args.collapse or args.unfold:
+            flag = "--collapse" if args.collapse else "--unfold"
+            raise InputError(f"{flag} applies to plans; {args.file} is a TaskGraph")
         with console.stage("drawing"):
             path = graph.render(args.output, **options)
     wrote(console, "picture", path)
@@ -341,7 +355,9 @@ PROGRAM_HELP = (
     "Python file is executed like `python FILE` (with __name__ == '__einpage__')"
 )
 BUDGET_HELP = (
-    "device memory: bytes, a size (8GiB, 512MiB) or a percentage of the no-offload peak (50%%)"
+    "device memory: bytes, a size (8GiB, 512MiB), or a percentage of the resident peak "
+    "(50%%: all weights stay, 100%% moves nothing) or of the streaming minimum "
+    "(150%%streaming: weights loaded just in time)"
 )
 
 
@@ -527,6 +543,11 @@ def _add_render(commands: Any, common: argparse.ArgumentParser) -> None:
     render.add_argument(
         "--collapse", action="store_true", help="fold allocs and frees into their users (plans)"
     )
+    render.add_argument(
+        "--unfold",
+        action="store_true",
+        help="draw every node of a whole layered plan (by default each layer is one box)",
+    )
     render.set_defaults(handler=_cmd_render)
 
 
@@ -589,7 +610,8 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     if isinstance(err, BudgetFormatError):
         return (
             "sizes look like 8GiB, 512MiB, 1.5GB or 1073741824 (bytes); budgets may also "
-            "be a percentage of the no-offload peak, like 50%"
+            "be a percentage of the resident peak (50%) or of the streaming minimum "
+            "(150%streaming)"
         )
     if isinstance(err, VerificationError):
         return "the plan breaks an invariant of memgraph.verify; was the file edited?"

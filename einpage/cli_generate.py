@@ -61,7 +61,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("model", nargs="?", metavar="MODEL", help="a model preset (llama:7b, ...)")
     gen.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained folder instead")
-    gen.add_argument("--budget", "-b", required=True, help="device memory: 8GiB, 512MiB, 50%%")
+    gen.add_argument(
+        "--budget",
+        "-b",
+        required=True,
+        help="device memory: 8GiB, 512MiB, 50%% (of the resident peak: 100%% moves nothing), "
+        "150%%streaming (of the streaming minimum)",
+    )
     gen.add_argument("--batch", type=_positive_int, help="sequences (default 1)")
     gen.add_argument("--prompt-len", type=_positive_int, help="random prompt ids of this length")
     gen.add_argument("--new-tokens", type=_positive_int, default=16, help="tokens to generate")

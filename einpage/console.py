@@ -16,6 +16,7 @@ from typing import Any
 
 import memgraph
 from einpage.pipeline import bytes_by_dtype
+from einpage_core.progress import Progress
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
 from taskgraph import TaskGraph
@@ -28,7 +29,8 @@ class Console:
     """Where the CLI writes: results to stdout (unless quiet), per-stage progress to stderr.
 
     `stage(name)` is a context manager; with progress on, a tqdm bar on stderr names the
-    running stage and counts finished ones (the planner and runtime have no finer hook).
+    running stage and counts finished ones; `report` is an `einpage.compile(progress=)`
+    callback that shows how far the stage's own work is (planning 45%).
     """
 
     def __init__(self, quiet: bool = False, progress: bool | None = None, out=None, err=None):
@@ -64,7 +66,7 @@ class Console:
                 total=total,
                 file=self.err,
                 leave=False,
-                bar_format="{desc:<24} {bar:20} {n_fmt}/{total_fmt} stages [{elapsed}]",
+                bar_format="{desc:<24} {bar:20} {n_fmt}/{total_fmt} stages [{elapsed}] {postfix}",
             )
         try:
             yield
@@ -85,6 +87,11 @@ class Console:
             self.timings[name] = time.perf_counter() - started
             if self._bar is not None:
                 self._bar.update(1)
+
+    def report(self, event: Progress) -> None:
+        """Show a library `Progress` event beside the running stage (nothing without a bar)."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(f"{event.stage} {event.fraction:.0%}", refresh=True)
 
     def _clear_bar(self) -> None:
         if self._bar is not None:
@@ -124,15 +131,12 @@ def format_table(rows: Sequence[tuple[str, str]], title: str | None = None) -> s
 
 
 def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
-    """Sizes of a TaskGraph and its memory needs, as table rows."""
+    """Sizes of a TaskGraph and its memory needs (its budget reference points), as rows."""
 
     weights = sum(t.nbytes for t in tg if isinstance(t.op, Input) and t.op.location == "host")
-    needed, task = memgraph.min_budget(tg)
-    at = (
-        f" (task %{task}{', ' + tg[task].scope if tg[task].scope else ''})"
-        if task is not None
-        else ""
-    )
+    refs = memgraph.budget_references(tg)
+    task = refs.min_task
+    at = "" if task is None else f" (task %{task}{', ' + tg[task].scope if tg[task].scope else ''})"
     return [
         (
             "tasks",
@@ -141,8 +145,8 @@ def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
         ("dtypes", dtype_summary(tg)),
         ("compute", format_count(tg.total_flops, "FLOP")),
         ("inputs", f"{format_bytes(tg.input_bytes)} ({format_bytes(weights)} start on the host)"),
-        ("no-offload peak", format_bytes(memgraph.no_offload_peak(tg))),
-        ("smallest budget", f"{format_bytes(needed)}{at}, without partitioning"),
+        *refs.rows()[:2],  # the resident peak and the streaming minimum
+        ("smallest budget", f"{format_bytes(refs.min_budget)}{at}, without partitioning"),
     ]
 
 

@@ -29,9 +29,7 @@ __all__ = ["run_demo", "mlp_program", "random_inputs", "PICTURE_MAX_NODES"]
 
 PICTURE_MAX_NODES = 120
 """Nodes drawn in the demo's plan picture (after folding allocs and frees)."""
-PICTURE_NOTE = (
-    f"allocs and frees folded; the first {PICTURE_MAX_NODES} nodes, a note lists the rest"
-)
+PICTURE_NOTE = "allocs and frees folded, each layer one box (open one: --scope layers.0)"
 LAYER_NOTE = "the nodes of the first residual block, allocs and frees folded"
 
 
@@ -56,7 +54,7 @@ def run_demo(
         say()
         say(format_table(rows, f"program {tg.name!r}"))
         with console.stage("compiling"):
-            compiled = compile(tg, budget)
+            compiled = compile(tg, budget, progress=console.report)
         say()
         say(format_table(_plan_rows(compiled), "plan"))
         comparisons = _run_and_check(compiled, backend, seed, console)

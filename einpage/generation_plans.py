@@ -652,9 +652,9 @@ def plan_generation(
     """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
     or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
     `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
-    eviction, ...). A budget percentage is read against the largest program's no-offload
-    peak. Raises `GenerationBudgetError` (naming the step and the task) when the budget
-    is too small."""
+    eviction, ...). A budget percentage is read against the largest program's reference
+    point (resident peak, or streaming minimum with `"%streaming"`). Raises
+    `GenerationBudgetError` (naming the step and the task) when the budget is too small."""
     if way not in WAYS:
         raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
     if way == "unrolled":
@@ -686,11 +686,13 @@ def plan_generation(
 
 def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[str, Any]) -> Any:
     """The budget every step plan shares: bytes as given, a percentage read against the
-    largest no-offload peak of the programs."""
+    largest reference point (resident peak, or streaming minimum) of the programs."""
     if not (isinstance(budget, str) and "%" in budget):
         return budget
     plan_options = {
-        k: v for k, v in options.items() if k not in ("partition", "verify", "max_blocks")
+        k: v
+        for k, v in options.items()
+        if k not in ("partition", "verify", "max_blocks", "progress")
     }
     opts = memgraph.PlanOptions(**plan_options)
     return max(read_budget(p.build(), budget, opts).nbytes for p in programs.values())

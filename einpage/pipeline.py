@@ -52,6 +52,7 @@ from typing import Any
 import memgraph
 from einpage.program import Program
 from einpage_core.errors import InfeasibleBudgetError, InputError, PlanError
+from einpage_core.progress import ProgressCallback, ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
 from memgraph.budgets import BudgetReading, infeasible_message, min_budget, read_budget
@@ -85,6 +86,9 @@ __all__ = [
 
 PARTITION_MODES = ("auto", "off")
 """`compile(..., partition=)` besides a block limit: split only what does not fit, or never."""
+
+STAGE_SHARES = {"reading the budget": 1, "partitioning": 1, "planning": 6, "verifying": 2}
+"""The stages of `compile` in order, and the share of a progress bar each takes."""
 
 MAX_AUTO_BLOCKS = 100_000
 """`einpage.compile` (and so the CLI) refuses budgets whose automatic partition would
@@ -325,13 +329,15 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     partition: bool | int | str | None = "auto",
     verify: bool = True,
     max_blocks: int | None = MAX_AUTO_BLOCKS,
+    progress: ProgressCallback | None = None,
     **options: Any,
 ) -> Compiled:
     """Partition `source` when needed, plan it within `budget`, verify; a `Compiled`.
 
     `source` is a `Program` (built first) or a TaskGraph. `budget` is bytes, a size
-    string (`"8GiB"`) or a percentage of the program's no-offload peak (`"50%"`,
-    `memgraph.no_offload_peak`). `partition` is "auto", "off" or a block limit (see the
+    string (`"8GiB"`) or a percentage of the program's resident peak (`"50%"`; at
+    `"100%"` nothing moves) or of its streaming minimum (`"150%streaming"`; see
+    `memgraph.budgets`). `partition` is "auto", "off" or a block limit (see the
     module docstring); `max_blocks` (default `MAX_AUTO_BLOCKS`; None: no cap) refuses
     automatic partitioning into more tasks than that – counted from the partition's
     arithmetic before any block is made (`taskgraph.partition.estimate_tasks`), and
@@ -339,6 +345,9 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     names the smallest budget under the cap. `verify` runs `memgraph.verify` on the
     plan (raising `VerificationError` if it fails). Other keywords are the planner's
     options (`memgraph.plan`: order, eviction, lookahead, cost_model, alignment, ...).
+    `progress`, if given, is called with `einpage_core.progress.Progress` events: the
+    stage running (as in `timings`), its items done (the planner's steps, the verifier's
+    nodes) and the fraction of the whole call, never decreasing, 1.0 at the end.
 
     The MemGraph's `info` records the choice too: "partition", "block_limit" (None when
     not partitioned), "original_tasks", and when partitioned "original_min_budget" and
@@ -348,20 +357,25 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     tg = _taskgraph(source)
     opts = PlanOptions(**options)
     mode = partition_mode(partition)
+    report = ProgressReport(progress, STAGE_SHARES)
     timings: dict[str, float] = {}
     with _timed(timings, "reading the budget"):
+        report.stage("reading the budget", 1)
         reading = read_budget(tg, budget, opts)
         needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
     with _timed(timings, "partitioning"):
+        report.stage("partitioning", 1)
         graph, chosen = _choose_graph(tg, reading, needed, task_id, mode, opts, max_blocks)
     with _timed(timings, "planning"):
-        mg = memgraph.plan(graph, reading, **options)
+        tick = report.stage("planning", len(graph))
+        mg = memgraph.plan(graph, reading, progress=tick, **options)
     mg = replace(mg, info={**mg.info, **_info(tg, chosen)})
-    report = None
+    verified = None
     if verify:
         with _timed(timings, "verifying"):
-            report = memgraph.verify(mg)
-    return Compiled(tg, graph, mg, reading, chosen, report, MappingProxyType(timings))
+            verified = memgraph.verify(mg, report.stage("verifying", len(mg)))
+    report.finish()
+    return Compiled(tg, graph, mg, reading, chosen, verified, MappingProxyType(timings))
 
 
 def bytes_by_dtype(tg: TaskGraph) -> dict[str, int]:

@@ -17,10 +17,10 @@ Where things live:
   (JSON), `residency` (what is resident where, from which node to which: the one
   analysis behind stats, plots and the verifier's budget check);
 * the planner – `planner` (the pass), `horizon` (its loop: execution and allocation
-  horizons), `budgets` (reading budgets, `min_budget`, `no_offload_peak`), `steps`,
-  `residents` (victim bookkeeping), `host_assembly` (outputs assembled on the host),
-  `options`, `allocator` (best fit), `eviction` and `orders` (registries of policies
-  and orders);
+  horizons), `budgets` (reading budgets; `resident_peak`, `streaming_minimum`,
+  `min_budget`), `steps`, `residents` (victim bookkeeping), `host_assembly`
+  (outputs assembled on the host), `options`, `allocator` (best fit), `eviction` and
+  `orders` (registries of policies and orders);
 * judging plans – `verify` (with `happens_before`, `verify_ranges`), `cost` and
   `simulate`, `baselines`, `bounds`, `optimal/` (the exact optimum and its LP bound);
 * pictures – `render`, `plots`, `trace`, `snapshot` (PyTorch memory snapshots).
@@ -29,7 +29,7 @@ Where things live:
 from memgraph.allocator import Allocator
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import TransferBounds, transfer_lower_bounds
-from memgraph.budgets import BudgetReading, read_budget
+from memgraph.budgets import BudgetReading, BudgetReferences, budget_references, read_budget
 from memgraph.cost import PRESETS as COST_MODELS
 from memgraph.cost import CostModel, get_cost_model, register_cost_model
 from memgraph.eviction import POLICIES, EvictionContext, Rank, register_policy
@@ -42,8 +42,10 @@ from memgraph.planner import (
     min_budget,
     no_offload_peak,
     plan,
+    resident_peak,
     resolve_budget,
     sliced_reloads,
+    streaming_minimum,
 )
 from memgraph.render import render_memgraph
 from memgraph.residency import Residencies, Residency
@@ -68,6 +70,10 @@ __all__ = [
     "PlanOptions",
     "min_budget",
     "no_offload_peak",
+    "resident_peak",
+    "streaming_minimum",
+    "budget_references",
+    "BudgetReferences",
     "resolve_budget",
     "read_budget",
     "BudgetReading",

@@ -1,22 +1,36 @@
-"""Budgets: how a budget is read, and the smallest arenas a TaskGraph can be planned in.
+"""Budgets: how a budget is read, and the reference points a TaskGraph's budgets are read against.
 
-A budget is bytes (an int), a size string (`"8GiB"`) or a percentage (`"50%"`) of the
-graph's **no-offload peak** (`no_offload_peak`: the arena the planner needs when nothing
-may leave the device; 100% moves nothing). `read_budget` reads one into a
-`BudgetReading` (what was given, the bytes, and the reference point of a percentage);
-this is the one place percentages are parsed.
+A budget is bytes (an int), a size string (`"8GiB"`) or a percentage of a reference
+point, named after the `%` or not (then the resident peak):
 
-`min_budget` is the smallest budget any plan of the graph needs (the largest single
-task's working set); below it `memgraph.plan` refuses with an `InfeasibleBudgetError`
-naming the task, and the way out: partitioning (`einpage.compile` does it when needed,
-or `taskgraph.partition_for_budget`).
+* the **resident peak** (`"50%"`, `"50%resident"`; `resident_peak`): the arena of a plan
+  in which everything that ever reaches the device stays there while it is needed, and
+  every tensor loaded from host storage (the weights) stays until the end, nothing
+  prepared early – all the weights plus the activation peak, what "the program needs".
+  At 100% nothing moves: no offload, no drop of anything needed again, each weight
+  loaded once (`memgraph.plan` takes a resident run's plan when its own run would move
+  something there).
+* the **streaming minimum** (`"150%streaming"`; `streaming_minimum`, formerly the
+  "no-offload peak"): the arena when weights are loaded just in time and dropped after
+  use, and nothing is ever written back – for an LLM, about one layer's weights and
+  activations.
+* `min_budget`: the smallest budget any plan needs (the largest single task's working
+  set); below it `memgraph.plan` refuses with an `InfeasibleBudgetError` naming the
+  task, and the way out: partitioning (`einpage.compile` does it when needed, or
+  `taskgraph.partition_for_budget`).
+
+`read_budget` reads a budget into a `BudgetReading` (what was given, the bytes, and the
+reference point of a percentage); this is the one place percentages are parsed.
+`budget_references` computes all three points for tables (`einpage show`, `plan`).
+A percentage is read against the larger reference point of the program and memory
+orders (and the plan's own order: `reference_point`), so `--order` does not change it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from einpage_core.errors import InfeasibleBudgetError, PlanError
 from einpage_core.units import BudgetFormatError, format_bytes, parse_bytes
@@ -29,22 +43,45 @@ from taskgraph.graph import TaskGraph
 
 __all__ = [
     "PERCENT",
+    "RESIDENT_PEAK",
+    "STREAMING_MINIMUM",
     "NO_OFFLOAD_PEAK",
+    "REFERENCES",
     "BudgetReading",
+    "BudgetReferences",
     "read_budget",
     "resolve_budget",
     "min_budget",
+    "resident_peak",
+    "resident_run",
+    "streaming_minimum",
     "no_offload_peak",
+    "budget_references",
+    "reference_point",
+    "REFERENCE_ORDERS",
     "check_budget",
     "infeasible_error",
     "infeasible_message",
 ]
 
-PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
-"""A percentage budget: `"50%"`, `"12.5 %"`."""
+PERCENT = re.compile(r"^\s*(-?[0-9]*\.?[0-9]+)\s*%\s*([A-Za-z_-]*)\s*$")
+"""A percentage budget: `"50%"`, `"12.5 %"`, `"50%resident"`, `"150% streaming"`."""
 
-NO_OFFLOAD_PEAK = "no-offload peak"
-"""The reference point of percentage budgets (`no_offload_peak`)."""
+RESIDENT_PEAK = "resident peak"
+"""The reference point of `"50%"` and `"50%resident"` (`resident_peak`)."""
+
+STREAMING_MINIMUM = "streaming minimum"
+"""The reference point of `"50%streaming"` (`streaming_minimum`)."""
+
+NO_OFFLOAD_PEAK = STREAMING_MINIMUM
+"""The streaming minimum's former name (percentages meant it before the resident peak)."""
+
+REFERENCES = {"resident": RESIDENT_PEAK, "streaming": STREAMING_MINIMUM}
+"""The words a percentage may name after its `%` (none: "resident")."""
+
+REFERENCE_ORDERS = ("program", "memory")
+"""A reference point is the larger of these orders' (and the plan's own order's), so that
+choosing an order (`--order memory`) does not change what a percentage means."""
 
 WAY_OUT = (
     "Partition the graph so that its tasks fit: einpage.compile(program, budget) does it "
@@ -58,8 +95,8 @@ class BudgetReading:
     """How a budget was read: `request` as given, `nbytes` the bytes it means; for a
     percentage, `percent` of the `reference` point, whose value is `reference_bytes`.
 
-    >>> str(BudgetReading("50%", 4096, 50.0, NO_OFFLOAD_PEAK, 8192))
-    '50% of the no-offload peak 8.0 KiB = 4.0 KiB'
+    >>> str(BudgetReading("50%", 4096, 50.0, RESIDENT_PEAK, 8192))
+    '50% of the resident peak 8.0 KiB = 4.0 KiB'
     >>> str(BudgetReading("8KiB", 8192))
     '8.0 KiB'
     """
@@ -87,8 +124,9 @@ class BudgetReading:
 def read_budget(
     tg: TaskGraph, budget: int | str, options: PlanOptions | None = None
 ) -> BudgetReading:
-    """Read `budget` (bytes, a size string, or a percentage of `tg`'s `no_offload_peak`
-    under `options`); raises `BudgetFormatError` for a malformed one.
+    """Read `budget` (bytes, a size string, or a percentage of `tg`'s resident peak or,
+    as `"50%streaming"`, its streaming minimum, under `options`); raises
+    `BudgetFormatError` for a malformed one.
 
     >>> import einpage as ep
     >>> prog = ep.Program(); x = prog.input("x", (1024,)); prog.output(ep.exp(x), "y")
@@ -100,18 +138,39 @@ def read_budget(
     match = PERCENT.match(budget) if isinstance(budget, str) else None
     if match is None:
         if isinstance(budget, str) and "%" in budget:
-            raise BudgetFormatError(f"cannot parse budget {budget!r}: expected e.g. '50%'")
+            raise BudgetFormatError(
+                f"cannot parse budget {budget!r}: expected e.g. '50%' (of the resident peak) "
+                "or '150%streaming' (of the streaming minimum)"
+            )
         return BudgetReading(budget, parse_bytes(budget))
-    percent = float(match.group(1))
+    percent, word = float(match.group(1)), match.group(2).lower() or "resident"
     if percent < 0:  # "0%" is zero bytes: refused as any budget below the minimum is
         raise BudgetFormatError(f"budget {budget!r} must not be a negative percentage")
-    opts = options or PlanOptions()
-    peak = no_offload_peak(tg, opts.order, opts.alignment, opts.outputs, opts.inputs)
-    return BudgetReading(budget, int(peak * percent / 100), percent, NO_OFFLOAD_PEAK, peak)
+    if word not in REFERENCES:
+        raise BudgetFormatError(
+            f"budget {budget!r} names no reference point {word!r}: a percentage is of the "
+            f"{RESIDENT_PEAK} ('{match.group(1)}%' or '{match.group(1)}%resident') or of the "
+            f"{STREAMING_MINIMUM} ('{match.group(1)}%streaming')"
+        )
+    peak = reference_point(tg, word, options or PlanOptions())
+    return BudgetReading(budget, int(peak * percent / 100), percent, REFERENCES[word], peak)
+
+
+def reference_point(tg: TaskGraph, word: str, options: PlanOptions) -> int:
+    """The resident peak (`word` "resident") or streaming minimum ("streaming") a
+    percentage is read against: the larger over `REFERENCE_ORDERS` and `options.order`."""
+    peaks = []
+    for order in dict.fromkeys([*REFERENCE_ORDERS, options.order]):
+        opts = replace(options, order=order)
+        if word == "resident":
+            peaks.append(resident_peak(tg, opts))
+        else:
+            peaks.append(streaming_minimum(tg, order, opts.alignment, opts.outputs, opts.inputs))
+    return max(peaks)
 
 
 def resolve_budget(tg: TaskGraph, budget: int | str, options: PlanOptions | None = None) -> int:
-    """`budget` in bytes: an int, a size string, or a percentage of `no_offload_peak`.
+    """`budget` in bytes: an int, a size string, or a percentage (see `read_budget`).
 
     Raises `BudgetFormatError` for a malformed budget and `InfeasibleBudgetError` when
     it is below `min_budget`.
@@ -167,20 +226,21 @@ def min_budget(
     return best, best_task
 
 
-def no_offload_peak(
+def streaming_minimum(
     tg: TaskGraph,
     order: str | Sequence[int] = "program",
     alignment: int = DEFAULT_ALIGNMENT,
     outputs: str = "device",
     inputs: str = "auto",
 ) -> int:
-    """The smallest arena the planner needs when nothing may leave the device.
+    """The smallest arena the planner needs when nothing may be written back to the host
+    and weights are loaded just in time (`no_offload_peak` is its former name).
 
     It plans with an arena large enough for every tensor at once and without any
     prefetching (`lookahead=0`: each reload just before its step, so nothing is held
-    early), and returns the arena high-water mark. Percentage budgets ("50%") are
-    relative to it. At that budget a plan with prefetching may still evict a little,
-    as prefetching holds memory earlier and the layout differs.
+    early), and returns the arena high-water mark (`"50%streaming"` budgets are relative
+    to it). At that budget a plan with prefetching may still evict a little, as
+    prefetching holds memory earlier and the layout differs.
     """
     opts = PlanOptions(  # in an arena this large, "room" placement is plain best fit
         order=order,
@@ -190,12 +250,82 @@ def no_offload_peak(
         lookahead=0,
         placement="best_fit",
     )
-    everything = sum(_round_up(t.nbytes, alignment) for t in tg) + alignment
-    planner = HorizonPlanner(tg, everything, opts)
+    planner = HorizonPlanner(tg, _everything(tg, alignment), opts)
     planner.run()
     if planner.counts.evictions:  # pragma: no cover - the arena holds every tensor at once
-        raise PlanError("no_offload_peak: the unbounded arena had to evict")
+        raise PlanError("streaming_minimum: the unbounded arena had to evict")
     return max(planner.high_water, alignment)
+
+
+no_offload_peak = streaming_minimum
+"""The streaming minimum's former name, kept for code that uses it."""
+
+
+def resident_run(
+    tg: TaskGraph, budget: int, options: PlanOptions, prefetch: bool = False
+) -> HorizonPlanner:
+    """The resident run, done: `tg` planned with `options` in an arena that holds every
+    tensor at once, keeping each tensor loaded from host storage until the end, its
+    MemGraph recording `budget`. Placement is best fit and, unless `prefetch`, nothing is
+    prepared ahead (`lookahead=0`: each tensor allocated at its step). It moves nothing;
+    without `prefetch` its high-water mark is the resident peak."""
+    opts = replace(options, placement="best_fit", lookahead=options.lookahead if prefetch else 0)
+    planner = HorizonPlanner(
+        tg, budget, opts, arena=_everything(tg, opts.alignment), keep_loaded=True
+    )
+    planner.run()
+    if planner.moved():  # pragma: no cover - the arena holds every tensor at once
+        raise PlanError("resident_run: the unbounded arena had to evict")
+    return planner
+
+
+def resident_peak(tg: TaskGraph, options: PlanOptions | None = None) -> int:
+    """The arena a plan needs when everything stays on the device while needed and every
+    weight stays once loaded, nothing prepared early: the high-water mark of
+    `resident_run` under `options`. A budget of at least this moves nothing (see
+    `memgraph.plan`).
+
+    >>> import einpage as ep
+    >>> prog = ep.Program(); x = prog.input("x", (64,)); w = prog.input("w", (64,), role="weight")
+    >>> prog.output(ep.exp(x * w), "y")
+    >>> resident_peak(prog.build())  # w (it stays), x * w and exp(...): 256 B each
+    768
+    """
+    opts = options or PlanOptions()
+    return max(resident_run(tg, opts.alignment, opts).high_water, opts.alignment)
+
+
+@dataclass(frozen=True)
+class BudgetReferences:
+    """A TaskGraph's budget reference points in bytes (see the module docstring), and the
+    task that needs `min_budget` (None: no compute task)."""
+
+    resident_peak: int
+    streaming_minimum: int
+    min_budget: int
+    min_task: int | None
+
+    def rows(self) -> list[tuple[str, str]]:
+        """Table rows: each point, what it means and how to ask for it."""
+        task = "" if self.min_task is None else f", task %{self.min_task}"
+        return [
+            (RESIDENT_PEAK, f"{format_bytes(self.resident_peak)} (all weights stay; = 100%)"),
+            (
+                STREAMING_MINIMUM,
+                f"{format_bytes(self.streaming_minimum)} (weights streamed; = 100%streaming)",
+            ),
+            ("smallest budget", f"{format_bytes(self.min_budget)} (unpartitioned{task})"),
+        ]
+
+
+def budget_references(tg: TaskGraph, options: PlanOptions | None = None) -> BudgetReferences:
+    """The resident peak, streaming minimum (as percentages read them: `reference_point`)
+    and `min_budget` of `tg` under `options`."""
+    opts = options or PlanOptions()
+    needed, task = min_budget(tg, opts.alignment, opts.inputs)
+    return BudgetReferences(
+        reference_point(tg, "resident", opts), reference_point(tg, "streaming", opts), needed, task
+    )
 
 
 def infeasible_message(
@@ -228,6 +358,11 @@ def infeasible_error(
     if task_id is not None:
         text = f"{text}. {WAY_OUT}."
     return InfeasibleBudgetError(text, reading.nbytes, needed, task_id)
+
+
+def _everything(tg: TaskGraph, alignment: int) -> int:
+    """An arena holding every tensor of `tg` at once, plus one alignment unit."""
+    return sum(_round_up(t.nbytes, alignment) for t in tg) + alignment
 
 
 def _round_up(nbytes: int, alignment: int) -> int:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from einpage_core.errors import PlanError
+from einpage_core.progress import Tick, ticks
 from memgraph.allocator import Allocator, Block
 from memgraph.cost import get_cost_model
 from memgraph.eviction import NEVER, choose_window_ranked, get_policy
@@ -53,13 +54,31 @@ class PlanCounters:
 
 
 class HorizonPlanner:
-    """One planning run: the simulated arena, the tensors' state, and the emitted nodes."""
+    """One planning run: the simulated arena, the tensors' state, and the emitted nodes.
 
-    def __init__(self, tg: TaskGraph, budget: int, opts: PlanOptions):
+    `arena` (default: the budget) is the allocator's size, `budget` the MemGraph's: the
+    resident run (`memgraph.budgets.resident_run`) plans in an arena that holds every
+    tensor at once and keeps every tensor loaded from host storage (`keep_loaded`) until
+    the end, then records the budget it was asked for. `progress` is called as
+    `progress(steps done, steps)` about a hundred times during `run`.
+    """
+
+    def __init__(
+        self,
+        tg: TaskGraph,
+        budget: int,
+        opts: PlanOptions,
+        *,
+        arena: int | None = None,
+        keep_loaded: bool = False,
+        progress: Tick | None = None,
+    ):
         self.tg = tg
+        self.progress = progress
         self.opts = opts
+        self.keep_loaded = keep_loaded
         self.cost = get_cost_model(opts.cost_model)
-        self.alloc = Allocator(budget, opts.alignment)
+        self.alloc = Allocator(budget if arena is None else arena, opts.alignment)
         self.builder = MemGraphBuilder(tg, budget, opts.alignment)
         order = opts.order
         ids = check_order(tg, get_order(order)(tg) if isinstance(order, str) else order)
@@ -140,7 +159,10 @@ class HorizonPlanner:
         """Walk every step: advance the allocation horizon, prepare, apply; then the outputs."""
         counts = self.counts
         self.place_inputs()
-        for e in range(len(self.steps)):
+        total, every = len(self.steps), ticks(len(self.steps))
+        for e in range(total):
+            if self.progress is not None and e % every == 0:
+                self.progress(e, total)
             self.now = e
             self.clock = self.seconds_before(e)
             self.drain(until=self.clock)
@@ -151,6 +173,8 @@ class HorizonPlanner:
             counts.max_steps_ahead = max(counts.max_steps_ahead, self.horizon - e - 1)
             self.execute(e)
         self.finish_outputs()
+        if self.progress is not None:
+            self.progress(total, total)
 
     def info(self) -> dict[str, Any]:
         """What `info` records of this run: the counts the nodes cannot tell."""
@@ -181,10 +205,46 @@ class HorizonPlanner:
             tensor.storage = self.new_storage()
             tensor.storage_writer = self.builder.input(op.name, task.id, storage=tensor.storage)
             self.expect_reload(tensor)
+            self.keep(tensor)
             for s in self.slices_of.get(task.id, ()):  # their boxes are in the same storage
                 part = self.tensors[s]
                 part.storage, part.storage_writer = tensor.storage, tensor.storage_writer
                 self.expect_reload(part)
+                self.keep(part)
+
+    def keep(self, tensor: TensorState) -> None:
+        """With `keep_loaded`, a host tensor once loaded stays until the end (a last use
+        past the final step, as device outputs have)."""
+        end = len(self.steps)
+        if self.keep_loaded and tensor.uses and tensor.uses[-1] != end:
+            tensor.uses.append(end)
+
+    def live_bound(self) -> int:
+        """A lower bound on the arena of any run of these steps that moves nothing: the
+        most aligned bytes live at one step (each tensor from the step that makes or first
+        reads it to its last use; device outputs and tensors kept by `keep_loaded` to the
+        end)."""
+        end = len(self.steps)
+        made = {step.task: p for p, step in enumerate(self.steps)}
+        delta = [0] * (end + 2)
+        for tensor in self.tensors.values():
+            uses = [u for u in tensor.uses if u < end]
+            if not uses and tensor.id not in made:
+                continue
+            first = min([made.get(tensor.id, end), *uses])
+            last = end - 1 if tensor.uses and tensor.uses[-1] >= end else max(uses, default=first)
+            delta[first] += tensor.size
+            delta[last + 1] -= tensor.size
+        live = best = 0
+        for change in delta:
+            live += change
+            best = max(best, live)
+        return best
+
+    def moved(self) -> bool:
+        """Whether this run moved anything it was not asked to: an eviction (offload or
+        drop of a tensor needed again) or a device input started on the host for room."""
+        return bool(self.counts.evictions or self.counts.inputs_on_host_for_room)
 
     def advance_horizon(self, e: int) -> None:
         """Prepare steps from the allocation horizon up to the target, without evicting.

@@ -118,10 +118,11 @@ victim search, which activates tensors only until a window forms (see
 in size: a 62k-task transformer-like graph with 4,250 evictions plans in 3-4 s.
 
 Where things live: `memgraph.options` (`PlanOptions`), `memgraph.budgets` (reading a
-budget, `min_budget`, `no_offload_peak`), `memgraph.steps` (storage roots, sliced
-reloads, the steps of an order), `memgraph.horizon` (the walk: `HorizonPlanner`),
-`memgraph.residents` (tensor state, victim bookkeeping), `memgraph.host_assembly`,
-`memgraph.eviction` and `memgraph.orders` (the registries of policies and orders).
+budget; its reference points `resident_peak`, `streaming_minimum`, `min_budget`),
+`memgraph.steps` (storage roots, sliced reloads, the steps of an order),
+`memgraph.horizon` (the walk: `HorizonPlanner`), `memgraph.residents` (tensor state,
+victim bookkeeping), `memgraph.host_assembly`, `memgraph.eviction` and
+`memgraph.orders` (the registries of policies and orders).
 `info` records the options, the budget as asked, `min_budget` and what the walk counts
 that the nodes cannot tell (`memgraph.horizon.PlanCounters`); transfers, drops and the
 high-water mark are `mg.stats`, counted from the nodes.
@@ -153,13 +154,17 @@ from __future__ import annotations
 from typing import Any
 
 from einpage_core.errors import GraphError, PlanError
+from einpage_core.progress import Tick
 from memgraph.budgets import (
     BudgetReading,
     check_budget,
     min_budget,
     no_offload_peak,
     read_budget,
+    resident_peak,
+    resident_run,
     resolve_budget,
+    streaming_minimum,
 )
 from memgraph.graph import MemGraph
 from memgraph.horizon import HorizonPlanner
@@ -172,6 +177,8 @@ __all__ = [
     "plan",
     "min_budget",
     "no_offload_peak",
+    "resident_peak",
+    "streaming_minimum",
     "resolve_budget",
     "storage_roots",
     "sliced_reloads",
@@ -181,11 +188,20 @@ __all__ = [
 ]
 
 
-def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> MemGraph:
+def plan(
+    tg: TaskGraph,
+    budget: int | str | BudgetReading,
+    *,
+    progress: Tick | None = None,
+    **options: Any,
+) -> MemGraph:
     """Plan `tg` to run in a device arena of `budget` bytes; returns the MemGraph.
 
-    `budget`: bytes (int), a size string (`"8GiB"`), a percentage of the no-offload
-    peak (`"50%"`, see `no_offload_peak`), or a `memgraph.budgets.BudgetReading`.
+    `budget`: bytes (int), a size string (`"8GiB"`), a percentage of the resident peak
+    (`"50%"`, `"50%resident"`) or of the streaming minimum (`"150%streaming"`; see
+    `memgraph.budgets`), or a `memgraph.budgets.BudgetReading`. A budget that holds the
+    resident peak moves nothing: when the planner's own run would (its prefetching and
+    placement differ), the resident run's plan is returned (`info["resident_run"]`).
 
     Options (all keyword):
 
@@ -200,9 +216,12 @@ def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> Me
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host";
     * `placement`: "room" (the default) or "best_fit".
 
-    Raises `InfeasibleBudgetError` when the budget is below `min_budget` (its message
-    names the task and the way out: partitioning, see "Partitioning" above),
-    `BudgetFormatError` for a malformed budget, `PlanError` for a bad option.
+    `progress`, if given, is called as `progress(steps done, steps)` about a hundred
+    times while the planner walks (`einpage.compile(..., progress=)` turns it into
+    `Progress` events). Raises `InfeasibleBudgetError` when the budget is below
+    `min_budget` (its message names the task and the way out: partitioning, see
+    "Partitioning" above), `BudgetFormatError` for a malformed budget, `PlanError` for a
+    bad option.
     """
     if not isinstance(tg, TaskGraph):
         raise GraphError(
@@ -218,14 +237,35 @@ def plan(tg: TaskGraph, budget: int | str | BudgetReading, **options: Any) -> Me
     opts = PlanOptions(**options)
     reading = read_budget(tg, budget, opts)
     needed = check_budget(tg, reading, opts)
-    planner = HorizonPlanner(tg, reading.nbytes, opts)
+    planner = HorizonPlanner(tg, reading.nbytes, opts, progress=progress)
     planner.run()
+    resident = _resident_instead(tg, reading.nbytes, opts, planner)
     request = reading.request
     info = {
         "planner": "memgraph.planner",
         **opts.info(),
         "budget_request": request if isinstance(request, int) else str(request),
         "min_budget": needed,
-        **planner.info(),
+        **(resident or planner).info(),
     }
-    return planner.builder.build(info)
+    if resident is not None:
+        info["resident_run"] = True
+    return (resident or planner).builder.build(info)
+
+
+def _resident_instead(
+    tg: TaskGraph, budget: int, opts: PlanOptions, planner: HorizonPlanner
+) -> HorizonPlanner | None:
+    """A resident run, when `planner`'s run moved something although the budget holds the
+    resident peak (what was prepared early crowds the arena), so that such a budget never
+    moves anything: the prefetching resident run if it fits, else the one that prepares
+    nothing early (its high-water mark is the resident peak). None otherwise; resident
+    runs are only made when the budget holds the most bytes live at one step."""
+    usable = budget // opts.alignment * opts.alignment
+    if not planner.moved() or usable < planner.live_bound():
+        return None
+    for prefetch in (True, False):
+        resident = resident_run(tg, budget, opts, prefetch)
+        if resident.high_water <= usable:
+            return resident
+    return None

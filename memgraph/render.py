@@ -13,7 +13,8 @@ by the kinds at its ends (`classify_dep`) and drawn in that class's style:
 * alloc, dotted grey: a writer (or a free) waits for the alloc of its region;
 * order, dotted blue: any other edge a planner added.
 
-Nodes sit in clusters by the scope of their tensor's task. `collapse=True` folds each
+Nodes sit in clusters by the scope of their tensor's task; a picture of a whole layered
+plan folds each layer into one box (`fold_layers`). `collapse=True` folds each
 alloc into the node that first writes its region and each free into the last node it
 waits for, so the picture shows compute and transfers with memory reuse as dashed
 edges between them (those a path of other edges already implies left out).
@@ -24,7 +25,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from einpage_core.dot import (
@@ -132,8 +133,9 @@ MEM_STYLES: dict[str, NodeStyle] = {
     "output": NodeStyle("output", "box", "#fff2ae", "rounded,filled,bold"),
     "reload_kv": NodeStyle("reload of a KV page", "house", "#d4b9da"),
     "offload_kv": NodeStyle("offload of a KV page", "invhouse", "#c994c7"),
+    "layer": NodeStyle("a folded layer (open it with its scope)", "box3d", "#e5f5e0"),
 }
-"""Node styles by kind; inputs are split by where they start."""
+"""Node styles by kind; inputs are split by where they start (and a folded layer)."""
 
 
 def style_kind(node: MemNode, mg: MemGraph | None = None) -> str:
@@ -187,13 +189,54 @@ def _box_text(node: MemNode) -> str:
 
 @dataclass(frozen=True, slots=True)
 class _Folding:
-    """Where collapsed alloc and free nodes went: node id -> the id that stands for it."""
+    """Where collapsed alloc and free nodes went (`into`: node id -> the id that stands
+    for it), and the nodes of folded layers (`layer_of`: node id -> the layer's first
+    node, which is drawn as the layer's box; `layers`: that id -> the layer's name and
+    node ids)."""
 
     into: dict[int, int]
     frees_at: dict[int, list[int]]  # representative -> tensors it frees
+    layer_of: dict[int, int] = field(default_factory=dict)
+    layers: dict[int, tuple[str, list[int]]] = field(default_factory=dict)
 
     def rep(self, node_id: int) -> int:
-        return self.into.get(node_id, node_id)
+        node_id = self.into.get(node_id, node_id)
+        return self.layer_of.get(node_id, node_id)
+
+    @property
+    def hidden(self) -> set[int]:
+        return set(self.into) | set(self.layer_of)
+
+
+def layer_scope(scope: str) -> str | None:
+    """The layer a scope is in – its name up to its first numbered part – or None.
+
+    >>> layer_scope("layers.3.attn"), layer_scope("layers.3"), layer_scope("head")
+    ('layers.3', 'layers.3', None)
+    """
+    parts = scope.split(".")
+    for k, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: k + 1])
+    return None
+
+
+def _fold_layers(mg: MemGraph, folding: _Folding) -> _Folding:
+    """`folding` with each layer (`layer_scope`) folded into one node, its first visible
+    one; unchanged when the plan has fewer than two layers."""
+    members: dict[str, list[int]] = {}
+    for i in range(len(mg)):
+        if i not in folding.into:
+            name = layer_scope(_scope_of(mg, i))
+            if name is not None:
+                members.setdefault(name, []).append(i)
+    if len(members) < 2:
+        return folding
+    layer_of, layers = {}, {}
+    for name, ids in members.items():
+        layers[ids[0]] = (name, ids)
+        layer_of.update((i, ids[0]) for i in ids[1:])
+    return _Folding(folding.into, folding.frees_at, layer_of, layers)
 
 
 def _fold(mg: MemGraph) -> _Folding:
@@ -223,6 +266,7 @@ def memgraph_dot(
     select: Iterable[int] | Callable[[MemNode], bool] | None = None,
     scope: str | None = None,
     collapse: bool = False,
+    fold_layers: bool | None = None,
     prune: bool | None = None,
     max_nodes: int | None = DEFAULT_MAX_NODES,
     clusters: bool | int = True,
@@ -233,7 +277,10 @@ def memgraph_dot(
 
     `select`: node ids (e.g. `range(100, 160)`) or a predicate on a MemNode; `scope`:
     keep nodes whose tensor's task is in this scope (or nested in it). `collapse`:
-    fold alloc and free nodes into the nodes they serve. `prune`: leave out memory,
+    fold alloc and free nodes into the nodes they serve. `fold_layers`: draw each layer
+    (a scope up to its first numbered part, `layers.3`) as one box counting its nodes,
+    with a note on how to open one (`scope="layers.3"`); by default when the whole plan
+    is drawn (no `select`, no `scope`) and it has two layers or more. `prune`: leave out memory,
     alloc and order edges already implied by a path of other drawn edges (the
     picture keeps the same partial order; by default only when collapsing, so an
     uncollapsed picture shows every dependency). Of the selected nodes the
@@ -243,6 +290,8 @@ def memgraph_dot(
     classes drawn. `rankdir`: "TB" or "LR".
     """
     folding = _fold(mg) if collapse else _Folding({}, {})
+    if fold_layers if fold_layers is not None else select is None and scope is None:
+        folding = _fold_layers(mg, folding)
     predicate = (lambda i: select(mg.nodes[i])) if callable(select) else None
     chosen = select_ids(
         len(mg),
@@ -251,7 +300,7 @@ def memgraph_dot(
         lambda i: _scope_of(mg, i),
         max_nodes,
         "node",
-        hidden=set(folding.into),
+        hidden=folding.hidden,
     )
     tg = mg.taskgraph
     graph = DotGraph(
@@ -272,6 +321,8 @@ def memgraph_dot(
     classes_drawn = _add_edges(graph, mg, edges, set(chosen.shown))
     if chosen.omitted:
         _add_note(graph, mg, chosen, max_nodes, folding)
+    if folding.layers:
+        _add_layers_note(graph, folding)
     if legend and kinds_drawn:
         nodes = [(s.legend, s.attrs()) for k, s in MEM_STYLES.items() if k in kinds_drawn]
         edge_samples = [
@@ -294,6 +345,10 @@ def _add_nodes(
     the style kinds drawn."""
     kinds_drawn: set[str] = set()
     for i in shown:
+        if i in folding.layers:
+            _add_layer(graph, mg, i, folding)
+            kinds_drawn.add("layer")
+            continue
         node = mg.nodes[i]
         kind = style_kind(node, mg)
         kinds_drawn.add(kind)
@@ -309,6 +364,40 @@ def _add_nodes(
             **MEM_STYLES[kind].attrs(),
         )
     return kinds_drawn
+
+
+def _add_layer(graph: DotGraph, mg: MemGraph, first: int, folding: _Folding) -> None:
+    """A folded layer's box: its name, its nodes by kind, how to open it."""
+    name, ids = folding.layers[first]
+    counts: dict[str, int] = {}
+    for i in ids:
+        kind = mg.nodes[i].kind.value
+        counts[kind] = counts.get(kind, 0) + 1
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    lines = [
+        Line(name, "title"),
+        Line(clip(f"{len(ids)} nodes: {kinds}")),
+        Line(f"open: scope={name!r} (--scope {name})", "note"),
+    ]
+    scope = name.rsplit(".", 1)[0]
+    graph.add_node(
+        f"n{first}",
+        scope,
+        label=html_label(lines),
+        tooltip=f"layer {name}: nodes n{min(ids)}..n{max(ids)}",
+        **MEM_STYLES["layer"].attrs(),
+    )
+
+
+def _add_layers_note(graph: DotGraph, folding: _Folding) -> None:
+    """The note that says the layers are folded and how to open one or unfold all."""
+    names = [name for name, _ in folding.layers.values()]
+    text = (
+        f"{len(names)} layers folded into one box each ({names[0]} ... {names[-1]}):\n"
+        f"open one with scope={names[0]!r} (CLI: --scope {names[0]}),\n"
+        "or draw every node with fold_layers=False (einpage render --unfold)"
+    )
+    graph.add_node("layers_note", label=text, tooltip=text, **NOTE_ATTRS)
 
 
 def _dep_edges(
@@ -370,8 +459,8 @@ def _prune_implied(edges: dict[tuple[int, int], DepKind]) -> dict[tuple[int, int
     ancestors (a bitset over the nodes' positions in that order).
     """
     ids = sorted({i for edge in edges for i in edge})
-    if len(ids) > PRUNE_LIMIT:
-        return edges
+    if len(ids) > PRUNE_LIMIT or any(src >= dst for src, dst in edges):
+        return edges  # too large, or folded layers (a layer's box has its first node's id)
     position = {node: k for k, node in enumerate(ids)}
     preds: dict[int, list[int]] = {}
     for src, dst in edges:

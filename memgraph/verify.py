@@ -76,6 +76,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from einpage_core.errors import VerificationError
+from einpage_core.progress import Tick, ticks
 from memgraph.graph import MemGraph
 from memgraph.happens_before import waits_for
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
@@ -128,9 +129,10 @@ class _Assembly:
     covered: int = 0  # elements the written boxes hold
 
 
-def verify(mg: MemGraph) -> VerifyReport:
-    """Check every invariant of `mg`; raise `VerificationError` naming the first violation."""
-    return _Verifier(mg).run()
+def verify(mg: MemGraph, progress: Tick | None = None) -> VerifyReport:
+    """Check every invariant of `mg`; raise `VerificationError` naming the first violation.
+    `progress`, if given, is called as `progress(nodes checked, nodes)` now and then."""
+    return _Verifier(mg).run(progress)
 
 
 class _Verifier:
@@ -206,7 +208,7 @@ class _Verifier:
 
     # -- the replay --------------------------------------------------------------
 
-    def run(self) -> VerifyReport:
+    def run(self, progress: Tick | None = None) -> VerifyReport:
         handlers = {
             NodeKind.INPUT: self.on_input,
             NodeKind.ALLOC: self.on_alloc,
@@ -216,8 +218,11 @@ class _Verifier:
             NodeKind.FREE: self.on_free,
             NodeKind.OUTPUT: self.on_output,
         }
+        total, every = len(self.mg.nodes), ticks(len(self.mg.nodes))
         try:
             for position, node in enumerate(self.mg.nodes):
+                if progress is not None and position % every == 0:
+                    progress(position, total)
                 self.node = node
                 self.check_structure(node, position)
                 deps = node.deps
@@ -229,6 +234,8 @@ class _Verifier:
         self.settle()
         self.node = None
         self.check_complete()
+        if progress is not None:
+            progress(total, total)
         return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
 
     def check_structure(self, node: MemNode, position: int) -> None:

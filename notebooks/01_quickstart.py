@@ -73,14 +73,18 @@ print(tg)
 display(tg)
 
 # %% [markdown]
-# How much device memory does it need? Without ever copying an activation out, the
-# planner needs the *no-offload peak*. No plan can use less than the largest working
+# How much device memory does it need? With everything kept on the device while it is
+# needed and every weight kept once loaded, the *resident peak* (a budget of 100%: then
+# nothing moves). Loading weights just in time and never copying an activation out, the
+# *streaming minimum* (100%streaming). No plan can use less than the largest working
 # set of one task (its operands and output resident at once): `min_budget`.
 
 # %%
-peak = memgraph.no_offload_peak(tg)
+resident = memgraph.resident_peak(tg)
+peak = memgraph.streaming_minimum(tg)
 need, task = memgraph.min_budget(tg)
-print(f"no-offload peak: {format_bytes(peak)}")
+print(f"resident peak:     {format_bytes(resident)}")
+print(f"streaming minimum: {format_bytes(peak)}")
 print(f"smallest budget: {format_bytes(need)}, for task %{task}: {tg[task].line()}")
 
 # %% [markdown]
@@ -202,7 +206,7 @@ mg_small.memory_map(figsize=(10, 4.5))
 #
 # ```
 # einpage show prog.py                             # the TaskGraph of a Python file
-# einpage plan prog.py --budget 8MiB -o plan.json  # or --budget 50% of the no-offload peak
+# einpage plan prog.py --budget 8MiB -o plan.json  # or --budget 50% of the resident peak
 # einpage stats plan.json                          # the tables above, and verification
 # einpage run plan.json --check                    # run, compare with the reference
 # einpage render plan.json -o plan.svg --collapse

@@ -15,7 +15,7 @@
 #
 # How much data does a plan move between host and device, and how much time does that
 # cost, as device memory shrinks? This notebook plans one transformer-like program at
-# budgets from its no-offload peak (100%) down to the smallest budget that can run it,
+# budgets from its streaming minimum (100%) down to the smallest budget that can run it,
 # and compares three policies:
 #
 # * **Belady** (einpage's default): evict the tensors whose next use is furthest away;
@@ -80,12 +80,12 @@ def chunked_prefill(layers=4, chunks=4, d=512, ff=2048, chunk=256, dtype="float1
 
 
 tg = chunked_prefill()
-peak = memgraph.no_offload_peak(tg)
+peak = memgraph.streaming_minimum(tg)
 need, task = memgraph.min_budget(tg)
 streaming_needs = streaming_peak(tg)[0]
 print(repr(tg))
 print(f"weights on the host:   {format_bytes(tg.input_bytes)}")
-print(f"no-offload peak:       {format_bytes(peak)}")
+print(f"streaming minimum:       {format_bytes(peak)}")
 print(f"smallest budget:       {format_bytes(need)} ({100 * need / peak:.0f}%), task %{task}")
 print(
     f"layer streaming needs: {format_bytes(streaming_needs)} ({100 * streaming_needs / peak:.0f}%)"
@@ -94,7 +94,7 @@ print(
 # %% [markdown]
 # ## The sweep
 #
-# Twelve budgets, evenly spaced from the no-offload peak down to the smallest budget.
+# Twelve budgets, evenly spaced from the streaming minimum down to the smallest budget.
 # Each plan is verified (`memgraph.verify`) and simulated. A policy that cannot work in
 # a budget is left out there: layer streaming needs room for a whole layer's weights.
 # `memgraph.transfer_lower_bounds` gives the bytes that *any* plan must move at that
@@ -137,7 +137,7 @@ for budget in budgets:
 
 # %% [markdown]
 # Bytes moved and simulated time against the budget (the x axis runs from the
-# no-offload peak, left, down to the smallest budget, right). The dotted line is the
+# streaming minimum, left, down to the smallest budget, right). The dotted line is the
 # compute time alone – what infinitely fast copies would give.
 
 # %%
@@ -161,7 +161,7 @@ moved_ax.plot(
 compute = next(iter(results["Belady"].values()))["sim"].compute_seconds * 1e3
 time_ax.axhline(compute, color="k", linestyle=":", label="compute alone")
 for ax, label in ((moved_ax, "host <-> device traffic (MiB)"), (time_ax, "simulated time (ms)")):
-    ax.set_xlabel("budget (% of the no-offload peak)")
+    ax.set_xlabel("budget (% of the streaming minimum)")
     ax.set_ylabel(label)
     ax.invert_xaxis()
     ax.set_ylim(bottom=0)
@@ -180,7 +180,7 @@ ties = sum(results["Belady"][b]["moved"] == results["LRU"][b]["moved"] for b in 
 print(f"Belady moves less than LRU at {wins} of {len(budgets)} budgets ({ties} ties)")
 common = min(b for b in budgets if all(b in results[name] for name in POLICIES))
 for budget in (common, budgets[-1]):
-    print(f"budget {format_bytes(budget)} ({100 * budget / peak:.0f}% of the no-offload peak):")
+    print(f"budget {format_bytes(budget)} ({100 * budget / peak:.0f}% of the streaming minimum):")
     best = results["Belady"][budget]
     for name in POLICIES:
         r = results[name].get(budget)

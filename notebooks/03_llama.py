@@ -112,8 +112,10 @@ assert relative_error(reference, want) < 1e-4
 #
 # Two sizes frame every budget:
 #
-# * the **no-offload peak**: the arena the planner needs when nothing leaves the
-#   device (weights still start on the host and arrive just in time);
+# * the **streaming minimum** (formerly the no-offload peak): the arena the planner
+#   needs when nothing leaves the device but weights, which start on the host, arrive
+#   just in time and go after use (`"100%streaming"`); keeping every weight once loaded
+#   needs the larger **resident peak** (`"100%"`: then nothing moves at all);
 # * the **min budget**: the largest single step (its operands and output at once).
 #   Below it no plan exists without splitting that step.
 
@@ -121,11 +123,13 @@ assert relative_error(reference, want) < 1e-4
 peak = memgraph.no_offload_peak(tg)
 smallest, step = memgraph.min_budget(tg)
 print(
-    f"no-offload peak {format_bytes(peak)}; min budget {format_bytes(smallest)}, set by {tg[step]}"
+    f"streaming minimum {format_bytes(peak)}; resident peak "
+    f"{format_bytes(memgraph.resident_peak(tg))}; min budget {format_bytes(smallest)}, "
+    f"set by {tg[step]}"
 )
 
 # %%
-budgets = {  # from the no-offload peak down to the min budget, in thirds
+budgets = {  # from the streaming minimum down to the min budget, in thirds
     "peak": peak,
     "2/3": smallest + 2 * (peak - smallest) // 3,
     "1/3": smallest + (peak - smallest) // 3,
@@ -152,7 +156,7 @@ for label, nbytes in budgets.items():
 # budget shrinks, activations are *offloaded* (copied out) and reloaded when needed
 # again, and tensors that already have a valid host copy – a weight fetched early, an
 # activation offloaded before – are *dropped*: freed without a copy, reloaded later.
-# (Even at the no-offload peak the default plan offloads a little: it prefetches
+# (Even at the streaming minimum the default plan offloads a little: it prefetches
 # weights ahead of their steps, and that memory comes from somewhere.)
 #
 # The memory map of the tightest plan: arena offset against plan step, one rectangle
@@ -166,7 +170,7 @@ plans["min"].memory_map(figsize=(11, 5))
 
 # %%
 plans["min"].live_bytes_timeline(
-    label="min budget", compare={"no-offload peak": plans["peak"]}, figsize=(11, 3.5)
+    label="min budget", compare={"streaming minimum": plans["peak"]}, figsize=(11, 3.5)
 )
 
 # %% [markdown]
@@ -236,7 +240,7 @@ assert relative_error(logits, want[:, -1]) < 1e-4
 tg7 = llama.prefill_program(llama.PRESETS["7b"], 1, 2048, "float16").build()
 smallest7, step7 = memgraph.min_budget(tg7)
 print(
-    f"{len(tg7)} tasks; no-offload peak {format_bytes(memgraph.no_offload_peak(tg7))}; "
+    f"{len(tg7)} tasks; streaming minimum {format_bytes(memgraph.streaming_minimum(tg7))}; "
     f"min budget {format_bytes(smallest7)} ({tg7[step7].label} in {tg7[step7].scope})"
 )
 print(

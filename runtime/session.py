@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ from einpage_core.errors import (
     UnsupportedError,
     VerificationError,
 )
+from einpage_core.progress import Tick, ticks
 from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
@@ -396,13 +397,19 @@ class Session:
     # -- running -----------------------------------------------------------------
 
     def run(
-        self, inputs: Mapping[str, Any] | None = None, *, seed: int = 0, trace: bool = False
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        seed: int = 0,
+        trace: bool = False,
+        progress: Tick | None = None,
     ) -> dict[str, np.ndarray]:
         """Run the plan on `inputs` (plus the staged ones); return the outputs on the host.
 
         An input given here that was staged replaces the staged value (for later runs
         too). `seed` orders the random mode; `trace=True` records a timing trace
-        (`self.last.trace`).
+        (`self.last.trace`); `progress` is called as `progress(nodes issued, nodes)`
+        about a hundred times, and `(nodes, nodes)` once every stream is done.
         """
         self._check_open()
         inputs = {} if inputs is None else inputs
@@ -418,7 +425,7 @@ class Session:
             if name in self._staged:
                 self._staged[name] = placed
         self.interpreter.results = self._result_buffers()
-        timing = self._execute(seed, trace)
+        timing = self._execute(seed, trace, progress)
         outputs = self._collect()
         seconds = time.perf_counter() - started
         memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}
@@ -463,7 +470,7 @@ class Session:
                 outputs[name] = results[name]
         return outputs
 
-    def _execute(self, seed: int, tracing: bool) -> Trace | None:
+    def _execute(self, seed: int, tracing: bool, progress: Tick | None = None) -> Trace | None:
         """Issue every node in the mode's order, synchronize, and raise the first failure."""
         timing: list[tuple[MemNode, str, Event, Event]] | None = [] if tracing else None
         origin: Event | None = None
@@ -474,10 +481,11 @@ class Session:
                     self._poison_scratch()
                 if self.poison or tracing:
                     origin = self._barrier()
+                tick = _every(progress, len(self.mg.nodes))
                 if self.schedule.mode == "random":
-                    self._issue_random(seed, timing)
+                    self._issue_random(seed, timing, tick)
                 else:
-                    self._issue_in_order(timing)
+                    self._issue_in_order(timing, tick)
             except BaseException as err:
                 failure = err
             for stream in self.streams.values():  # drain every stream, even after a failure
@@ -490,6 +498,8 @@ class Session:
                 raise _public_error(failure) from (
                     failure.error if isinstance(failure, NodeFailure) else failure
                 )
+        if progress is not None:
+            progress(len(self.mg.nodes), len(self.mg.nodes))
         if timing is None:
             return None
         return self._trace(timing, origin)
@@ -512,13 +522,14 @@ class Session:
             self.streams[name].wait(origin)
         return origin
 
-    def _issue_in_order(self, timing: list | None) -> None:
+    def _issue_in_order(self, timing: list | None, tick: Callable[[int], None]) -> None:
         schedule, streams, issue = self.schedule, self.streams, self.interpreter.issue
         stream_of, waits, recorded = schedule.stream_of, schedule.waits, schedule.recorded
         events: dict[int, Event] = {}
         node = None
         try:
             for node in self.mg.nodes:
+                tick(node.id)
                 name = stream_of[node.id]
                 if name is None:
                     issue(node, None)
@@ -541,12 +552,13 @@ class Session:
         except Exception as err:
             raise NodeFailure(err, node, stream_of[node.id] or "host") from err
 
-    def _issue_random(self, seed: int, timing: list | None) -> None:
+    def _issue_random(self, seed: int, timing: list | None, tick: Callable[[int], None]) -> None:
         streams, issue, stream_of = self.streams, self.interpreter.issue, self.schedule.stream_of
         nodes = self.mg.nodes
         node = None
         try:
-            for node_id in random_order(self.mg, seed):
+            for issued, node_id in enumerate(random_order(self.mg, seed)):
+                tick(issued)
                 node = nodes[node_id]
                 name = stream_of[node_id]
                 if name is None:
@@ -574,6 +586,19 @@ class Session:
         return Trace(
             spans, clock=self.backend.clock, title=title, metadata={"budget": self.mg.budget}
         )
+
+
+def _every(progress: Tick | None, total: int) -> Callable[[int], None]:
+    """`tick(issued)`: calls `progress(issued, total)` every `ticks(total)` nodes."""
+    if progress is None:
+        return lambda issued: None
+    every = ticks(total)
+
+    def tick(issued: int) -> None:
+        if issued % every == 0:
+            progress(issued, total)
+
+    return tick
 
 
 def _public_error(failure: BaseException) -> BaseException:

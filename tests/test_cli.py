@@ -64,7 +64,7 @@ def assert_one_error(err: str, *needles: str) -> None:
 def plan_file(tmp_path, capsys) -> Path:
     """A plan of the tiny LLaMA at 60% of its no-offload peak (it offloads)."""
     path = tmp_path / "plan.json"
-    code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--budget", "60%", "-o", path)
+    code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--budget", "60%streaming", "-o", path)
     assert code == EXIT_OK, err
     return path
 
@@ -160,7 +160,10 @@ def test_show_prints_the_listing_and_memory_needs(capsys):
     tg = load_program("llama:tiny", seq=64)
     assert out.startswith(str(tg).splitlines()[0])
     assert str(tg[5].line()) in out
-    assert f"no-offload peak  {format_bytes(memgraph.no_offload_peak(tg))}" in out
+    resident = format_bytes(memgraph.resident_peak(tg))
+    assert f"resident peak      {resident} (all weights stay; = 100%)" in out
+    streaming = format_bytes(memgraph.streaming_minimum(tg))
+    assert f"streaming minimum  {streaming} (weights streamed; = 100%streaming)" in out
     needed, task = memgraph.min_budget(tg)
     assert f"{format_bytes(needed)} (task %{task}" in out
 
@@ -174,7 +177,7 @@ def test_show_summary_json_and_picture(capsys, tmp_path):
     assert loaded.to_json() == load_program("mlp", batch=256).to_json()
     assert picture.read_text().startswith("digraph")
     # a saved TaskGraph is itself a PROGRAM
-    code, out, _ = cli(capsys, "plan", graph, "--budget", "75%")
+    code, out, _ = cli(capsys, "plan", graph, "--budget", "75%streaming")
     assert code == EXIT_OK
     assert "offloads" in out
 
@@ -191,26 +194,42 @@ def test_show_partitioned(capsys):
 
 def test_plan_prints_stats_simulation_and_writes_a_valid_plan(capsys, tmp_path):
     path = tmp_path / "plan.json"
-    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", path)
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%streaming", "-o", path)
     assert code == EXIT_OK, err
     mg = memgraph.MemGraph.from_json(path.read_text())
     memgraph.verify(mg)
     s = mg.stats
     assert s.offload_count > 0 and s.reload_count > 0
-    expected = ep.compile(load_program("mlp", batch=256), "75%").plan
+    expected = ep.compile(load_program("mlp", batch=256), "75%streaming").plan
     assert mg.to_json() == expected.to_json()  # plans are deterministic
     for label, value in s.rows():
         assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
     sim = memgraph.simulate(mg)
     assert f"makespan              {sim.makespan * 1e3:.3f} ms" in out
-    assert mg.info["budget_request"] == "75%"
+    assert mg.info["budget_request"] == "75%streaming"
     assert f"wrote plan: {path}" in out
+
+
+def test_plan_prints_the_budget_reference_points_and_100_percent_moves_nothing(capsys):
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "100%")
+    assert code == EXIT_OK, err
+    tg = load_program("mlp", batch=256)
+    refs = memgraph.budget_references(tg)
+    assert "budget reference points" in out
+    for label, value in refs.rows():
+        assert re.search(rf"{re.escape(label)}\s+{re.escape(value)}", out), label
+    assert f"100% of the resident peak {format_bytes(refs.resident_peak)}" in out
+    assert re.search(r"offloaded\s+0 B in 0", out) and re.search(r"dropped.*\s+0 B in 0", out)
+    weights = sum(t.nbytes for t in tg if t.op.kind == "input" and t.op.location == "host")
+    assert re.search(rf"reloaded\s+{re.escape(format_bytes(weights))} in", out)  # each once
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%peak")
+    assert code == 2 and "'50%resident'" in err and "'50%streaming'" in err
 
 
 def test_plan_options_reach_the_planner(capsys, tmp_path):
     path = tmp_path / "plan.json"
     argv = ["--order", "memory", "--eviction", "lru", "--cost-model", "cpu"]
-    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "80%", *argv, "-o", path)
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "80%streaming", *argv, "-o", path)
     assert code == EXIT_OK
     info = memgraph.MemGraph.from_json(path.read_text()).info
     assert (info["order"], info["eviction"], info["cost_model"]) == ("memory", "lru", "cpu")
@@ -220,9 +239,9 @@ def test_plan_options_reach_the_planner(capsys, tmp_path):
 def test_plan_partitions_automatically_when_the_budget_needs_it(capsys, tmp_path):
     path = tmp_path / "plan.json"
     tg = load_program("mlp", batch=256)
-    budget = ep.compile(tg, "40%").budget.nbytes
+    budget = ep.compile(tg, "40%streaming").budget.nbytes
     assert budget < memgraph.min_budget(tg)[0]
-    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "40%", "-o", path)
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "40%streaming", "-o", path)
     assert code == EXIT_OK
     mg = memgraph.MemGraph.from_json(path.read_text())
     assert len(mg.taskgraph) > len(tg)
@@ -233,7 +252,7 @@ def test_plan_partitions_automatically_when_the_budget_needs_it(capsys, tmp_path
 def test_plan_with_an_explicit_block_size(capsys, tmp_path):
     path = tmp_path / "plan.json"
     code, _, _ = cli(
-        capsys, "plan", *SMALL_MLP, "--budget", "100%", "--partition", "128KiB", "-o", path
+        capsys, "plan", *SMALL_MLP, "--budget", "100%streaming", "--partition", "128KiB", "-o", path
     )
     assert code == EXIT_OK
     assert memgraph.MemGraph.from_json(path.read_text()).info["block_limit"] == 128 * 1024
@@ -338,7 +357,7 @@ def test_plan_pictures(capsys, tmp_path):
         "plan",
         *SMALL_MLP,
         "--budget",
-        "75%",
+        "75%streaming",
         "--render",
         svg,
         "--memory-map",
@@ -346,11 +365,12 @@ def test_plan_pictures(capsys, tmp_path):
         "--timeline",
         streams,
         "--max-nodes",
-        "30",
+        "3",
     )
     assert code == EXIT_OK
     assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
-    assert "more node(s) not shown" in svg.read_text()
+    text = svg.read_text()
+    assert "more node(s) not shown" in text and "layers folded into one box each" in text
     for path in (png, streams):
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert str(path) in out
@@ -358,14 +378,14 @@ def test_plan_pictures(capsys, tmp_path):
 
 def test_quiet_prints_nothing_but_still_writes(capsys, tmp_path):
     path = tmp_path / "plan.json"
-    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", path, "-q")
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "75%streaming", "-o", path, "-q")
     assert (code, out, err) == (EXIT_OK, "", "")
     assert path.exists()
 
 
 def test_writing_to_a_missing_directory_is_bad_input(capsys, tmp_path):
     code, _, err = cli(
-        capsys, "plan", *SMALL_MLP, "--budget", "75%", "-o", tmp_path / "no" / "plan.json"
+        capsys, "plan", *SMALL_MLP, "--budget", "75%streaming", "-o", tmp_path / "no" / "plan.json"
     )
     assert code == EXIT_BAD_INPUT
     assert_one_error(err, "No such file or directory", "plan.json")
@@ -571,6 +591,22 @@ def test_render_to_dot_text_needs_no_graphviz(capsys, plan_file, tmp_path):
     assert (tmp_path / "plan.dot").read_text().startswith("digraph")
 
 
+def test_render_folds_the_layers_of_a_whole_plan_unless_unfolded(capsys, plan_file, tmp_path):
+    folded, unfolded = tmp_path / "folded.dot", tmp_path / "unfolded.dot"
+    assert cli(capsys, "render", plan_file, "-o", folded, "--max-nodes", "0")[0] == EXIT_OK
+    text = folded.read_text()
+    assert ">layers.0<" in text and ">layers.1<" in text  # each layer one box, titled
+    assert "layers folded into one box each" in text
+    argv = ["render", plan_file, "-o", unfolded, "--max-nodes", "0", "--unfold"]
+    assert cli(capsys, *argv)[0] == EXIT_OK
+    assert "box3d" not in unfolded.read_text() and len(unfolded.read_text()) > len(text)
+    graph = tmp_path / "graph.json"
+    graph.write_text(load_program("llama:tiny", seq=16).to_json())
+    code, _, err = cli(capsys, "render", graph, "-o", tmp_path / "g.dot", "--unfold")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "--unfold applies to plans")
+
+
 def test_render_errors(capsys, plan_file, tmp_path):
     code, _, err = cli(capsys, "render", plan_file, "-o", tmp_path / "plan.gif")
     assert code == EXIT_BAD_INPUT
@@ -627,9 +663,11 @@ def test_demo_plans_offloads_runs_checks_and_draws(capsys, tmp_path):
 
 
 def test_demo_numbers_follow_the_budget(capsys, tmp_path):
-    code, out, _ = cli(capsys, "demo", "--out", tmp_path, "--budget", "80%", "--backend", "numpy")
+    code, out, _ = cli(
+        capsys, "demo", "--out", tmp_path, "--budget", "80%streaming", "--backend", "numpy"
+    )
     assert code == EXIT_OK
-    mg = ep.compile(load_program("mlp"), "80%").plan
+    mg = ep.compile(load_program("mlp"), "80%streaming").plan
     assert "partition" not in out.split("run\n")[0].split("plan\n")[1]  # it fits unsplit
     assert _number(r"offloads\s+(\d+) \(", out) == mg.stats.offload_count
 

@@ -35,7 +35,9 @@ def cli(capsys, *argv):
     ],
 )
 def test_bad_output_paths_are_refused_before_any_work(capsys, tmp_path, option, name, needle):
-    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%", option, tmp_path / name)
+    code, out, err = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", option, tmp_path / name
+    )
     assert code == EXIT_BAD_INPUT and needle in err and option in err
     assert out == ""  # nothing was planned or printed
     assert list(tmp_path.iterdir()) == []
@@ -50,7 +52,7 @@ def test_a_failing_picture_leaves_the_others_and_says_which(capsys, tmp_path, mo
 
     monkeypatch.setattr(memgraph.graph.MemGraph, "memory_map", broken)
     plan, picture, timeline = tmp_path / "p.json", tmp_path / "map.png", tmp_path / "t.png"
-    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%", "-o", plan,
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", "-o", plan,
                          "--memory-map", picture, "--timeline", timeline)  # fmt: skip
     assert code == EXIT_BAD_INPUT
     assert "--memory-map" in err and "the memory map broke" in err
@@ -169,7 +171,7 @@ def test_documents_are_told_apart_by_their_parsed_top_level(tmp_path):
 def test_run_reports_the_time_of_each_stage(capsys, tmp_path):
     """Not one 'time' for a command that mostly loads, prepares and checks."""
     plan = tmp_path / "p.json"
-    assert cli(capsys, "plan", *SMALL_MLP, "--budget", "50%", "-o", plan)[0] == 0
+    assert cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", "-o", plan)[0] == 0
     code, out, _ = cli(capsys, "run", plan, "--check", "--backend", "numpy")
     assert code == 0
     line = next(row for row in out.splitlines() if row.strip().startswith("time"))
@@ -216,7 +218,7 @@ def test_tables_say_the_dtype(capsys):
     """The presets default to float32 while README figures are float16: every table says."""
     code, out, _ = cli(capsys, "show", "mlp", "--summary", "--dtype", "float16")
     assert code == 0 and "dtypes" in out and "float16 (" in out
-    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%")
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming")
     assert code == 0 and re_search(r"program\s+'mlp': .* float32", out)
 
 

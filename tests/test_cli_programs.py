@@ -142,7 +142,7 @@ def test_python_file_with_build(capsys, good_file):
     tg = load_program(good_file, batch=4)
     assert tg.name == "mine" and tg[tg.inputs["x"]].shape == (4, 64)
     assert sys.path == path_before  # the file's folder is taken off sys.path again
-    code, out, _ = cli(capsys, "plan", good_file, "--batch", "16", "--budget", "100%")
+    code, out, _ = cli(capsys, "plan", good_file, "--batch", "16", "--budget", "100%streaming")
     assert code == EXIT_OK
     assert "'mine': 4 tasks" in out
 

@@ -30,7 +30,7 @@ def lanes(path) -> set[str]:
 
 def test_plan_writes_a_simulated_trace_and_a_memory_snapshot(capsys, tmp_path):
     plan, sim, snap = tmp_path / "plan.json", tmp_path / "sim.json", tmp_path / "snap.pickle"
-    argv = ["plan", *TINY_LLAMA, "--budget", "60%", "-o", plan, "--trace", sim]
+    argv = ["plan", *TINY_LLAMA, "--budget", "60%streaming", "-o", plan, "--trace", sim]
     code, out, err = cli(capsys, *argv, "--memory-snapshot", snap)
     assert code == EXIT_OK, err
     assert f"simulated trace (open it in https://ui.perfetto.dev): {sim}" in out
@@ -64,7 +64,7 @@ def test_plan_writes_a_simulated_trace_and_a_memory_snapshot(capsys, tmp_path):
 def test_the_snapshot_reads_in_torchs_memory_viz(capsys, tmp_path):
     viz = pytest.importorskip("torch.cuda._memory_viz")
     snap = tmp_path / "snap.pickle"
-    code, _, err = cli(capsys, "plan", "mlp", "--budget", "50%", "--memory-snapshot", snap)
+    code, _, err = cli(capsys, "plan", "mlp", "--budget", "50%streaming", "--memory-snapshot", snap)
     assert code == EXIT_OK, err
     snapshot = pickle.loads(snap.read_bytes())
     assert "total_reserved" in viz.segsum(snapshot)

@@ -207,7 +207,7 @@ def test_an_explicit_block_limit_below_the_finest_block_is_refused():
 def test_a_percentage_budget_below_the_minimum_partitions():
     tg = softmax_program()
     peak = no_offload_peak(tg)
-    mg = compiled(tg, "40%")
+    mg = compiled(tg, "40%streaming")
     assert mg.budget == int(peak * 0.4) < min_budget(tg)[0]
     assert mg.info["block_limit"] == mg.budget // 4 // 256 * 256
     run_and_compare(mg, tg, program_inputs(tg, 6), seeds=())

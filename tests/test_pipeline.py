@@ -25,7 +25,7 @@ from einpage.pipeline import (
     estimated_blocks,
     partition_mode,
 )
-from memgraph.budgets import NO_OFFLOAD_PEAK, BudgetReading, read_budget
+from memgraph.budgets import NO_OFFLOAD_PEAK, RESIDENT_PEAK, BudgetReading, read_budget
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION, finest_block, partition_for_budget
 
 KiB = 1024
@@ -109,15 +109,22 @@ def test_compile_plans_a_program_that_fits_as_it_is():
     assert compiled.plan.info["eviction"] == "lru" and compiled.plan.info["block_limit"] is None
 
 
-def test_a_percentage_is_read_against_the_programs_no_offload_peak():
+def test_a_percentage_is_read_against_the_reference_point_it_names():
     tg = softmax_program().build()
-    peak = memgraph.no_offload_peak(tg)
-    compiled = ep.compile(tg, "40%")
+    resident = memgraph.resident_peak(tg)
+    reading = ep.compile(tg, "80%").budget
+    assert reading == BudgetReading("80%", int(resident * 0.8), 80.0, RESIDENT_PEAK, resident)
+    assert str(reading).startswith("80% of the resident peak ")
+    peak = memgraph.streaming_minimum(tg)
+    compiled = ep.compile(tg, "40%streaming")
     reading = compiled.budget
-    assert reading == BudgetReading("40%", int(peak * 0.4), 40.0, NO_OFFLOAD_PEAK, peak)
-    assert str(reading).startswith("40% of the no-offload peak ")
-    assert compiled.plan.budget == reading.nbytes and compiled.plan.info["budget_request"] == "40%"
-    assert read_budget(tg, "40%") == reading
+    assert reading == BudgetReading("40%streaming", int(peak * 0.4), 40.0, NO_OFFLOAD_PEAK, peak)
+    assert str(reading).startswith("40% of the streaming minimum ")
+    assert (
+        compiled.plan.budget == reading.nbytes
+        and compiled.plan.info["budget_request"] == "40%streaming"
+    )
+    assert read_budget(tg, "40%streaming") == reading
     assert read_budget(tg, "0%").nbytes == 0  # zero bytes: refused like 0 and 100 B
 
 
@@ -149,9 +156,9 @@ def test_an_explicit_block_limit_and_the_finest_block():
 def test_partition_off_lets_plan_refuse_with_the_budget_as_asked():
     tg = softmax_program().build()
     with pytest.raises(InfeasibleBudgetError) as caught:
-        ep.compile(tg, "40%", partition="off")
+        ep.compile(tg, "40%streaming", partition="off")
     assert not isinstance(caught.value, PartitionInfeasibleError)
-    assert str(caught.value).startswith("budget '40%' = ")
+    assert str(caught.value).startswith("budget '40%streaming' = ")
 
 
 def test_partition_arguments():

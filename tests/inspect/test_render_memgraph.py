@@ -66,7 +66,7 @@ def test_classify_dep(src, dst, expected):
 
 
 def test_every_node_drawn_with_its_kind_style_and_label(plan):
-    nodes = dot_nodes(memgraph_dot(plan, max_nodes=None))
+    nodes = dot_nodes(memgraph_dot(plan, fold_layers=False, max_nodes=None))
     assert len(nodes) == len(plan)
     for n in plan:
         attrs = nodes[f"n{n.id}"]
@@ -84,7 +84,7 @@ def test_every_node_drawn_with_its_kind_style_and_label(plan):
 
 
 def test_every_dependency_is_an_edge_styled_by_its_class(plan):
-    edges = dot_edges(memgraph_dot(plan, max_nodes=None))
+    edges = dot_edges(memgraph_dot(plan, fold_layers=False, max_nodes=None))
     expected = {}
     for n in plan:
         for d in n.deps:
@@ -112,7 +112,7 @@ def test_legend_has_node_kinds_and_edge_classes(plan):
 
 
 def test_collapse_folds_allocs_and_frees(plan):
-    text = memgraph_dot(plan, collapse=True, max_nodes=None)
+    text = memgraph_dot(plan, fold_layers=False, collapse=True, max_nodes=None)
     nodes = dot_nodes(text)
     kinds = {plan[int(k[1:])].kind for k in nodes}
     assert K.ALLOC not in kinds and K.FREE not in kinds
@@ -123,7 +123,9 @@ def test_collapse_folds_allocs_and_frees(plan):
     assert all(int(s[1:]) < int(d[1:]) for s, d in edges)  # forward, no self-loops
     assert all(s in nodes and d in nodes for s, d in edges)
     assert not any('color="#9e9e9e"' in a for a in edges.values())  # no alloc edges left
-    unpruned = dot_edges(memgraph_dot(plan, collapse=True, prune=False, max_nodes=None))
+    unpruned = dot_edges(
+        memgraph_dot(plan, fold_layers=False, collapse=True, prune=False, max_nodes=None)
+    )
     assert any('color="#cb181d"' in a for a in unpruned.values())  # region reuse edges
 
 
@@ -142,14 +144,18 @@ def _reaches(edges, src, dst):
 
 @pytest.mark.parametrize("collapse", [False, True])
 def test_pruning_keeps_the_partial_order_and_all_data_edges(plan, collapse):
-    full = dot_edges(memgraph_dot(plan, collapse=collapse, prune=False, max_nodes=None))
-    pruned = dot_edges(memgraph_dot(plan, collapse=collapse, prune=True, max_nodes=None))
+    full = dot_edges(
+        memgraph_dot(plan, fold_layers=False, collapse=collapse, prune=False, max_nodes=None)
+    )
+    pruned = dot_edges(
+        memgraph_dot(plan, fold_layers=False, collapse=collapse, prune=True, max_nodes=None)
+    )
     assert set(pruned) < set(full)
     data = DEP_STYLES[DepKind.DATA][1]["color"]
     assert {k for k, a in full.items() if data in a} <= set(pruned)
     for src, dst in set(full) - set(pruned):
         assert _reaches(pruned, src, dst), (src, dst)
-    default = dot_edges(memgraph_dot(plan, collapse=collapse, max_nodes=None))
+    default = dot_edges(memgraph_dot(plan, fold_layers=False, collapse=collapse, max_nodes=None))
     assert default == (pruned if collapse else full)
 
 
@@ -163,8 +169,39 @@ def test_scope_selection_and_clusters():
     for extra in set(nodes) - inside:
         assert "outside the selection" in nodes[extra] and "dashed" in nodes[extra]
     assert cluster_labels(text) == ["layers.1"]
-    everything = memgraph_dot(mg, max_nodes=None)
+    everything = memgraph_dot(mg, fold_layers=False, max_nodes=None)
     assert cluster_labels(everything) == ["layers", "layers.0", "layers.1", "layers.2"]
+
+
+def test_a_whole_layered_plan_folds_each_layer_into_a_box_with_a_note():
+    tg = mlp_graph(layers=3)
+    mg = reference_plan(tg, offload=frozenset({4}))
+    text = memgraph_dot(mg, max_nodes=None)
+    nodes = dot_nodes(text)
+    boxes = {k: v for k, v in nodes.items() if "box3d" in v}
+    assert len(boxes) == 3
+    for layer in ("layers.0", "layers.1", "layers.2"):
+        ids = [n.id for n in mg if n.tensor is not None and tg[n.tensor].scope == layer]
+        (box,) = [v for v in boxes.values() if f">{layer}<" in v]
+        assert f"{len(ids)} nodes:" in box and f"--scope {layer}" in box
+        assert f"n{ids[0]}" in boxes  # the box stands where the layer's first node was
+        assert not any(f"n{i}" in nodes for i in ids[1:])  # its other nodes are folded
+    note = nodes["layers_note"]
+    assert "3 layers folded" in note and "scope='layers.0'" in note and "--unfold" in note
+    legend = dot_nodes(text, legend=True)
+    assert any("a folded layer" in v for k, v in legend.items() if k.startswith("legend_"))
+    # nodes outside any layer are drawn as they are, and every edge ends at a drawn node
+    outside = [n.id for n in mg if n.tensor is None or not tg[n.tensor].scope]
+    assert all(f"n{i}" in nodes for i in outside)
+    assert all(src in nodes and dst in nodes for src, dst in dot_edges(text))
+    # a selection, a scope or fold_layers=False draws nodes, not boxes
+    for options in ({"fold_layers": False}, {"scope": "layers.1"}, {"select": range(40)}):
+        assert "box3d" not in memgraph_dot(mg, max_nodes=None, **options).split("legend")[0]
+
+
+def test_a_plan_with_one_layer_is_not_folded():
+    mg = reference_plan(mlp_graph(layers=1), offload=frozenset())
+    assert memgraph_dot(mg) == memgraph_dot(mg, fold_layers=False)
 
 
 def test_range_selection_with_collapse(plan):
@@ -182,7 +219,7 @@ def test_predicate_selection(plan):
 
 
 def test_cap_note(plan):
-    text = memgraph_dot(plan, max_nodes=10)
+    text = memgraph_dot(plan, fold_layers=False, max_nodes=10)
     nodes = dot_nodes(text)
     drawn = [k for k in nodes if re.fullmatch(r"n\d+", k)]
     assert sorted(drawn, key=lambda k: int(k[1:])) == [f"n{i}" for i in range(10)]
@@ -215,7 +252,7 @@ def test_collapsed_picture_keeps_the_region_reuse_that_orders_a_prefetch():
     from einpage.demo import mlp_program
 
     mg = reference_plan(mlp_program(layers=3).build(), offload=frozenset({5, 10}))
-    edges = dot_edges(memgraph_dot(mg, collapse=True))
+    edges = dot_edges(memgraph_dot(mg, fold_layers=False, collapse=True))
     memory = [(int(s[1:]), int(d[1:])) for (s, d), a in edges.items() if "#cb181d" in a]
     assert memory
     # e.g. the reload of w2 waits for the apply that last read w1's region

@@ -265,7 +265,7 @@ def test_an_empty_program_moves_nothing():
 
 def test_percent_budgets_are_read_like_the_planner():
     tg = waiting_chain()
-    assert transfer_problem(tg, "100%").budget == no_offload_peak(tg)
+    assert transfer_problem(tg, "100%streaming").budget == no_offload_peak(tg)
 
 
 def test_sliced_reloads_and_host_assembly_are_modelled_like_the_planner():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,10 +18,14 @@ import memgraph.planner as planner_module
 from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
 from einpage.units import BudgetFormatError
-from memgraph import MemGraph, NodeKind
+from memgraph import MemGraph, NodeKind, PlanOptions
+from memgraph.budgets import RESIDENT_PEAK, STREAMING_MINIMUM, budget_references, read_budget
 from memgraph.eviction import POLICIES, EvictionContext, register_policy
 from memgraph.orders import ORDERS, check_order, get_order
-from memgraph.planner import min_budget, no_offload_peak, plan
+from memgraph.planner import min_budget, no_offload_peak, plan, resident_peak, streaming_minimum
+from taskgraph.graph import TaskGraph
+
+DATA = Path(__file__).parent / "data"
 
 KiB = 1024
 
@@ -307,15 +312,66 @@ def test_a_fragmented_arena_is_handled_without_copies():
         check_outputs(mg, program_inputs(tg, 8))
 
 
-def test_percent_budgets_are_relative_to_the_no_offload_peak():
-    tg = cyclic_weights()
-    peak = no_offload_peak(tg)
-    assert plan(tg, "100%").budget == peak
-    assert plan(tg, "50%").budget == peak // 2
+def layer_chain(count: int = 4):
+    """`count` layers, each with its own weight, used once: a prefill's shape."""
+    prog = ep.Program("chain")
+    h = square(prog, "x")
+    for i in range(count):
+        h = ep.tanh(h @ square(prog, f"w{i}", role="weight"))
+    prog.output(h, "y")
+    return prog.build()
+
+
+def test_percentages_name_their_reference_point():
+    tg = layer_chain()
+    resident, streaming = resident_peak(tg), streaming_minimum(tg)
+    assert no_offload_peak is streaming_minimum  # the former name
+    weights = sum(tg[i].nbytes for i in tg.inputs.values() if tg[i].op.role == "weight")
+    assert resident >= weights > streaming  # all four weights stay / one at a time
+    for spelled in ("100%", "100%resident", "100 % Resident"):
+        reading = read_budget(tg, spelled)
+        assert (reading.nbytes, reading.reference) == (resident, RESIDENT_PEAK)
+    assert read_budget(tg, "50%").nbytes == resident // 2
+    reading = read_budget(tg, "150%streaming")
+    assert (reading.nbytes, reading.reference) == (int(streaming * 1.5), STREAMING_MINIMUM)
+    assert str(reading).startswith("150% of the streaming minimum")
+    assert plan(tg, "100%streaming").budget == streaming
+    refs = budget_references(tg)
+    assert (refs.resident_peak, refs.streaming_minimum) == (resident, streaming)
+    assert (refs.min_budget, refs.min_task) == min_budget(tg)
+    with pytest.raises(BudgetFormatError, match="'100%resident'.*'100%streaming'"):
+        read_budget(tg, "100%peak")
     for order in ORDERS:
         mg = plan(tg, no_offload_peak(tg, order=order), order=order, lookahead=0)
         assert mg.stats.offload_count == mg.stats.drop_count == 0
         assert mg.stats.high_water == no_offload_peak(tg, order=order)
+
+
+def test_the_resident_peak_moves_nothing():
+    tg = cyclic_weights()  # each weight read three times
+    weights = sum(tg[i].nbytes for i in tg.inputs.values() if tg[i].op.role == "weight")
+    for policy in POLICIES:
+        mg = plan(tg, "100%", eviction=policy)
+        check_plan(mg)
+        s = mg.stats
+        assert (s.offload_count, s.drop_count, s.reload_bytes) == (0, 0, weights)
+        tighter = plan(tg, mg.budget - 1 * KiB, eviction=policy).stats
+        assert tighter.reload_bytes > weights  # one weight fewer fits: reloads
+
+
+def test_a_run_that_would_move_something_at_the_resident_peak_is_replaced():
+    # A random program (found by the property test) whose planner run at its resident
+    # peak evicts, as prefetching and room placement crowd the arena: the resident
+    # run's plan, which fits, is returned instead.
+    text = (DATA / "crowded_at_the_resident_peak.json").read_text(encoding="utf-8")
+    tg = TaskGraph.from_json(text)
+    budget = resident_peak(tg)
+    mg = plan(tg, budget)
+    check_plan(mg)
+    check_outputs(mg, program_inputs(tg, 3))
+    assert mg.info["resident_run"] is True
+    assert mg.info["evictions"] == 0 and mg.stats.high_water <= budget == mg.budget
+    assert "resident_run" not in plan(tg, budget - 256).info  # below it: the planner's own
 
 
 def test_plans_are_deterministic():
@@ -329,10 +385,10 @@ def test_plans_are_deterministic():
 
 def test_info_records_options_and_counters_as_json():
     tg = cyclic_weights()
-    mg = plan(tg, "50%", order="memory", eviction="lru", outputs="host")
+    mg = plan(tg, "50%streaming", order="memory", eviction="lru", outputs="host")
     info = json.loads(json.dumps(dict(mg.info)))
     assert info["order"] == "memory" and info["eviction"] == "lru"
-    assert info["budget_request"] == "50%" and info["outputs"] == "host"
+    assert info["budget_request"] == "50%streaming" and info["outputs"] == "host"
     assert info["min_budget"] == min_budget(tg)[0]
     for counter in ("evictions", "fragmentation_events", "steps"):
         assert isinstance(info[counter], int)
@@ -348,7 +404,7 @@ def test_info_records_options_and_counters_as_json():
 def test_a_custom_order_is_checked_and_used():
     tg = cyclic_weights(passes=1)
     order = get_order("memory")(tg)
-    mg = plan(tg, "100%", order=order)
+    mg = plan(tg, "100%streaming", order=order)
     check_plan(mg)
     assert mg.info["order"] == "custom"
     with pytest.raises(PlanError, match="comes before its input"):
@@ -375,6 +431,14 @@ def test_the_memory_order_lowers_the_peak_of_independent_branches():
     assert no_offload_peak(tg, order="memory") < no_offload_peak(tg, order="program")
     order = get_order("memory")(tg)
     assert check_order(tg, order) == order
+    # ... but choosing it does not change what a percentage means: the larger one counts
+    for word, measure in (("", resident_peak), ("streaming", streaming_minimum)):
+        peaks = [measure(tg, PlanOptions(order=o)) if not word else measure(tg, o) for o in ORDERS]
+        for o in ORDERS:
+            reading = read_budget(tg, f"50%{word}", PlanOptions(order=o))
+            assert reading.reference_bytes == max(peaks) and reading.nbytes == max(peaks) // 2
+    mg = plan(tg, "100%", order="memory")
+    assert mg.info["evictions"] == 0 and mg.stats.drop_count == 0
 
 
 def test_a_small_llama_plans_and_computes_the_reference_at_tight_budgets():
@@ -391,7 +455,7 @@ def test_a_small_llama_plans_and_computes_the_reference_at_tight_budgets():
     }
     inputs = llama.prefill_inputs(cfg, rng.integers(0, 50, (1, 8)), weights)
     low, _ = min_budget(tg, 64)
-    for budget in (low, (low + no_offload_peak(tg, alignment=64)) // 2, "100%"):
+    for budget in (low, (low + no_offload_peak(tg, alignment=64)) // 2, "100%streaming"):
         for policy in POLICIES:
             mg = plan(tg, budget, eviction=policy, alignment=64)
             check_plan(mg)
@@ -400,7 +464,7 @@ def test_a_small_llama_plans_and_computes_the_reference_at_tight_budgets():
 
 def test_llama_7b_plans_within_its_budget():
     tg = llama.prefill_program(llama.PRESETS["7b"], 1, 128, "float16").build()
-    mg = plan(tg, "100%")
+    mg = plan(tg, "100%streaming")
     check_plan(mg)
     weights = sum(tg[i].nbytes for i in tg.inputs.values() if tg[i].op.role == "weight")
     assert mg.stats.reload_bytes >= weights

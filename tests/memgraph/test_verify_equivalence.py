@@ -204,7 +204,7 @@ def small_llama(seq: int, budget: str, block: str) -> MemGraph:
 
 @pytest.mark.slow
 @given(
-    which=st.sampled_from([(8, "40%", "auto"), (16, "30%", "16KiB")]),
+    which=st.sampled_from([(8, "40%streaming", "auto"), (16, "30%streaming", "16KiB")]),
     data=st.data(),
 )
 def test_same_verdict_on_mutated_small_llama_plans(which, data):
@@ -213,7 +213,7 @@ def test_same_verdict_on_mutated_small_llama_plans(which, data):
 
 def test_every_deleted_dependency_of_a_partitioned_llama_plan_gets_the_same_verdict():
     # Exhaustive on one real plan: sliced reloads, drops, offloads, host assembly.
-    mg = small_llama(16, "30%", "16KiB")
+    mg = small_llama(16, "30%streaming", "16KiB")
     rejected = 0
     for node in mg.nodes[:160]:
         for dep in node.deps:
@@ -225,7 +225,7 @@ def test_every_deleted_dependency_of_a_partitioned_llama_plan_gets_the_same_verd
 def test_a_missing_dependency_is_reported_before_a_later_violation():
     # The new verifier settles dependency questions in a batch; the first violation in
     # replay order still wins, whether it is a dependency or something else.
-    mg = small_llama(8, "40%", "auto")
+    mg = small_llama(8, "40%streaming", "auto")
     free = next(n for n in mg.nodes if n.kind is NodeKind.FREE and len(n.deps) == 1)
     no_dep = replaced(mg, free.id, deps=())
     later = max(n.id for n in mg.nodes if n.kind is NodeKind.ALLOC)
@@ -240,7 +240,7 @@ def test_a_missing_dependency_is_reported_before_a_later_violation():
 def test_a_serialized_llama_plan_asks_about_nodes_far_back():
     # Each node depends on its predecessor only: every question is settled through a
     # chain, some over more than a thousand nodes (the sweep's longer-lived classes).
-    mg = small_llama(8, "40%", "auto")
+    mg = small_llama(8, "40%streaming", "auto")
     chained = [dataclasses.replace(n, deps=(n.id - 1,) if n.id else ()) for n in mg.nodes]
     serial = rebuilt(mg, chained)
     assert same_verdict(serial)[0] == "ok"

@@ -52,5 +52,5 @@ def test_memory_maps_colour_pages(plan):
 
 def test_drawings_style_page_transfers_apart(plan):
     mg = kv_plans(plan)[-1]
-    dot = memgraph_dot(mg, max_nodes=None)
+    dot = memgraph_dot(mg, fold_layers=False, max_nodes=None)
     assert MEM_STYLES["reload_kv"].fillcolor in dot and "reload of a KV page" in dot

@@ -41,7 +41,7 @@ class StagingNumpyBackend(NumpyBackend):
 @pytest.fixture(scope="module")
 def case():
     tg = llama.prefill_program(llama.PRESETS["tiny"], 1, 64, "float32").build()
-    mg = ep.compile(tg, "50%", verify=False).plan  # partitioned: see the docstring
+    mg = ep.compile(tg, "50%streaming", verify=False).plan  # partitioned: see the docstring
     inputs = make_inputs(tg, 0)
     return tg, mg, inputs, taskgraph.evaluate(tg, inputs)
 
