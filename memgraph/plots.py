@@ -82,7 +82,7 @@ KIND_MEANINGS: dict[str, str] = {
     "weight": "weight: an input that starts on the host",
     "activation": "activation: computed on the device",
     "output": "output: a program output",
-    "kv": "KV-cache page",
+    "kv": "kv: a page of the KV cache",
 }
 """What each colour of the memory map stands for (its legend entries)."""
 
