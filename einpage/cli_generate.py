@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from einpage.cli_outputs import GENERATE_OUTPUTS, PicturesFailedError, check_outputs, plan_pictures
 from einpage.console import Console, format_table
 from einpage.generate import Generation, generate, program_weights, resolve_model
 from einpage.generation_plans import WAYS
@@ -140,7 +141,10 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
 
 
 def cmd_generate(args: argparse.Namespace, console: Console) -> int:
-    """Plan (and with --run, run) the generation; print the stats and the tokens."""
+    """Plan (and with --run, run) the generation; print the stats and the tokens. Output
+    paths are checked before any work and written whole; a picture that fails leaves the
+    other and the run, and the exit code says so (`PicturesFailedError`)."""
+    check_outputs(args, *GENERATE_OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
     sampling = Sampling(args.temperature, args.top_k) if args.sample else None
@@ -161,9 +165,10 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 chunk_steps=args.chunk_steps,
                 cost_model=args.cost_model,
                 run=False,
+                progress=console.report,
             )
         _print_plans(planned, console)
-        _pictures(args, planned, console)
+        failed = plan_pictures(args, _largest(planned), console)
         if args.run:
             with console.stage("running"):
                 dtype = planned.spec.dtype
@@ -174,6 +179,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 )
             ids = np.concatenate([np.asarray(prompt), ran.ids], axis=1)
             _print_tokens(ids, ran.reports, tokenizer, console, checkpoint is None)
+    if failed:
+        raise PicturesFailedError(failed)
     return 0
 
 
@@ -199,17 +206,6 @@ def _print_plans(out: Generation, console: Console) -> None:
 
 def _largest(out: Generation) -> Any:
     return max((c.plan for c in out.plan.plans.values()), key=len)
-
-
-def _pictures(args: argparse.Namespace, out: Generation, console: Console) -> None:
-    if args.render:
-        with console.stage("drawing the plan"):
-            path = _largest(out).render(args.render, collapse=True)
-        console.print(f"wrote plan picture: {path}")
-    if args.memory_map:
-        with console.stage("drawing the memory map"):
-            _largest(out).memory_map(args.memory_map)
-        console.print(f"wrote memory map: {args.memory_map}")
 
 
 def _print_tokens(

@@ -11,12 +11,14 @@ from typing import Any
 import memgraph
 from einpage.console import Console
 from einpage.files import atomic_output, check_output
+from einpage_core.dot import DEFAULT_MAX_NODES
 from einpage_core.errors import EinpageError
 from memgraph import MemGraph
 from memgraph.snapshot import write_memory_snapshot
 
 __all__ = [
     "PLAN_OUTPUTS",
+    "GENERATE_OUTPUTS",
     "PicturesFailedError",
     "check_outputs",
     "max_nodes",
@@ -50,6 +52,12 @@ PLAN_OUTPUTS = (
 )
 """`einpage plan`'s outputs: (attribute, kind, option)."""
 
+GENERATE_OUTPUTS = (
+    ("render", "graph picture", "--render"),
+    ("memory_map", "plot", "--memory-map"),
+)
+"""`einpage generate`'s outputs (pictures of its largest plan)."""
+
 
 class PicturesFailedError(EinpageError):
     """Some of the requested pictures or exports failed; the others were written."""
@@ -75,10 +83,11 @@ def write_each(
 
 
 def plan_pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> list:
-    """The plan's pictures; returns the ones that failed as (what, error)."""
+    """The plan's pictures (`--render`, `--memory-map`, and `--timeline` where the command
+    has it); returns the ones that failed as (what, error)."""
     failed: list = []
     if args.render:
-        limit = max_nodes(args.max_nodes)
+        limit = max_nodes(getattr(args, "max_nodes", DEFAULT_MAX_NODES))
         with console.stage("drawing the plan"):
             write_each(failed, console, "plan picture", "--render", args.render,
                   lambda p: mg.render(p, collapse=True, max_nodes=limit))  # fmt: skip
@@ -87,7 +96,7 @@ def plan_pictures(args: argparse.Namespace, mg: MemGraph, console: Console) -> l
             write_each(
                 failed, console, "memory map", "--memory-map", args.memory_map, mg.memory_map
             )
-    if args.timeline:
+    if getattr(args, "timeline", None):
         with console.stage("simulating the streams"):
             sim = memgraph.simulate(mg, args.cost_model, timeline=True)
             write_each(failed, console, "stream timeline", "--timeline", args.timeline, sim.plot)

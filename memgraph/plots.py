@@ -1,8 +1,9 @@
 """Pictures of memory plans (matplotlib): the memory map, live bytes, and stream timelines.
 
 * `memory_map(mg)`: arena offset against plan step, one rectangle per residency of a
-  tensor (alloc to free), coloured by kind (weight, activation, output), with
-  offloads, reloads and drops marked and the budget drawn. It shows fragmentation
+  tensor (alloc to free), coloured by kind (weight, activation, output; the legend
+  says what each colour is), with offloads, reloads and drops marked, the budget
+  drawn and the largest residencies numbered and named beside the legend. It shows fragmentation
   and eviction at a glance. Residencies, drops and live bytes come from the one
   residency analysis (`memgraph.residency`, `MemGraph.residencies`).
 * `live_bytes_timeline(mg, compare=...)`: device bytes allocated against step, with
@@ -59,6 +60,10 @@ __all__ = [
     "to_chrome_trace",
     "stream_timeline",
     "TENSOR_KINDS",
+    "KIND_MEANINGS",
+    "SHADES_NOTE",
+    "LABELS",
+    "residency_label",
     "PLOT_FORMATS",
 ]
 
@@ -72,6 +77,20 @@ TENSOR_KINDS: dict[str, tuple[str, ...]] = {
     "kv": ("#b07aa1", "#c699bb", "#95648a"),
 }
 """Residency colours by tensor kind: the legend colour, then shades for neighbours."""
+
+KIND_MEANINGS: dict[str, str] = {
+    "weight": "weight: an input that starts on the host",
+    "activation": "activation: computed on the device",
+    "output": "output: a program output",
+    "kv": "kv: a page of the KV cache",
+}
+"""What each colour of the memory map stands for (its legend entries)."""
+
+SHADES_NOTE = "shades of a colour only tell neighbours apart"
+"""The legend's title: the shades within one kind carry no meaning."""
+
+LABELS = 8
+"""The residencies `memory_map` names by default: the largest, by bytes × steps."""
 
 _MARKERS: dict[str, dict[str, Any]] = {
     "offload": {"marker": "v", "color": "#d62728", "label": "offload (device to host)"},
@@ -237,12 +256,16 @@ def memory_map(
     title: str | None = None,
     transfers: bool = True,
     annotate: bool | None = None,
+    labels: int = LABELS,
 ) -> Figure:
     """The arena over the plan: offset (y) against step (x), one rectangle per residency.
 
-    Rectangles are coloured by tensor kind (weight, activation, output); offloads (▼),
-    reloads (▲) and drops (×) are marked at their step when `transfers`; the budget
-    is a dashed line. `annotate` writes tensor ids into rectangles large enough (by
+    Rectangles are coloured by tensor kind (weight, activation, output, KV page: the
+    legend says what each colour is); offloads (▼), reloads (▲) and drops (×) are
+    marked at their step when `transfers`; the budget is a dashed line. The `labels`
+    largest residencies (bytes × steps on the plot; 0: none) are named with their task
+    (`%12 layers.0.mlp.w_up`), numbered by size in their rectangles and listed beside
+    the legend. `annotate` writes tensor ids into rectangles large enough (by
     default when there are at most 80 residencies). The rectangles are one
     `PolyCollection` per kind (gid `"residencies:<kind>"`), so plans with tens of
     thousands of nodes draw quickly.
@@ -261,7 +284,7 @@ def memory_map(
     _rectangles(ax, stays, scale)
 
     handles: list[Any] = [
-        Patch(facecolor=shades[0], label=kind)
+        Patch(facecolor=shades[0], label=KIND_MEANINGS.get(kind, kind))
         for kind, shades in TENSOR_KINDS.items()
         if any(r.kind == kind for r in stays)
     ]
@@ -273,6 +296,9 @@ def memory_map(
     )
     if annotate if annotate is not None else len(stays) <= 80:
         _annotate(ax, stays, scale, top)
+    named = _largest(stays, scale, labels)
+    if named:
+        _name_largest(ax, mg, named, scale)
 
     lo = float(start[0]) if len(start) else 0.0
     margin = 0.01 * (plan_end - lo)
@@ -282,9 +308,83 @@ def memory_map(
     ax.set_ylabel(f"arena offset ({yunit})")
     ax.grid(True, axis="y", color="#dddddd", linewidth=0.6, zorder=0)
     ax.set_title(title or f"{mg.taskgraph.name}: memory map\n{_stats_line(mg)}", fontsize=10)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    legend = ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        title=SHADES_NOTE,
+        title_fontsize=7,
+    )
+    if named:
+        _list_largest(ax, mg, named, legend)
     _save(fig, path)
     return fig
+
+
+def residency_label(mg: MemGraph, tensor: int, width: int = 40) -> str:
+    """A residency's name for a picture: `%12 layers.0.mlp.w_up` (an input's name, else
+    the task's label or kind, then its scope), at most `width` characters."""
+    task = mg.taskgraph[tensor]
+    op = task.op
+    name = getattr(op, "name", None) if task.kind == "input" else None
+    words = [f"%{tensor}", name or task.label or task.kind]
+    if name is None and task.scope:
+        words.append(task.scope)
+    text = " ".join(words)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _largest(stays: list[Residency], scale: _Scale, count: int) -> list[Residency]:
+    """The `count` residencies with the largest area on the plot (ties: the earliest)."""
+    if count <= 0 or not stays:
+        return []
+
+    def area(r: Residency) -> float:
+        x0, x1 = scale.span(r)
+        return (x1 - x0) * r.region.size
+
+    ranked = sorted(range(len(stays)), key=lambda k: (-area(stays[k]), k))
+    return [stays[k] for k in ranked[:count]]
+
+
+def _name_largest(ax: Axes, mg: MemGraph, named: list[Residency], scale: _Scale) -> None:
+    """Number the largest residencies in their rectangles (1 = the largest)."""
+    for rank, r in enumerate(named, 1):
+        x0, x1 = scale.span(r)
+        ax.text(
+            (x0 + x1) / 2 / scale.xscale,
+            (r.region.offset + r.region.size / 2) / scale.yscale,
+            f"{rank}",
+            ha="center",
+            va="center",
+            fontsize=8,
+            fontweight="bold",
+            color="black",
+            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+            clip_on=True,
+            zorder=6,
+            gid=f"largest:{rank}",
+        )
+
+
+def _list_largest(ax: Axes, mg: MemGraph, named: list[Residency], legend: Any) -> None:
+    """The numbered residencies' names and sizes, under the legend."""
+    lines = ["largest residencies:"] + [
+        f"{rank}. {residency_label(mg, r.tensor)} ({format_bytes(r.region.size)})"
+        for rank, r in enumerate(named, 1)
+    ]
+    ax.text(
+        1.01,
+        0.0,
+        "\n".join(lines),
+        transform=ax.transAxes,
+        ha="left",
+        va="bottom",
+        fontsize=7,
+        family="monospace",
+        gid="largest:list",
+    )
 
 
 @dataclass(frozen=True, slots=True)

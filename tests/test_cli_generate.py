@@ -3,6 +3,8 @@ and the exit codes of bad input and infeasible budgets."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
@@ -57,3 +59,36 @@ def test_generate_errors(capsys, argv, code, words):
 def test_an_unknown_model_lists_the_presets(capsys):
     code, _, err = cli(capsys, "generate", "llama:huge", "--budget", "1GiB")
     assert code == EXIT_BAD_INPUT and "llama:tiny" in err
+
+
+def test_generate_checks_its_output_paths_before_planning(capsys, tmp_path, monkeypatch):
+    import einpage.cli_generate as cli_generate
+
+    def never(*args, **kwargs):
+        raise AssertionError("planned before the output paths were checked")
+
+    monkeypatch.setattr(cli_generate, "generate", never)
+    for option, path, words in [
+        ("--render", tmp_path / "no" / "plan.svg", "does not exist"),
+        ("--memory-map", tmp_path / "map.gif", "gif"),
+    ]:
+        code, _, err = cli(capsys, *TINY, "--budget", "100KiB", option, path)
+        assert code == EXIT_BAD_INPUT and option in err and words in err, err
+        assert not path.exists()
+
+
+def test_a_failed_picture_leaves_no_file_and_the_other_is_written(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import memgraph
+
+    def broken(self, path, **options):
+        Path(path).write_text("half a picture")
+        raise memgraph.plots.RenderError("the renderer broke")
+
+    monkeypatch.setattr(memgraph.MemGraph, "render", broken)
+    svg, png = tmp_path / "plan.svg", tmp_path / "map.png"
+    argv = [*TINY, "--budget", "100KiB", "--render", svg, "--memory-map", png]
+    code, out, err = cli(capsys, *argv)
+    assert code == EXIT_BAD_INPUT and "the renderer broke" in err and "--render" in err, err
+    assert not svg.exists() and list(tmp_path.iterdir()) == [png]  # no temporary left
+    assert png.stat().st_size > 0 and f"wrote memory map: {png}" in out

@@ -18,10 +18,13 @@ import einpage as ep  # noqa: E402
 from einpage.errors import RenderError  # noqa: E402
 from memgraph import MemGraph, NodeKind  # noqa: E402
 from memgraph.plots import (  # noqa: E402
+    KIND_MEANINGS,
+    SHADES_NOTE,
     live_bytes,
     live_bytes_timeline,
     memory_map,
     residencies,
+    residency_label,
     step_positions,
 )
 
@@ -76,8 +79,57 @@ def test_memory_map_has_one_rectangle_per_residency(plan):
     assert ax.get_ylabel() == "arena offset (KiB)"
     assert "budget 10.0 KiB" in ax.get_title() and "offloaded" in ax.get_title()
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend[:3] == ["weight", "activation", "output"]
+    assert legend[:3] == [KIND_MEANINGS[k] for k in ("weight", "activation", "output")]
     assert any(t.startswith("offload") for t in legend) and "budget 10.0 KiB" in legend
+
+
+def test_every_colour_and_marker_of_the_memory_map_is_explained(plan):
+    ax = memory_map(plan).axes[0]
+    legend = ax.get_legend()
+    assert legend.get_title().get_text() == SHADES_NOTE  # the shades within a kind
+    texts = [t.get_text() for t in legend.get_texts()]
+    drawn = {gid.split(":")[1] for gid in collections(memory_map(plan), "residencies:")}
+    for kind in drawn:  # every colour drawn, with what it means
+        assert KIND_MEANINGS[kind] in texts and ": " in KIND_MEANINGS[kind]
+    for name in ("offload (device to host)", "reload (host to device)"):
+        assert any(t.startswith(name) for t in texts)
+    assert len(texts) == len(drawn) + len(collections(memory_map(plan), "transfers:")) + 1
+
+
+def test_the_largest_residencies_are_named(plan):
+    fig = memory_map(plan, labels=3)
+    ax = fig.axes[0]
+    texts = {
+        t.get_gid(): t.get_text() for t in ax.texts if (t.get_gid() or "").startswith("largest")
+    }
+    steps = len(plan)  # x="node": a residency spans alloc .. free + 1 (or the plan's end)
+    area = {
+        r.tensor: ((r.free + 1 if r.free is not None else steps) - r.alloc) * r.region.size
+        for r in residencies(plan)
+    }
+    biggest = max(area, key=lambda t: (area[t], -t))
+    assert {texts["largest:1"], texts["largest:2"], texts["largest:3"]} == {"1", "2", "3"}
+    listing = texts["largest:list"].splitlines()
+    assert listing[0] == "largest residencies:" and len(listing) == 4
+    assert listing[1].startswith(f"1. {residency_label(plan, biggest)} (")
+    assert residency_label(plan, biggest).startswith(f"%{biggest} ")
+    quiet = memory_map(plan, labels=0).axes[0]
+    assert not [t for t in quiet.texts if (t.get_gid() or "").startswith("largest")]
+
+
+def test_a_residency_label_names_the_input_or_the_task_and_its_scope():
+    prog = ep.Program("named")
+    x = prog.input("x", (4, 4))
+    with prog.scope("layers.0"):
+        w = prog.input("layers.0.w", (4, 4), role="weight")
+        y = ep.exp(x @ w)
+    prog.output(y, "y")
+    mg = reference_plan(prog.build())
+    tg = mg.taskgraph
+    assert residency_label(mg, tg.inputs["layers.0.w"]) == f"%{tg.inputs['layers.0.w']} layers.0.w"
+    out = tg.outputs["y"]
+    assert residency_label(mg, out) == f"%{out} {tg[out].label or tg[out].kind} layers.0"
+    assert len(residency_label(mg, out, width=6)) == 6
 
 
 def test_memory_map_rectangle_geometry(plan):

@@ -14,7 +14,7 @@ from taskgraph.labels import is_kv_page
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
-from memgraph.plots import TENSOR_KINDS, memory_map  # noqa: E402
+from memgraph.plots import KIND_MEANINGS, TENSOR_KINDS, memory_map  # noqa: E402
 
 
 @pytest.fixture(scope="module", params=["unrolled", "steps"])
@@ -47,7 +47,7 @@ def test_memory_maps_colour_pages(plan):
         r.kind == "kv" for r in mg.residencies.stays
     )
     assert "kv" in TENSOR_KINDS
-    assert "kv" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert KIND_MEANINGS["kv"] in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
 
 
 def test_drawings_style_page_transfers_apart(plan):
