@@ -39,6 +39,7 @@ import numpy as np
 import einpage.ops as ops
 from einpage.program import Program
 from einpage_core.errors import EinpageError, InputError, SerializationError
+from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
@@ -321,22 +322,6 @@ def _describe_failure(path: Path, err: BaseException) -> str:
 
 
 # -- inputs ----------------------------------------------------------------------------
-
-
-def available_memory() -> int | None:
-    """Bytes of host memory available now (Linux's MemAvailable; else free pages), or
-    None when the system does not say."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def random_inputs(

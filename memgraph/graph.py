@@ -11,7 +11,7 @@ enough for concurrent execution on separate streams (`memgraph.verify` checks bo
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -38,7 +38,10 @@ class PlanStats:
     it out, because a host copy already exists (a weight, or an earlier offload).
     `fragmentation_events` and `block_limit` are reported by the planner. The offloads
     include *sliced offloads* (blocks copied into their box of a program output
-    assembled on the host), also counted on their own in `sliced_offload_*`.
+    assembled on the host), also counted on their own in `sliced_offload_*`. The
+    reloads include *first loads* (`first_load_*`): a tensor's first arrival on the
+    device, from the host storage it starts in (a weight); every other reload brings
+    back something that was on the device before.
     """
 
     budget: int
@@ -56,6 +59,8 @@ class PlanStats:
     block_limit: int | None = None
     sliced_offload_bytes: int = 0
     sliced_offload_count: int = 0
+    first_load_bytes: int = 0
+    first_load_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +73,7 @@ class PlanStats:
             ("peak allocated", f"{format_bytes(self.peak_bytes)} ({pct:.1f}% of budget)"),
             ("arena high-water", format_bytes(self.high_water)),
             ("offloaded", f"{format_bytes(self.offload_bytes)} in {self.offload_count}"),
-            ("reloaded", f"{format_bytes(self.reload_bytes)} in {self.reload_count}"),
+            ("reloaded", self._reloaded()),
             ("dropped (host copy kept)", f"{format_bytes(self.drop_bytes)} in {self.drop_count}"),
             ("nodes", f"{self.node_count} ({self.apply_count} applies)"),
             ("fragmentation events", str(self.fragmentation_events)),
@@ -84,6 +89,16 @@ class PlanStats:
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
         return rows
+
+    def _reloaded(self) -> str:
+        text = f"{format_bytes(self.reload_bytes)} in {self.reload_count}"
+        if not self.reload_count:
+            return text
+        if self.first_load_count == self.reload_count:
+            return f"{text} (all first loads: nothing came back)"
+        return (
+            f"{text} ({format_bytes(self.first_load_bytes)} in {self.first_load_count} first loads)"
+        )
 
     def __str__(self) -> str:
         width = max(len(label) for label, _ in self.rows())
@@ -152,6 +167,7 @@ class MemGraph:
         reloads = self.of_kind(NodeKind.RELOAD)
         sliced = [n for n in offloads if n.into is not None]
         dropped = stays.dropped()
+        first = _first_loads(self.nodes)
         return PlanStats(
             budget=self.budget,
             peak_bytes=stays.peak_bytes,
@@ -168,6 +184,8 @@ class MemGraph:
             block_limit=self.info.get("block_limit"),
             sliced_offload_bytes=sum(tg[n.tensor].nbytes for n in sliced),
             sliced_offload_count=len(sliced),
+            first_load_bytes=sum(tg[n.tensor].nbytes for n in first),
+            first_load_count=len(first),
         )
 
     # -- printing ----------------------------------------------------------------
@@ -409,3 +427,18 @@ class MemGraphBuilder:
             info or {},
             dict(self.host.storages),
         )
+
+
+def _first_loads(nodes: Sequence[MemNode]) -> list[MemNode]:
+    """The reloads that bring a tensor to the device for the first time (it was never
+    computed there, never an input placed there, never reloaded before)."""
+    seen: set[int] = set()
+    first = []
+    for node in nodes:
+        if node.kind is NodeKind.RELOAD and node.tensor not in seen:
+            first.append(node)
+        if node.kind in (NodeKind.RELOAD, NodeKind.APPLY) or (
+            node.kind is NodeKind.INPUT and node.region is not None
+        ):
+            seen.add(node.tensor)
+    return first

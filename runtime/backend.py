@@ -117,6 +117,9 @@ class Backend(abc.ABC):
     unsupported_dtypes: ClassVar[Mapping[str, str]] = {}
     """Dtypes this backend cannot run, each with what is missing; a `Session` refuses a
     plan holding one (`UnsupportedError`) before allocating anything."""
+    arena_on_host: ClassVar[bool] = False
+    """Whether the arena is host memory (NumPy), so that it counts with the host buffer
+    against the host memory available (`runtime.session.check_host_budget`)."""
     reuse_buffers: ClassVar[bool] = False
     """Whether `runtime.run` may keep a closed session's arena and host buffer for the next
     run of the same plan (plain host memory: yes; device memory: no, it is the scarce

@@ -205,6 +205,7 @@ class NumpyBackend(Backend):
     OPTIONS = ("timeout",)
     default_mode = "sequential"
     host_staging = False
+    arena_on_host = True
     reuse_buffers = True
 
     def __init__(self, timeout: float = 300.0):

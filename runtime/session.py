@@ -38,6 +38,7 @@ from einpage_core.errors import (
     UnsupportedError,
     VerificationError,
 )
+from einpage_core.host import available_memory
 from einpage_core.progress import Tick, ticks
 from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
@@ -215,9 +216,23 @@ def pinned_bytes(mg: MemGraph) -> int:
     return HostLayout.of(mg, True).nbytes
 
 
-def check_host_budget(layout: HostLayout, host_budget: int | str | None, backend: Backend) -> None:
-    """`HostBudgetError` when `layout` needs more than `host_budget` bytes."""
+def check_host_budget(
+    layout: HostLayout, host_budget: int | str | None, backend: Backend, arena: int = 0
+) -> None:
+    """`HostBudgetError` when `layout` needs more than `host_budget` bytes – or, without
+    one, when it and an `arena` of host memory (NumPy's) need more than the host memory
+    available now (`einpage_core.host.available_memory`), before anything is allocated."""
     if host_budget is None:
+        available = available_memory()
+        need = layout.nbytes + (arena if backend.arena_on_host else 0)
+        if available is not None and need > available:
+            raise HostBudgetError(
+                f"the plan needs {format_bytes(need)} ({need} bytes) of host memory – "
+                f"{format_bytes(layout.nbytes)} of host storage"
+                + (f" and a {format_bytes(arena)} arena" if backend.arena_on_host else "")
+                + f" – and {format_bytes(available)} is available: free memory, or plan "
+                "with fewer offloads"
+            )
         return
     limit = parse_bytes(host_budget)
     if layout.nbytes > limit:
@@ -285,7 +300,7 @@ class Session:
         self.schedule = Schedule.build(mg, self.mode, self.poison)
         self.layout = HostLayout.of(mg, self.backend.host_staging)
         try:
-            check_host_budget(self.layout, host_budget, self.backend)
+            check_host_budget(self.layout, host_budget, self.backend, mg.budget)
         except HostBudgetError:
             if self._owns_backend:
                 self.backend.close()

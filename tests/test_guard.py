@@ -16,7 +16,13 @@ from partition_cases import random_programs
 import einpage as ep
 import memgraph
 from einpage.cli import EXIT_INFEASIBLE, main
-from einpage.pipeline import MAX_AUTO_BLOCKS, TooManyBlocksError, estimated_blocks
+from einpage.pipeline import (
+    MAX_AUTO_BLOCKS,
+    PLANNER_BYTES_PER_TASK,
+    TooManyBlocksError,
+    estimated_blocks,
+    task_cap,
+)
 from einpage.presets import load_program
 from einpage_core.errors import EinpageError
 from taskgraph.partition import (
@@ -94,3 +100,20 @@ def test_api_misuse_raises_typed_errors_that_say_what_was_expected():
         prog.slice(3, (0,), (1,))
     with pytest.raises(EinpageError, match="shape must be a sequence of ints"):
         prog.fill(3, 1.0)
+
+
+def test_no_cap_still_refuses_what_the_host_memory_cannot_plan(monkeypatch):
+    import einpage.pipeline as pipeline
+
+    tg = load_program("mlp")
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 500 * PLANNER_BYTES_PER_TASK)
+    assert task_cap(None)[0] == task_cap(10_000)[0] == 500
+    assert task_cap(100) == (100, "")  # the smaller cap wins, and needs no reason
+    with pytest.raises(TooManyBlocksError) as caught:
+        ep.compile(tg, "1MiB", max_blocks=None)  # about 7,000 blocks
+    err = caught.value
+    assert err.max_blocks == 500 and err.count > 500
+    assert "host memory available" in str(err) and "stops at 500 here" in str(err)
+    assert ep.compile(tg, err.needed, max_blocks=None).plan.budget == err.needed
+    monkeypatch.setattr(pipeline, "available_memory", lambda: None)  # the system won't say
+    assert task_cap(None) == (None, "")

@@ -17,7 +17,7 @@ import memgraph.orders as orders_module
 import memgraph.planner as planner_module
 from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.models import llama
-from einpage.units import BudgetFormatError
+from einpage.units import BudgetFormatError, format_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions
 from memgraph.budgets import RESIDENT_PEAK, STREAMING_MINIMUM, budget_references, read_budget
 from memgraph.eviction import POLICIES, EvictionContext, register_policy
@@ -355,8 +355,12 @@ def test_the_resident_peak_moves_nothing():
         check_plan(mg)
         s = mg.stats
         assert (s.offload_count, s.drop_count, s.reload_bytes) == (0, 0, weights)
+        assert (s.first_load_count, s.first_load_bytes) == (s.reload_count, weights)
+        assert dict(s.rows())["reloaded"].endswith("(all first loads: nothing came back)")
         tighter = plan(tg, mg.budget - 1 * KiB, eviction=policy).stats
         assert tighter.reload_bytes > weights  # one weight fewer fits: reloads
+        assert tighter.first_load_bytes == weights < tighter.reload_bytes
+        assert f"{format_bytes(weights)} in 4 first loads" in dict(tighter.rows())["reloaded"]
 
 
 def test_a_run_that_would_move_something_at_the_resident_peak_is_replaced():

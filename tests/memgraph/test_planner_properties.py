@@ -100,5 +100,6 @@ def test_a_budget_holding_the_resident_peak_moves_nothing(tg, data):
     assert s.drop_count == 0  # nothing needed again is ever freed
     reloads = [n.tensor for n in mg.of_kind(NodeKind.RELOAD)]
     assert len(reloads) == len(set(reloads))  # each tensor is loaded at most once
+    assert s.first_load_count == s.reload_count  # ... and only to arrive, never to return
     if options["outputs"] == "device":
         assert s.offload_count == s.sliced_offload_count  # only outputs assembled on the host

@@ -84,6 +84,21 @@ def test_host_budget_refuses_a_plan_that_needs_more_before_allocating():
         runtime.run(mg, make_inputs(tg, 0), backend=CountingStagingBackend(), host_budget=1)
 
 
+def test_without_a_host_budget_the_available_memory_is_the_limit(monkeypatch):
+    import runtime.session as session_module
+
+    tg, mg = plan_of_llama(0.0)
+    host = session_module.HostLayout.of(mg, False).nbytes
+    need = host + mg.budget  # the NumPy arena is host memory too
+    monkeypatch.setattr(session_module, "available_memory", lambda: need - 1)
+    with pytest.raises(runtime.HostBudgetError, match=rf"needs .* \({need} bytes\) of host"):
+        runtime.run(mg, make_inputs(tg, 0), backend="numpy")
+    monkeypatch.setattr(session_module, "available_memory", lambda: need)
+    assert set(runtime.run(mg, make_inputs(tg, 0), backend="numpy")) == set(tg.outputs)
+    monkeypatch.setattr(session_module, "available_memory", lambda: None)  # unknown: no check
+    assert set(runtime.run(mg, make_inputs(tg, 0), backend="numpy")) == set(tg.outputs)
+
+
 def test_the_cupy_backend_allocates_pinned_memory_outside_the_pool():
     """On a GPU, pinned memory comes from `cupy.cuda.PinnedMemory`, not CuPy's pool, so
     dropping the session's buffer returns it to the system (checked on the source: no
