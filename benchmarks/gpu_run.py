@@ -6,7 +6,7 @@ Run on a machine with a CUDA GPU: `make test-gpu` installs the matching CuPy, th
 then mean nothing for a GPU): it is what the test suite runs, so the script stays
 working where no GPU is.
 
-Per budget (a fraction of the plan's no-offload peak, `memgraph.no_offload_peak`), one
+Per budget (a fraction of the streaming minimum, `memgraph.streaming_minimum`), one
 warm-up run and `--repeats` timed runs of a `runtime.Session` with staged weights:
 
 * tokens/s (batch × seq over the median run), the simulator's prediction for the same
@@ -59,7 +59,7 @@ def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (args.batch, args.seq))
     activations = llama.prefill_inputs(cfg, tokens, None, args.dtype)
     low, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     rows = []
     for fraction in FRACTIONS:
         budget = max(low, int(fraction * peak))

@@ -4,7 +4,7 @@
 `einpage.compile`'s), `verify(mg)` checks any plan, `simulate(mg)` times it
 on a cost model (`simulate(mg, timeline=True).write_chrome_trace(path)`: a Perfetto
 trace), `write_memory_snapshot(mg, path)` writes its device memory for PyTorch's
-memory viewer; baselines (`layer_streaming_plan`, `no_offload_peak`, LRU via
+memory viewer; baselines (`layer_streaming_plan`, `streaming_minimum`, LRU via
 `plan(..., eviction="lru")`) and `transfer_lower_bounds` are the comparison points, and
 `memgraph.optimal` the exact optimum of bytes moved (`optimal_transfers`, a MILP solved
 by HiGHS: needs scipy) and its LP bound (`lp_transfer_bound`).
