@@ -56,7 +56,7 @@ from einpage_core.host import available_memory
 from einpage_core.progress import ProgressCallback, ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
-from memgraph.budgets import BudgetReading, infeasible_message, min_budget, read_budget
+from memgraph.budgets import BudgetReading, holds_at_once, min_budget, read_budget
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 from taskgraph.partition import (
@@ -605,12 +605,17 @@ def _no_block_fits(
     capped = smallest
     if max_blocks is not None and _blocks_for_budget(tg, smallest, alignment) > max_blocks:
         capped = _smallest_under(tg, max_blocks, smallest, alignment)
-    head = infeasible_message(tg, reading, needed, task_id, alignment)
     culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
+    unsplit = (
+        f"unsplit, {holds_at_once(tg, task_id, alignment)} ({_size(needed)})"
+        if task_id is not None
+        else f"unsplit, the program needs {_size(needed)}"
+    )
     text = (
-        f"{head}. Partitioning cannot bring it within the budget: the smallest block limit "
-        f"that works is {_size(floor)}, what task %{floor_task} needs "
-        f"even split as finely as allowed ({culprit})"
+        f"budget {reading.asked}{_size(reading.nbytes)} is below the smallest budget that "
+        f"compiles, {_size(capped)}. {unsplit[0].upper()}{unsplit[1:]}; partitioning "
+        f"brings that down to the smallest block limit that works, {_size(floor)}, what "
+        f"task %{floor_task} needs even split as finely as allowed ({culprit})"
     )
     if output is not None and assembly > floor:
         text += (

@@ -61,6 +61,7 @@ __all__ = [
     "REFERENCE_ORDERS",
     "check_budget",
     "infeasible_error",
+    "holds_at_once",
     "infeasible_message",
 ]
 
@@ -339,12 +340,17 @@ def infeasible_message(
     )
     if task_id is None:
         return f"{head}: the arena needs at least one alignment unit ({alignment} B)"
+    return f"{head}: {holds_at_once(tg, task_id, alignment)}"
+
+
+def holds_at_once(tg: TaskGraph, task_id: int, alignment: int) -> str:
+    """What task `task_id` needs on the device at once (its line, operands and output)."""
     task = tg[task_id]
     roots = dict.fromkeys(tg.storage_root(i) for i in task.inputs)
     operands = ", ".join(f"%{r} ({format_bytes(tg[r].nbytes)})" for r in roots) or "none"
     scope = f" in scope {task.scope!r}" if task.scope else ""
     return (
-        f"{head}: task {task.line()}{scope} needs its operands [{operands}] and its "
+        f"task {task.line()}{scope} needs its operands [{operands}] and its "
         f"output ({format_bytes(task.nbytes)}) resident at once, each aligned to {alignment} B"
     )
 

@@ -239,7 +239,7 @@ def test_a_budget_below_every_block_names_the_smallest_budget_and_block_limit():
     # by a Concat holding 2 x 64 KiB.
     assert error.needed == 128 * KiB and error.budget == 512
     message = str(error)
-    assert "smallest block limit that works is" in message and tg[floor_task].line() in message
+    assert "smallest block limit that works, " in message and tg[floor_task].line() in message
     assert "'y'" in message and "No budget below 128.0 KiB (131072 B) can work" in message
     run_and_compare(compiled(tg, error.needed), tg, program_inputs(tg, 2), seeds=())
 

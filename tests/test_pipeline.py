@@ -25,6 +25,8 @@ from einpage.pipeline import (
     estimated_blocks,
     partition_mode,
 )
+from einpage.presets import load_program
+from einpage_core.units import format_bytes
 from memgraph.budgets import NO_OFFLOAD_PEAK, RESIDENT_PEAK, BudgetReading, read_budget
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION, finest_block, partition_for_budget
 
@@ -195,7 +197,23 @@ def test_no_block_fits_names_the_smallest_budget_and_block_limit():
         ep.compile(tg, floor - 256)
     error = caught.value
     assert (error.block_limit, error.block_task, error.needed) == (floor, floor_task, floor)
-    assert "Partitioning cannot bring it within the budget" in str(error)
+    assert "partitioning brings that down to the smallest block limit that works" in str(error)
+
+
+def test_a_budget_below_every_block_leads_with_the_one_budget_that_compiles():
+    """The issue: budget 0 was 'below the smallest feasible budget' of the unsplit program
+    (32 MiB for the mlp) and later 'no budget below 1 KiB' and 204 KiB: the first figure
+    said is now the true minimum, the unsplit need only a reason."""
+    tg = load_program("mlp")
+    unsplit, _ = memgraph.min_budget(tg)
+    with pytest.raises(PartitionInfeasibleError) as caught:
+        ep.compile(tg, 0)
+    error = caught.value
+    lead = str(error).split(". ")[0]
+    needed = f"{format_bytes(error.needed)} ({error.needed} B)"
+    assert lead == f"budget 0 B is below the smallest budget that compiles, {needed}"
+    assert error.needed < unsplit and "smallest feasible" not in str(error)
+    assert f"({format_bytes(unsplit)} ({unsplit} B)); partitioning brings" in str(error)
 
 
 def test_compiled_repr_and_rows():
