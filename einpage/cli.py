@@ -246,7 +246,7 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, ("output", "arrays", "-o"), ("trace", "json", "--trace"))
-    stages = 3 + bool(args.check)
+    stages = 4 + 2 * bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
             mg = load_plan(args.plan)
@@ -260,10 +260,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 arrays = random_inputs(tg, seed)
                 source = f"random (seed {seed})"
             tg.check_inputs(arrays)
-        with (
-            console.stage("running"),
-            runtime.Session(mg, args.backend, mode=args.mode) as session,
-        ):
+        with console.stage("staging"):  # the arena, host storage and staging slots
+            session = runtime.Session(mg, args.backend, mode=args.mode)
+        with console.stage("running"), session:
             ran = ProgressReport(console.report, {"running": 1.0}).stage("running", len(mg))
             outputs = session.run(arrays, trace=bool(args.trace), progress=ran)
             last = session.last
@@ -273,7 +272,9 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         comparisons = []
         if args.check:
             with console.stage("evaluating the reference"):
-                comparisons = compare_outputs(outputs, taskgraph.evaluate(tg, arrays))
+                reference = taskgraph.evaluate(tg, arrays)
+            with console.stage("comparing"):
+                comparisons = compare_outputs(outputs, reference)
     rows = [
         ("plan", f"{args.plan}: {tg.name!r}, {len(mg)} nodes, budget {format_bytes(mg.budget)}"),
         ("inputs", f"{len(arrays)} arrays, {source}"),

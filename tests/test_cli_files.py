@@ -175,8 +175,10 @@ def test_run_reports_the_time_of_each_stage(capsys, tmp_path):
     code, out, _ = cli(capsys, "run", plan, "--check", "--backend", "numpy")
     assert code == 0
     line = next(row for row in out.splitlines() if row.strip().startswith("time"))
-    for stage in ("loading the plan", "preparing inputs", "running", "evaluating the reference"):
-        assert stage in line, line
+    stages = ("loading the plan", "preparing inputs", "staging", "running",
+              "evaluating the reference", "comparing")  # fmt: skip
+    positions = [line.find(f"{stage} ") for stage in stages]
+    assert -1 not in positions and positions == sorted(positions), line
     assert "of which the plan's run" in line
 
 
