@@ -185,7 +185,7 @@ def _compile(
     tg: TaskGraph, args: argparse.Namespace, partition_arg: str | int, console: Console
 ) -> Compiled:
     """`einpage.compile` with the command's options; `--partition auto` stops at
-    `MAX_AUTO_BLOCKS` blocks."""
+    `--max-blocks` blocks (`MAX_AUTO_BLOCKS` unless given)."""
     try:
         return pipeline.compile(
             tg,
@@ -194,11 +194,11 @@ def _compile(
             order=args.order,
             eviction=args.eviction,
             cost_model=args.cost_model,
-            max_blocks=MAX_AUTO_BLOCKS,
+            max_blocks=args.max_blocks,
             progress=console.report,
         )
     except TooManyBlocksError as err:
-        raise err.spelled("--partition auto", "--partition SIZE") from None
+        raise err.spelled("--partition auto", "--partition SIZE", "--max-blocks") from None
 
 
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
@@ -382,6 +382,19 @@ def _count(text: str) -> int:
     return value
 
 
+def _max_blocks(text: str) -> int | None:
+    """`--max-blocks`: a positive count, or `none` (no cap but the host's memory)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'none', got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="einpage",
@@ -452,6 +465,14 @@ def _add_plan(
         metavar="auto|off|SIZE",
         help="split large tasks: auto (only when the budget needs it, the default), off, "
         "or every task whose working set exceeds SIZE",
+    )
+    plan.add_argument(
+        "--max-blocks",
+        type=_max_blocks,
+        default=MAX_AUTO_BLOCKS,
+        metavar="N|none",
+        help=f"--partition auto refuses budgets that would make more tasks than this "
+        f"(default {MAX_AUTO_BLOCKS:,}; none: only the host's memory limits it)",
     )
     plan.add_argument(
         "--cost-model",

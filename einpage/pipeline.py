@@ -148,22 +148,25 @@ class TooManyBlocksError(InfeasibleBudgetError):
         auto: str = "partition='auto'",
         explicit: str = "a block limit (partition=SIZE)",
         why: str = "",
+        cap: str = "max_blocks=",
     ):
+        # Raising the cap is a way out only when the cap, not the host's memory, set it.
+        raise_cap = "" if why else f", raise the cap ({cap})"
         message = (
             f"budget {format_bytes(budget)} would cut {name!r} into about {count:,} blocks "
             f"of at most {format_bytes(limit)}; {auto} stops at {max_blocks:,}{why} (about "
-            f"{format_bytes(needed)} of budget). Give a larger budget, or split explicitly "
-            f"with {explicit}"
+            f"{_size(needed)} of budget). Give a larger budget{raise_cap}, or split "
+            f"explicitly with {explicit}"
         )
         super().__init__(message, budget, needed)
         self.name, self.count, self.limit, self.max_blocks = name, count, limit, max_blocks
         self.why = why
 
-    def spelled(self, auto: str, explicit: str) -> TooManyBlocksError:
-        """The same error, naming the options as `auto` and `explicit`."""
+    def spelled(self, auto: str, explicit: str, cap: str) -> TooManyBlocksError:
+        """The same error, naming the options as `auto`, `explicit` and `cap`."""
         return TooManyBlocksError(
             self.name, self.budget, self.needed, self.count, self.limit, self.max_blocks,
-            auto, explicit, self.why,
+            auto, explicit, self.why, cap,
         )  # fmt: skip
 
 

@@ -335,9 +335,35 @@ def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "blocks of at most 1.0 KiB", "--partition auto stops at 100,000")
-    needed = re.search(r"\(about ([0-9.]+ \w+) of budget\)", err).group(1)
+    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
     assert "hint" not in err
-    assert needed != "1.0 KiB"
+    assert int(needed) > 1024
+
+
+def test_the_block_cap_is_an_option(capsys):
+    """`--max-blocks` sets the cap the refusal names: lower, a budget that plans under the
+    default cap is refused with the smallest budget under the new one (which plans);
+    higher, the refused budget plans."""
+    code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "1MiB")
+    assert code == EXIT_OK
+    tasks = int(re.search(r"partition +\d+ -> (\d+) tasks", out).group(1))
+    code, _, err = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "1MiB", "--max-blocks", str(tasks // 4)
+    )
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, f"stops at {tasks // 4:,}", "raise the cap (--max-blocks)")
+    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
+    code, out, _ = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", needed, "--max-blocks", str(tasks // 4)
+    )
+    assert code == EXIT_OK, needed
+    assert int(needed) > 1024 * 1024
+    planned = int(re.search(r"nodes, (\d+) tasks", out).group(1))
+    assert planned <= 2 * (tasks // 4)  # materializing stops past twice the cap
+    for cap in (str(tasks), "none"):
+        assert cli(capsys, "plan", *SMALL_MLP, "--budget", "1MiB", "--max-blocks", cap)[0] == 0
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB", "--max-blocks", "0")
+    assert code == EXIT_BAD_INPUT and "expected a count >= 1 or 'none', got '0'" in err
 
 
 def test_long_error_lines_lose_their_middle(capsys, tmp_path):

@@ -184,8 +184,10 @@ def test_too_many_blocks_is_refused_only_when_asked():
     error = caught.value
     assert error.count > 3 and error.needed > error.budget == 200 * KiB
     assert "partition='auto' stops at 3" in str(error)
-    cli = error.spelled("--partition auto", "--partition SIZE")
+    assert "raise the cap (max_blocks=)" in str(error)
+    cli = error.spelled("--partition auto", "--partition SIZE", "--max-blocks")
     assert "--partition auto stops at 3" in str(cli) and cli.needed == error.needed
+    assert "raise the cap (--max-blocks)" in str(cli)
     # Without max_blocks the same budget compiles.
     assert ep.compile(tg, "200KiB", verify=False).block_limit == 50 * KiB
 
