@@ -75,6 +75,7 @@ from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
     Compiled,
     TooManyBlocksError,
+    explicit_partition,
     parse_block_size,
     parse_partition,
 )
@@ -91,7 +92,7 @@ from einpage_core.progress import ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from taskgraph import TaskGraph
-from taskgraph.partition import BlockLimitError, partition
+from taskgraph.partition import BlockLimitError
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
 
 __all__ = [
@@ -136,7 +137,7 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
         with console.stage("building the program"):
             tg = _program(args)
             if args.partition is not None:
-                tg = partition(tg, parse_block_size(args.partition), alignment=256)
+                tg = explicit_partition(tg, parse_block_size(args.partition))
         with console.stage("measuring"):
             rows = program_rows(tg)
     if not args.summary:
@@ -686,6 +687,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as err:  # a file we were told to read or write
         where = f": {err.filename}" if err.filename else ""
         print(f"einpage: error: {err.strerror or err}{where}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except MemoryError as err:  # a size no check foresaw: say so, not a traceback
+        detail = f" ({err})" if str(err) else ""
+        print(
+            f"einpage: error: out of host memory{detail}: the program, its partition or its "
+            "plan is larger than this machine can hold",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("einpage: interrupted", file=sys.stderr)

@@ -454,7 +454,7 @@ def _choose_graph(
         return tg, Partitioning(label, program_min_budget=needed)
     floor, floor_task = finest_block(tg, alignment)
     if isinstance(mode, int):
-        graph = partition_graph(tg, mode, alignment=alignment)
+        graph = explicit_partition(tg, mode, alignment)
         limit, how, fraction = mode, "explicit", None
     else:
         if floor > usable:
@@ -516,6 +516,17 @@ def check_block_count(
     needed = _smallest_under(tg, max_blocks, budget, alignment)
     limit = budget_block_limit(budget, finest_block(tg, alignment)[0], alignment)
     raise TooManyBlocksError(tg.name, budget, needed, count, limit, max_blocks, why=why)
+
+
+def explicit_partition(tg: TaskGraph, limit: int, alignment: int = 256) -> TaskGraph:
+    """`taskgraph.partition` at a block limit the user chose (no `max_blocks` cap: the
+    limit says what is wanted), refused before any block is made when it would make more
+    tasks than the host memory available can plan (`task_cap`)."""
+    cap, why = task_cap(None)
+    try:
+        return partition_graph(tg, limit, alignment=alignment, max_tasks=cap)
+    except TooManyTasksError as err:
+        raise err.because(why) from None
 
 
 def task_cap(max_blocks: int | None) -> tuple[int | None, str]:

@@ -15,7 +15,7 @@ from partition_cases import random_programs
 
 import einpage as ep
 import memgraph
-from einpage.cli import EXIT_INFEASIBLE, main
+from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, main
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
     PLANNER_BYTES_PER_TASK,
@@ -55,10 +55,18 @@ def test_the_default_cap_refuses_the_mlp_at_16_kib_in_the_library_and_the_cli(ca
     assert "stops at 100,000" in capsys.readouterr().err
 
 
-def test_partition_stops_at_max_tasks():
+def test_partition_refuses_or_stops_at_max_tasks():
+    """Over the cap by the estimate: refused before making a block; over it only in
+    the making (the estimate is a lower bound): stopped there."""
     tg = load_program("mlp", batch=64, seq=None)
-    with pytest.raises(TooManyTasksError, match="more than 500 tasks"):
+    at_least = f"at least {estimated_blocks(tg, 8 * 1024):,} tasks, more than 500; refused"
+    with pytest.raises(TooManyTasksError, match=at_least):
         partition(tg, "8KiB", max_tasks=500)
+    counted, made = estimated_blocks(tg, 64 * 1024), len(partition(tg, "64KiB"))
+    assert counted < made
+    with pytest.raises(TooManyTasksError, match=f"more than {counted:,} tasks; stopped"):
+        partition(tg, "64KiB", max_tasks=counted)
+    assert len(partition(tg, "64KiB", max_tasks=made)) == made
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -117,3 +125,56 @@ def test_no_cap_still_refuses_what_the_host_memory_cannot_plan(monkeypatch):
     assert ep.compile(tg, err.needed, max_blocks=None).plan.budget == err.needed
     monkeypatch.setattr(pipeline, "available_memory", lambda: None)  # the system won't say
     assert task_cap(None) == (None, "")
+
+
+def huge_program() -> ep.Program:
+    """The issue's program: a 2**62-element dimension (an empty MemoryError from deep in
+    the partition before)."""
+    prog = ep.Program("huge")
+    x = prog.input("x", (2**62,))
+    w = prog.input("w", (2**62,), role="weight")
+    prog.output(prog.einsum("i,i->i", x, w), "y")
+    return prog
+
+
+def test_a_capped_partition_is_refused_before_making_a_block():
+    with pytest.raises(TooManyTasksError, match="refused before making any") as caught:
+        partition(huge_program().build(), "1MiB", max_tasks=1000)
+    assert caught.value.counted > 10**12 and caught.value.max_tasks == 1000
+
+
+def test_an_explicit_block_limit_is_capped_by_the_host_memory(monkeypatch):
+    import einpage.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "available_memory", lambda: 1000 * PLANNER_BYTES_PER_TASK)
+    with pytest.raises(TooManyTasksError) as caught:
+        ep.compile(huge_program(), "1GiB", partition="1MiB")
+    assert caught.value.max_tasks == 1000 and "host memory available" in str(caught.value)
+    small = load_program("mlp", batch=64, seq=None)
+    assert len(ep.compile(small, "1GiB", partition="256KiB", verify=False).graph) <= 1000
+
+
+def test_the_cli_says_a_partition_is_too_large_instead_of_a_traceback(capsys, tmp_path):
+    program = tmp_path / "huge.py"
+    program.write_text(
+        "import einpage as ep\n"
+        "program = ep.Program('huge')\n"
+        "x = program.input('x', (2**62,))\n"
+        "program.output(program.einsum('i,i->i', x, x), 'y')\n"
+    )
+    for argv in (["show", program, "--partition", "1MiB"],
+                 ["plan", program, "--budget", "1GiB", "--partition", "1MiB"]):  # fmt: skip
+        assert main([str(a) for a in argv]) == EXIT_BAD_INPUT
+        err = capsys.readouterr().err
+        assert "refused before making any" in err and "Traceback" not in err
+
+
+def test_the_cli_reports_running_out_of_memory_in_words(capsys, monkeypatch):
+    import einpage.cli as cli
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "load_program", exhausted)
+    assert main(["show", "mlp"]) == EXIT_BAD_INPUT
+    assert "einpage: error: out of host memory: the program" in capsys.readouterr().err

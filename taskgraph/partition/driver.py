@@ -14,6 +14,7 @@ from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Concat, Input, Slice, Task, is_input_slice, with_blocks
+from taskgraph.partition.estimate import count_from_sizes
 from taskgraph.partition.feasibility import feasible_limit, tasks_over
 from taskgraph.partition.geometry import aligned
 from taskgraph.partition.materializing import Materializer, NewTask, TaskCapReached
@@ -138,9 +139,10 @@ def partition(
     names and shapes.
 
     Raises `BlockLimitError` (an `InfeasibleBudgetError`) when the limit is below
-    `smallest_feasible_block_limit(tg)`, and `TooManyTasksError` as soon as it has made
-    more than `max_tasks` tasks (None: no cap), so that a tiny limit never runs away
-    (`estimate_tasks` says beforehand about how many it makes).
+    `smallest_feasible_block_limit(tg)`, and `TooManyTasksError` when it would make more
+    than `max_tasks` tasks (None: no cap): before making any when `estimate_tasks`'s
+    count (a lower bound) is already over, else as soon as it has made that many, so
+    that a tiny limit never runs away.
     """
     if not isinstance(tg, TaskGraph):
         raise GraphError(f"partition needs a TaskGraph, got {type(tg).__name__}")
@@ -153,6 +155,10 @@ def partition(
     factors: dict[int, float] = {}
     for _ in range(MAX_ROUNDS):
         sizes = block_sizes(tg, geoms, forced, factors, limit, alignment, absorb)
+        if max_tasks is not None:
+            counted = count_from_sizes(tg, geoms, sizes, limit, alignment).tasks
+            if counted > max_tasks:
+                raise TooManyTasksError(tg.name, limit, max_tasks, counted)
         m = Materializer(tg, geoms, sizes, limit, alignment, max_tasks)
         try:
             outputs = m.run()
@@ -173,14 +179,28 @@ def partition(
 
 
 class TooManyTasksError(PlanError):
-    """`partition` stopped: the block limit would make more than `max_tasks` tasks."""
+    """`partition` stopped: the block limit would make more than `max_tasks` tasks
+    (`counted`: at least that many by `estimate_tasks`, when known before making any);
+    `why` says why the cap is what it is (empty: as the caller gave it)."""
 
-    def __init__(self, name: str, limit: int, max_tasks: int):
-        super().__init__(
-            f"partitioning {name!r} to blocks of {format_bytes(limit)} makes more than "
-            f"{max_tasks:,} tasks; stopped (use a larger block limit or budget)"
+    def __init__(
+        self, name: str, limit: int, max_tasks: int, counted: int | None = None, why: str = ""
+    ):
+        made = (
+            f"makes more than {max_tasks:,} tasks{why}; stopped"
+            if counted is None
+            else f"makes at least {counted:,} tasks, more than {max_tasks:,}{why}; refused "
+            f"before making any"
         )
-        self.limit, self.max_tasks = limit, max_tasks
+        super().__init__(
+            f"partitioning {name!r} to blocks of {format_bytes(limit)} {made} (use a "
+            f"larger block limit or budget)"
+        )
+        self.name, self.limit, self.max_tasks, self.counted = name, limit, max_tasks, counted
+
+    def because(self, why: str) -> TooManyTasksError:
+        """The same error, saying why the cap is what it is."""
+        return TooManyTasksError(self.name, self.limit, self.max_tasks, self.counted, why)
 
 
 @dataclass(frozen=True, slots=True)
