@@ -54,7 +54,7 @@ from einpage.models.generation import (
     generation_inputs,
     generation_program,
 )
-from einpage.pipeline import Compiled
+from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program import Program
 from einpage_core.errors import InfeasibleBudgetError
@@ -689,10 +689,6 @@ def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[s
     largest reference point (resident peak, or streaming minimum) of the programs."""
     if not (isinstance(budget, str) and "%" in budget):
         return budget
-    plan_options = {
-        k: v
-        for k, v in options.items()
-        if k not in ("partition", "verify", "max_blocks", "progress")
-    }
-    opts = memgraph.PlanOptions(**plan_options)
+    plan_options = {k: v for k, v in options.items() if k not in COMPILE_KEYWORDS}
+    opts = memgraph.PlanOptions.from_keywords(plan_options, "einpage.compile", COMPILE_KEYWORDS)
     return max(read_budget(p.build(), budget, opts).nbytes for p in programs.values())

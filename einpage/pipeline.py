@@ -90,6 +90,9 @@ __all__ = [
 PARTITION_MODES = ("auto", "off")
 """`compile(..., partition=)` besides a block limit: split only what does not fit, or never."""
 
+COMPILE_KEYWORDS = ("budget", "partition", "verify", "max_blocks", "progress")
+"""`compile`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
+
 STAGE_SHARES = {"reading the budget": 1, "partitioning": 1, "planning": 6, "verifying": 2}
 """The stages of `compile` in order, and the share of a progress bar each takes."""
 
@@ -370,8 +373,12 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     when even partitioning cannot fit), `BudgetFormatError`, `PlanError`.
     """
     tg = _taskgraph(source)
-    opts = PlanOptions(**options)
+    opts = PlanOptions.from_keywords(options, "einpage.compile", COMPILE_KEYWORDS)
     mode = partition_mode(partition)
+    if max_blocks is not None and (
+        isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 1
+    ):
+        raise PlanError(f"max_blocks must be a count >= 1 or None, got {max_blocks!r}")
     report = ProgressReport(progress, STAGE_SHARES)
     timings: dict[str, float] = {}
     with _timed(timings, "reading the budget"):

@@ -27,6 +27,7 @@ __all__ = [
     "GraphvizNotFoundError",
     "TraceError",
     "MissingDependencyError",
+    "expect_graph",
 ]
 
 
@@ -140,3 +141,13 @@ class MissingDependencyError(EinpageError, ImportError):
         super().__init__(message, name=package)
         self.package = package
         self.extra = extra
+
+
+def expect_graph(value: object, kind: type, where: str, hint: str = "") -> None:
+    """Raise `GraphError` unless `value` is a `kind` (a TaskGraph or MemGraph): API misuse
+    named with what `where` takes, not an AttributeError from inside."""
+    if not isinstance(value, kind):
+        raise GraphError(
+            f"{where} takes a {kind.__module__.split('.')[0]}.{kind.__name__}, got "
+            f"{type(value).__name__} {value!r:.60}{hint}"
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from einpage_core.errors import PlanError
@@ -67,6 +67,21 @@ class PlanOptions:
             raise PlanError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.placement not in PLACEMENTS:
             raise PlanError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+
+    @classmethod
+    def from_keywords(
+        cls, options: dict[str, Any], where: str, others: tuple[str, ...] = ()
+    ) -> PlanOptions:
+        """`PlanOptions(**options)`, refusing a name that is no option with a `PlanError`
+        naming what `where` takes (its own keywords `others` and the planner's)."""
+        known = [f.name for f in fields(cls)]
+        unknown = [name for name in options if name not in known]
+        if unknown:
+            raise PlanError(
+                f"{where} has no option {', '.join(map(repr, unknown))}; it takes "
+                f"{', '.join([*others, *known])}"
+            )
+        return cls(**options)
 
     def info(self) -> dict[str, Any]:
         cost = get_cost_model(self.cost_model)

@@ -153,7 +153,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from einpage_core.errors import GraphError, PlanError
+from einpage_core.errors import PlanError, expect_graph
 from einpage_core.progress import Tick
 from memgraph.budgets import (
     BudgetReading,
@@ -223,18 +223,16 @@ def plan(
     "Partitioning" above), `BudgetFormatError` for a malformed budget, `PlanError` for a
     bad option.
     """
-    if not isinstance(tg, TaskGraph):
-        raise GraphError(
-            f"memgraph.plan takes a TaskGraph, got {type(tg).__name__} {tg!r:.60}: build a "
-            "Program with .build(), load a preset with einpage.presets.load_program(name), "
-            "or use einpage.compile(program, budget)"
-        )
+    expect_graph(
+        tg, TaskGraph, "memgraph.plan", ": build a Program with .build(), load a preset "
+        "with einpage.presets.load_program(name), or use einpage.compile(program, budget)",
+    )  # fmt: skip
     if "partition" in options:
         raise PlanError(
             "memgraph.plan does not partition: use einpage.compile(tg, budget, "
             "partition=...), or plan taskgraph.partition(tg, limit)"
         )
-    opts = PlanOptions(**options)
+    opts = PlanOptions.from_keywords(options, "memgraph.plan", ("budget", "progress"))
     reading = read_budget(tg, budget, opts)
     needed = check_budget(tg, reading, opts)
     planner = HorizonPlanner(tg, reading.nbytes, opts, progress=progress)

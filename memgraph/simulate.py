@@ -56,7 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from einpage_core.errors import EinpageError, GraphError
+from einpage_core.errors import EinpageError, GraphError, expect_graph
 from einpage_core.units import format_bytes
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph
@@ -261,6 +261,7 @@ def simulate(
     "h100-pcie5"); explicit rates override it or, alone, define the machine (see
     `resolve_cost_model`). `timeline=True` also records the events and node times.
     """
+    expect_graph(mg, MemGraph, "memgraph.simulate")
     model = resolve_cost_model(
         cost_model,
         flops_per_s=flops_per_s,

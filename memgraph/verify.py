@@ -75,7 +75,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from einpage_core.errors import VerificationError
+from einpage_core.errors import VerificationError, expect_graph
 from einpage_core.progress import Tick, ticks
 from memgraph.graph import MemGraph
 from memgraph.happens_before import waits_for
@@ -132,6 +132,7 @@ class _Assembly:
 def verify(mg: MemGraph, progress: Tick | None = None) -> VerifyReport:
     """Check every invariant of `mg`; raise `VerificationError` naming the first violation.
     `progress`, if given, is called as `progress(nodes checked, nodes)` now and then."""
+    expect_graph(mg, MemGraph, "memgraph.verify")
     return _Verifier(mg).run(progress)
 
 

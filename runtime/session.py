@@ -33,10 +33,10 @@ import numpy as np
 from einpage_core.errors import (
     BackendError,
     EinpageError,
-    GraphError,
     InputError,
     UnsupportedError,
     VerificationError,
+    expect_graph,
 )
 from einpage_core.host import available_memory
 from einpage_core.progress import Tick, ticks
@@ -51,6 +51,9 @@ from runtime.schedule import Schedule, check_dependencies, random_order, resolve
 from runtime.trace import Trace
 
 __all__ = ["run", "Session", "RunReport", "verified", "clear_buffer_cache", "BUFFER_CACHE_PLANS"]
+
+PLAN_FIRST = " (a plan: einpage.compile(program, budget).plan, or MemGraph.from_json)"
+"""What a run takes, said when given something else (a TaskGraph, a file name)."""
 
 _VERIFIED: weakref.WeakKeyDictionary[MemGraph, VerifyReport | VerificationError] = (
     weakref.WeakKeyDictionary()
@@ -278,8 +281,7 @@ class Session:
         host_budget: int | str | None = None,
         **options: Any,
     ):
-        if not isinstance(mg, MemGraph):
-            raise GraphError(f"expected a memgraph.MemGraph, got {type(mg).__name__}")
+        expect_graph(mg, MemGraph, "runtime.Session", PLAN_FIRST)
         self._closed = True
         self.mg = mg
         self.tg = mg.taskgraph
@@ -658,8 +660,7 @@ def run(
 
     >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
     """
-    if not isinstance(mg, MemGraph):
-        raise GraphError(f"expected a memgraph.MemGraph, got {type(mg).__name__}")
+    expect_graph(mg, MemGraph, "runtime.run", PLAN_FIRST)
     mg.taskgraph.check_inputs(inputs)
     with Session(
         mg,

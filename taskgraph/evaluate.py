@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage_core.errors import InputError
+from einpage_core.errors import InputError, expect_graph
 from taskgraph import dtypes
 from taskgraph.dispatch import OpTable
 from taskgraph.einsum import take_diagonals
@@ -79,6 +79,7 @@ def evaluate(
     `dtype="float64"` computes every float tensor in float64 (outputs too). Inputs are
     checked first: missing or extra names, shapes and dtypes raise `InputError`.
     """
+    expect_graph(tg, TaskGraph, "taskgraph.evaluate")
     tg.check_inputs(inputs)
     wide = None if dtype is None else dtypes.canonical(dtype)
     if wide is not None and not dtypes.is_float(wide):

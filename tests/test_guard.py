@@ -99,7 +99,7 @@ def test_any_budget_compiles_or_raises_a_typed_error_with_bounded_tasks(case, st
 def test_api_misuse_raises_typed_errors_that_say_what_was_expected():
     from einpage_core.errors import GraphError, ProgramError
 
-    with pytest.raises(GraphError, match="takes a TaskGraph, got str"):
+    with pytest.raises(GraphError, match="takes a taskgraph.TaskGraph, got str"):
         memgraph.plan("mlp", "1GiB")
     with pytest.raises(ProgramError, match="non-empty string, got 3"):
         ep.Program(3)
@@ -108,6 +108,43 @@ def test_api_misuse_raises_typed_errors_that_say_what_was_expected():
         prog.slice(3, (0,), (1,))
     with pytest.raises(EinpageError, match="shape must be a sequence of ints"):
         prog.fill(3, 1.0)
+
+
+def test_every_entry_point_names_the_graph_it_takes():
+    """Passing a string where a graph belongs raised AttributeError from inside
+    `taskgraph.evaluate` and `memgraph.verify`; every entry point says what it takes."""
+    import runtime
+    import taskgraph
+    from einpage_core.errors import GraphError
+
+    calls = {
+        "taskgraph.evaluate takes a taskgraph.TaskGraph": lambda: taskgraph.evaluate("mlp", {}),
+        "memgraph.plan takes a taskgraph.TaskGraph": lambda: memgraph.plan("mlp", "1GiB"),
+        "memgraph.verify takes a memgraph.MemGraph": lambda: memgraph.verify("p.json"),
+        "memgraph.simulate takes a memgraph.MemGraph": lambda: memgraph.simulate("p.json"),
+        "runtime.run takes a memgraph.MemGraph": lambda: runtime.run("p.json", {}),
+        "runtime.Session takes a memgraph.MemGraph": lambda: runtime.Session("p.json"),
+    }
+    for message, call in calls.items():
+        with pytest.raises(GraphError, match=f"^{message}, got str '(mlp|p.json)'"):
+            call()
+
+
+def test_compile_names_its_options_when_given_one_it_lacks():
+    from einpage_core.errors import PlanError
+
+    tg = load_program("mlp", batch=64, seq=None)
+    with pytest.raises(
+        PlanError,
+        match=r"einpage.compile has no option 'evict'; it takes "
+        r"budget, partition, verify, max_blocks, progress, order, eviction",
+    ):
+        ep.compile(tg, "1GiB", evict="lru")
+    with pytest.raises(PlanError, match="memgraph.plan has no option 'partition_size'"):
+        memgraph.plan(tg, "1GiB", partition_size=4096)
+    for bad in ("many", 0, True, 2.5):
+        with pytest.raises(PlanError, match="max_blocks must be a count >= 1 or None"):
+            ep.compile(tg, "1KiB", max_blocks=bad)
 
 
 def test_no_cap_still_refuses_what_the_host_memory_cannot_plan(monkeypatch):

@@ -99,7 +99,8 @@ def test_unverifiable_plan_is_refused_and_verification_is_cached(mlp, monkeypatc
 
 
 def test_not_a_memgraph():
-    with pytest.raises(GraphError, match="expected a memgraph.MemGraph"):
+    takes = "runtime.run takes a memgraph.MemGraph, got TaskGraph .*a plan: einpage.compile"
+    with pytest.raises(GraphError, match=takes):
         runtime.run(mlp_program(), {}, "numpy")
 
 
