@@ -132,7 +132,7 @@ def _program(args: argparse.Namespace) -> TaskGraph:
 
 
 def _cmd_show(args: argparse.Namespace, console: Console) -> int:
-    check_outputs(args, ("output", "json", "-o"), ("render", "graph picture", "--render"))
+    check_outputs(args, ("output", "JSON file", "-o"), ("render", "graph picture", "--render"))
     with console.stages(2):
         with console.stage("building the program"):
             tg = _program(args)
@@ -246,7 +246,7 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    check_outputs(args, ("output", "arrays", "-o"), ("trace", "json", "--trace"))
+    check_outputs(args, ("output", "file of arrays", "-o"), ("trace", "JSON file", "--trace"))
     stages = 4 + 2 * bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):

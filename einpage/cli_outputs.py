@@ -43,11 +43,11 @@ def check_outputs(args: argparse.Namespace, *outputs: tuple[str, str, str]) -> N
 
 
 PLAN_OUTPUTS = (
-    ("output", "json", "-o"),
+    ("output", "JSON file", "-o"),
     ("render", "graph picture", "--render"),
     ("memory_map", "plot", "--memory-map"),
     ("timeline", "plot", "--timeline"),
-    ("trace", "json", "--trace"),
+    ("trace", "JSON file", "--trace"),
     ("memory_snapshot", "snapshot", "--memory-snapshot"),
 )
 """`einpage plan`'s outputs: (attribute, kind, option)."""

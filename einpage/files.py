@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -38,10 +39,10 @@ __all__ = [
 ]
 
 OUTPUT_KINDS: dict[str, tuple[str, ...]] = {
-    "json": (".json",),
+    "JSON file": (".json",),
     "graph picture": tuple("." + f for f in DOT_FORMATS),
     "plot": tuple("." + f for f in PLOT_FORMATS),
-    "arrays": (".npz",),
+    "file of arrays": (".npz",),
     "snapshot": (".pickle", ".pkl"),
 }
 """The suffixes each kind of output the CLI writes accepts."""
@@ -151,27 +152,32 @@ def load_json_graph(path: str | Path) -> MemGraph | TaskGraph:
 
 
 def check_output(path: str | os.PathLike[str], kind: str, option: str) -> Path:
-    """`path` as an output of `kind` (see `OUTPUT_KINDS`), checked before any work: its
-    suffix is one that kind accepts and its folder exists and is writable. `InputError`
-    names the `option` and the problem."""
+    """`path` as an output of `kind` (see `OUTPUT_KINDS`), checked before any work: it is
+    not a folder, its suffix is one that kind accepts, and its folder exists and takes a
+    new file (tried: permissions alone miss read-only mounts, and root passes them all).
+    `InputError` names the `option` and the problem."""
     path = Path(path)
+    where = f"{option} {str(path)!r}"
+    if path.is_dir():
+        raise InputError(f"{where} is a folder; give a file name")
     suffixes = OUTPUT_KINDS[kind]
     if path.suffix.lower() not in suffixes:
         found = path.suffix.lower().lstrip(".")
         raise InputError(
-            f"{option} {str(path)!r}: unknown format {found!r}; a {kind} is written as "
-            f"{' or '.join(suffixes)}"
+            f"{where}: unknown format {found!r}; a {kind} is written as {' or '.join(suffixes)}"
         )
     folder = path.parent
     if not folder.is_dir():
         raise InputError(
-            f"{option} {str(path)!r}: No such file or directory (the folder "
-            f"{str(folder)!r} does not exist)"
+            f"{where}: No such file or directory (the folder {str(folder)!r} does not exist)"
         )
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {str(path)!r}: the folder {str(folder)!r} is not writable")
-    if path.is_dir():
-        raise InputError(f"{option} {str(path)!r} is a folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{path.stem}.einpage-check-"):
+            pass
+    except OSError as err:
+        raise InputError(
+            f"{where}: the folder {str(folder)!r} does not take new files ({err.strerror or err})"
+        ) from None
     return path
 
 

@@ -43,6 +43,22 @@ def test_bad_output_paths_are_refused_before_any_work(capsys, tmp_path, option, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_is_not_an_output_file(capsys, tmp_path):
+    code, out, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", "-o", tmp_path)
+    assert code == EXIT_BAD_INPUT and "is a folder; give a file name" in err and out == ""
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_files_is_refused_before_any_work(capsys):
+    """/proc passes `os.access(W_OK)` for root (as CI runs) yet takes no new file: the old
+    check let the plan run and then failed writing it; a tried file catches it first."""
+    code, out, err = cli(
+        capsys, "plan", *SMALL_MLP, "--budget", "50%streaming", "-o", "/proc/p.json"
+    )
+    assert code == EXIT_BAD_INPUT and out == ""
+    assert "-o '/proc/p.json': the folder '/proc' does not take new files" in err
+
+
 def test_a_failing_picture_leaves_the_others_and_says_which(capsys, tmp_path, monkeypatch):
     import memgraph.graph
 
@@ -70,10 +86,10 @@ def test_atomic_output_replaces_whole_or_not_at_all(tmp_path):
     with atomic_output(target) as temporary:
         temporary.write_text("new")
     assert target.read_text() == "new" and sorted(tmp_path.iterdir()) == [target]
-    assert check_output(target, "json", "-o") == target
+    assert check_output(target, "JSON file", "-o") == target
     (tmp_path / "d.json").mkdir()
     with pytest.raises(InputError, match="is a folder"):
-        check_output(tmp_path / "d.json", "json", "-o")
+        check_output(tmp_path / "d.json", "JSON file", "-o")
 
 
 @pytest.mark.skipif(os.name != "posix", reason="pipes as on Unix")
