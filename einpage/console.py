@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import memgraph
-from einpage.pipeline import bytes_by_dtype
+from einpage.pipeline import bytes_by_dtype, main_dtype
 from einpage_core.progress import Progress
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
@@ -164,7 +164,8 @@ def plan_title(mg: MemGraph) -> str:
     info = mg.info
     words = {"order": "order", "eviction": "eviction", "cost_model": "cost model"}
     options = ", ".join(f"{word} {info[key]}" for key, word in words.items() if key in info)
-    return f"plan of {mg.taskgraph.name!r}: {len(mg)} nodes, {len(mg.taskgraph)} tasks" + (
+    tg = mg.taskgraph
+    return f"plan of {tg.name!r} ({main_dtype(tg)}): {len(mg)} nodes, {len(tg)} tasks" + (
         f" ({options})" if options else ""
     )
 

@@ -84,7 +84,11 @@ __all__ = [
     "estimated_blocks",
     "check_block_count",
     "task_cap",
+    "explicit_partition",
     "PLANNER_BYTES_PER_TASK",
+    "COMPILE_KEYWORDS",
+    "bytes_by_dtype",
+    "main_dtype",
 ]
 
 PARTITION_MODES = ("auto", "off")
@@ -282,7 +286,7 @@ class Compiled:
             (
                 "program",
                 f"{tg.name!r}: {len(tg)} tasks, {format_count(tg.total_flops, 'FLOP')}, "
-                f"{_main_dtype(tg)}",
+                f"{main_dtype(tg)}",
             ),
             ("budget", str(self.budget)),
         ]
@@ -408,7 +412,7 @@ def bytes_by_dtype(tg: TaskGraph) -> dict[str, int]:
     return dict(sorted(by_dtype.items(), key=lambda item: -item[1]))
 
 
-def _main_dtype(tg: TaskGraph) -> str:
+def main_dtype(tg: TaskGraph) -> str:
     """The dtype holding most of a program's bytes (what its figures are in)."""
     return next(iter(bytes_by_dtype(tg)), "no tensors")
 

@@ -232,12 +232,19 @@ def test_random_inputs_larger_than_memory_are_refused_with_numbers():
     assert available_memory() is None or available_memory() > 0
 
 
-def test_tables_say_the_dtype(capsys):
+def test_tables_say_the_dtype(capsys, tmp_path):
     """The presets default to float32 while README figures are float16: every table says."""
     code, out, _ = cli(capsys, "show", "mlp", "--summary", "--dtype", "float16")
     assert code == 0 and "dtypes" in out and "float16 (" in out
     code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", "50%streaming")
     assert code == 0 and re_search(r"program\s+'mlp': .* float32", out)
+    plan = tmp_path / "p.json"
+    assert (
+        cli(capsys, "plan", *SMALL_MLP, "--dtype", "float16", "--budget", "1GiB", "-o", plan)[0]
+        == 0
+    )
+    code, out, _ = cli(capsys, "stats", plan)
+    assert code == 0 and "plan of 'mlp' (float16): " in out.splitlines()[0]
 
 
 def re_search(pattern, text):
