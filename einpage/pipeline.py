@@ -632,13 +632,13 @@ def _no_block_fits(
         capped = _smallest_under(tg, max_blocks, smallest, alignment)
     culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
     unsplit = (
-        f"unsplit, {holds_at_once(tg, task_id, alignment)} ({_size(needed)})"
+        f"{holds_at_once(tg, task_id, alignment)} ({_size(needed)})"
         if task_id is not None
-        else f"unsplit, the program needs {_size(needed)}"
+        else f"the program needs {_size(needed)}"
     )
     text = (
         f"budget {reading.asked}{_size(reading.nbytes)} is below the smallest budget that "
-        f"compiles, {_size(capped)}. {unsplit[0].upper()}{unsplit[1:]}; partitioning "
+        f"compiles, {_size(capped)}. Unsplit, {unsplit}; partitioning "
         f"brings that down to the smallest block limit that works, {_size(floor)}, what "
         f"task %{floor_task} needs even split as finely as allowed ({culprit})"
     )

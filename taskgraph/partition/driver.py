@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from einpage_core.errors import GraphError, InfeasibleBudgetError, PlanError
+from einpage_core.errors import GraphError, InfeasibleBudgetError, PlanError, expect_graph
 from einpage_core.units import format_bytes, parse_bytes
 from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
@@ -144,8 +144,7 @@ def partition(
     count (a lower bound) is already over, else as soon as it has made that many, so
     that a tiny limit never runs away.
     """
-    if not isinstance(tg, TaskGraph):
-        raise GraphError(f"partition needs a TaskGraph, got {type(tg).__name__}")
+    expect_graph(tg, TaskGraph, "taskgraph.partition")
     limit = parse_bytes(max_block_bytes)
     alignment = _check_alignment(alignment)
     geoms = geometries(tg)
