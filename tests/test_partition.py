@@ -352,7 +352,7 @@ def test_bad_arguments():
     tg = attention_program()
     with pytest.raises(GraphError, match="alignment must be a positive int"):
         partition(tg, 4096, alignment=0)
-    with pytest.raises(GraphError, match="taskgraph.partition takes a taskgraph.TaskGraph, got str"):
+    with pytest.raises(GraphError, match="partition takes a taskgraph.TaskGraph, got str"):
         partition("graph", 4096)
     with pytest.raises(ep.units.BudgetFormatError):
         partition(tg, "lots")
