@@ -1,8 +1,9 @@
 """The CuPy backend: plans executed on a CUDA GPU.
 
-* The arena is one device allocation of exactly `budget` bytes (`cupy.cuda.Memory`,
-  outside any memory pool); tensors are `cupy.ndarray` views of it at their planned
-  offsets (`memptr=arena + offset`).
+* The arena is one device allocation (`cupy.cuda.Memory`, outside any memory pool) of
+  the bytes the plan uses, at most `budget` (`runtime.interpreter.arena_bytes`);
+  tensors are `cupy.ndarray` views of it at their planned offsets (`memptr=arena +
+  offset`).
 * Host memory is one pinned (page-locked) buffer allocated up front and carved into
   the plan's host storages and the staging slots of device-side inputs and outputs,
   so every transfer is an asynchronous copy and nothing is pinned per transfer. A

@@ -31,13 +31,20 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import HostBox, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
 
-__all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT"]
+__all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT", "arena_bytes"]
 
 POISON_BYTE = 0xFF
 """Freed (and never written) memory is filled with this byte when poisoning: every
 float dtype reads it as NaN and every int dtype as -1."""
 
 HOST_ALIGNMENT = 256
+
+
+def arena_bytes(mg: MemGraph) -> int:
+    """The device bytes a run of `mg` allocates for its arena: up to the end of the highest
+    region the plan uses (`PlanStats.high_water`), never more than the budget – a plan
+    at "60GiB" that uses 3 MiB allocates 3 MiB."""
+    return min(mg.budget, max(1, mg.stats.high_water))
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,7 @@ class Interpreter:
         self.tg = mg.taskgraph
         self.backend = backend
         self.arena = arena
+        self.arena_bytes = arena_bytes(mg)
         self.host = host
         self.layout = layout
         self.poison = poison
@@ -148,10 +156,10 @@ class Interpreter:
         view = self._views.get(key)
         if view is None:
             task = self.tg[task_id]
-            if region.offset < 0 or region.offset + task.nbytes > self.mg.budget:
+            if region.offset < 0 or region.offset + task.nbytes > self.arena_bytes:
                 raise BackendError(
                     f"%{task_id} ({task.nbytes} bytes) at offset {region.offset} does not fit "
-                    f"in the arena of {self.mg.budget} bytes"
+                    f"in the arena of {self.arena_bytes} bytes"
                 )
             view = self.backend.view(self.arena, region.offset, task.shape, task.dtype)
             self._views[key] = view
@@ -162,10 +170,10 @@ class Interpreter:
         key = (region.offset, box.sizes, box.dtype)
         view = self._views.get(key)
         if view is None:
-            if region.offset < 0 or region.offset + box.nbytes > self.mg.budget:
+            if region.offset < 0 or region.offset + box.nbytes > self.arena_bytes:
                 raise BackendError(
                     f"a copy of {box.nbytes} bytes at offset {region.offset} does not fit in "
-                    f"the arena of {self.mg.budget} bytes"
+                    f"the arena of {self.arena_bytes} bytes"
                 )
             if box.nbytes > region.size:
                 raise BackendError(f"a copy of {box.nbytes} bytes does not fit in {region}")
@@ -175,7 +183,7 @@ class Interpreter:
 
     def byte_view(self, region: Region) -> Any:
         """The arena bytes of `region`."""
-        size = max(0, min(region.size, self.mg.budget - region.offset))
+        size = max(0, min(region.size, self.arena_bytes - region.offset))
         return self.backend.view(self.arena, region.offset, (size,), "uint8")
 
     def host_view(self, storage: int) -> np.ndarray:

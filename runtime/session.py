@@ -1,7 +1,8 @@
 """Running plans: `run` for one call, `Session` to keep the arena and staged inputs alive.
 
-A `Session` verifies its MemGraph once, allocates the device arena (`budget` bytes)
-and one host buffer for every host storage, and creates the streams of its mode.
+A `Session` verifies its MemGraph once, allocates the device arena (the bytes the
+plan uses, at most its budget: `runtime.interpreter.arena_bytes`) and one host
+buffer for every host storage, and creates the streams of its mode.
 `stage(weights)` places inputs once; each `run(activations)` then places only the
 inputs it is given, issues every node in the mode's order, synchronizes, and
 returns the outputs as fresh host NumPy arrays. `session.last` is a `RunReport`
@@ -46,7 +47,7 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import node_event
 from memgraph.verify import VerifyReport, verify
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
-from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter
+from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, arena_bytes
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
@@ -153,8 +154,9 @@ class RunReport:
         )
 
 
-def _check_partial(mg: MemGraph, arrays: Any) -> None:
-    """Check names, shapes and dtypes of some of the inputs (for `stage`)."""
+def _conform_partial(mg: MemGraph, arrays: Any) -> dict[str, Any]:
+    """Some of the inputs (for `stage`), checked and converted as
+    `TaskGraph.conform_inputs` does for all of them."""
     if not isinstance(arrays, Mapping):
         raise InputError(f"inputs must be a mapping of name to array, got {type(arrays).__name__}")
     tg = mg.taskgraph
@@ -162,7 +164,9 @@ def _check_partial(mg: MemGraph, arrays: Any) -> None:
     if unknown:
         known = ", ".join(map(repr, tg.inputs))
         raise InputError(f"unknown input(s) {', '.join(map(repr, unknown))}; inputs are {known}")
-    tg.check_inputs({**_placeholders(mg, exclude=arrays), **arrays})
+    _reject_device_arrays(arrays)
+    conformed = tg.conform_inputs({**_placeholders(mg, exclude=arrays), **arrays})
+    return {name: conformed[name] for name in arrays}
 
 
 class _Placeholder:
@@ -233,8 +237,13 @@ def check_host_budget(
                 f"the plan needs {format_bytes(need)} ({need} bytes) of host memory – "
                 f"{format_bytes(layout.nbytes)} of host storage"
                 + (f" and a {format_bytes(arena)} arena" if backend.arena_on_host else "")
-                + f" – and {format_bytes(available)} is available: free memory, or plan "
-                "with fewer offloads"
+                + f" – and {format_bytes(available)} is available: "
+                + (
+                    "the NumPy backend's arena is host memory as large as the plan's device "
+                    "memory, so plan with a smaller budget, or free memory"
+                    if backend.arena_on_host and arena > layout.nbytes
+                    else "free memory, or plan with a larger budget (fewer offloads)"
+                )
             )
         return
     limit = parse_bytes(host_budget)
@@ -302,7 +311,7 @@ class Session:
         self.schedule = Schedule.build(mg, self.mode, self.poison)
         self.layout = HostLayout.of(mg, self.backend.host_staging)
         try:
-            check_host_budget(self.layout, host_budget, self.backend, mg.budget)
+            check_host_budget(self.layout, host_budget, self.backend, arena_bytes(mg))
         except HostBudgetError:
             if self._owns_backend:
                 self.backend.close()
@@ -312,7 +321,7 @@ class Session:
         if cached is not None:
             self.arena, self.host = cached
         else:
-            self.arena = self.backend.allocate_arena(mg.budget)
+            self.arena = self.backend.allocate_arena(arena_bytes(mg))
             self.host = self.backend.allocate_host(self.layout.nbytes)
         concurrent = self.mode == "streams"
         self.streams: dict[str, Stream] = {
@@ -377,8 +386,7 @@ class Session:
         The data is copied: changing the arrays afterwards does not change the session.
         """
         self._check_open()
-        _check_partial(self.mg, arrays)
-        _reject_device_arrays(arrays)
+        arrays = _conform_partial(self.mg, arrays)
         for name, value in arrays.items():
             self._staged[name] = self._place(name, value, persist=True)
 
@@ -434,8 +442,9 @@ class Session:
             raise InputError(
                 f"inputs must be a mapping of name to array, got {type(inputs).__name__}"
             )
-        self.tg.check_inputs({**self._staged, **inputs})
         _reject_device_arrays(inputs)
+        conformed = self.tg.conform_inputs({**self._staged, **inputs})
+        inputs = {name: conformed[name] for name in inputs}
         started = time.perf_counter()
         for name, value in inputs.items():
             placed = self._place(name, value, persist=name in self._staged)
@@ -445,7 +454,8 @@ class Session:
         timing = self._execute(seed, trace, progress)
         outputs = self._collect()
         seconds = time.perf_counter() - started
-        memory = {**self.backend.memory_report(self.mg.budget), "host_bytes": self.layout.nbytes}
+        arena = self.interpreter.arena_bytes
+        memory = {**self.backend.memory_report(arena), "host_bytes": self.layout.nbytes}
         self.last = RunReport(
             backend=self.backend.name,
             mode=self.mode,
@@ -524,7 +534,7 @@ class Session:
     def _poison_scratch(self) -> None:
         stream = self.streams[self.schedule.streams[0]]
         stream.context = "poisoning the arena"
-        whole = self.backend.view(self.arena, 0, (self.mg.budget,), "uint8")
+        whole = self.backend.view(self.arena, 0, (self.interpreter.arena_bytes,), "uint8")
         self.backend.fill_bytes(whole, POISON_BYTE, stream)
         for storage in self._scratch_storages:
             slot = self.layout.storages[storage]
@@ -650,7 +660,8 @@ def run(
 ) -> dict[str, np.ndarray]:
     """Execute the plan `mg` on `inputs` (name -> NumPy array); return its outputs.
 
-    Inputs are checked first (names, shapes, dtypes: `InputError`), then the plan
+    Inputs are checked first (names, shapes, dtypes: `InputError`; an array of another
+    float or integer type is converted to the input's: `TaskGraph.conform_inputs`), then the plan
     (`memgraph.verify`, once per plan: `VerificationError`). `backend` is "auto"
     (CuPy when a GPU is usable, else NumPy), "numpy" or "cupy"; `mode` is
     "sequential", "streams" (alias "threaded") or "random" (ordered by `seed`);
@@ -661,7 +672,7 @@ def run(
     >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
     """
     expect_graph(mg, MemGraph, "runtime.run", PLAN_FIRST)
-    mg.taskgraph.check_inputs(inputs)
+    inputs = mg.taskgraph.conform_inputs(inputs)
     with Session(
         mg,
         backend,

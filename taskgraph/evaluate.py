@@ -77,10 +77,11 @@ def evaluate(
     """Evaluate `tg` on `inputs` (name -> array) and return its outputs (name -> ndarray).
 
     `dtype="float64"` computes every float tensor in float64 (outputs too). Inputs are
-    checked first: missing or extra names, shapes and dtypes raise `InputError`.
+    checked first: missing or extra names, shapes and dtypes raise `InputError` (an array
+    of another float or integer type is converted to the input's: `TaskGraph.conform_inputs`).
     """
     expect_graph(tg, TaskGraph, "taskgraph.evaluate")
-    tg.check_inputs(inputs)
+    inputs = tg.conform_inputs(inputs)
     wide = None if dtype is None else dtypes.canonical(dtype)
     if wide is not None and not dtypes.is_float(wide):
         raise InputError(f"evaluate: dtype must be a float type, got {wide}")

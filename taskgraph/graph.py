@@ -19,6 +19,7 @@ import numpy as np
 
 from einpage_core.errors import InputError
 from einpage_core.units import format_bytes, format_count
+from taskgraph import dtypes
 from taskgraph.nodes import Input, Task, is_input_slice
 
 __all__ = ["TaskGraph"]
@@ -93,6 +94,32 @@ class TaskGraph:
     def input_bytes(self) -> int:
         """Bytes of all inputs (weights and activations)."""
         return sum(self.tasks[i].nbytes for i in self.inputs.values())
+
+    def conform_inputs(self, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        """`arrays` checked as `check_inputs` checks them, except that an array of another
+        dtype of the same kind is converted to the one the program declares: floats to
+        the input's float type (rounded to nearest, as `astype`), integers to its integer
+        type. What runs is what the program says, so a float32 RoPE table feeds a float16
+        program as it would after `astype("float16")`. Refused with `InputError`: another
+        kind (floats for integer ids, or the reverse), and values the declared type cannot
+        hold (a finite float that overflows to infinity, an integer out of range) – the
+        message names the input, how many values and the first one.
+        """
+        if not isinstance(arrays, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of name to array, got {type(arrays).__name__}"
+            )
+        converted = dict(arrays)
+        for name, task_id in self.inputs.items():
+            value = arrays.get(name)
+            given = getattr(value, "dtype", None)
+            if given is None or np.dtype(given).name == self.tasks[task_id].dtype:
+                continue
+            if getattr(value, "shape", None) != self.tasks[task_id].shape:
+                continue  # check_inputs names the shape
+            converted[name] = _converted(name, np.asarray(value), self.tasks[task_id].dtype)
+        self.check_inputs(converted)
+        return converted
 
     def check_inputs(self, arrays: Mapping[str, Any]) -> None:
         """Raise `InputError` unless `arrays` has exactly this graph's inputs with their shapes
@@ -182,3 +209,30 @@ class TaskGraph:
         from taskgraph.serialize import taskgraph_from_json
 
         return taskgraph_from_json(text)
+
+
+def _converted(name: str, value: np.ndarray, dtype: str) -> np.ndarray:
+    """`value` as `dtype` when both are floats or both integers (see
+    `TaskGraph.conform_inputs`); the array unchanged otherwise (check_inputs refuses it)."""
+    is_float = dtypes.is_float_array(value.dtype)
+    is_int = np.issubdtype(value.dtype, np.integer)
+    if dtypes.is_float(dtype) != is_float or not (is_float or is_int):
+        return value
+    target = dtypes.numpy_dtype(dtype)
+    if is_float:
+        with np.errstate(over="ignore"):
+            result = value.astype(target)
+        lost = np.isfinite(value) & ~np.isfinite(result)
+    else:
+        limits = np.iinfo(target)
+        lost = (value < limits.min) | (value > limits.max)
+        result = value.astype(target)
+    if lost.any():
+        where = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise InputError(
+            f"input {name!r}: {int(lost.sum())} value(s) of the {value.dtype} array do not fit "
+            f"the program's {dtype} (e.g. {value[where]!r} at {list(where)}); scale them, or "
+            f"build the program in a wider dtype"
+        )
+    return result
+

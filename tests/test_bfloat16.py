@@ -113,9 +113,12 @@ def test_bfloat16_programs_list_serialize_and_check_inputs():
     tg = small_program()
     assert tg[0].type_str == "bf16[4,8]" and tg[0].nbytes == 64
     assert TaskGraph.from_json(tg.to_json()).tasks == tg.tasks
-    wrong = {**small_inputs(), "x": np.zeros((4, 8), np.float32)}
-    with pytest.raises(InputError, match="expected dtype bfloat16, got float32"):
+    wrong = {**small_inputs(), "x": np.zeros((4, 8), np.int32)}
+    with pytest.raises(InputError, match="expected dtype bfloat16, got int32"):
         taskgraph.evaluate(tg, wrong)
+    wide = {**small_inputs(), "x": small_inputs()["x"].astype(np.float32)}
+    for name, value in taskgraph.evaluate(tg, wide).items():  # float32 runs as bfloat16
+        np.testing.assert_array_equal(value, taskgraph.evaluate(tg, small_inputs())[name])
     with pytest.raises(DTypeError, match="operand 1 is float32 but operand 0 is bfloat16"):
         prog = ep.Program()
         prog.einsum("i,i->i", prog.input("a", (2,), "bf16"), prog.input("b", (2,)))

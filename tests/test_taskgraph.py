@@ -175,8 +175,10 @@ def test_evaluate_checks_inputs():
         taskgraph.evaluate(tg, {"x": x, "w": w, "z": x})
     with pytest.raises(InputError, match=r"input 'x': expected shape \(4, 8\), got \(8, 4\)"):
         taskgraph.evaluate(tg, {"x": x.T, "w": w})
-    with pytest.raises(InputError, match="input 'w': expected dtype float32, got float64"):
-        taskgraph.evaluate(tg, {"x": x, "w": w.astype("float64")})
+    with pytest.raises(InputError, match="input 'w': expected dtype float32, got int32"):
+        taskgraph.evaluate(tg, {"x": x, "w": w.astype("int32")})
+    with pytest.raises(InputError, match="'w': 128 value.*float64 array do not fit.*float32"):
+        taskgraph.evaluate(tg, {"x": x, "w": np.full((8, 16), 1e300)})
     with pytest.raises(InputError, match="mapping"):
         taskgraph.evaluate(tg, [x, w])
 

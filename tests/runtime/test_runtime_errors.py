@@ -14,6 +14,7 @@ from runtime_cases import block_program, make_inputs, mlp_program
 
 import runtime
 import runtime.session
+import taskgraph
 from einpage.errors import (
     BackendError,
     BackendUnavailableError,
@@ -41,12 +42,31 @@ def test_missing_extra_and_mistyped_inputs_are_named(mlp):
         runtime.run(mg, {k: v for k, v in inputs.items() if k != "w2"}, "numpy")
     with pytest.raises(InputError, match="unknown input.*'bogus'"):
         runtime.run(mg, {**inputs, "bogus": inputs["x"]}, "numpy")
-    with pytest.raises(InputError, match="input 'x': expected dtype float32, got float64"):
-        runtime.run(mg, {**inputs, "x": inputs["x"].astype("float64")}, "numpy")
+    with pytest.raises(InputError, match="input 'x': expected dtype float32, got int64"):
+        runtime.run(mg, {**inputs, "x": inputs["x"].astype("int64")}, "numpy")
+    with pytest.raises(InputError, match=r"input 'x': 1 value\(s\) of the float64 array do not"):
+        big = inputs["x"].astype("float64")
+        big[0, 1] = 1e300
+        runtime.run(mg, {**inputs, "x": big}, "numpy")
     with pytest.raises(InputError, match=r"input 'w1': expected shape \(8, 16\), got \(16, 8\)"):
         runtime.run(mg, {**inputs, "w1": inputs["w1"].T}, "numpy")
     with pytest.raises(InputError, match="mapping"):
         runtime.run(mg, [inputs["x"]], "numpy")
+
+
+def test_inputs_of_another_float_type_run_as_the_program_declares(mlp):
+    """A float64 (or float16) array for a float32 input runs as its astype("float32")
+    would: the plan's dtype is what runs, the reference evaluator agrees."""
+    mg, inputs = mlp
+    wide = {name: value.astype("float64") for name, value in inputs.items()}  # exact widening
+    exact = runtime.run(mg, inputs, "numpy")
+    np.testing.assert_array_equal(runtime.run(mg, wide, "numpy")["y"], exact["y"])
+    reference = taskgraph.evaluate(mg.taskgraph, inputs)
+    np.testing.assert_array_equal(taskgraph.evaluate(mg.taskgraph, wide)["y"], reference["y"])
+    with runtime.Session(mg, "numpy") as session:
+        session.stage({"w1": wide["w1"]})
+        got = session.run({k: v for k, v in wide.items() if k != "w1"})
+    np.testing.assert_array_equal(got["y"], exact["y"])
 
 
 def test_inputs_are_checked_before_any_work(mlp, monkeypatch):
@@ -61,8 +81,8 @@ def test_session_checks_staged_and_given_inputs(mlp):
     with runtime.Session(mg, "numpy") as session:
         with pytest.raises(InputError, match="unknown input.*'nope'"):
             session.stage({"nope": inputs["x"]})
-        with pytest.raises(InputError, match="input 'w1': expected dtype float32"):
-            session.stage({"w1": inputs["w1"].astype("float16")})
+        with pytest.raises(InputError, match="input 'w1': expected dtype float32, got int32"):
+            session.stage({"w1": inputs["w1"].astype("int32")})
         session.stage({"w1": inputs["w1"], "w2": inputs["w2"]})
         with pytest.raises(InputError, match="missing input.*'x'"):
             session.run({})

@@ -125,8 +125,18 @@ def test_run_report_and_outputs_are_fresh_arrays():
         report = session.last
         assert report.backend == "numpy" and report.mode == "sequential"
         assert report.nodes == len(mg) and report.seconds > 0 and report.trace is None
-        assert report.memory["arena_bytes"] == mg.budget
-        assert report.memory["device_peak_bytes"] == mg.budget
+        assert report.memory["arena_bytes"] == mg.stats.high_water <= mg.budget
+        assert report.memory["device_peak_bytes"] == mg.stats.high_water
+
+
+def test_the_arena_is_what_the_plan_uses_not_the_whole_budget():
+    """A plan at a budget far above its need allocates only its high-water mark: a
+    generous budget on the NumPy backend costs no host memory."""
+    tg = mlp_program()
+    mg = memgraph.plan(tg, "64GiB")
+    with runtime.Session(mg, "numpy") as session:
+        session.run(make_inputs(tg, 0))
+        assert session.arena.nbytes == mg.stats.high_water < 2**20
 
 
 def test_auto_backend_without_a_gpu_is_numpy():
