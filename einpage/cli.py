@@ -52,6 +52,7 @@ from einpage.checks import (
     CheckFailedError,
     compare_outputs,
     raise_on_mismatch,
+    summarize,
 )
 from einpage.cli_generate import add_generate
 from einpage.cli_outputs import (
@@ -309,15 +310,8 @@ def _stage_times(timings: Mapping[str, float], run_seconds: float) -> str:
 
 
 def _output_row(name: str, value: np.ndarray) -> tuple[str, str]:
-    shape = "[" + ",".join(map(str, value.shape)) + "]"
-    if value.size and np.issubdtype(value.dtype, np.floating):
-        wide = value.astype(np.float64)
-        summary = f"mean {np.nanmean(wide):.4g}, max |x| {np.nanmax(np.abs(wide)):.4g}"
-    elif value.size:
-        summary = f"min {value.min()}, max {value.max()}"
-    else:
-        summary = "empty"
-    return name, f"{value.dtype.name}{shape}  {summary}"
+    """An output's row: `checks.summarize` (its non-finite values first, if any)."""
+    return name, summarize(value)
 
 
 def _cmd_render(args: argparse.Namespace, console: Console) -> int:
