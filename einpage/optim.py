@@ -57,6 +57,11 @@ class Optimizer:
     counts_steps: bool = False
     """Whether the program has the input "step" (the step number t, 1 first)."""
 
+    def state_domain(self, state: str) -> str:
+        """Where the values of the state `state` lie (`taskgraph.nodes.DOMAINS`), stated on
+        its input: "real" unless the update keeps it narrower."""
+        return "real"
+
     def scalars(self, prog: Program, dtype: str) -> dict[str, Tensor]:
         """Tensors every weight's update shares (made once, before the backward pass)."""
         return {}
@@ -149,11 +154,15 @@ class AdamW(Optimizer):
         for beta in self.betas:
             _check_number("AdamW", "betas", beta, 0.0, 1.0)
 
+    def state_domain(self, state: str) -> str:
+        """The second moment `exp_avg_sq`, a mean of squares, is never negative."""
+        return "nonnegative" if state == "exp_avg_sq" else "real"
+
     def scalars(self, prog: Program, dtype: str) -> dict[str, Tensor]:
         """From the input "step" (t): `lr / (1 - b1^t)` and `1 / sqrt(1 - b2^t)`."""
         b1, b2 = self.betas
         with prog.scope("optim"):
-            step = prog.input("step", (), dtype)
+            step = prog.input("step", (), dtype, domain="positive")
             size = prog.einsum("->", step, join=f"{self.lr!r} / (1.0 - {b1!r} ** a)")
             correction = prog.einsum("->", step, join=f"rsqrt(1.0 - {b2!r} ** a)")
         return {"step_size": size, "correction": correction}

@@ -12,7 +12,8 @@ GPT-2 model (any family of `einpage.models.FAMILIES`) as one einsum program:
 4. right after each weight's gradient is final, the optimizer's update of that weight
    (`einpage.optim`): the weight's states are inputs of role "state" named
    `"{state}.{weight}"` (e.g. `exp_avg.layers.0.attn.wq`) that start on the host and
-   are read only there, and the new weight and states are outputs named
+   are read only there, each stating the domain of its values (`Optimizer.state_domain`:
+   AdamW's `exp_avg_sq` is "nonnegative"), and the new weight and states are outputs named
    `"updated.{input}"`. `next_inputs(outputs)` turns them into the next step's inputs.
 
 Placing each update right after its gradient keeps one weight's gradient alive at a
@@ -107,7 +108,13 @@ def training_program(
         wname = by_id[weight.id]
         with prog.scope(weight.task.scope or "optim"):
             states = {
-                s: prog.input(state_name(s, wname), weight.shape, name, role="state")
+                s: prog.input(
+                    state_name(s, wname),
+                    weight.shape,
+                    name,
+                    role="state",
+                    domain=optimizer.state_domain(s),
+                )
                 for s in optimizer.states
             }
             new = optimizer.update(prog, weight, grad, states, scalars)
