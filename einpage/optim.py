@@ -30,8 +30,20 @@ from dataclasses import dataclass, field
 
 from einpage.program import Program, Tensor
 from einpage_core.errors import ProgramError
+from taskgraph import dtypes
 
-__all__ = ["Optimizer", "SGD", "AdamW", "Updated", "OPTIMIZERS"]
+__all__ = ["Optimizer", "SGD", "AdamW", "Updated", "OPTIMIZERS", "update_dtype"]
+
+
+def update_dtype(dtype: str) -> str:
+    """The dtype an update runs in for a model in `dtype`: float32, or float64 for a
+    float64 model; never a 16-bit float, whose rounding would swallow the small updates
+    of training (`einpage.models.training`: mixed precision).
+
+    >>> update_dtype("bfloat16"), update_dtype("float32"), update_dtype("float64")
+    ('float32', 'float32', 'float64')
+    """
+    return "float64" if dtypes.canonical(dtype) == "float64" else "float32"
 
 
 @dataclass(frozen=True)

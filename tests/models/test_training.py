@@ -6,7 +6,8 @@ runtime in every mode, and partitioned whole.
 
 Tolerances, float32: gradients within 1e-4 of each weight's gradient scale (floored at
 1e-3 of the largest gradient: GPT-2's key bias has an analytically zero gradient, where
-both sides hold rounding noise); weights and states within 2e-5 absolute.
+both sides hold rounding noise); weights and states within 2e-5 absolute. Mixed
+precision (float16, bfloat16) has its own section and tolerances below.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import runtime  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.training import (  # noqa: E402
+    MASTER,
     initial_states,
     loss_program,
     next_inputs,
@@ -272,3 +274,123 @@ def test_labels_outside_the_vocabulary_are_refused(bad):
     labels[0, 1] = cfg.vocab_size if bad == "vocab" else bad
     with pytest.raises(ep.InputError, match=r"label -?\d+ at \(0, 1\) is outside the vocabulary"):
         training_inputs(cfg, SGD(), tokens, labels, weights)
+
+
+# -- mixed precision ---------------------------------------------------------------------
+#
+# A float16 or bfloat16 step runs forward and backward in that dtype and updates float32
+# master weights with float32 states. Checked in two parts against PyTorch:
+# * the gradients of the 16-bit forward/backward against float32 `loss.backward()`,
+#   within 24 roundings of the dtype (u = 2^-8 bfloat16, 2^-11 float16) of each weight's
+#   gradient scale, floored at 5% of the largest gradient (GPT-2's key bias has a zero
+#   gradient in exact arithmetic: both sides hold noise there); the loss within 4u
+#   relative. PyTorch's own 16-bit gradients (the model in that dtype) are held to the
+#   same bound, so it is the dtype's noise, not slack.
+# * the update: two steps whose masters and states equal `torch.optim` stepping float32
+#   masters whose `.grad` is our 16-bit gradient cast to float32, within 1e-6 (float32
+#   rounding; measured 1.2e-7), and whose 16-bit weights are the masters rounded.
+
+MIXED = ("bfloat16", "float16")
+ROUNDING = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
+def gradients(model: str, dtype: str, weights: dict) -> dict[str, np.ndarray]:
+    """Our loss and gradients (`grad.{name}`) of the 16-bit program at `weights`."""
+    _, cfg, _, _, tokens, labels = setup(model)
+    names = list(cfg.weight_shapes())
+    g = taskgraph.grad(loss_program(cfg, BATCH, SEQ, dtype).build(), "loss", names)
+    inputs = training_inputs(cfg, SGD(), tokens, labels, weights, dtype=dtype)
+    return taskgraph.evaluate(g, {k: v for k, v in inputs.items() if k in g.inputs})
+
+
+@pytest.mark.parametrize("dtype", MIXED)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_16_bit_gradients_are_within_the_dtypes_rounding_of_torch(model, dtype):
+    module, cfg, weights, original, tokens, labels = setup(model)
+    got = gradients(model, dtype, weights)
+    exact, low = copy.deepcopy(original), copy.deepcopy(original).to(getattr(torch, dtype))
+    want_loss, low_loss = torch_loss(exact, tokens, labels), torch_loss(low, tokens, labels)
+    want_loss.backward()
+    low_loss.backward()
+    u = ROUNDING[dtype]
+    assert abs(float(got["loss"]) - want_loss.item()) <= 4 * u * want_loss.item()
+    want = ours(module, cfg, {n: p.grad for n, p in exact.named_parameters()})
+    torch_low = ours(module, cfg, {n: p.grad.float() for n, p in low.named_parameters()})
+    largest = max(np.abs(w).max() for w in want.values())
+    for name, w in want.items():
+        bound = 24 * u * max(np.abs(w).max(), 0.05 * largest)
+        assert got["grad." + name].dtype == dtype
+        assert np.abs(got["grad." + name].astype("float32") - w).max() <= bound, name
+        assert np.abs(torch_low[name] - w).max() <= bound, name  # the bound is the dtype's
+
+
+def torch_optimizer(optimizer, params):
+    if isinstance(optimizer, AdamW):
+        return torch.optim.AdamW(
+            params,
+            lr=optimizer.lr,
+            betas=optimizer.betas,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+    return torch.optim.SGD(
+        params,
+        lr=optimizer.lr,
+        momentum=optimizer.momentum,
+        weight_decay=optimizer.weight_decay,
+        nesterov=optimizer.nesterov,
+    )
+
+
+@pytest.mark.parametrize("dtype", MIXED)
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd-nesterov"])
+@pytest.mark.parametrize("model", ["llama-gqa-tied", "gpt2-base"])
+def test_mixed_precision_steps_update_float32_masters_as_torch(model, optimizer, dtype):
+    _, cfg, weights, _, tokens, labels = setup(model)
+    opt = OPTIMIZERS[optimizer]
+    tg = training_graph(cfg, BATCH, SEQ, opt, dtype)
+    names = list(cfg.weight_shapes())
+    for name in names:  # 16-bit weights read by the forward pass, float32 masters and states
+        assert tg[tg.inputs[name]].dtype == dtype
+        master = tg[tg.inputs[state_name(MASTER, name)]]
+        assert (master.dtype, master.op.role, master.op.location) == ("float32", "state", "host")
+        assert {tg[tg.inputs[state_name(s, name)]].dtype for s in opt.states} <= {"float32"}
+    params = {n: torch.nn.Parameter(torch.from_numpy(weights[n].copy())) for n in names}
+    reference = torch_optimizer(opt, params.values())
+    inputs = training_inputs(cfg, opt, tokens, labels, weights, step=1, dtype=dtype)
+    for step in (1, 2):
+        grads = gradients(model, dtype, {n: inputs[n] for n in names})
+        state = next_inputs(taskgraph.evaluate(tg, inputs))
+        for name in names:
+            params[name].grad = torch.from_numpy(grads["grad." + name].astype("float32"))
+        reference.step()
+        for name in names:
+            master = state[state_name(MASTER, name)]
+            assert np.abs(master - params[name].detach().numpy()).max() <= 1e-6, name
+            np.testing.assert_array_equal(state[name], master.astype(dtype))
+            for s in opt.states:
+                want = reference.state[params[name]][s].numpy()
+                assert np.abs(state[state_name(s, name)] - want).max() <= 1e-6, (s, name)
+        inputs = training_inputs(cfg, opt, tokens, labels, weights, step=step + 1, dtype=dtype)
+        inputs.update(state)
+
+
+def test_a_planned_bfloat16_step_runs_on_the_numpy_runtime():
+    _, cfg, weights, _, tokens, labels = setup("llama-gqa-tied")
+    tg = training_graph(cfg, BATCH, SEQ, ADAMW, "bfloat16")
+    inputs = training_inputs(cfg, ADAMW, tokens, labels, weights, step=1, dtype="bfloat16")
+    want = taskgraph.evaluate(tg, inputs)
+    smallest, _ = min_budget(tg)
+    compiled = ep.compile(tg, smallest, outputs="host")
+    got = runtime.run(compiled.plan, inputs, backend="numpy", mode="random", seed=3)
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
+
+
+def test_mixed_precision_needs_the_weights_for_its_masters():
+    _, cfg, weights, *_ = setup("gpt2-base")
+    with pytest.raises(ep.EinpageError, match=r"bfloat16 step trains in mixed precision .* lacks"):
+        initial_states(cfg, ADAMW, "bfloat16")
+    assert initial_states(cfg, ADAMW, "float32").keys() == {
+        state_name(s, w) for s in ADAMW.states for w in cfg.weight_shapes()
+    }
