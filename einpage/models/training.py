@@ -15,6 +15,9 @@ GPT-2 model (any family of `einpage.models.FAMILIES`) as one einsum program:
    are read only there, each stating the domain of its values (`Optimizer.state_domain`:
    AdamW's `exp_avg_sq` is "nonnegative"), and the new weight and states are outputs named
    `"updated.{input}"`. `next_inputs(outputs)` turns them into the next step's inputs.
+   The optimizer's hyperparameters and step count are scalar inputs too (float32, or
+   float64 for a float64 model, and int64: `Optimizer.inputs`), so a learning-rate
+   schedule reuses one plan.
 
 Mixed precision: a float16 or bfloat16 step runs its forward and backward passes in
 that dtype but updates in float32 (`einpage.optim.update_dtype`), as mixed-precision
@@ -115,8 +118,8 @@ def training_program(
     """One training step of `cfg` over `batch` sequences of `seq` tokens (see the module
     docstring): inputs `tokens`, `labels`, the family's other activations (LLaMA's RoPE
     tables), the weights, the optimizer's states (and the master weights in mixed
-    precision) and "step" (AdamW); outputs "loss" and `"updated.{name}"` for every
-    weight and state."""
+    precision), its hyperparameters (`optim.lr`, ...) and "step" (AdamW); outputs "loss"
+    and `"updated.{name}"` for every weight and state."""
     prog = loss_program(cfg, batch, seq, dtype)
     name = dtypes.canonical(dtype)
     wide = update_dtype(name)
@@ -205,7 +208,9 @@ def training_inputs(
     family's prefill inputs (tokens, the float weights in `dtype`, ...), the labels, the
     states (`initial_states(cfg, optimizer, dtype, weights)`, the first step's, when
     None: in mixed precision the master weights are then `weights`, so give them in
-    float32) and, for an optimizer that counts steps, "step" = `step` (1 on the first)."""
+    float32) and the optimizer's inputs (`Optimizer.inputs`: its hyperparameters, from the
+    record, and "step" = `step`, 1 on the first, for one that counts steps). A schedule
+    passes another record each step: `dataclasses.replace(optimizer, lr=...)`."""
     family = family_of(cfg)
     ids, targets = token_ids(tokens), token_ids(labels)
     if ids.shape != targets.shape:
@@ -225,8 +230,7 @@ def training_inputs(
     inputs = family.prefill_inputs(cfg, ids, in_dtype, name)
     inputs["labels"] = targets
     inputs.update(initial_states(cfg, optimizer, name, weights) if states is None else states)
-    if optimizer.counts_steps:
-        inputs["step"] = np.array(step, update_dtype(name))
+    inputs.update(optimizer.inputs(step, update_dtype(name)))
     return inputs
 
 
