@@ -7,6 +7,12 @@ fraction of the reference's largest magnitude (at least 1), so that small values
 worst element (its index, both values). `raise_on_mismatch` turns a failed comparison
 into a `CheckFailedError`. The CLI's `run --check`, the demo and the notebooks use them.
 
+An output inherits the rounding of what it is computed from: a float32 output of a
+mixed-precision training step (an AdamW moment) is made from a float16 gradient, which
+another implementation rounds differently. `tolerance_dtypes(tg)` gives, for each
+output, the least precise float dtype among the tasks that compute it, whose tolerance
+`compare_outputs` then applies.
+
 Non-finite values (NaN, ±inf) are never passed over: `NonFinite` counts them and names
 the first, `summarize` puts that in an output's one-line summary, and a comparison
 fails when the output has one where the reference is finite, or when the reference
@@ -23,6 +29,7 @@ import numpy as np
 
 from einpage_core.errors import EinpageError
 from taskgraph import dtypes
+from taskgraph.graph import TaskGraph
 
 __all__ = [
     "TOLERANCES",
@@ -33,6 +40,7 @@ __all__ = [
     "compare_outputs",
     "raise_on_mismatch",
     "summarize",
+    "tolerance_dtypes",
 ]
 
 TOLERANCES = {
@@ -44,6 +52,30 @@ TOLERANCES = {
 """(rtol, atol as a fraction of the reference's largest magnitude, at least 1) by dtype:
 about ten roundings of the dtype relative, a tenth of that absolute. Integer outputs
 must be equal."""
+
+
+def tolerance_dtypes(tg: TaskGraph) -> dict[str, str]:
+    """For each output of `tg`, the float dtype whose tolerance holds it: the least
+    precise (largest rtol in `TOLERANCES`) among the tasks that compute it, it included
+    (inputs and views round nothing: a float16 weight cast to float32 is exact).
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (4,), "float16")
+    >>> wide = prog.einsum("i->i", x, dtype="float32")
+    >>> prog.output(wide, "exact")
+    >>> prog.output(prog.einsum("i->i", ep.exp(x), dtype="float32"), "rounded")
+    >>> tolerance_dtypes(prog.build())
+    {'exact': 'float32', 'rounded': 'float16'}
+    """
+    loosest: list[str | None] = []
+    for task in tg:
+        found = [loosest[i] for i in task.inputs]
+        if task.is_compute and task.dtype in TOLERANCES:
+            found.append(task.dtype)
+        found = [d for d in found if d is not None]
+        loosest.append(max(found, key=lambda d: TOLERANCES[d][0]) if found else None)
+    return {name: loosest[task_id] or tg[task_id].dtype for name, task_id in tg.outputs.items()}
 
 
 class CheckFailedError(EinpageError):
@@ -145,6 +177,8 @@ class Comparison:
     want: float | None = None
     got_nonfinite: NonFinite | None = None
     want_nonfinite: NonFinite | None = None
+    tolerance: str | None = None
+    """The dtype whose tolerance applied, where not `dtype` (`tolerance_dtypes`)."""
 
     @property
     def reference_finite(self) -> bool:
@@ -177,9 +211,11 @@ class Comparison:
         if not self.reference_finite:
             return self.name, f"{self.dtype}{shape}  {self.worst()}  NOT CHECKED"
         verdict = "ok" if self.ok else "MISMATCH"
+        whose = "the" if self.tolerance is None else f"the {self.tolerance}"
         return (
             self.name,
-            f"{self.dtype}{shape}  {self.worst()} ({self.error:.2g} of the tolerance)  {verdict}",
+            f"{self.dtype}{shape}  {self.worst()} ({self.error:.2g} of {whose} tolerance)  "
+            f"{verdict}",
         )
 
 
@@ -189,9 +225,13 @@ CHECK_TITLE = (
 
 
 def compare_outputs(
-    outputs: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray]
+    outputs: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    tolerances: Mapping[str, str] | None = None,
 ) -> list[Comparison]:
-    """Compare every reference output with the same-named output (see `Comparison`).
+    """Compare every reference output with the same-named output (see `Comparison`),
+    each held to the tolerance of its dtype or of `tolerances[name]` where given (a
+    dtype of `TOLERANCES`, e.g. from `tolerance_dtypes`).
 
     >>> ref = {"y": np.array([1.0, 2.0], "float32")}
     >>> [c.ok for c in compare_outputs({"y": np.array([1.0, 2.00001], "float32")}, ref)]
@@ -207,12 +247,16 @@ def compare_outputs(
         out = np.asarray(outputs[name])
         ref = np.asarray(ref)
         dtype = ref.dtype.name
-        rtol, atol_fraction = TOLERANCES.get(dtype, (0.0, 0.0))
+        held_to = (tolerances or {}).get(name, dtype)
+        if not dtypes.is_float(dtype):
+            held_to = dtype  # integers are equal or not
+        rtol, atol_fraction = TOLERANCES.get(held_to, (0.0, 0.0))
+        other = held_to if held_to != dtype else None
         got_bad, want_bad = NonFinite.of(out), NonFinite.of(ref)
         if out.shape != ref.shape:
             found.append(
                 Comparison(name, ref.shape, dtype, float("inf"), 1.0, rtol, 0.0,
-                           got_nonfinite=got_bad, want_nonfinite=want_bad)
+                           got_nonfinite=got_bad, want_nonfinite=want_bad, tolerance=other)
             )  # fmt: skip
             continue
         wide_out, wide_ref = out.astype(np.float64), ref.astype(np.float64)
@@ -229,14 +273,16 @@ def compare_outputs(
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = np.where(diff == 0, 0.0, diff / allowed)
         if ratio.size == 0:
-            found.append(Comparison(name, ref.shape, dtype, 0.0, scale, rtol, atol))
+            found.append(
+                Comparison(name, ref.shape, dtype, 0.0, scale, rtol, atol, tolerance=other)
+            )
             continue
         flat = int(np.argmax(ratio))  # the first non-finite difference, if any
         index = tuple(int(i) for i in np.unravel_index(flat, ratio.shape))
         found.append(
             Comparison(name, ref.shape, dtype, float(ratio.flat[flat]), scale, rtol, atol,
                        index, float(wide_out.flat[flat]), float(wide_ref.flat[flat]),
-                       got_bad, want_bad)
+                       got_bad, want_bad, other)
         )  # fmt: skip
     return found
 

@@ -53,6 +53,7 @@ from einpage.checks import (
     compare_outputs,
     raise_on_mismatch,
     summarize,
+    tolerance_dtypes,
 )
 from einpage.cli_generate import add_generate
 from einpage.cli_outputs import (
@@ -276,7 +277,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             with console.stage("evaluating the reference"):
                 reference = taskgraph.evaluate(tg, arrays)
             with console.stage("comparing"):
-                comparisons = compare_outputs(outputs, reference)
+                comparisons = compare_outputs(outputs, reference, tolerance_dtypes(tg))
     rows = [
         ("plan", f"{args.plan}: {tg.name!r}, {len(mg)} nodes, budget {format_bytes(mg.budget)}"),
         ("inputs", f"{len(arrays)} arrays, {source}"),

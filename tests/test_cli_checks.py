@@ -1,22 +1,27 @@
 """Non-finite outputs are never passed over: `einpage.checks` counts them and names the
 first, in `einpage run`'s output summary and in `--check`, which fails when the output
 has one where the reference is finite and says plainly when the reference itself is
-not finite (it then vouches for nothing)."""
+not finite (it then vouches for nothing). And `--check` holds each output to the
+tolerance of the least precise dtype it is computed from (a mixed-precision step's
+float32 moments come from float16 gradients)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
 import pytest
 
 import einpage as ep
+import taskgraph
 from einpage.checks import (
     CheckFailedError,
     NonFinite,
     compare_outputs,
     raise_on_mismatch,
     summarize,
+    tolerance_dtypes,
 )
 from einpage.cli import EXIT_CHECK_FAILED, EXIT_OK, main
 
@@ -94,3 +99,35 @@ def test_einpage_run_reports_nan_outputs_and_check_fails(nan_plan, capsys):
     assert "NOT CHECKED" in captured.out
     assert "output 'root' is itself not finite" in captured.err
     assert "Traceback" not in captured.err
+
+
+def mixed_program() -> ep.Program:
+    """A float32 output computed from a float16 one (as a mixed-precision step's AdamW
+    moment from its float16 gradient), and one from a float16 input cast exactly."""
+    prog = ep.Program("mixed")
+    x = prog.input("x", (32,), "float16")
+    prog.output(prog.einsum("i->i", ep.exp(x), dtype="float32") * 0.5, "from_half")
+    prog.output(prog.einsum("i->i", x, dtype="float32") * 0.5, "exact")
+    return prog
+
+
+def test_an_output_is_held_to_the_tolerance_of_what_it_is_computed_from():
+    tg = mixed_program().build()
+    assert tolerance_dtypes(tg) == {"from_half": "float16", "exact": "float32"}
+    want = taskgraph.evaluate(tg, {"x": np.linspace(-1, 1, 32).astype("float16")})
+    # another implementation's float16 rounding, carried into the float32 output
+    got = {name: value * np.float32(1 + 2**-11) for name, value in want.items()}
+    plain = {c.name: c for c in compare_outputs(got, want)}
+    assert not plain["from_half"].ok and not plain["exact"].ok
+    held = {c.name: c for c in compare_outputs(got, want, tolerance_dtypes(tg))}
+    assert held["from_half"].ok and not held["exact"].ok
+    assert "of the float16 tolerance)  ok" in held["from_half"].row()[1]
+
+
+def test_einpage_run_check_names_the_tolerance_it_applies(tmp_path, capsys):
+    path = tmp_path / "mixed.json"
+    path.write_text(ep.compile(mixed_program().build(), "1MiB").plan.to_json())
+    assert main(["run", str(path), "--backend", "numpy", "--check"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert re.search(r"from_half\s+float32\[32\]  .* of the float16 tolerance\)  ok", out)
+    assert re.search(r"exact\s+float32\[32\]  .* of the tolerance\)  ok", out)
