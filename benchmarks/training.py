@@ -3,7 +3,8 @@
 Run: `python benchmarks/training.py [--json out.json] [--quick]`. For each (model,
 batch, seq) cell it builds one AdamW training step (`einpage.models.training`:
 forward, cross-entropy, backward, the update of every weight right after its gradient;
-float16 weights, states and activations), plans it with `memgraph.plan(...,
+float16 weights and activations in mixed precision: float32 master weights and AdamW
+states, updated in float32), plans it with `memgraph.plan(...,
 outputs="host")` and simulates it on `h100-pcie5` (`memgraph.simulate`: 400 TFLOP/s,
 2 TB/s HBM, 50 GB/s each way over PCIe). Columns:
 
@@ -11,8 +12,9 @@ outputs="host")` and simulates it on `h100-pcie5` (`memgraph.simulate`: 400 TFLO
   the device (weights, AdamW states, activations) and moves nothing: the baseline;
 * `resident`: that step's memory, `memgraph.no_offload_peak` of the program with every
   input on the device and the outputs kept there – what a step without offloading holds;
-* `must move`: the weights and states (in, and their new values out) over one PCIe
-  direction – the transfer every step with host-resident states pays; `*` marks the
+* `must move`: the weights and states (the float32 masters among them: in, and their
+  new values out) over one PCIe direction – the transfer every step with host-resident
+  states pays; `*` marks the
   cells where compute covers it: the states come in and the new values go out during
   the backward pass, so its compute (2/3 of the step) must be at least that;
 * `host states`: the plan of the program as built – weights and states start in host
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cells_wanted = QUICK if args.quick else CELLS
     cost = memgraph.get_cost_model(COST_MODEL)
     print(
-        f"AdamW training steps, float16, cost model {cost.name} "
+        f"AdamW training steps, float16 (float32 masters and states), cost model {cost.name} "
         f"({cost.flops_per_s / 1e12:.0f} TFLOP/s, {cost.h2d_bytes_per_s / 1e9:.0f} GB/s "
         f"each way); slowdown against compute, reduction against resident"
     )

@@ -52,6 +52,8 @@ from einpage.checks import (
     CheckFailedError,
     compare_outputs,
     raise_on_mismatch,
+    summarize,
+    tolerance_dtypes,
 )
 from einpage.cli_generate import add_generate
 from einpage.cli_outputs import (
@@ -275,7 +277,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             with console.stage("evaluating the reference"):
                 reference = taskgraph.evaluate(tg, arrays)
             with console.stage("comparing"):
-                comparisons = compare_outputs(outputs, reference)
+                comparisons = compare_outputs(outputs, reference, tolerance_dtypes(tg))
     rows = [
         ("plan", f"{args.plan}: {tg.name!r}, {len(mg)} nodes, budget {format_bytes(mg.budget)}"),
         ("inputs", f"{len(arrays)} arrays, {source}"),
@@ -309,15 +311,8 @@ def _stage_times(timings: Mapping[str, float], run_seconds: float) -> str:
 
 
 def _output_row(name: str, value: np.ndarray) -> tuple[str, str]:
-    shape = "[" + ",".join(map(str, value.shape)) + "]"
-    if value.size and np.issubdtype(value.dtype, np.floating):
-        wide = value.astype(np.float64)
-        summary = f"mean {np.nanmean(wide):.4g}, max |x| {np.nanmax(np.abs(wide)):.4g}"
-    elif value.size:
-        summary = f"min {value.min()}, max {value.max()}"
-    else:
-        summary = "empty"
-    return name, f"{value.dtype.name}{shape}  {summary}"
+    """An output's row: `checks.summarize` (its non-finite values first, if any)."""
+    return name, summarize(value)
 
 
 def _cmd_render(args: argparse.Namespace, console: Console) -> int:

@@ -413,7 +413,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
             f"cross_entropy: labels {labels.shape} must be the logits' shape {logits.shape} "
             "without its last (class) axis"
         )
-    if not labels.dtype.startswith("int") or not logits.dtype.startswith("float"):
+    if dtypes.is_float(labels.dtype) or not dtypes.is_float(logits.dtype):
         raise ProgramError(
             f"cross_entropy: logits must be float and labels integer, got {logits.dtype} "
             f"and {labels.dtype}"

@@ -335,7 +335,10 @@ def random_inputs(
 
     Floats are standard normal, scaled by 1/sqrt(the larger of the last two dims) so
     that products stay of order one; integers (ids) lie in [0, rows) of every table a
-    gather indexes with them (else in [0, 2)).
+    gather indexes with them (else in [0, 2)). Each input's stated domain
+    (`taskgraph.nodes.DOMAINS`) holds: "nonnegative" takes the magnitude of that draw,
+    "positive" its magnitude plus half the scale (integers: from 1), "fraction" is
+    uniform in [0, 0.99) (below 1 after rounding to any float dtype).
 
     >>> x = random_inputs(load_program("llama:tiny", seq=4), seed=1)["tokens"]
     >>> x.dtype.name, x.shape, bool((x >= 0).all() and (x < 256).all())
@@ -355,12 +358,20 @@ def random_inputs(
     arrays: dict[str, np.ndarray] = {}
     for name, task_id in tg.inputs.items():
         task = tg[task_id]
+        domain = task.op.domain
         if dtypes.is_float(task.dtype):
             scale = 1.0 / np.sqrt(max(task.shape[-2:])) if len(task.shape) > 1 else 0.1
-            values = rng.standard_normal(task.shape) * scale
+            if domain == "fraction":
+                values = rng.uniform(0.0, 0.99, task.shape)
+            else:
+                values = rng.standard_normal(task.shape) * scale
+            if domain in ("nonnegative", "positive"):
+                values = np.abs(values) + (0.5 * scale if domain == "positive" else 0.0)
             arrays[name] = values.astype(task.dtype)
         else:
-            arrays[name] = rng.integers(0, _id_bound(tg, task_id), task.shape).astype(task.dtype)
+            low = 1 if domain == "positive" else 0
+            high = max(_id_bound(tg, task_id), low + 1)
+            arrays[name] = rng.integers(low, high, task.shape).astype(task.dtype)
     return arrays
 
 

@@ -30,6 +30,7 @@ from taskgraph.expr import parse as parse_join
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
     AGGS,
+    DOMAINS,
     LOCATIONS,
     ROLES,
     Concat,
@@ -220,10 +221,13 @@ class Program:
         dtype: Any = "float32",
         role: str = "activation",
         location: str | None = None,
+        domain: str = "real",
     ) -> Tensor:
         """Declare an input. `role` is "activation", "weight" or "state" (e.g. an optimizer's
         moments); `location` is where it starts ("host" or "device"), by default the host
-        for weights and states and the device for activations."""
+        for weights and states and the device for activations; `domain` is where its
+        values lie (`taskgraph.nodes.DOMAINS`: "real", "nonnegative", "positive" or
+        "fraction"), which random inputs respect."""
         if role not in ROLES:
             raise ProgramError(f"input {name!r}: role must be one of {ROLES}, got {role!r}")
         if location is None:
@@ -235,7 +239,10 @@ class Program:
         if name in self._builder.input_names:
             raise ProgramError(f"an input named {name!r} already exists")
         shape = check_shape(shape, f"input {name!r}")
-        return self._add(Input(name, role, location), (), shape, dtypes.canonical(dtype))
+        if domain not in DOMAINS:
+            raise ProgramError(f"input {name!r}: domain must be one of {DOMAINS}, got {domain!r}")
+        op = Input(name, role, location, domain)
+        return self._add(op, (), shape, dtypes.canonical(dtype))
 
     def output(self, tensor: Tensor, name: str) -> None:
         """Mark `tensor` as the output `name`."""

@@ -2,7 +2,8 @@
 
 Op kinds (each an immutable record with the attributes of that kind):
 
-* `Input`   – a program input (an activation or a weight), with where it starts.
+* `Input`   – a program input (an activation, a weight or a state), with where it
+  starts and the domain its values lie in.
 * `Einsum`  – the one compute op: a generalized einsum (spec, join, agg).
 * `Fill`    – a constant tensor: all `value`, or a causal mask pattern.
 * `Gather`  – rows of a table picked by integer ids (an embedding lookup).
@@ -75,6 +76,7 @@ __all__ = [
     "AGGS",
     "ROLES",
     "LOCATIONS",
+    "DOMAINS",
     "Task",
     "with_blocks",
 ]
@@ -86,6 +88,11 @@ ROLES = ("activation", "weight", "state")
 """What an input is: an activation (data of this run), a weight, or a state (e.g. an
 optimizer's moments: read only at the update, so it starts on the host like a weight)."""
 LOCATIONS = ("host", "device")
+DOMAINS = ("real", "nonnegative", "positive", "fraction")
+"""Where an input's values lie, as the program states it (what a random draw must
+respect, e.g. `einpage run --random-inputs`): "real" any value (the default);
+"nonnegative" x >= 0 (AdamW's second moment, a learning rate); "positive" x > 0 (for
+integers x >= 1: a step count); "fraction" 0 <= x < 1, floats only (Adam's betas)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +137,8 @@ class Op:
     """A step the device executes (False for inputs, which arrive, and views, which alias)."""
     aliases_input: ClassVar[bool] = False
     """The output is operand 0's bytes under another shape: no memory and no work of its own."""
+    optional_attributes: ClassVar[frozenset[str]] = frozenset()
+    """Attributes that JSON may leave out (written by newer versions; the default then)."""
 
     def infer(
         self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
@@ -163,13 +172,18 @@ class Op:
 
 @dataclass(frozen=True, slots=True)
 class Input(Op):
-    """A program input. `location` is where it starts: weights on the host by default."""
+    """A program input. `role` says what it is (`ROLES`), `location` where it starts
+    (weights on the host by default), `domain` where its values lie (`DOMAINS`: data of
+    the program, set where the input is made, e.g. "nonnegative" for AdamW's second
+    moment; JSON written before it existed reads as "real")."""
 
     kind: ClassVar[str] = "input"
     is_compute: ClassVar[bool] = False
+    optional_attributes: ClassVar[frozenset[str]] = frozenset({"domain"})
     name: str
     role: str = "activation"
     location: str = "device"
+    domain: str = "real"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -180,21 +194,37 @@ class Input(Op):
             raise GraphError(
                 f"input {self.name!r}: location must be one of {LOCATIONS}, got {self.location!r}"
             )
+        if self.domain not in DOMAINS:
+            raise GraphError(
+                f"input {self.name!r}: domain must be one of {DOMAINS}, got {self.domain!r}"
+            )
 
     def infer(
         self, operands: Sequence[Operand], shape: Shape | None, dtype: str | None
     ) -> tuple[Shape, str]:
         _expect_arity(self, operands, 0)
-        return _given_shape(self, shape), dtypes.canonical(dtype or "float32")
+        name = dtypes.canonical(dtype or "float32")
+        if self.domain == "fraction" and not dtypes.is_float(name):
+            raise DTypeError(
+                f"input {self.name!r}: domain 'fraction' (0 <= x < 1) needs a float dtype, "
+                f"got {name}"
+            )
+        return _given_shape(self, shape), name
 
     def flops(self, operands: Sequence[Operand], shape: Shape) -> int:
         return 0
 
     def describe(self) -> str:
-        return f'input["{self.name}", {self.role}, {self.location}]'
+        domain = "" if self.domain == "real" else f", {self.domain}"
+        return f'input["{self.name}", {self.role}, {self.location}{domain}]'
 
     def attributes(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "location": self.location}
+        return {
+            "name": self.name,
+            "role": self.role,
+            "location": self.location,
+            "domain": self.domain,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -610,12 +640,15 @@ def op_from_attributes(kind: str, attrs: dict[str, Any]) -> Op:
     """Rebuild an op from its kind and JSON attributes (validated by the op itself)."""
     if kind not in OP_KINDS:
         raise GraphError(f"unknown op kind {kind!r}; valid: {', '.join(OP_KINDS)}")
-    expected = {f.name for f in fields(OP_KINDS[kind])}
-    if set(attrs) != expected:
+    op = OP_KINDS[kind]
+    expected = {f.name for f in fields(op)}
+    if not expected - op.optional_attributes <= set(attrs) <= expected:
+        optional = f" ({', '.join(sorted(op.optional_attributes))} optional)"
         raise GraphError(
-            f"{kind} attributes must be exactly {sorted(expected)}, got {sorted(attrs)}"
+            f"{kind} attributes must be exactly {sorted(expected)}"
+            f"{optional if op.optional_attributes else ''}, got {sorted(attrs)}"
         )
-    return OP_KINDS[kind].from_attributes(attrs)
+    return op.from_attributes(attrs)
 
 
 @dataclass(frozen=True, slots=True)

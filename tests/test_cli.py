@@ -736,7 +736,11 @@ def test_progress_only_on_terminals_and_never_when_quiet():
 
 def test_compare_outputs_tolerances_nans_and_shapes():
     ref = {"y": np.array([1.0, np.nan, -4.0], "float32")}
-    assert compare_outputs({"y": np.array([1.0, np.nan, -4.0001], "float32")}, ref)[0].ok
+    # a reference that is not finite vouches for nothing, even for the same NaN
+    same_nan = compare_outputs({"y": np.array([1.0, np.nan, -4.0001], "float32")}, ref)[0]
+    assert not same_nan.ok and not same_nan.reference_finite
+    finite = {"y": np.array([1.0, 2.0, -4.0], "float32")}
+    assert compare_outputs({"y": np.array([1.0, 2.0, -4.0001], "float32")}, finite)[0].ok
     assert not compare_outputs({"y": np.array([1.0, 0.0, -4.0], "float32")}, ref)[0].ok
     assert not compare_outputs({"y": np.zeros(2, "float32")}, ref)[0].ok
     ints = {"i": np.array([1, 2])}

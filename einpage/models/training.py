@@ -12,8 +12,21 @@ GPT-2 model (any family of `einpage.models.FAMILIES`) as one einsum program:
 4. right after each weight's gradient is final, the optimizer's update of that weight
    (`einpage.optim`): the weight's states are inputs of role "state" named
    `"{state}.{weight}"` (e.g. `exp_avg.layers.0.attn.wq`) that start on the host and
-   are read only there, and the new weight and states are outputs named
+   are read only there, each stating the domain of its values (`Optimizer.state_domain`:
+   AdamW's `exp_avg_sq` is "nonnegative"), and the new weight and states are outputs named
    `"updated.{input}"`. `next_inputs(outputs)` turns them into the next step's inputs.
+   The optimizer's hyperparameters and step count are scalar inputs too (float32, or
+   float64 for a float64 model, and int64: `Optimizer.inputs`), so a learning-rate
+   schedule reuses one plan.
+
+Mixed precision: a float16 or bfloat16 step runs its forward and backward passes in
+that dtype but updates in float32 (`einpage.optim.update_dtype`), as mixed-precision
+training does: every weight has a float32 master copy, the state "master" (input
+`master.{weight}`, role "state", read only at the update, like the optimizer's states,
+which are float32 too); the gradient is cast to float32, the optimizer updates the
+master, and the new 16-bit weight `updated.{weight}` is the new master
+`updated.master.{weight}` rounded to the model's dtype. float32 and float64 steps update
+their weights in place of a master.
 
 Placing each update right after its gradient keeps one weight's gradient alive at a
 time (the update consumes it), so the plan's peak holds activations, not gradients.
@@ -38,7 +51,7 @@ from einpage import ops
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.common import token_ids
 from einpage.models.errors import ConfigError
-from einpage.optim import Optimizer
+from einpage.optim import Optimizer, update_dtype
 from einpage.program import Program, Tensor
 from einpage_core.errors import InputError
 from taskgraph import dtypes
@@ -46,6 +59,8 @@ from taskgraph.graph import TaskGraph
 
 __all__ = [
     "UPDATED",
+    "MASTER",
+    "is_mixed",
     "family_of",
     "loss_program",
     "training_program",
@@ -58,6 +73,15 @@ __all__ = [
 
 UPDATED = "updated."
 """Prefix of the outputs holding the new value of an input (a weight or a state)."""
+MASTER = "master"
+"""The state holding a weight's float32 master copy in mixed-precision training."""
+
+
+def is_mixed(dtype: Any) -> bool:
+    """Whether a step of a model in `dtype` trains in mixed precision: a float32 update
+    of float32 master weights (float16 and bfloat16; not float32 or float64)."""
+    name = dtypes.canonical(dtype)
+    return update_dtype(name) != name
 
 
 def family_of(cfg: ModelConfig) -> ModelFamily:
@@ -93,25 +117,38 @@ def training_program(
 ) -> Program:
     """One training step of `cfg` over `batch` sequences of `seq` tokens (see the module
     docstring): inputs `tokens`, `labels`, the family's other activations (LLaMA's RoPE
-    tables), the weights, the optimizer's states and "step" (AdamW); outputs "loss" and
-    `"updated.{name}"` for every weight and state."""
+    tables), the weights, the optimizer's states (and the master weights in mixed
+    precision), its hyperparameters (`optim.lr`, ...) and "step" (AdamW); outputs "loss"
+    and `"updated.{name}"` for every weight and state."""
     prog = loss_program(cfg, batch, seq, dtype)
     name = dtypes.canonical(dtype)
+    wide = update_dtype(name)
+    mixed = is_mixed(name)
     loss = prog.pop_output("loss")
     prog.output(loss, "loss")
-    scalars = optimizer.scalars(prog, name)
+    scalars = optimizer.scalars(prog, wide)
     weights = [prog.input_tensor(w) for w in cfg.weight_shapes()]
     by_id = {t.id: w for t, w in zip(weights, cfg.weight_shapes(), strict=True)}
+
+    def state(kind: str, wname: str, shape: tuple[int, ...]) -> Tensor:
+        domain = optimizer.state_domain(kind) if kind != MASTER else "real"
+        return prog.input(state_name(kind, wname), shape, wide, role="state", domain=domain)
 
     def update(weight: Tensor, grad: Tensor) -> None:
         wname = by_id[weight.id]
         with prog.scope(weight.task.scope or "optim"):
-            states = {
-                s: prog.input(state_name(s, wname), weight.shape, name, role="state")
-                for s in optimizer.states
-            }
-            new = optimizer.update(prog, weight, grad, states, scalars)
-        prog.output(new.weight, UPDATED + wname)
+            master, wide_grad = weight, grad
+            if mixed:  # the float32 update of the master copy, from the gradient in float32
+                master = state(MASTER, wname, weight.shape)
+                wide_grad = prog.einsum("...->...", grad, dtype=wide, label="grad.wide")
+            states = {s: state(s, wname, weight.shape) for s in optimizer.states}
+            new = optimizer.update(prog, master, wide_grad, states, scalars)
+            weight_out = new.weight
+            if mixed:  # the new weight: the new master rounded to the model's dtype
+                weight_out = prog.einsum("...->...", new.weight, dtype=name, label="master.round")
+        prog.output(weight_out, UPDATED + wname)
+        if mixed:
+            prog.output(new.weight, UPDATED + state_name(MASTER, wname))
         for s, tensor in new.states.items():
             prog.output(tensor, UPDATED + state_name(s, wname))
 
@@ -128,15 +165,33 @@ def training_graph(
 
 
 def initial_states(
-    cfg: ModelConfig, optimizer: Optimizer, dtype: Any = "float32"
+    cfg: ModelConfig,
+    optimizer: Optimizer,
+    dtype: Any = "float32",
+    weights: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """Every state input before the first step: zeros, as torch's optimizers start."""
+    """Every state input of a step in `dtype` before the first step: the optimizer's
+    states as zeros, as torch's optimizers start, in the update's dtype (float32 for a
+    16-bit model); in mixed precision (`is_mixed`) also the master weights, `weights`
+    (give them in float32, e.g. from the checkpoint, so nothing is lost) in float32."""
     name = dtypes.canonical(dtype)
-    return {
-        state_name(s, w): np.zeros(shape, name)
+    wide = update_dtype(name)
+    states = {
+        state_name(s, w): np.zeros(shape, wide)
         for w, shape in cfg.weight_shapes().items()
         for s in optimizer.states
     }
+    if is_mixed(name):
+        missing = [w for w in cfg.weight_shapes() if w not in (weights or {})]
+        if missing:
+            raise ConfigError(
+                f"initial_states: a {name} step trains in mixed precision and makes its "
+                f"{wide} master weights from `weights`, which lacks {len(missing)} of them "
+                f"(first {missing[0]!r})"
+            )
+        for w in cfg.weight_shapes():
+            states[state_name(MASTER, w)] = np.asarray(weights[w]).astype(wide)
+    return states
 
 
 def training_inputs(
@@ -150,9 +205,12 @@ def training_inputs(
     dtype: Any = "float32",
 ) -> dict[str, np.ndarray]:
     """Every input of `training_program(cfg, *tokens.shape, optimizer, dtype)`: the
-    family's prefill inputs (tokens, weights, ...), the labels, the states (zeros, the
-    first step's, when None) and, for an optimizer that counts steps, "step" = `step`
-    (1 on the first)."""
+    family's prefill inputs (tokens, the float weights in `dtype`, ...), the labels, the
+    states (`initial_states(cfg, optimizer, dtype, weights)`, the first step's, when
+    None: in mixed precision the master weights are then `weights`, so give them in
+    float32) and the optimizer's inputs (`Optimizer.inputs`: its hyperparameters, from the
+    record, and "step" = `step`, 1 on the first, for one that counts steps). A schedule
+    passes another record each step: `dataclasses.replace(optimizer, lr=...)`."""
     family = family_of(cfg)
     ids, targets = token_ids(tokens), token_ids(labels)
     if ids.shape != targets.shape:
@@ -165,11 +223,14 @@ def training_inputs(
             f"outside the vocabulary [0, {cfg.vocab_size}) ({outside.size} such labels)"
         )
     name = dtypes.canonical(dtype)
-    inputs = family.prefill_inputs(cfg, ids, weights, name)
+    in_dtype = {
+        w: value.astype(name, copy=False) if dtypes.is_float_array(value.dtype) else value
+        for w, value in ((w, np.asarray(v)) for w, v in weights.items())
+    }
+    inputs = family.prefill_inputs(cfg, ids, in_dtype, name)
     inputs["labels"] = targets
-    inputs.update(initial_states(cfg, optimizer, name) if states is None else states)
-    if optimizer.counts_steps:
-        inputs["step"] = np.array(step, name)
+    inputs.update(initial_states(cfg, optimizer, name, weights) if states is None else states)
+    inputs.update(optimizer.inputs(step, update_dtype(name)))
     return inputs
 
 
