@@ -72,6 +72,7 @@ from einpage.files import (
     load_json_graph,
     load_plan,
     save_arrays,
+    save_plan,
 )
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
@@ -160,7 +161,7 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
-    with console.stages(4 + pictures):
+    with console.stages(4 + pictures + bool(args.output)):
         with console.stage("building the program"):
             tg = _program(args)
         with console.stage("compiling"):
@@ -175,8 +176,8 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         with console.stage("simulating"):
             console.print(plan_report(mg, args.cost_model))
         if args.output:
-            with atomic_output(args.output) as temporary:
-                temporary.write_text(mg.to_json(), encoding="utf-8")
+            with console.stage("writing the plan"), atomic_output(args.output) as temporary:
+                save_plan(mg, temporary, progress=console.report)
             wrote(console, "plan", args.output)
         failed = plan_pictures(args, mg, console) + plan_exports(args, mg, console)
     if failed:
@@ -207,7 +208,7 @@ def _compile(
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
     with console.stages(3):
         with console.stage("loading the plan"):
-            mg = load_plan(args.plan)
+            mg = load_plan(args.plan, progress=console.report)
         with console.stage("simulating"):
             sim = memgraph.simulate(mg, args.cost_model or mg.info.get("cost_model") or None)
         with console.stage("verifying"):
@@ -252,7 +253,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     stages = 4 + 2 * bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
-            mg = load_plan(args.plan)
+            mg = load_plan(args.plan, progress=console.report)
         tg = mg.taskgraph
         with console.stage("preparing inputs"):
             if args.inputs:
@@ -319,7 +320,7 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, ("output", "graph picture", "-o"))
     with console.stages(2):
         with console.stage("loading"):
-            graph = load_json_graph(args.file)
+            graph = load_json_graph(args.file, progress=console.report)
         options: dict[str, Any] = {"max_nodes": max_nodes(args.max_nodes), "scope": args.scope}
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse

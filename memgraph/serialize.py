@@ -48,15 +48,27 @@ boxes are worked out from the nodes and the TaskGraph, as the builder does.
 The document is enough for a separate program to check (`memgraph.verify`) or run
 (`runtime.run`) the plan. Loading validates structure and types and names the JSON
 path of the first problem; it does not judge the plan (that is `verify`'s job).
+
+Plans of a million nodes are common (a 100 MB file), so both ways are built for speed
+and report progress (`einpage_core.progress`). Writing (`write_memgraph_json`, and
+`memgraph_to_json`) formats each node and task straight to text, in the exact bytes
+`json.dumps(memgraph_to_dict(mg))` gives – files are what they were, and the same plan
+gives the same bytes. Loading parses with the garbage collector paused (it otherwise
+re-walks the millions of objects being made), tries each node and task first with quick
+checks that accept only what the full checks accept (the full ones, which name the JSON
+path of a problem, run where the quick ones fail), and makes each distinct op once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Iterator
+from itertools import chain, combinations
 from typing import Any
 
 from einpage_core.errors import SerializationError
+from einpage_core.progress import ProgressCallback, ProgressReport, Tick, ticks
 from memgraph.graph import HostFacts, MemGraph
 from memgraph.nodes import (
     FIELDS,
@@ -70,7 +82,17 @@ from memgraph.nodes import (
 )
 from taskgraph.dtypes import DTYPES
 from taskgraph.graph import TaskGraph
-from taskgraph.serialize import taskgraph_from_dict, taskgraph_to_dict
+from taskgraph.serialize import (
+    ENCODER,
+    Quoted,
+    collector_paused,
+    int_list,
+    joined_chunks,
+    parse_json,
+    taskgraph_from_dict,
+    taskgraph_json_chunks,
+    taskgraph_to_dict,
+)
 
 __all__ = [
     "FORMAT",
@@ -80,6 +102,9 @@ __all__ = [
     "memgraph_from_dict",
     "memgraph_to_json",
     "memgraph_from_json",
+    "write_memgraph_json",
+    "SAVE_SHARES",
+    "LOAD_SHARES",
 ]
 
 FORMAT = "einpage.memgraph"
@@ -140,15 +165,112 @@ def memgraph_to_dict(mg: MemGraph) -> dict[str, Any]:
 
 
 def memgraph_to_json(mg: MemGraph, indent: int | None = None) -> str:
-    return json.dumps(memgraph_to_dict(mg), indent=indent, allow_nan=False)
+    """The plan as JSON text: `json.dumps(memgraph_to_dict(mg))`, byte for byte, written
+    without building the dicts first (with an `indent`, through the dicts)."""
+    if indent is not None:
+        return json.dumps(memgraph_to_dict(mg), indent=indent, allow_nan=False)
+    return "".join(memgraph_json_chunks(mg))
 
 
-def memgraph_from_json(text: str | bytes) -> MemGraph:
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
-        raise SerializationError(f"not valid JSON: {err}") from None
-    return memgraph_from_dict(data)
+SAVE_SHARES = {"writing tasks": 1.0, "writing nodes": 1.0}
+"""The stages of `write_memgraph_json` and their shares of its progress, as measured on a
+100 MB plan: 1.1 s for its 100,077 tasks, 1.2 s for its 594,387 nodes."""
+
+
+def write_memgraph_json(
+    mg: MemGraph, stream: Any, progress: ProgressCallback | None = None
+) -> None:
+    """Write `memgraph_to_json(mg)` to the text `stream` piece by piece (nothing the size
+    of the file is held in memory), reporting `Progress` events to `progress`: stages
+    "writing tasks" and "writing nodes", a fraction that only grows, and "done" at 1.0."""
+    report = ProgressReport(progress, SAVE_SHARES)
+    for chunk in memgraph_json_chunks(
+        mg,
+        report.stage("writing tasks", len(mg.taskgraph)),
+        lambda: report.stage("writing nodes", len(mg)),
+    ):
+        stream.write(chunk)
+    report.finish()
+
+
+def memgraph_json_chunks(
+    mg: MemGraph,
+    task_tick: Tick | None = None,
+    node_tick: Callable[[], Tick] | None = None,
+) -> Iterator[str]:
+    """`memgraph_to_json(mg)` in pieces of about a hundredth of the tasks or nodes each.
+
+    The text is that of `json.dumps(memgraph_to_dict(mg))` – the same keys in the same
+    order, the same separators and escapes – so plan files stay byte for byte what they
+    were; each node is formatted straight to text from `NODE_FIELDS` instead of making
+    its dict and encoding that, several times faster. `task_tick(done, total)` is called
+    as tasks are written; `node_tick()`, when the nodes begin, gives theirs.
+    """
+    quoted = Quoted()
+    yield (
+        f'{{"format": {quoted[FORMAT]}, "version": {VERSION}, "budget": {mg.budget}, '
+        f'"alignment": {mg.alignment}, "taskgraph": '
+    )
+    yield from taskgraph_json_chunks(mg.taskgraph, task_tick)
+    storages = ", ".join(ENCODER.encode(_storage_to_dict(s)) for s in mg.storages.values())
+    yield f', "storages": [{storages}], "nodes": ['
+    kinds = {kind: _NodeFormat(kind, quoted) for kind in NodeKind}
+    tick = node_tick() if node_tick is not None else None
+    yield from joined_chunks(mg.nodes, lambda node: kinds[node.kind].text(node), tick)
+    yield f'], "info": {ENCODER.encode(dict(mg.info))}}}'
+
+
+def _region_text(region: Region) -> str:
+    return f"[{region.offset}, {region.size}]"
+
+
+_FIELD_TEXT: dict[str, Callable[[Any, Quoted], str]] = {
+    "region": lambda region, quoted: _region_text(region),
+    "storage": lambda storage, quoted: str(storage),
+    "reads": lambda reads, quoted: "[" + ", ".join(map(_region_text, reads)) + "]",
+    "name": lambda name, quoted: quoted[name],
+    "into": lambda into, quoted: str(into),
+    "box": lambda box, quoted: (
+        f'{{"starts": {int_list(box.starts)}, "sizes": {int_list(box.sizes)}}}'
+    ),
+}
+"""Each optional node field's value as JSON text, as `_node_to_dict` puts it."""
+
+_UNSET: dict[str, Any] = {
+    "region": None,
+    "storage": None,
+    "reads": (),
+    "name": "",
+    "into": None,
+    "box": None,
+}
+"""Each optional field's value when a node does not set it (`MemNode.fields_set`)."""
+
+
+class _NodeFormat:
+    """How nodes of one kind are written: `_node_to_dict`'s keys in its order (the
+    common ones, then the fields of `FIELDS` the kind allows, required ones always and
+    optional ones when set), as text."""
+
+    def __init__(self, kind: NodeKind, quoted: Quoted):
+        spec = NODE_FIELDS[kind]
+        self.quoted = quoted
+        self.kind = quoted[kind.value]
+        self.fields = [
+            (name, f', "{name}": ', name in spec.required, _FIELD_TEXT[name])
+            for name in FIELDS
+            if name in spec.allowed
+        ]
+
+    def text(self, node: MemNode) -> str:
+        tensor = "null" if node.tensor is None else node.tensor
+        text = f'{{"id": {node.id}, "kind": {self.kind}, "deps": {int_list(node.deps)}, '
+        text += f'"tensor": {tensor}'
+        for name, key, required, value_text in self.fields:
+            value = getattr(node, name)
+            if required or value != _UNSET[name]:
+                text += key + value_text(value, self.quoted)
+        return text + "}"
 
 
 def _fail(path: str, message: str) -> SerializationError:
@@ -307,8 +429,39 @@ def _with_boxes(tg: TaskGraph, nodes: list[MemNode]) -> list[MemNode]:
     return boxed
 
 
-def memgraph_from_dict(data: Any) -> MemGraph:
-    """Validate a decoded JSON document and rebuild the MemGraph it describes."""
+LOAD_SHARES = {"reading": 2.0, "checking tasks": 3.0, "checking nodes": 3.0}
+"""The stages of loading a plan and their shares of its progress: parsing the JSON text,
+checking (rebuilding) the TaskGraph, checking the nodes; as measured on a 100 MB plan
+(1.6 s, 2.5 s and 2.6 s)."""
+
+
+def memgraph_from_json(text: str | bytes, progress: ProgressCallback | None = None) -> MemGraph:
+    """Parse and validate a plan's JSON text (as `memgraph_from_dict`), reporting
+    `Progress` events to `progress`: stages "reading", "checking tasks" and "checking
+    nodes", a fraction that only grows, and "done" at 1.0."""
+    report = ProgressReport(progress, LOAD_SHARES)
+    report.stage("reading", 1)
+    mg = _memgraph_from_dict(parse_json(text), report)
+    report.finish()
+    return mg
+
+
+def memgraph_from_dict(data: Any, progress: ProgressCallback | None = None) -> MemGraph:
+    """Validate a decoded JSON document and rebuild the MemGraph it describes (`progress`
+    as `memgraph_from_json`'s, without the reading)."""
+    checking = {stage: share for stage, share in LOAD_SHARES.items() if stage != "reading"}
+    report = ProgressReport(progress, checking)
+    mg = _memgraph_from_dict(data, report)
+    report.finish()
+    return mg
+
+
+def _memgraph_from_dict(data: Any, report: ProgressReport) -> MemGraph:
+    with collector_paused():  # see `collector_paused`: millions of objects, all kept
+        return _memgraph_from_checked_dict(data, report)
+
+
+def _memgraph_from_checked_dict(data: Any, report: ProgressReport) -> MemGraph:
     if not isinstance(data, dict):
         raise _fail("$", "expected an object")
     if data.get("format") != FORMAT:
@@ -323,7 +476,9 @@ def memgraph_from_dict(data: Any) -> MemGraph:
         raise _fail("$.info", "expected an object")
     if "taskgraph" not in data:
         raise _fail("$.taskgraph", "missing")
-    tg = taskgraph_from_dict(data["taskgraph"], "$.taskgraph")
+    tasks = data["taskgraph"].get("tasks") if isinstance(data["taskgraph"], dict) else None
+    tick = report.stage("checking tasks", len(tasks) if isinstance(tasks, list) else 0)
+    tg = taskgraph_from_dict(data["taskgraph"], "$.taskgraph", tick)
     storages = None
     if version >= 2:
         if "storages" not in data:
@@ -332,7 +487,133 @@ def memgraph_from_dict(data: Any) -> MemGraph:
     entries = data.get("nodes")
     if not isinstance(entries, list):
         raise _fail("$.nodes", "expected a list")
-    nodes = [_node(entry, position, tg, storages) for position, entry in enumerate(entries)]
+    nodes = _nodes(entries, tg, storages, report.stage("checking nodes", len(entries)))
     if storages is None:
         nodes = _with_boxes(tg, nodes)
     return MemGraph(tg, tuple(nodes), budget, alignment, info, storages)
+
+
+def _nodes(
+    entries: list[Any], tg: TaskGraph, storages: dict[int, HostStorage] | None, tick: Tick
+) -> list[MemNode]:
+    """The node documents `entries`, validated, as MemNodes; `tick(done, total)` about a
+    hundred times. Each entry is first tried by `_quick_node`, which accepts only what
+    `_node` accepts, without building a JSON path per check; what it does not accept,
+    `_node` checks again, to name the first problem (or accept it after all)."""
+    total = len(entries)
+    every = ticks(total)
+    tick(0, total)
+    nodes = []
+    tasks = len(tg)
+    regions: dict[tuple[int, int], Region] = {}
+    for position, entry in enumerate(entries):
+        if position % every == 0 and position:
+            tick(position, total)
+        node = _quick_node(entry, position, tasks, storages, regions)
+        nodes.append(node if node is not None else _node(entry, position, tg, storages))
+    tick(total, total)
+    return nodes
+
+
+_KIND_OF = {kind.value: kind for kind in NodeKind}
+
+
+def _key_sets(kind: NodeKind) -> frozenset[frozenset[str]]:
+    """Every set of keys a node document of `kind` may have (what `_check_keys` passes)."""
+    spec = NODE_FIELDS[kind]
+    base = _COMMON | set(spec.required)
+    optional = list(spec.optional)
+    choices = [(name,) for name in spec.one_of] or [()]
+    subsets = chain.from_iterable(combinations(optional, n) for n in range(len(optional) + 1))
+    return frozenset(
+        frozenset(base.union(subset, choice)) for subset in subsets for choice in choices
+    )
+
+
+_KEY_SETS = {kind: _key_sets(kind) for kind in NodeKind}
+
+
+def _quick_ints(value: Any, minimum: int) -> bool:
+    """Whether `value` is a list of ints (not bools) >= `minimum`."""
+    return type(value) is list and all(type(v) is int and v >= minimum for v in value)
+
+
+def _quick_region(value: Any, regions: dict[tuple[int, int], Region]) -> Region | None:
+    """`value` as a Region when it is `[offset >= 0, size >= 1]`, else None; equal
+    regions are one object (`regions`), as they are immutable."""
+    if type(value) is not list or len(value) != 2:
+        return None
+    offset, size = value
+    if type(offset) is not int or type(size) is not int or offset < 0 or size < 1:
+        return None
+    key = (offset, size)
+    region = regions.get(key)
+    if region is None:
+        region = regions[key] = Region(offset, size)
+    return region
+
+
+def _quick_node(
+    entry: Any,
+    position: int,
+    tasks: int,
+    storages: dict[int, HostStorage] | None,
+    regions: dict[tuple[int, int], Region],
+) -> MemNode | None:
+    """The MemNode of a node document that passes every check of `_node` (and a few
+    stricter ones: `id` an int, not 1.0), or None for anything else – `_node` then
+    decides, and names the problem."""
+    if type(entry) is not dict:
+        return None
+    kind = entry.get("kind")
+    kind = _KIND_OF.get(kind) if type(kind) is str else None
+    if kind is None:
+        return None
+    keys = entry.keys()
+    for allowed in _KEY_SETS[kind]:
+        if keys == allowed:
+            break
+    else:
+        return None
+    node_id, deps, tensor = entry["id"], entry["deps"], entry["tensor"]
+    if type(node_id) is not int or node_id != position or type(deps) is not list:
+        return None
+    for dep in deps:
+        if type(dep) is not int or not 0 <= dep < position:
+            return None
+    if type(tensor) is not int or not 0 <= tensor < tasks:
+        return None
+    region = storage = into = box = None
+    reads: tuple[Region, ...] = ()
+    if "region" in entry:
+        region = _quick_region(entry["region"], regions)
+        if region is None:
+            return None
+    if "storage" in entry:
+        storage = entry["storage"]
+        if type(storage) is not int or storage < 0:
+            return None
+    if "reads" in entry:
+        if type(entry["reads"]) is not list:
+            return None
+        reads = tuple(_quick_region(r, regions) for r in entry["reads"])
+        if any(r is None for r in reads):
+            return None
+    name = entry.get("name", "")
+    if type(name) is not str:
+        return None
+    if "into" in entry:
+        into = entry["into"]
+        if type(into) is not int or not 0 <= into < tasks:
+            return None
+    if "box" in entry:
+        held = storages.get(storage) if storages is not None and storage is not None else None
+        value = entry["box"]
+        if held is None or type(value) is not dict or value.keys() != {"starts", "sizes"}:
+            return None
+        starts, sizes = value["starts"], value["sizes"]
+        if not (_quick_ints(starts, 0) and _quick_ints(sizes, 1)):
+            return None
+        box = HostBox(held.shape, held.dtype, tuple(starts), tuple(sizes))
+    deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
+    return MemNode(position, kind, deps, tensor, region, storage, reads, name, into, box)

@@ -38,17 +38,28 @@ must equal the task's shape), `kind` one of block/partial/assembly/output, and
 Loading rebuilds the graph through `GraphBuilder`, so a hand-edited file gets the
 same checks as a program (shapes recomputed, join expressions re-parsed by the safe
 parser); any problem raises `SerializationError` naming the JSON path.
+
+A partitioned graph has a hundred thousand tasks, so both ways are built for speed (a
+plan embeds its graph: `memgraph.serialize`). Writing formats each task straight to
+text, in the exact bytes `json.dumps(taskgraph_to_dict(tg))` gives. Loading parses with
+the garbage collector paused (`collector_paused`), checks each task first with quick
+checks that accept only what the full checks accept, and makes each distinct op once
+(the blocks of one einsum share one parsed spec and join).
 """
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from einpage_core.errors import EinpageError, SerializationError
+from einpage_core.progress import Tick, ticks
 from taskgraph.builder import GraphBuilder
 from taskgraph.graph import TaskGraph
-from taskgraph.nodes import Block, Task, op_from_attributes, with_blocks
+from taskgraph.nodes import Block, Op, Task, op_from_attributes, with_blocks
 
 __all__ = [
     "FORMAT",
@@ -57,12 +68,53 @@ __all__ = [
     "taskgraph_from_dict",
     "taskgraph_to_json",
     "taskgraph_from_json",
+    "taskgraph_json_chunks",
+    "parse_json",
+    "collector_paused",
 ]
 
 FORMAT = "einpage.taskgraph"
 VERSION = 1
 _TASK_KEYS = {"id", "op", "inputs", "shape", "dtype", "scope", "label", "attrs"}
 _OPTIONAL_TASK_KEYS = {"block"}
+
+ENCODER = json.JSONEncoder(allow_nan=False)
+"""What `json.dumps(value, allow_nan=False)` uses, made once: `ENCODER.encode(value)` is
+the same text without building an encoder per call."""
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, as it was after it.
+
+    Reading a large document makes millions of dicts and lists that all stay alive; each
+    collection the allocations trigger walks every one of them again, which took 4 of the
+    5 seconds `json.loads` spends on a 100 MB plan. Nothing made here is garbage until
+    the document is dropped, so pausing loses nothing; the collector resumes afterwards.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def parse_json(text: str | bytes) -> Any:
+    """The decoded JSON document in `text` (the collector paused meanwhile), or a
+    `SerializationError` saying why it is not JSON: not JSON text at all, nested deeper
+    than Python's parser goes, or an integer longer than Python converts (4300 digits)."""
+    try:
+        with collector_paused():
+            return json.loads(text)
+    except RecursionError:
+        raise SerializationError(
+            "not valid JSON here: arrays or objects nested too deeply to read (plans and "
+            "TaskGraphs nest fewer than ten levels)"
+        ) from None
+    except (ValueError, TypeError) as err:  # JSONDecodeError, UnicodeDecodeError: ValueErrors
+        raise SerializationError(f"not valid JSON: {err}") from None
 
 
 def taskgraph_to_dict(tg: TaskGraph) -> dict[str, Any]:
@@ -93,16 +145,71 @@ def _task_to_dict(t: Task) -> dict[str, Any]:
 
 
 def taskgraph_to_json(tg: TaskGraph, indent: int | None = None) -> str:
-    return json.dumps(taskgraph_to_dict(tg), indent=indent, allow_nan=False)
+    """The graph as JSON text: `json.dumps(taskgraph_to_dict(tg))`, byte for byte, written
+    without building the dicts first (with an `indent`, through the dicts)."""
+    if indent is not None:
+        return json.dumps(taskgraph_to_dict(tg), indent=indent, allow_nan=False)
+    return "".join(taskgraph_json_chunks(tg))
+
+
+def taskgraph_json_chunks(tg: TaskGraph, tick: Tick | None = None) -> Iterator[str]:
+    """`taskgraph_to_json(tg)` in pieces of about a hundredth of the tasks each, calling
+    `tick(done, total)` after each piece. The text is that of `json.dumps` of
+    `taskgraph_to_dict` (keys in the same order, the same separators and escapes), so a
+    file stays byte for byte what it was; each task is formatted straight to text,
+    which is several times faster than making its dict and encoding that."""
+    quoted = Quoted()
+    name = quoted[tg.name]
+    yield f'{{"format": {quoted[FORMAT]}, "version": {VERSION}, "name": {name}, "tasks": ['
+    yield from joined_chunks(tg.tasks, lambda t: _task_text(t, quoted), tick)
+    yield f'], "outputs": {ENCODER.encode(dict(tg.outputs))}}}'
+
+
+class Quoted(dict):
+    """Strings as JSON string literals (`ENCODER.encode`), each encoded once."""
+
+    def __missing__(self, text: str) -> str:
+        literal = self[text] = ENCODER.encode(text)
+        return literal
+
+
+def int_list(values: Any) -> str:
+    """A sequence of ints as JSON text, as `json.dumps` writes it: `[1, 2, 3]`."""
+    return "[" + ", ".join(map(str, values)) + "]"
+
+
+def joined_chunks(
+    items: Sequence[Any], text: Callable[[Any], str], tick: Tick | None
+) -> Iterator[str]:
+    """The JSON texts of `items` (`text(item)` each) separated by ", ", in pieces of
+    `ticks(len(items))` items; `tick(done, total)` after each piece."""
+    total = len(items)
+    step = ticks(total)
+    if tick is not None:
+        tick(0, total)
+    for start in range(0, total, step):
+        piece = ", ".join(map(text, items[start : start + step]))
+        yield piece if start == 0 else ", " + piece
+        if tick is not None:
+            tick(min(start + step, total), total)
+
+
+def _task_text(t: Task, quoted: Quoted) -> str:
+    """`json.dumps(_task_to_dict(t))`, formatted directly."""
+    text = (
+        f'{{"id": {t.id}, "op": {quoted[t.kind]}, "inputs": {int_list(t.inputs)}, '
+        f'"shape": {int_list(t.shape)}, "dtype": {quoted[t.dtype]}, '
+        f'"scope": {quoted[t.scope]}, "label": {quoted[t.label]}, '
+        f'"attrs": {ENCODER.encode(t.op.attributes())}'
+    )
+    if t.block is not None:
+        text += f', "block": {ENCODER.encode(t.block.attributes())}'
+    return text + "}"
 
 
 def taskgraph_from_json(text: str | bytes) -> TaskGraph:
     """Parse and validate JSON text into a TaskGraph."""
-    try:
-        data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
-        raise SerializationError(f"not valid JSON: {err}") from None
-    return taskgraph_from_dict(data)
+    return taskgraph_from_dict(parse_json(text))
 
 
 def _expect(condition: bool, path: str, message: str) -> None:
@@ -114,8 +221,20 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
-    """Validate a decoded JSON document and rebuild the graph it describes."""
+def taskgraph_from_dict(data: Any, path: str = "$", tick: Tick | None = None) -> TaskGraph:
+    """Validate a decoded JSON document and rebuild the graph it describes, calling
+    `tick(done, total)` about a hundred times as tasks are checked.
+
+    Every task goes through `GraphBuilder` and its op through `op_from_attributes`; an op
+    is made once per distinct (kind, attributes) document and shared by the tasks that
+    have the same one (ops are immutable values: the thousands of blocks of one einsum
+    re-parse one spec and one join expression once, not each).
+    """
+    with collector_paused():
+        return _taskgraph_from_dict(data, path, tick)
+
+
+def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
     _expect(isinstance(data, dict), path, "expected an object")
     _expect(data.get("format") == FORMAT, f"{path}.format", f"expected {FORMAT!r}")
     _expect(data.get("version") == VERSION, f"{path}.version", f"expected {VERSION}")
@@ -129,35 +248,23 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
 
     builder = GraphBuilder(name)
     blocks: list[Block | None] = []
+    ops: dict[Any, Op] = {}
+    total = len(tasks)
+    every = ticks(total)
+    if tick is not None:
+        tick(0, total)
     for position, entry in enumerate(tasks):
-        where = f"{path}.tasks[{position}]"
-        _expect(isinstance(entry, dict), where, "expected an object")
-        missing = _TASK_KEYS - entry.keys()
-        _expect(not missing, where, f"missing key(s) {sorted(missing)}")
-        unknown = entry.keys() - _TASK_KEYS - _OPTIONAL_TASK_KEYS
-        _expect(not unknown, where, f"unknown key(s) {sorted(unknown)}")
-        _expect(
-            entry["id"] == position and _is_int(entry["id"]),
-            f"{where}.id",
-            f"expected {position} (ids are positions)",
-        )
-        _expect(isinstance(entry["op"], str), f"{where}.op", "expected a string")
-        _expect(
-            isinstance(entry["inputs"], list) and all(map(_is_int, entry["inputs"])),
-            f"{where}.inputs",
-            "expected a list of task ids",
-        )
-        _expect(
-            isinstance(entry["shape"], list) and all(map(_is_int, entry["shape"])),
-            f"{where}.shape",
-            "expected a list of ints",
-        )
-        _expect(isinstance(entry["dtype"], str), f"{where}.dtype", "expected a string")
-        _expect(isinstance(entry["scope"], str), f"{where}.scope", "expected a string")
-        _expect(isinstance(entry["label"], str), f"{where}.label", "expected a string")
-        _expect(isinstance(entry["attrs"], dict), f"{where}.attrs", "expected an object")
+        if tick is not None and position % every == 0 and position:
+            tick(position, total)
+        if not _quick_task_check(entry, position):
+            _check_task(entry, position, path)  # names the first problem
         try:
-            op = op_from_attributes(entry["op"], entry["attrs"])
+            key = _op_key(entry["op"], entry["attrs"])
+            op = ops.get(key) if key is not None else None
+            if op is None:
+                op = op_from_attributes(entry["op"], entry["attrs"])
+                if key is not None:
+                    ops[key] = op
             builder.add(
                 op,
                 entry["inputs"],
@@ -167,18 +274,20 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
                 entry["label"],
             )
         except EinpageError as err:
-            raise SerializationError(f"{where}: {err}") from None
+            raise SerializationError(f"{path}.tasks[{position}]: {err}") from None
         except (KeyError, TypeError, ValueError) as err:
             raise SerializationError(
-                f"{where}.attrs: invalid attributes for {entry['op']!r}: {err}"
+                f"{path}.tasks[{position}].attrs: invalid attributes for {entry['op']!r}: {err}"
             ) from None
-        block = _block_from_entry(entry, where)
+        block = _block_from_entry(entry, path, position)
         if block is not None and block.shape != builder.tasks[-1].shape:
             raise SerializationError(
-                f"{where}.block: shape {list(block.shape)} must equal the task's shape "
-                f"{list(builder.tasks[-1].shape)}"
+                f"{path}.tasks[{position}].block: shape {list(block.shape)} must equal the "
+                f"task's shape {list(builder.tasks[-1].shape)}"
             )
         blocks.append(block)
+    if tick is not None:
+        tick(total, total)
     for out_name, task_id in outputs.items():
         try:
             builder.output(task_id, out_name)
@@ -187,9 +296,83 @@ def taskgraph_from_dict(data: Any, path: str = "$") -> TaskGraph:
     return TaskGraph(with_blocks(builder.tasks, blocks), builder.outputs, name)
 
 
-def _block_from_entry(entry: dict[str, Any], where: str) -> Block | None:
+_TASK_KEY_SETS = (_TASK_KEYS, _TASK_KEYS | _OPTIONAL_TASK_KEYS)
+
+
+def _quick_task_check(entry: Any, position: int) -> bool:
+    """Whether a task document passes every check of `_check_task` (and a few stricter
+    ones: exact types), without building a JSON path per check."""
+    if type(entry) is not dict:
+        return False
+    keys = entry.keys()
+    if keys != _TASK_KEY_SETS[0] and keys != _TASK_KEY_SETS[1]:
+        return False
+    task_id, inputs, shape = entry["id"], entry["inputs"], entry["shape"]
+    if type(task_id) is not int or task_id != position:
+        return False
+    if type(inputs) is not list or type(shape) is not list:
+        return False
+    for value in inputs:
+        if type(value) is not int:
+            return False
+    for value in shape:
+        if type(value) is not int:
+            return False
+    return (
+        type(entry["op"]) is str
+        and type(entry["dtype"]) is str
+        and type(entry["scope"]) is str
+        and type(entry["label"]) is str
+        and type(entry["attrs"]) is dict
+    )
+
+
+def _check_task(entry: Any, position: int, path: str) -> None:
+    """The structure of task document `position`: `SerializationError` naming the JSON
+    path of the first problem."""
+    where = f"{path}.tasks[{position}]"
+    _expect(isinstance(entry, dict), where, "expected an object")
+    missing = _TASK_KEYS - entry.keys()
+    _expect(not missing, where, f"missing key(s) {sorted(missing)}")
+    unknown = entry.keys() - _TASK_KEYS - _OPTIONAL_TASK_KEYS
+    _expect(not unknown, where, f"unknown key(s) {sorted(unknown)}")
+    _expect(
+        entry["id"] == position and _is_int(entry["id"]),
+        f"{where}.id",
+        f"expected {position} (ids are positions)",
+    )
+    _expect(isinstance(entry["op"], str), f"{where}.op", "expected a string")
+    _expect(
+        isinstance(entry["inputs"], list) and all(map(_is_int, entry["inputs"])),
+        f"{where}.inputs",
+        "expected a list of task ids",
+    )
+    _expect(
+        isinstance(entry["shape"], list) and all(map(_is_int, entry["shape"])),
+        f"{where}.shape",
+        "expected a list of ints",
+    )
+    _expect(isinstance(entry["dtype"], str), f"{where}.dtype", "expected a string")
+    _expect(isinstance(entry["scope"], str), f"{where}.scope", "expected a string")
+    _expect(isinstance(entry["label"], str), f"{where}.label", "expected a string")
+    _expect(isinstance(entry["attrs"], dict), f"{where}.attrs", "expected an object")
+
+
+def _op_key(kind: str, attrs: dict[str, Any]) -> tuple[str, str] | None:
+    """A key equal for two (kind, attrs) documents exactly when they are the same JSON
+    values of the same types: the attributes' JSON text (so 1, 1.0 and true, 0.0 and -0.0
+    stay apart), or None when they have no such text (NaN; the op is then made without
+    the cache)."""
+    try:
+        return (kind, ENCODER.encode(attrs))
+    except (TypeError, ValueError):
+        return None
+
+
+def _block_from_entry(entry: dict[str, Any], path: str, position: int) -> Block | None:
     if "block" not in entry:
         return None
+    where = f"{path}.tasks[{position}]"
     try:
         return Block.from_attributes(entry["block"])
     except EinpageError as err:
