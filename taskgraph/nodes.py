@@ -219,12 +219,12 @@ class Input(Op):
         return f'input["{self.name}", {self.role}, {self.location}{domain}]'
 
     def attributes(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "role": self.role,
-            "location": self.location,
-            "domain": self.domain,
-        }
+        """The default domain "real" is left out: files say only what narrows it, and a
+        file written before domains existed is written back byte for byte."""
+        attrs = {"name": self.name, "role": self.role, "location": self.location}
+        if self.domain != "real":
+            attrs["domain"] = self.domain
+        return attrs
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ Schema (version 1)::
     }
 
 `id` must equal the task's position and `inputs` must name earlier tasks. `attrs`
-by op: input {name, role, location, domain} (domain may be absent, as files written
-before it existed: "real"); einsum {spec, join (string or null), agg};
+by op: input {name, role, location, domain} (domain is absent when it is "real", as
+in files written before it existed); einsum {spec, join (string or null), agg};
 fill {value (number, or "inf"/"-inf"/"nan"), pattern, origin}; gather {}; view {};
 slice {starts}; concat {axis}; argreduce {agg}; kth_largest {k}. FLOPs are not
 stored: they are recomputed.
