@@ -114,6 +114,12 @@ class GenerationSpec:
         """Tokens generated: batch * new_tokens."""
         return self.batch * self.new_tokens
 
+    @property
+    def positions(self) -> int:
+        """Positions the generation fills: the prompt's, then every new token's but the
+        last (which is chosen, never fed back): prompt_len + new_tokens - 1."""
+        return self.prompt_len + self.new_tokens - 1
+
     def gumbel(self, seed: int) -> np.ndarray | None:
         """The sampling noise of `seed` [new_tokens, batch, vocab] (None when greedy):
         standard Gumbel draws in step order, the same for both ways of planning."""
@@ -150,6 +156,7 @@ class GenerationSpec:
             page_size=self.page_size,
             sampling=self.sampling,
             logits=self.logits,
+            positions=self.positions,
         )
 
 
@@ -618,9 +625,7 @@ class StepPlans:
         re-staging the pages that changed."""
         spec = self.spec
         pages, steps = run[0].key
-        positions = spec.family.position_inputs(
-            spec.cfg, pages * spec.page_size + steps, spec.dtype
-        )
+        positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
         reports = []
         with _session(self.decoders[run[0].key].plan, backend, mode) as session:
             session.stage({**weights, **positions, **cache.of(range(pages))})
