@@ -196,6 +196,7 @@ def _print_plans(out: Generation, console: Console) -> None:
             f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
             f"{how}, KV pages of {spec.page_size}",
         ),
+        ("budget", str(out.plan.budget)),
         *out.stats.rows(),
     ]
     console.print(format_table(rows, f"generation ({out.plan.way})"))

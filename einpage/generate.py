@@ -169,9 +169,11 @@ def generate(
     **plan_options: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
-    planned under `budget` (bytes, a size string, or a percentage of the resident peak,
-    `"100%"` by default: nothing moves, or of the streaming minimum, `"50%streaming"`) one
-    `way` ("unrolled" or "steps"); greedy unless `sampling` is given (its
+    planned under `budget` (bytes, a size string, or a percentage of the plans' resident
+    peak, `"100%"` by default: nothing moves, or of one token's streaming minimum,
+    `"50%streaming"`, the same bytes both ways: `read_generation_budget`; `plan.budget`
+    says how it was read) one `way` ("unrolled" or "steps"); greedy unless `sampling` is
+    given (its
     noise drawn from `seed`); step plans serve buckets of `bucket_pages` pages and
     chunks of `chunk_steps` steps. With `run=False` it only plans (no weights needed).
     `plan_options` go to `einpage.compile`. Raises `GenerationError` for bad arguments

@@ -25,6 +25,12 @@ planning time allows, at the price of re-reading from host memory, every run, wh
 does not fit in one run's plan. The README's "Measured" section quantifies both
 (`benchmarks/generation.py`).
 
+Budgets: both ways share one reading (`read_generation_budget`). `"N%"` is of the
+resident peak of the plans themselves (the unrolled plan's, or the largest step plan's:
+at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token (the
+larger of the prefill's and the last decode step's), the same bytes both ways. Each
+plan's `budget` says which reference point it was read against.
+
 `GenerationStats` reports the simulated time on a cost model, tokens/s, and the bytes
 each way moves: weights streamed and KV pages paged (reloaded and offloaded), in total
 and per generated token.
@@ -35,7 +41,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,7 +66,7 @@ from einpage.program import Program
 from einpage_core.errors import InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import MemGraph, NodeKind
-from memgraph.budgets import read_budget
+from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from taskgraph.graph import TaskGraph
 from taskgraph.labels import is_kv_page
 from taskgraph.nodes import Input
@@ -76,6 +82,9 @@ __all__ = [
     "Chunk",
     "chunks_of",
     "plan_generation",
+    "read_generation_budget",
+    "token_programs",
+    "STEP_OPTIONS",
 ]
 
 WAYS = ("unrolled", "steps")
@@ -342,13 +351,10 @@ def _step_of(tg: TaskGraph, task: int | None) -> str:
 
 
 def _compile(
-    program: Program, budget: Any, plan: str, step: str | None, options: Mapping[str, Any]
+    tg: TaskGraph, budget: Any, plan: str, step: str | None, options: Mapping[str, Any]
 ) -> tuple[Compiled, float]:
-    """`einpage.compile` of `program`, timed (building included); an infeasible budget
-    raises `GenerationBudgetError` naming the plan, the step and the task."""
-    started = time.perf_counter()
-    tg = program.build()
-    built = time.perf_counter() - started
+    """`einpage.compile` of `tg`, timed; an infeasible budget raises
+    `GenerationBudgetError` naming the plan, the step and the task."""
     try:
         compiled = compile_program(tg, budget, **options)
     except InfeasibleBudgetError as err:
@@ -366,7 +372,7 @@ def _compile(
             where,
             plan,
         ) from err
-    return compiled, built + _planning_seconds(compiled)
+    return compiled, _planning_seconds(compiled)
 
 
 def _session(mg: MemGraph, backend: Any, mode: str | None) -> runtime.Session:
@@ -383,6 +389,11 @@ class UnrolledPlan:
         self.spec = spec
         self.compiled = compiled
         self.planning_seconds = planning_seconds
+
+    @property
+    def budget(self) -> BudgetReading:
+        """How the budget was read (`read_generation_budget`)."""
+        return self.compiled.budget
 
     def __repr__(self) -> str:
         return f"<UnrolledPlan {self.compiled.program.name!r}: {len(self.plan)} nodes>"
@@ -533,6 +544,11 @@ class StepPlans:
         return f"<StepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)}>"
 
     @property
+    def budget(self) -> BudgetReading:
+        """How the budget every step plan shares was read (`read_generation_budget`)."""
+        return self.prefill.budget
+
+    @property
     def plans(self) -> dict[str, Compiled]:
         """Every plan by name: "prefill", then "decode (pages P[, steps S])"."""
         named = {"prefill": self.prefill}
@@ -657,43 +673,96 @@ def plan_generation(
     """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
     or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
     `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
-    eviction, ...). A budget percentage is read against the largest program's reference
-    point (resident peak, or streaming minimum with `"%streaming"`). Raises
-    `GenerationBudgetError` (naming the step and the task) when the budget is too small."""
+    eviction, ...). A percentage is read by `read_generation_budget` (the plan's `budget`
+    says how). Raises `GenerationBudgetError` (naming the step and the task) when the
+    budget is too small."""
     if way not in WAYS:
         raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
-    if way == "unrolled":
-        compiled, seconds = _compile(spec.generation_program(), budget, "unrolled", None, options)
-        return UnrolledPlan(spec, compiled, seconds)
-    for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise GenerationError(f"{what} must be a positive int, got {value!r}")
-    options = {"outputs": "host", **options}  # what a step outputs goes to the host loop
     started = time.perf_counter()
-    chunks = chunks_of(spec, bucket_pages, chunk_steps)
-    programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
-    first_step: dict[str, str] = {"prefill": "prefill"}
-    keys: dict[str, tuple[int, int]] = {}
-    for chunk in chunks:
-        if chunk.name not in programs:
-            programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
-            first_step[chunk.name] = f"step {chunk.first}"
-            keys[chunk.name] = chunk.key
-    budget = _one_budget(programs, budget, options)
+    if way == "unrolled":
+        programs = {"unrolled": spec.generation_program()}
+        first_step: dict[str, str | None] = {"unrolled": None}
+        plan_options = dict(options)
+    else:
+        for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise GenerationError(f"{what} must be a positive int, got {value!r}")
+        plan_options = {**STEP_OPTIONS, **options}
+        chunks = chunks_of(spec, bucket_pages, chunk_steps)
+        programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
+        first_step = {"prefill": "prefill"}
+        keys: dict[str, tuple[int, int]] = {}
+        for chunk in chunks:
+            if chunk.name not in programs:
+                programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
+                first_step[chunk.name] = f"step {chunk.first}"
+                keys[chunk.name] = chunk.key
+    graphs = {name: program.build() for name, program in programs.items()}
+    reading = read_generation_budget(spec, graphs, budget, options, way)
     seconds = time.perf_counter() - started
     compiled = {}
-    for name, program in programs.items():
-        compiled[name], plan_seconds = _compile(program, budget, name, first_step[name], options)
+    for name, tg in graphs.items():
+        compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], plan_options)
         seconds += plan_seconds
+    if way == "unrolled":
+        return UnrolledPlan(spec, compiled["unrolled"], seconds)
     decoders = {key: compiled[name] for name, key in keys.items()}
     return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds)
 
 
-def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[str, Any]) -> Any:
-    """The budget every step plan shares: bytes as given, a percentage read against the
-    largest reference point (resident peak, or streaming minimum) of the programs."""
-    if not (isinstance(budget, str) and "%" in budget):
-        return budget
-    plan_options = {k: v for k, v in options.items() if k not in COMPILE_KEYWORDS}
-    opts = memgraph.PlanOptions.from_keywords(plan_options, "einpage.compile", COMPILE_KEYWORDS)
-    return max(read_budget(p.build(), budget, opts).nbytes for p in programs.values())
+STEP_OPTIONS = {"outputs": "host"}
+"""Planner options of step plans (what a step outputs goes to the host loop), unless
+the caller gives them."""
+
+
+def token_programs(spec: GenerationSpec) -> dict[str, Program]:
+    """The programs of one token, whatever the way: "the prefill" (the prompt to the
+    first token, its keys and values out, as a step loop's) and, with more than one new
+    token, "the last decode step" (one step over the whole cache of the last token in
+    pages of `page_size`, its pages in host memory). The generation's streaming minimum
+    is the larger of theirs (`read_generation_budget`)."""
+    programs = {"the prefill": spec.generation_program(1, cache_outputs=True)}
+    if spec.new_tokens > 1:
+        length = spec.prompt_len + spec.new_tokens - 2  # the cache the last step reads
+        programs["the last decode step"] = spec.decode_program(_ceil(length, spec.page_size))
+    return programs
+
+
+def read_generation_budget(
+    spec: GenerationSpec,
+    graphs: Mapping[str, TaskGraph],
+    budget: Any,
+    options: Mapping[str, Any],
+    way: str,
+) -> Any:
+    """The budget every plan of the generation shares: bytes or a size string as given;
+    a percentage as a `BudgetReading` that names its reference point, one definition for
+    both ways:
+
+    * `"N%"` / `"N%resident"`: of the resident peak of the plans themselves – the
+      unrolled plan's, or the largest step plan's (at 100% no plan moves anything);
+    * `"N%streaming"`: of the generation's streaming minimum, that of one token – the
+      larger of the prefill's and the last decode step's (`token_programs`), weights
+      loaded just in time and dropped after use, planned as step plans are. An unrolled
+      program's own streaming minimum would keep every weight (each is read again by
+      the next step, so nothing drops it), nearly its resident peak; this one is the
+      same for both ways, whatever `bucket_pages` and `chunk_steps`.
+
+    `graphs` are the plans' programs by name; `options` the caller's planner options
+    (the way's own defaults are added here). Raises `BudgetFormatError` for a malformed
+    percentage."""
+    match = PERCENT.match(budget) if isinstance(budget, str) else None
+    if match is None:
+        return budget  # bytes, a size string, or malformed: einpage.compile reads it
+    streaming = (match.group(2).lower() or "resident") == "streaming"
+    own = {**STEP_OPTIONS, **options} if way == "steps" or streaming else dict(options)
+    planner = {k: v for k, v in own.items() if k not in COMPILE_KEYWORDS}
+    opts = memgraph.PlanOptions.from_keywords(planner, "einpage.compile", COMPILE_KEYWORDS)
+    if streaming:
+        candidates = {name: p.build() for name, p in token_programs(spec).items()}
+    else:
+        candidates = {f"the {name} plan": tg for name, tg in graphs.items()}
+    readings = {name: read_budget(tg, budget, opts) for name, tg in candidates.items()}
+    name = max(readings, key=lambda n: readings[n].nbytes)
+    reading = readings[name]
+    return replace(reading, reference=f"{reading.reference} ({name}'s)")

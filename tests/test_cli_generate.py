@@ -92,3 +92,12 @@ def test_a_failed_picture_leaves_no_file_and_the_other_is_written(capsys, tmp_pa
     assert code == EXIT_BAD_INPUT and "the renderer broke" in err and "--render" in err, err
     assert not svg.exists() and list(tmp_path.iterdir()) == [png]  # no temporary left
     assert png.stat().st_size > 0 and f"wrote memory map: {png}" in out
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_generate_says_how_a_percentage_was_read_in_every_table(capsys, way):
+    code, out, err = cli(capsys, *TINY, "--budget", "50%", "--page-size", "4", "--way", way)
+    assert code == EXIT_OK, err
+    budgets = [line.split(None, 1)[1] for line in out.splitlines() if "budget" in line]
+    assert len(budgets) == (2 if way == "unrolled" else 3), out  # the generation, each plan
+    assert all(b.startswith("50% of the resident peak (the ") for b in budgets), budgets
