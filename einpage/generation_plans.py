@@ -365,7 +365,7 @@ def _compile(
             else f" (task {tg[err.task].line()}, scope {tg[err.task].scope!r})"
         )
         raise GenerationBudgetError(
-            f"the {plan} plan of {tg.name!r} does not fit the budget at {where}{line}: {err}",
+            f"the {plan} plan of {tg.name!r} does not fit the budget at {where}{line}:\n{err}",
             err.budget,
             err.needed,
             err.task,

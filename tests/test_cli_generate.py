@@ -101,3 +101,15 @@ def test_generate_says_how_a_percentage_was_read_in_every_table(capsys, way):
     budgets = [line.split(None, 1)[1] for line in out.splitlines() if "budget" in line]
     assert len(budgets) == (2 if way == "unrolled" else 3), out  # the generation, each plan
     assert all(b.startswith("50% of the resident peak (the ") for b in budgets), budgets
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_an_infeasible_budget_is_printed_whole(capsys, way):
+    """`einpage plan` prints the planner's message whole; so does generate (it used to be
+    cut in its middle: the plan and step it names made one line too long)."""
+    code, _, err = cli(capsys, *TINY, "--budget", "0", "--page-size", "4", "--way", way)
+    assert code == EXIT_INFEASIBLE and " … " not in err, err
+    lines = err.splitlines()
+    assert lines[0].startswith("einpage: error: the ") and lines[0].endswith(":")
+    assert lines[1].startswith("  budget '0' = 0 B is below the smallest budget that compiles")
+    assert lines[1].endswith("can work.") and lines[2].startswith("einpage: hint: ")

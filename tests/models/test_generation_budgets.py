@@ -9,6 +9,7 @@ import pytest
 
 from einpage.generation_plans import GenerationSpec, plan_generation
 from einpage.models import llama
+from einpage.models.errors import GenerationBudgetError
 
 CFG = llama.PRESETS["tiny"]
 SPEC = GenerationSpec(llama.FAMILY, CFG, 1, 9, 4, page_size=4)
@@ -39,3 +40,12 @@ def test_a_resident_percentage_is_of_the_plans_own_peak_and_says_so():
             assert text.startswith("50% of the resident peak (the "), (name, text)
             assert text.endswith(f"= {compiled.budget.nbytes / 1024:.1f} KiB")
         assert plan.budget == plan.plans[next(iter(plan.plans))].budget
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_an_infeasible_budget_puts_the_planners_message_on_a_line_of_its_own(way):
+    with pytest.raises(GenerationBudgetError) as caught:
+        plan_generation(SPEC, "0", way)
+    where, message = str(caught.value).split("\n")
+    assert where.startswith(f"the {caught.value.plan} plan of ") and where.endswith(":")
+    assert message.startswith("budget '0' = 0 B is below the smallest budget that compiles")
