@@ -1,7 +1,7 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
-                     [--new-tokens N] [--prompt TEXT] [--sample --temperature T --top-k K]
+                     [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
                      [--render plan.svg] [--memory-map map.png]
 
@@ -32,7 +32,7 @@ from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
-from einpage.text import decode, encode, find_tokenizer, load_tokenizer
+from einpage.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 
@@ -76,15 +76,31 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
     )
-    gen.add_argument("--sample", action="store_true", help="sample instead of greedy argmax")
-    gen.add_argument("--temperature", type=float, default=1.0, help="with --sample")
-    gen.add_argument("--top-k", type=_positive_int, help="with --sample: keep the k largest")
+    gen.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample the next token instead of the greedy argmax (implied by --temperature "
+        "and --top-k)",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="sample from softmax(logits / T), T > 0: below 1 sharper, above 1 flatter "
+        "(default 1.0 when sampling); implies --sample",
+    )
+    gen.add_argument(
+        "--top-k",
+        type=_positive_int,
+        metavar="K",
+        help="sample among the K largest logits only (default: all); implies --sample",
+    )
     gen.add_argument("--seed", type=int, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, float32 or float64")
+    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
     gen.add_argument("--cost-model", choices=list(COST_MODELS), default="h100-pcie5")
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
@@ -106,6 +122,15 @@ def _model(args: argparse.Namespace) -> Any:
         names = [f"{f}:{s}" for f, fam in FAMILIES.items() for s in fam.presets]
         raise GenerationError(f"unknown model {args.model!r}; presets: {', '.join(names)}")
     return presets[size]
+
+
+def _sampling(args: argparse.Namespace) -> Sampling | None:
+    """How tokens are chosen: greedy, unless --sample, --temperature or --top-k is given
+    (either of the last two implies --sample: given alone they used to be ignored)."""
+    if not (args.sample or args.temperature is not None or args.top_k is not None):
+        return None
+    temperature = 1.0 if args.temperature is None else args.temperature
+    return Sampling(temperature, args.top_k)
 
 
 def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndarray]:
@@ -130,7 +155,7 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
     source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
     if not source:
-        raise GenerationError("--prompt needs a tokenizer: --tokenizer FILE or a checkpoint")
+        raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
     tokenizer = load_tokenizer(source)
     ids = encode(tokenizer, args.prompt, batch)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
@@ -147,7 +172,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *GENERATE_OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
-    sampling = Sampling(args.temperature, args.top_k) if args.sample else None
+    sampling = _sampling(args)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)

@@ -88,7 +88,7 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     if isinstance(model, ModelConfig):
         return family_of(model), model, None
     if isinstance(model, str | os.PathLike):
-        config, _ = require_hf_config(model, "generate")
+        config, _ = require_hf_config(model, "", caller="generate")
         kind = config.get("model_type")
         for family in FAMILIES.values():
             if family.config.model_type == kind:
@@ -138,7 +138,7 @@ def _prompt_ids(
     if tokenizer is None:
         found = None if checkpoint is None else text.find_tokenizer(checkpoint)
         if found is None:
-            raise GenerationError("text prompts need a tokenizer (or a checkpoint with one)")
+            raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)

@@ -113,3 +113,40 @@ def test_an_infeasible_budget_is_printed_whole(capsys, way):
     assert lines[0].startswith("einpage: error: the ") and lines[0].endswith(":")
     assert lines[1].startswith("  budget '0' = 0 B is below the smallest budget that compiles")
     assert lines[1].endswith("can work.") and lines[2].startswith("einpage: hint: ")
+
+
+@pytest.mark.parametrize(
+    "flags, how",
+    [
+        (["--top-k", "5"], "sampled (temperature 1.0, top-k 5)"),
+        (["--temperature", "0.5"], "sampled (temperature 0.5, top-k None)"),
+        (["--sample"], "sampled (temperature 1.0, top-k None)"),
+        ([], "greedy"),
+    ],
+)
+def test_temperature_and_top_k_imply_sampling(capsys, flags, how):
+    code, out, err = cli(capsys, *TINY, "--budget", "100%", "--page-size", "4", *flags)
+    assert code == EXIT_OK and f"new tokens, {how}, KV pages" in out, err
+
+
+def test_the_sampling_options_say_what_they_do(capsys):
+    assert main(["generate", "--help"]) == EXIT_OK
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--temperature T sample from softmax(logits / T)" in text
+    assert text.count("implies --sample") == 2
+
+
+def test_a_checkpoint_that_is_not_there_is_named(capsys, tmp_path):
+    missing = tmp_path / "nonexist_dir"
+    code, _, err = cli(capsys, "generate", "--checkpoint", missing, "--budget", "1GiB")
+    assert code == EXIT_BAD_INPUT and f"the checkpoint '{missing}' does not exist" in err, err
+    assert "huggingface-cli download" in err and "save_pretrained" in err
+    code, _, err = cli(capsys, "generate", "--checkpoint", tmp_path, "--budget", "1GiB")
+    assert code == EXIT_BAD_INPUT and f"no config.json in the folder '{tmp_path}'" in err, err
+
+
+def test_a_hub_id_is_not_downloaded_and_the_message_says_how_to_get_it(capsys):
+    hub = "meta-llama/Llama-2-7b-hf"
+    code, _, err = cli(capsys, "generate", "--checkpoint", hub, "--budget", "1GiB")
+    assert code == EXIT_BAD_INPUT and f"no folder '{hub}'" in err, err
+    assert "does not download" in err and f"huggingface-cli download {hub} --local-dir" in err
