@@ -25,7 +25,13 @@ import numpy as np
 
 from einpage.cli_outputs import GENERATE_OUTPUTS, PicturesFailedError, check_outputs, plan_pictures
 from einpage.console import Console, format_table
-from einpage.generate import Generation, generate, program_weights, resolve_model
+from einpage.generate import (
+    Generation,
+    check_run_memory,
+    generate,
+    program_weights,
+    resolve_model,
+)
 from einpage.generation_plans import WAYS
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
@@ -35,6 +41,7 @@ from einpage.models.generation import DEFAULT_PAGE_SIZE
 from einpage.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
+from taskgraph import dtypes
 
 __all__ = ["add_generate", "cmd_generate", "random_weights"]
 
@@ -134,8 +141,11 @@ def _sampling(args: argparse.Namespace) -> Sampling | None:
 
 
 def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndarray]:
-    """Weights for a preset that has none: N(0, 0.02²), norm scales 1 (biases 0)."""
+    """Weights for a preset that has none: N(0, 0.02²), norm scales 1 (biases 0). Each is
+    drawn in float32 (float64 for float64 weights) and scaled in place, then cast: at most
+    one weight's float32 copy besides the weights (`check_run_memory` counts it)."""
     rng = np.random.default_rng(seed)
+    draw = np.float64 if dtypes.canonical(dtype) == "float64" else np.float32
     weights = {}
     for name, shape in cfg.weight_shapes().items():
         if name.endswith("norm"):
@@ -143,7 +153,9 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
         elif name.endswith("norm_bias"):
             weights[name] = np.zeros(shape, dtype)
         else:
-            weights[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
+            values = rng.standard_normal(shape, dtype=draw)
+            values *= 0.02
+            weights[name] = values.astype(dtype, copy=False)
     return weights
 
 
@@ -197,6 +209,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
         if args.run:
             with console.stage("running"):
                 dtype = planned.spec.dtype
+                made = "read from the checkpoint" if checkpoint else "drawn at random"
+                check_run_memory(planned.plan, args.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
                 ran = planned.plan.run(

@@ -38,6 +38,7 @@ and per generated token.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -67,6 +68,7 @@ from einpage_core.errors import InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
+from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.labels import is_kv_page
 from taskgraph.nodes import Input
@@ -379,6 +381,68 @@ def _session(mg: MemGraph, backend: Any, mode: str | None) -> runtime.Session:
     return runtime.Session(mg, backend, mode=mode)
 
 
+def _run_once(
+    mg: MemGraph, inputs: Mapping[str, Any], backend: Any, mode: str | None, seed: int
+) -> tuple[dict[str, np.ndarray], Any]:
+    """One run of `mg` in a session of its own: (outputs, run report)."""
+    with _session(mg, backend, mode) as session:
+        return session.run(inputs, seed=seed), session.last
+
+
+def _release_sessions() -> None:
+    """Free the buffers of the sessions just closed before the next one allocates its
+    own. A closed `runtime.Session` keeps its arena (and its staged copies of the
+    weights) until its reference cycles are collected, which allocating large arrays
+    does not prompt: the step loop's sessions, one after another, would hold all of
+    theirs at once (measured: GPT-2 124M in float32, three step plans on NumPy, 2.1 GB
+    resident where one session at a time needs 1.2 GB)."""
+    gc.collect()
+
+
+RUN_BYTES_PER_NODE = 1024
+"""Host memory a session takes per node of its plan for its own bookkeeping (the
+schedule, the interpreter's views; measured about 300 B on the tiny presets), counted
+by `host_bytes` with a margin."""
+
+
+def _session_host_bytes(mg: MemGraph, backend: runtime.Backend) -> int:
+    """Host memory a session of `mg` allocates on `backend`: its host buffer (as
+    `runtime.Session` lays it out), its bookkeeping (`RUN_BYTES_PER_NODE`) and, where the
+    arena and the kernels are in host memory (NumPy), the arena and the largest result a
+    kernel computes before storing it (in its compute dtype: float32 for 16-bit floats)."""
+    layout = runtime.HostLayout.of(mg, backend.host_staging)
+    need = layout.nbytes + RUN_BYTES_PER_NODE * len(mg)
+    if backend.arena_on_host:
+        tg = mg.taskgraph
+        need += mg.budget + max((_kernel_scratch(tg, t) for t in tg if t.is_compute), default=0)
+    return need
+
+
+def _kernel_scratch(tg: TaskGraph, task: Any) -> int:
+    """Host memory the NumPy kernel of `task` allocates besides the arena: its result in
+    the compute dtype and a copy, in it, of each operand stored in another dtype (a
+    bfloat16 or float16 embedding table is widened to float32 for the LM head)."""
+
+    def wide(t: Any) -> int:
+        return t.size * dtypes.itemsize(dtypes.compute_dtype(t.dtype))
+
+    operands = {tg.storage_root(i) for i in task.inputs}
+    widened = sum(wide(tg[i]) for i in operands if dtypes.compute_dtype(tg[i].dtype) != tg[i].dtype)
+    return wide(task) + widened
+
+
+def _input_bytes(spec: GenerationSpec, tg: TaskGraph) -> int:
+    """Host memory of a run's inputs besides the weights (the prompt, the position
+    tables, the sampling noise, in the dtype, and the noise's float64 draw)."""
+    held = sum(
+        tg[i].nbytes
+        for i in tg.inputs.values()
+        if not (isinstance(tg[i].op, Input) and tg[i].op.role == "weight")
+    )
+    noise = 0 if spec.sampling is None else 8 * spec.new_tokens * spec.batch * spec.cfg.vocab_size
+    return held + noise
+
+
 class UnrolledPlan:
     """The whole generation as one plan (module docstring). `compiled` is
     `einpage.compile`'s result; `planning_seconds` includes building the program."""
@@ -406,6 +470,14 @@ class UnrolledPlan:
     def plans(self) -> dict[str, Compiled]:
         """Every plan by name (one here)."""
         return {"unrolled": self.compiled}
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        session's host buffer and arena (NumPy) and the inputs (`run` checks nothing
+        itself: a caller that must not run out of memory compares this first)."""
+        return _session_host_bytes(self.plan, backend) + _input_bytes(
+            self.spec, self.compiled.program
+        )
 
     def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
         return GenerationStats(
@@ -555,6 +627,30 @@ class StepPlans:
         named.update({decode_name(*key): c for key, c in sorted(self.decoders.items())})
         return named
 
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        largest session's host buffer and arena (one session at a time), the KV pages kept
+        in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
+        plans = [self.prefill, *self.decoders.values()]
+        sessions = max(_session_host_bytes(c.plan, backend) for c in plans)
+        inputs = max(_input_bytes(self.spec, c.program) for c in plans)
+        staged = 0  # a decode plan's session stages every input but the step's own
+        if not backend.host_staging:  # copied (NumPy); a staging backend's slots are in
+            staged = max((c.program.input_bytes for c in self.decoders.values()), default=0)
+        return sessions + staged + self._cache_pages() * self._page_bytes() + inputs
+
+    def _cache_pages(self) -> int:
+        """Pages per layer and part (K or V) the host cache holds (`run`)."""
+        needed = _ceil(self.spec.prompt_len + self.spec.new_tokens, self.spec.page_size)
+        return max([needed, *(c.pages for c in self.chunks)])
+
+    def _page_bytes(self) -> int:
+        """Bytes of every layer's K and V page of one page index."""
+        tg = self.prefill.program
+        head = tg[tg.outputs["kv.0.k"]]  # [batch, kv heads, prompt_len, head_dim]
+        per_page = head.nbytes // head.shape[-2] * self.spec.page_size
+        return 2 * self.spec.cfg.num_layers * per_page
+
     def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
         """The prefill's cost plus each chunk's, by its plan."""
         seconds = _simulate(self.prefill.plan, cost_model)
@@ -596,13 +692,10 @@ class StepPlans:
         gumbel = spec.gumbel(seed)
         first = None if gumbel is None else gumbel[:1]
         inputs = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, weights, first)
-        with _session(self.prefill.plan, backend, mode) as session:
-            out = session.run(inputs, seed=run_seed)
-            reports = [session.last]
-        needed = _ceil(spec.prompt_len + spec.new_tokens, spec.page_size)
-        cache = _HostPages(
-            spec, out["kv.0.k"].shape, max([needed, *(c.pages for c in self.chunks)])
-        )
+        out, report = _run_once(self.prefill.plan, inputs, backend, mode, run_seed)
+        reports = [report]
+        _release_sessions()
+        cache = _HostPages(spec, out["kv.0.k"].shape, self._cache_pages())
         cache.write(out, 0)
         chosen = [out["ids"]]
         logits = [out["logits"]] if spec.logits else []
@@ -610,6 +703,7 @@ class StepPlans:
             reports += self._run_plan(
                 run, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
             )
+            _release_sessions()
         ids_out = np.concatenate(chosen, axis=1)
         logits_out = np.concatenate(logits, axis=1) if spec.logits else None
         return GenerationOutput(ids_out, logits_out, tuple(reports))

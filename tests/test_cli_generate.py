@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
@@ -150,3 +151,52 @@ def test_a_hub_id_is_not_downloaded_and_the_message_says_how_to_get_it(capsys):
     code, _, err = cli(capsys, "generate", "--checkpoint", hub, "--budget", "1GiB")
     assert code == EXIT_BAD_INPUT and f"no folder '{hub}'" in err, err
     assert "does not download" in err and f"huggingface-cli download {hub} --local-dir" in err
+
+
+def test_a_run_that_needs_more_host_memory_than_there_is_is_refused_first(capsys, monkeypatch):
+    """Checked before any weight is drawn (a 7B preset's were drawn for minutes and the
+    kernel killed the run), with the numbers; at exactly what it needs it runs."""
+    import einpage.cli_generate as cli_generate
+    import einpage.generate as generate_module
+
+    argv = [*TINY, "--budget", "100KiB", "--page-size", "4", "--run", "--backend", "numpy"]
+    needs = []
+    check = generate_module.check_run_memory
+    monkeypatch.setattr(cli_generate, "check_run_memory", lambda *a: needs.append(check(*a)))
+    assert cli(capsys, *argv)[0] == EXIT_OK
+    monkeypatch.setattr(cli_generate, "check_run_memory", check)
+
+    def never(*args):
+        raise AssertionError("weights drawn before the host memory was checked")
+
+    monkeypatch.setattr(generate_module, "available_memory", lambda: needs[0] - 1)
+    drawn = cli_generate.random_weights
+    monkeypatch.setattr(cli_generate, "random_weights", never)
+    code, _, err = cli(capsys, *argv)
+    assert code == EXIT_BAD_INPUT and "needs about" in err and f"({needs[0]} B)" in err, err
+    assert f"({needs[0] - 1} B) is available" in err and "the weights in float32, drawn" in err
+    monkeypatch.setattr(generate_module, "available_memory", lambda: needs[0])
+    monkeypatch.setattr(cli_generate, "random_weights", drawn)
+    assert cli(capsys, *argv)[0] == EXIT_OK
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_random_weights_are_drawn_in_float32_at_most(dtype):
+    """At most one weight's float32 draw besides the weights (float64 draws of every
+    weight made a 7B preset's run need 24 GB more than its weights)."""
+    import tracemalloc
+
+    from einpage.cli_generate import random_weights
+    from einpage.generate import weight_bytes
+    from einpage.models import llama
+
+    cfg = llama.PRESETS["tiny"]
+    largest = max(np.prod(s) for s in cfg.weight_shapes().values())
+    tracemalloc.start()
+    try:
+        weights = random_weights(cfg, dtype, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert {w.dtype.name for w in weights.values()} == {dtype}
+    assert peak <= weight_bytes(cfg, dtype) + 4 * largest + 16 * 1024

@@ -222,3 +222,13 @@ def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
     assert f"the checkpoint folder '{tmp_path}' has no tokenizer.json: give --tokenizer" in err
     with pytest.raises(GenerationError, match="needs a tokenizer: give tokenizer=.*or a check"):
         generate(CFG, prompt="the planner", new_tokens=2, budget="1MiB", run=False)
+
+
+def test_a_run_beyond_the_host_memory_is_refused_before_it_starts(monkeypatch):
+    import einpage.generate as generate_module
+    from einpage.generate import HostMemoryError
+
+    weights = {n: np.zeros(s, np.float32) for n, s in CFG.weight_shapes().items()}
+    monkeypatch.setattr(generate_module, "available_memory", lambda: 1000)
+    with pytest.raises(HostMemoryError, match=r"needs about .* and 1000 B \(1000 B\) is avail"):
+        generate(CFG, weights, PROMPT, 3, "1MiB", backend="numpy")
