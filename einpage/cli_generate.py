@@ -3,28 +3,38 @@
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
-                     [--render plan.svg] [--memory-map map.png]
+                     [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
 `tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
 (`einpage.generation_plans`), prints each plan's stats and the simulated tokens/s on the
-cost model, and with `--run` executes the plan and prints the tokens (the text, with a
-tokenizer). A preset has no weights: `--run` then draws random ones (`--seed`), which
-shows the mechanics, not meaningful text. Without `--prompt` the prompt is random ids of
-`--prompt-len` tokens.
+cost model, and with `--run` executes the plan and prints its measured time and the
+tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
+the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
+`plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
+`--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from einpage.cli_outputs import GENERATE_OUTPUTS, PicturesFailedError, check_outputs, plan_pictures
+from einpage.cli_outputs import (
+    GENERATE_OUTPUTS,
+    PicturesFailedError,
+    check_outputs,
+    plan_pictures,
+    wrote,
+)
 from einpage.console import Console, format_table
+from einpage.files import atomic_output
 from einpage.generate import (
     Generation,
     check_run_memory,
@@ -32,7 +42,7 @@ from einpage.generate import (
     program_weights,
     resolve_model,
 )
-from einpage.generation_plans import WAYS
+from einpage.generation_plans import WAYS, StepPlans, UnrolledPlan, decode_name
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
@@ -43,7 +53,10 @@ from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes
 
-__all__ = ["add_generate", "cmd_generate", "random_weights"]
+__all__ = ["add_generate", "cmd_generate", "random_weights", "plan_files"]
+
+OUTPUTS = (("output", "JSON file", "-o"), *GENERATE_OUTPUTS)
+"""`einpage generate`'s outputs: (attribute, kind, option), checked before any work."""
 
 DEFAULT_PROMPT_LEN = 16
 """Random prompt ids when neither --prompt nor --prompt-len is given."""
@@ -112,6 +125,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
+    gen.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE.json",
+        help="write the plan for einpage run/stats; step plans: one file per plan beside "
+        "it, FILE.prefill.json and FILE.decode-pagesP[-stepsS].json",
+    )
     gen.add_argument("--render", metavar="FILE", help="draw the (largest) plan, collapsed")
     gen.add_argument("--memory-map", metavar="FILE", help="draw its memory map (.png, .svg)")
     gen.set_defaults(handler=cmd_generate)
@@ -181,7 +201,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     """Plan (and with --run, run) the generation; print the stats and the tokens. Output
     paths are checked before any work and written whole; a picture that fails leaves the
     other and the run, and the exit code says so (`PicturesFailedError`)."""
-    check_outputs(args, *GENERATE_OUTPUTS)
+    check_outputs(args, *OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
     sampling = _sampling(args)
@@ -205,6 +225,8 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 progress=console.report,
             )
         _print_plans(planned, console)
+        if args.output:
+            _write_plans(planned.plan, args.output, console)
         failed = plan_pictures(args, _largest(planned), console)
         if args.run:
             with console.stage("running"):
@@ -213,11 +235,13 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 check_run_memory(planned.plan, args.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
+                started = time.perf_counter()
                 ran = planned.plan.run(
                     values, prompt, seed=args.seed, backend=args.backend, mode=args.mode
                 )
-            ids = np.concatenate([np.asarray(prompt), ran.ids], axis=1)
-            _print_tokens(ids, ran.reports, tokenizer, console, checkpoint is None)
+                seconds = time.perf_counter() - started
+            _print_run(planned, ran.reports, seconds, checkpoint is None, console)
+            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
@@ -248,17 +272,85 @@ def _largest(out: Generation) -> Any:
     return max((c.plan for c in out.plan.plans.values()), key=len)
 
 
-def _print_tokens(
-    ids: np.ndarray, reports: Any, tokenizer: Any, console: Console, random: bool
+def plan_files(plan: UnrolledPlan | StepPlans, path: str | Path) -> dict[str, Path]:
+    """Where `-o path` writes each plan, by plan name: the unrolled plan to `path`; step
+    plans one file each beside it, `{stem}.prefill.json` and
+    `{stem}.decode-pages{P}[-steps{S}].json` (a bucket of P pages, chunks of S steps)."""
+    path = Path(path)
+    if isinstance(plan, UnrolledPlan):
+        return {"unrolled": path}
+    files = {"prefill": path.with_name(f"{path.stem}.prefill.json")}
+    for pages, steps in sorted(plan.decoders):
+        chunk = "" if steps == 1 else f"-steps{steps}"
+        files[decode_name(pages, steps)] = path.with_name(
+            f"{path.stem}.decode-pages{pages}{chunk}.json"
+        )
+    return files
+
+
+def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) -> None:
+    """Each plan to its file (`plan_files`), written whole."""
+    for name, file in plan_files(plan, path).items():
+        with atomic_output(file) as temporary:
+            temporary.write_text(plan.plans[name].plan.to_json(), encoding="utf-8")
+        wrote(console, f"{name} plan", file)
+
+
+def _print_run(
+    planned: Generation, reports: Any, seconds: float, random: bool, console: Console
 ) -> None:
+    """The run's table: where it ran, the weights, the device memory, and its measured
+    time beside the simulated one."""
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
+    tokens, stats = planned.spec.tokens, planned.stats
+    in_plans = sum(r.seconds for r in reports)
+    rows.append(
+        (
+            "measured",
+            f"{seconds * 1e3:,.2f} ms, {tokens / seconds:,.1f} tokens/s ({len(reports)} "
+            f"run{'s' * (len(reports) > 1)}: {in_plans * 1e3:,.2f} ms in the plans, the "
+            "rest staging and the host loop)",
+        )
+    )
+    rows.append(
+        (
+            f"simulated ({stats.cost_model})",
+            f"{stats.simulated_seconds * 1e3:,.2f} ms, {stats.tokens_per_s:,.1f} tokens/s",
+        )
+    )
     console.print()
     console.print(format_table(rows, "run"))
-    texts = decode(tokenizer, ids) if tokenizer is not None else None
-    lines = [(f"{i}", texts[i] if texts else " ".join(map(str, row))) for i, row in enumerate(ids)]
+
+
+PROMPT_END = " | "
+"""What the token lines put between the prompt and the new tokens."""
+
+
+def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
+    the text with a tokenizer."""
+    lines = []
+    for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
+        if tokenizer is None:
+            line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))
+        else:
+            line = _marked_text(tokenizer, head, tail)
+        lines.append((f"{i}", line))
     console.print()
-    console.print(format_table(lines, "tokens (prompt, then new)" if not texts else "text"))
+    title = "tokens" if tokenizer is None else "text"
+    console.print(format_table(lines, f"{title} (prompt{PROMPT_END}new)"))
+
+
+def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray) -> str:
+    """The sequence's text with `PROMPT_END` where the prompt's text ends: the whole
+    decoded at once (decoding the new tokens alone may lose a leading space), cut after
+    the prompt's own text when that is its start, else the two parts decoded apart."""
+    (prompt_text,) = decode(tokenizer, [head])
+    (whole,) = decode(tokenizer, [np.concatenate([head, tail])])
+    if whole.startswith(prompt_text):
+        return prompt_text + PROMPT_END + whole[len(prompt_text) :].lstrip(" ")
+    return prompt_text + PROMPT_END + decode(tokenizer, [tail])[0]

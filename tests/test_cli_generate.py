@@ -38,8 +38,9 @@ def test_generate_runs_and_prints_the_tokens(capsys, tmp_path):
     )  # fmt: skip
     assert code == EXIT_OK, err
     assert picture.stat().st_size > 0
-    rows = out.split("tokens (prompt, then new)")[1].strip().splitlines()
-    assert len(rows) == 2 and all(len(row.split()) == 1 + 9 + 4 for row in rows)
+    rows = out.split("tokens (prompt | new)")[1].strip().splitlines()
+    assert len(rows) == 2 and all(len(row.split()) == 1 + 9 + 1 + 4 for row in rows)
+    assert all(row.split()[1 + 9] == "|" for row in rows)  # where the prompt ends
     assert "sampled (temperature 1.0, top-k 5)" in out
 
 
@@ -72,6 +73,8 @@ def test_generate_checks_its_output_paths_before_planning(capsys, tmp_path, monk
     for option, path, words in [
         ("--render", tmp_path / "no" / "plan.svg", "does not exist"),
         ("--memory-map", tmp_path / "map.gif", "gif"),
+        ("-o", tmp_path / "no" / "plan.json", "does not exist"),
+        ("-o", tmp_path / "plan.txt", "txt"),
     ]:
         code, _, err = cli(capsys, *TINY, "--budget", "100KiB", option, path)
         assert code == EXIT_BAD_INPUT and option in err and words in err, err
@@ -200,3 +203,40 @@ def test_random_weights_are_drawn_in_float32_at_most(dtype):
         tracemalloc.stop()
     assert {w.dtype.name for w in weights.values()} == {dtype}
     assert peak <= weight_bytes(cfg, dtype) + 4 * largest + 16 * 1024
+
+
+def test_the_unrolled_plan_written_by_o_runs_and_reads_back(capsys, tmp_path):
+    path = tmp_path / "gen.json"
+    code, out, err = cli(capsys, *TINY, "--budget", "60%", "--page-size", "4", "-o", path)
+    assert code == EXIT_OK and f"wrote unrolled plan: {path}" in out, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gen.json"]
+    code, out, err = cli(
+        capsys, "run", path, "--random-inputs", "1", "--backend", "numpy", "--check"
+    )
+    assert code == EXIT_OK and "ids" in out, err
+    assert cli(capsys, "stats", path)[0] == EXIT_OK
+
+
+def test_step_plans_written_by_o_are_one_file_each(capsys, tmp_path):
+    path = tmp_path / "gen.json"
+    argv = [*TINY, "--budget", "60%", "--page-size", "4", "--way", "steps", "--chunk-steps", "2"]
+    code, out, err = cli(capsys, *argv, "-o", path)
+    assert code == EXIT_OK, err
+    names = ["gen.decode-pages3-steps2.json", "gen.decode-pages3.json", "gen.prefill.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names
+    assert f"wrote decode (pages 3, steps 2) plan: {tmp_path / names[0]}" in out
+    for name in names:
+        code, out, err = cli(capsys, "run", tmp_path / name, "--random-inputs", "2", "--check")
+        assert code == EXIT_OK, err
+
+
+def test_a_run_prints_its_measured_time_beside_the_simulated_one(capsys):
+    for way in ("unrolled", "steps"):
+        argv = [*TINY, "--budget", "60%", "--page-size", "4", "--run", "--backend", "numpy"]
+        code, out, err = cli(capsys, *argv, "--way", way)
+        assert code == EXIT_OK, err
+        run = out.split("\nrun\n")[1].split("\n\n")[0]
+        measured = [line for line in run.splitlines() if line.split()[0] == "measured"]
+        simulated = [line for line in run.splitlines() if "simulated (h100-pcie5)" in line]
+        assert len(measured) == 1 and " ms, " in measured[0] and "tokens/s" in measured[0]
+        assert len(simulated) == 1 and "tokens/s" in simulated[0]

@@ -201,8 +201,11 @@ def test_the_cli_generates_text_from_a_checkpoint(checkpoint, capsys):
     out = capsys.readouterr().out
     ids = text.encode(tok, "the planner keeps")
     want = text.decode(tok, hf_greedy(model, ids, 3))[0]
-    assert "weights        checkpoint" in out
-    assert f"  0  {want}" in out.split("\ntext\n")[1]
+    assert "weights                 checkpoint" in out
+    prompt = text.decode(tok, ids)[0]
+    assert want.startswith(prompt)  # the prompt's text, then " | " and the new text
+    marked = f"{prompt} | {want[len(prompt) :].lstrip()}"
+    assert f"  0  {marked}" in out.split("\ntext (prompt | new)\n")[1]
 
 
 def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
