@@ -7,11 +7,13 @@ that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
 * `generation_program(family, cfg, batch, prompt_len, new_tokens)`: the whole
   generation unrolled into one program – the prefill of the prompt, whose last
   position's logits give the first new token, then `new_tokens - 1` decode steps, each
-  embedding the previous step's ids (an int64 tensor on the device: the token never
-  visits the host), attending over the layer's KV pages (`einpage.models.decode`) and
-  choosing the next ids. Planned once, the planner sees every future use of every
-  weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 .. new_tokens - 1), each
-  with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
+  embedding the previous step's ids (an int64 tensor the previous step chose on the
+  device: no host round trip from one token to the next), attending over the layer's KV
+  pages (`einpage.models.decode`) and choosing the next ids. The ids are also kept for
+  the `ids` output, planned like any tensor (under pressure, a plan may offload a
+  step's ids and reload them for that output's concat). Planned once, the planner sees
+  every future use of every weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 ..
+  new_tokens - 1), each with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
 * `decode_program(family, cfg, batch, pages, steps=1, positions=None)`: one decode
   step (or a chunk of `steps` consecutive ones) for any cache length up to
   `pages * page_size` – a length bucket – in a generation that fills `positions`
