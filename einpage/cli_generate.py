@@ -139,8 +139,16 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _model(args: argparse.Namespace) -> Any:
     """The config (a preset) or checkpoint path the arguments name."""
-    if (args.model is None) == (args.checkpoint is None):
-        raise GenerationError("give a MODEL preset (family:size) or --checkpoint DIR, not both")
+    if args.model is not None and args.checkpoint is not None:
+        raise GenerationError(
+            f"give a MODEL preset or --checkpoint DIR, not both (got {args.model!r} and "
+            f"--checkpoint {args.checkpoint!r})"
+        )
+    if args.model is None and args.checkpoint is None:
+        raise GenerationError(
+            "give the model: a MODEL preset (family:size, e.g. llama:tiny; `einpage presets` "
+            "lists them) or --checkpoint DIR (a save_pretrained folder)"
+        )
     if args.checkpoint is not None:
         return Path(args.checkpoint)
     family, _, size = args.model.partition(":")

@@ -58,6 +58,12 @@ def test_generate_errors(capsys, argv, code, words):
     assert got == code and err.startswith("einpage: error: ") and words in err, err
 
 
+def test_no_model_at_all_asks_for_one(capsys):
+    code, _, err = cli(capsys, "generate", "--budget", "1GiB")
+    assert code == EXIT_BAD_INPUT and "not both" not in err, err
+    assert "give the model: a MODEL preset" in err and "--checkpoint DIR" in err
+
+
 def test_an_unknown_model_lists_the_presets(capsys):
     code, _, err = cli(capsys, "generate", "llama:huge", "--budget", "1GiB")
     assert code == EXIT_BAD_INPUT and "llama:tiny" in err
