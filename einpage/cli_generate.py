@@ -1,42 +1,62 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
-                     [--new-tokens N] [--prompt TEXT] [--sample --temperature T --top-k K]
+                     [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
-                     [--render plan.svg] [--memory-map map.png]
+                     [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
 `tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
 (`einpage.generation_plans`), prints each plan's stats and the simulated tokens/s on the
-cost model, and with `--run` executes the plan and prints the tokens (the text, with a
-tokenizer). A preset has no weights: `--run` then draws random ones (`--seed`), which
-shows the mechanics, not meaningful text. Without `--prompt` the prompt is random ids of
-`--prompt-len` tokens.
+cost model, and with `--run` executes the plan and prints its measured time and the
+tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
+the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
+`plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
+`--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from einpage.cli_outputs import GENERATE_OUTPUTS, PicturesFailedError, check_outputs, plan_pictures
+from einpage.cli_outputs import (
+    GENERATE_OUTPUTS,
+    PicturesFailedError,
+    check_outputs,
+    plan_pictures,
+    wrote,
+)
 from einpage.console import Console, format_table
-from einpage.generate import Generation, generate, program_weights, resolve_model
-from einpage.generation_plans import WAYS
+from einpage.files import atomic_output
+from einpage.generate import (
+    Generation,
+    check_run_memory,
+    generate,
+    program_weights,
+    resolve_model,
+)
+from einpage.generation_plans import WAYS, StepPlans, UnrolledPlan, decode_name
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
-from einpage.text import decode, encode, find_tokenizer, load_tokenizer
+from einpage.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
+from taskgraph import dtypes
 
-__all__ = ["add_generate", "cmd_generate", "random_weights"]
+__all__ = ["add_generate", "cmd_generate", "random_weights", "plan_files"]
+
+OUTPUTS = (("output", "JSON file", "-o"), *GENERATE_OUTPUTS)
+"""`einpage generate`'s outputs: (attribute, kind, option), checked before any work."""
 
 DEFAULT_PROMPT_LEN = 16
 """Random prompt ids when neither --prompt nor --prompt-len is given."""
@@ -76,19 +96,42 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
     )
-    gen.add_argument("--sample", action="store_true", help="sample instead of greedy argmax")
-    gen.add_argument("--temperature", type=float, default=1.0, help="with --sample")
-    gen.add_argument("--top-k", type=_positive_int, help="with --sample: keep the k largest")
+    gen.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample the next token instead of the greedy argmax (implied by --temperature "
+        "and --top-k)",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        metavar="T",
+        help="sample from softmax(logits / T), T > 0: below 1 sharper, above 1 flatter "
+        "(default 1.0 when sampling); implies --sample",
+    )
+    gen.add_argument(
+        "--top-k",
+        type=_positive_int,
+        metavar="K",
+        help="sample among the K largest logits only (default: all); implies --sample",
+    )
     gen.add_argument("--seed", type=int, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, float32 or float64")
+    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
     gen.add_argument("--cost-model", choices=list(COST_MODELS), default="h100-pcie5")
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
+    gen.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE.json",
+        help="write the plan for einpage run/stats; step plans: one file per plan beside "
+        "it, FILE.prefill.json and FILE.decode-pagesP[-stepsS].json",
+    )
     gen.add_argument("--render", metavar="FILE", help="draw the (largest) plan, collapsed")
     gen.add_argument("--memory-map", metavar="FILE", help="draw its memory map (.png, .svg)")
     gen.set_defaults(handler=cmd_generate)
@@ -96,8 +139,16 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _model(args: argparse.Namespace) -> Any:
     """The config (a preset) or checkpoint path the arguments name."""
-    if (args.model is None) == (args.checkpoint is None):
-        raise GenerationError("give a MODEL preset (family:size) or --checkpoint DIR, not both")
+    if args.model is not None and args.checkpoint is not None:
+        raise GenerationError(
+            f"give a MODEL preset or --checkpoint DIR, not both (got {args.model!r} and "
+            f"--checkpoint {args.checkpoint!r})"
+        )
+    if args.model is None and args.checkpoint is None:
+        raise GenerationError(
+            "give the model: a MODEL preset (family:size, e.g. llama:tiny; `einpage presets` "
+            "lists them) or --checkpoint DIR (a save_pretrained folder)"
+        )
     if args.checkpoint is not None:
         return Path(args.checkpoint)
     family, _, size = args.model.partition(":")
@@ -108,9 +159,21 @@ def _model(args: argparse.Namespace) -> Any:
     return presets[size]
 
 
+def _sampling(args: argparse.Namespace) -> Sampling | None:
+    """How tokens are chosen: greedy, unless --sample, --temperature or --top-k is given
+    (either of the last two implies --sample: given alone they used to be ignored)."""
+    if not (args.sample or args.temperature is not None or args.top_k is not None):
+        return None
+    temperature = 1.0 if args.temperature is None else args.temperature
+    return Sampling(temperature, args.top_k)
+
+
 def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndarray]:
-    """Weights for a preset that has none: N(0, 0.02²), norm scales 1 (biases 0)."""
+    """Weights for a preset that has none: N(0, 0.02²), norm scales 1 (biases 0). Each is
+    drawn in float32 (float64 for float64 weights) and scaled in place, then cast: at most
+    one weight's float32 copy besides the weights (`check_run_memory` counts it)."""
     rng = np.random.default_rng(seed)
+    draw = np.float64 if dtypes.canonical(dtype) == "float64" else np.float32
     weights = {}
     for name, shape in cfg.weight_shapes().items():
         if name.endswith("norm"):
@@ -118,7 +181,9 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
         elif name.endswith("norm_bias"):
             weights[name] = np.zeros(shape, dtype)
         else:
-            weights[name] = (0.02 * rng.standard_normal(shape)).astype(dtype)
+            values = rng.standard_normal(shape, dtype=draw)
+            values *= 0.02
+            weights[name] = values.astype(dtype, copy=False)
     return weights
 
 
@@ -130,7 +195,7 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
     source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
     if not source:
-        raise GenerationError("--prompt needs a tokenizer: --tokenizer FILE or a checkpoint")
+        raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
     tokenizer = load_tokenizer(source)
     ids = encode(tokenizer, args.prompt, batch)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
@@ -144,10 +209,10 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     """Plan (and with --run, run) the generation; print the stats and the tokens. Output
     paths are checked before any work and written whole; a picture that fails leaves the
     other and the run, and the exit code says so (`PicturesFailedError`)."""
-    check_outputs(args, *GENERATE_OUTPUTS)
+    check_outputs(args, *OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
-    sampling = Sampling(args.temperature, args.top_k) if args.sample else None
+    sampling = _sampling(args)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
@@ -168,17 +233,23 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 progress=console.report,
             )
         _print_plans(planned, console)
+        if args.output:
+            _write_plans(planned.plan, args.output, console)
         failed = plan_pictures(args, _largest(planned), console)
         if args.run:
             with console.stage("running"):
                 dtype = planned.spec.dtype
+                made = "read from the checkpoint" if checkpoint else "drawn at random"
+                check_run_memory(planned.plan, args.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
+                started = time.perf_counter()
                 ran = planned.plan.run(
                     values, prompt, seed=args.seed, backend=args.backend, mode=args.mode
                 )
-            ids = np.concatenate([np.asarray(prompt), ran.ids], axis=1)
-            _print_tokens(ids, ran.reports, tokenizer, console, checkpoint is None)
+                seconds = time.perf_counter() - started
+            _print_run(planned, ran.reports, seconds, checkpoint is None, console)
+            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
@@ -196,6 +267,7 @@ def _print_plans(out: Generation, console: Console) -> None:
             f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
             f"{how}, KV pages of {spec.page_size}",
         ),
+        ("budget", str(out.plan.budget)),
         *out.stats.rows(),
     ]
     console.print(format_table(rows, f"generation ({out.plan.way})"))
@@ -208,17 +280,85 @@ def _largest(out: Generation) -> Any:
     return max((c.plan for c in out.plan.plans.values()), key=len)
 
 
-def _print_tokens(
-    ids: np.ndarray, reports: Any, tokenizer: Any, console: Console, random: bool
+def plan_files(plan: UnrolledPlan | StepPlans, path: str | Path) -> dict[str, Path]:
+    """Where `-o path` writes each plan, by plan name: the unrolled plan to `path`; step
+    plans one file each beside it, `{stem}.prefill.json` and
+    `{stem}.decode-pages{P}[-steps{S}].json` (a bucket of P pages, chunks of S steps)."""
+    path = Path(path)
+    if isinstance(plan, UnrolledPlan):
+        return {"unrolled": path}
+    files = {"prefill": path.with_name(f"{path.stem}.prefill.json")}
+    for pages, steps in sorted(plan.decoders):
+        chunk = "" if steps == 1 else f"-steps{steps}"
+        files[decode_name(pages, steps)] = path.with_name(
+            f"{path.stem}.decode-pages{pages}{chunk}.json"
+        )
+    return files
+
+
+def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) -> None:
+    """Each plan to its file (`plan_files`), written whole."""
+    for name, file in plan_files(plan, path).items():
+        with atomic_output(file) as temporary:
+            temporary.write_text(plan.plans[name].plan.to_json(), encoding="utf-8")
+        wrote(console, f"{name} plan", file)
+
+
+def _print_run(
+    planned: Generation, reports: Any, seconds: float, random: bool, console: Console
 ) -> None:
+    """The run's table: where it ran, the weights, the device memory, and its measured
+    time beside the simulated one."""
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
+    tokens, stats = planned.spec.tokens, planned.stats
+    in_plans = sum(r.seconds for r in reports)
+    rows.append(
+        (
+            "measured",
+            f"{seconds * 1e3:,.2f} ms, {tokens / seconds:,.1f} tokens/s ({len(reports)} "
+            f"run{'s' * (len(reports) > 1)}: {in_plans * 1e3:,.2f} ms in the plans, the "
+            "rest staging and the host loop)",
+        )
+    )
+    rows.append(
+        (
+            f"simulated ({stats.cost_model})",
+            f"{stats.simulated_seconds * 1e3:,.2f} ms, {stats.tokens_per_s:,.1f} tokens/s",
+        )
+    )
     console.print()
     console.print(format_table(rows, "run"))
-    texts = decode(tokenizer, ids) if tokenizer is not None else None
-    lines = [(f"{i}", texts[i] if texts else " ".join(map(str, row))) for i, row in enumerate(ids)]
+
+
+PROMPT_END = " | "
+"""What the token lines put between the prompt and the new tokens."""
+
+
+def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
+    the text with a tokenizer."""
+    lines = []
+    for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
+        if tokenizer is None:
+            line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))
+        else:
+            line = _marked_text(tokenizer, head, tail)
+        lines.append((f"{i}", line))
     console.print()
-    console.print(format_table(lines, "tokens (prompt, then new)" if not texts else "text"))
+    title = "tokens" if tokenizer is None else "text"
+    console.print(format_table(lines, f"{title} (prompt{PROMPT_END}new)"))
+
+
+def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray) -> str:
+    """The sequence's text with `PROMPT_END` where the prompt's text ends: the whole
+    decoded at once (decoding the new tokens alone may lose a leading space), cut after
+    the prompt's own text when that is its start, else the two parts decoded apart."""
+    (prompt_text,) = decode(tokenizer, [head])
+    (whole,) = decode(tokenizer, [np.concatenate([head, tail])])
+    if whole.startswith(prompt_text):
+        return prompt_text + PROMPT_END + whole[len(prompt_text) :].lstrip(" ")
+    return prompt_text + PROMPT_END + decode(tokenizer, [tail])[0]

@@ -22,6 +22,7 @@ with the plans and their stats.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+import runtime
 from einpage import text
 from einpage.generation_plans import (
     GenerationSpec,
@@ -49,8 +51,20 @@ from einpage.models.checkpoint import require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
+from einpage_core.host import available_memory
+from einpage_core.units import format_bytes
+from taskgraph import dtypes
 
-__all__ = ["generate", "Generation", "resolve_model", "family_of", "program_weights"]
+__all__ = [
+    "generate",
+    "Generation",
+    "HostMemoryError",
+    "check_run_memory",
+    "weight_bytes",
+    "resolve_model",
+    "family_of",
+    "program_weights",
+]
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,7 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     if isinstance(model, ModelConfig):
         return family_of(model), model, None
     if isinstance(model, str | os.PathLike):
-        config, _ = require_hf_config(model, "generate")
+        config, _ = require_hf_config(model, "", caller="generate")
         kind = config.get("model_type")
         for family in FAMILIES.values():
             if family.config.model_type == kind:
@@ -121,6 +135,59 @@ def program_weights(
     return weights_from_state_dict(cfg, weights, dtype)
 
 
+class HostMemoryError(GenerationError):
+    """A run would need more host memory than is available (checked before any weight is
+    read or drawn, so it fails in a second, not killed by the kernel minutes in)."""
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """Bytes of the program's weights in `dtype`."""
+    size = dtypes.itemsize(dtypes.canonical(dtype))
+    return sum(math.prod(shape) for shape in cfg.weight_shapes().values()) * size
+
+
+def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str | None) -> int:
+    """The host memory a run of `plan` on `backend` needs, checked against what is
+    available now (`einpage_core.host.available_memory`) before anything is allocated;
+    `HostMemoryError` with the numbers when it does not fit. `weights` says what the
+    run will make besides the plans' own needs (`host_bytes`): "random" (drawn, one weight
+    at a time in float32 at most, then cast), "checkpoint" (read, one tensor at a time
+    converted), or None (the caller holds them already)."""
+    spec = plan.spec
+    chosen = runtime.get_backend(backend)
+    rows = []
+    if weights is not None:
+        held = weight_bytes(spec.cfg, spec.dtype)
+        largest = max(math.prod(s) for s in spec.cfg.weight_shapes().values())
+        scratch = largest * max(4, dtypes.itemsize(spec.dtype))
+        rows.append((held + scratch, f"the weights in {spec.dtype}, {weights}, "
+                     f"{format_bytes(held)}, and one weight's {format_bytes(scratch)} "
+                     "while it is made"))  # fmt: skip
+    runs = plan.host_bytes(chosen)
+    parts = ["the plans' host storage", "the inputs"]
+    if chosen.arena_on_host:
+        parts.insert(0, "the arena (the budget) in host memory")
+    if plan.way == "steps":
+        parts.insert(-1, "the KV pages kept between step plans")
+    rows.append((runs, f"the run on {chosen.name}, {format_bytes(runs)}: {', '.join(parts)}"))
+    need = sum(n for n, _ in rows)
+    available = available_memory()
+    if available is not None and need > available:
+        ways = ["a smaller model", "a machine with more memory"]
+        if dtypes.itemsize(spec.dtype) > 2 and weights is not None:
+            ways.insert(0, "--dtype float16 or bfloat16 (half the weight bytes or less)")
+        if chosen.arena_on_host:
+            ways.insert(0, "the cupy backend (its arena in GPU memory)")
+        raise HostMemoryError(
+            f"the run needs about {format_bytes(need)} ({need} B) of host memory and "
+            f"{format_bytes(available)} ({available} B) is available: "
+            + "; ".join(what for _, what in rows)
+            + f". Nothing was allocated; try {', '.join(ways)}, or plan without running "
+            "(no --run; run=False)"
+        )
+    return need
+
+
 def _prompt_ids(
     prompt: Any, tokenizer: Any, checkpoint: Path | None, batch: int | None, vocab: int
 ) -> tuple[np.ndarray, Any]:
@@ -138,7 +205,7 @@ def _prompt_ids(
     if tokenizer is None:
         found = None if checkpoint is None else text.find_tokenizer(checkpoint)
         if found is None:
-            raise GenerationError("text prompts need a tokenizer (or a checkpoint with one)")
+            raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
@@ -169,9 +236,11 @@ def generate(
     **plan_options: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
-    planned under `budget` (bytes, a size string, or a percentage of the resident peak,
-    `"100%"` by default: nothing moves, or of the streaming minimum, `"50%streaming"`) one
-    `way` ("unrolled" or "steps"); greedy unless `sampling` is given (its
+    planned under `budget` (bytes, a size string, or a percentage of the plans' resident
+    peak, `"100%"` by default: nothing moves, or of one token's streaming minimum,
+    `"50%streaming"`, the same bytes both ways: `read_generation_budget`; `plan.budget`
+    says how it was read) one `way` ("unrolled" or "steps"); greedy unless `sampling` is
+    given (its
     noise drawn from `seed`); step plans serve buckets of `bucket_pages` pages and
     chunks of `chunk_steps` steps. With `run=False` it only plans (no weights needed).
     `plan_options` go to `einpage.compile`. Raises `GenerationError` for bad arguments
@@ -196,6 +265,8 @@ def generate(
     stats = plan.stats(cost_model)
     if not run:
         return Generation(spec, plan, stats)
+    reads = weights is None or isinstance(weights, str | os.PathLike)
+    check_run_memory(plan, backend, "read from the checkpoint" if reads else None)
     values = program_weights(cfg, weights, spec.dtype, checkpoint)
     out = plan.run(values, ids, seed=seed, backend=backend, mode=mode)
     full = np.concatenate([ids, out.ids], axis=1)

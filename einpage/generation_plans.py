@@ -25,6 +25,12 @@ planning time allows, at the price of re-reading from host memory, every run, wh
 does not fit in one run's plan. The README's "Measured" section quantifies both
 (`benchmarks/generation.py`).
 
+Budgets: both ways share one reading (`read_generation_budget`). `"N%"` is of the
+resident peak of the plans themselves (the unrolled plan's, or the largest step plan's:
+at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token (the
+larger of the prefill's and the last decode step's), the same bytes both ways. Each
+plan's `budget` says which reference point it was read against.
+
 `GenerationStats` reports the simulated time on a cost model, tokens/s, and the bytes
 each way moves: weights streamed and KV pages paged (reloaded and offloaded), in total
 and per generated token.
@@ -32,10 +38,11 @@ and per generated token.
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,7 +67,8 @@ from einpage.program import Program
 from einpage_core.errors import InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import MemGraph, NodeKind
-from memgraph.budgets import read_budget
+from memgraph.budgets import PERCENT, BudgetReading, read_budget
+from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.labels import is_kv_page
 from taskgraph.nodes import Input
@@ -76,6 +84,9 @@ __all__ = [
     "Chunk",
     "chunks_of",
     "plan_generation",
+    "read_generation_budget",
+    "token_programs",
+    "STEP_OPTIONS",
 ]
 
 WAYS = ("unrolled", "steps")
@@ -114,6 +125,12 @@ class GenerationSpec:
         """Tokens generated: batch * new_tokens."""
         return self.batch * self.new_tokens
 
+    @property
+    def positions(self) -> int:
+        """Positions the generation fills: the prompt's, then every new token's but the
+        last (which is chosen, never fed back): prompt_len + new_tokens - 1."""
+        return self.prompt_len + self.new_tokens - 1
+
     def gumbel(self, seed: int) -> np.ndarray | None:
         """The sampling noise of `seed` [new_tokens, batch, vocab] (None when greedy):
         standard Gumbel draws in step order, the same for both ways of planning."""
@@ -150,6 +167,7 @@ class GenerationSpec:
             page_size=self.page_size,
             sampling=self.sampling,
             logits=self.logits,
+            positions=self.positions,
         )
 
 
@@ -335,13 +353,10 @@ def _step_of(tg: TaskGraph, task: int | None) -> str:
 
 
 def _compile(
-    program: Program, budget: Any, plan: str, step: str | None, options: Mapping[str, Any]
+    tg: TaskGraph, budget: Any, plan: str, step: str | None, options: Mapping[str, Any]
 ) -> tuple[Compiled, float]:
-    """`einpage.compile` of `program`, timed (building included); an infeasible budget
-    raises `GenerationBudgetError` naming the plan, the step and the task."""
-    started = time.perf_counter()
-    tg = program.build()
-    built = time.perf_counter() - started
+    """`einpage.compile` of `tg`, timed; an infeasible budget raises
+    `GenerationBudgetError` naming the plan, the step and the task."""
     try:
         compiled = compile_program(tg, budget, **options)
     except InfeasibleBudgetError as err:
@@ -352,18 +367,80 @@ def _compile(
             else f" (task {tg[err.task].line()}, scope {tg[err.task].scope!r})"
         )
         raise GenerationBudgetError(
-            f"the {plan} plan of {tg.name!r} does not fit the budget at {where}{line}: {err}",
+            f"the {plan} plan of {tg.name!r} does not fit the budget at {where}{line}:\n{err}",
             err.budget,
             err.needed,
             err.task,
             where,
             plan,
         ) from err
-    return compiled, built + _planning_seconds(compiled)
+    return compiled, _planning_seconds(compiled)
 
 
 def _session(mg: MemGraph, backend: Any, mode: str | None) -> runtime.Session:
     return runtime.Session(mg, backend, mode=mode)
+
+
+def _run_once(
+    mg: MemGraph, inputs: Mapping[str, Any], backend: Any, mode: str | None, seed: int
+) -> tuple[dict[str, np.ndarray], Any]:
+    """One run of `mg` in a session of its own: (outputs, run report)."""
+    with _session(mg, backend, mode) as session:
+        return session.run(inputs, seed=seed), session.last
+
+
+def _release_sessions() -> None:
+    """Free the buffers of the sessions just closed before the next one allocates its
+    own. A closed `runtime.Session` keeps its arena (and its staged copies of the
+    weights) until its reference cycles are collected, which allocating large arrays
+    does not prompt: the step loop's sessions, one after another, would hold all of
+    theirs at once (measured: GPT-2 124M in float32, three step plans on NumPy, 2.1 GB
+    resident where one session at a time needs 1.2 GB)."""
+    gc.collect()
+
+
+RUN_BYTES_PER_NODE = 1024
+"""Host memory a session takes per node of its plan for its own bookkeeping (the
+schedule, the interpreter's views; measured about 300 B on the tiny presets), counted
+by `host_bytes` with a margin."""
+
+
+def _session_host_bytes(mg: MemGraph, backend: runtime.Backend) -> int:
+    """Host memory a session of `mg` allocates on `backend`: its host buffer (as
+    `runtime.Session` lays it out), its bookkeeping (`RUN_BYTES_PER_NODE`) and, where the
+    arena and the kernels are in host memory (NumPy), the arena and the largest result a
+    kernel computes before storing it (in its compute dtype: float32 for 16-bit floats)."""
+    layout = runtime.HostLayout.of(mg, backend.host_staging)
+    need = layout.nbytes + RUN_BYTES_PER_NODE * len(mg)
+    if backend.arena_on_host:
+        tg = mg.taskgraph
+        need += mg.budget + max((_kernel_scratch(tg, t) for t in tg if t.is_compute), default=0)
+    return need
+
+
+def _kernel_scratch(tg: TaskGraph, task: Any) -> int:
+    """Host memory the NumPy kernel of `task` allocates besides the arena: its result in
+    the compute dtype and a copy, in it, of each operand stored in another dtype (a
+    bfloat16 or float16 embedding table is widened to float32 for the LM head)."""
+
+    def wide(t: Any) -> int:
+        return t.size * dtypes.itemsize(dtypes.compute_dtype(t.dtype))
+
+    operands = {tg.storage_root(i) for i in task.inputs}
+    widened = sum(wide(tg[i]) for i in operands if dtypes.compute_dtype(tg[i].dtype) != tg[i].dtype)
+    return wide(task) + widened
+
+
+def _input_bytes(spec: GenerationSpec, tg: TaskGraph) -> int:
+    """Host memory of a run's inputs besides the weights (the prompt, the position
+    tables, the sampling noise, in the dtype, and the noise's float64 draw)."""
+    held = sum(
+        tg[i].nbytes
+        for i in tg.inputs.values()
+        if not (isinstance(tg[i].op, Input) and tg[i].op.role == "weight")
+    )
+    noise = 0 if spec.sampling is None else 8 * spec.new_tokens * spec.batch * spec.cfg.vocab_size
+    return held + noise
 
 
 class UnrolledPlan:
@@ -377,6 +454,11 @@ class UnrolledPlan:
         self.compiled = compiled
         self.planning_seconds = planning_seconds
 
+    @property
+    def budget(self) -> BudgetReading:
+        """How the budget was read (`read_generation_budget`)."""
+        return self.compiled.budget
+
     def __repr__(self) -> str:
         return f"<UnrolledPlan {self.compiled.program.name!r}: {len(self.plan)} nodes>"
 
@@ -388,6 +470,14 @@ class UnrolledPlan:
     def plans(self) -> dict[str, Compiled]:
         """Every plan by name (one here)."""
         return {"unrolled": self.compiled}
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        session's host buffer and arena (NumPy) and the inputs (`run` checks nothing
+        itself: a caller that must not run out of memory compares this first)."""
+        return _session_host_bytes(self.plan, backend) + _input_bytes(
+            self.spec, self.compiled.program
+        )
 
     def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
         return GenerationStats(
@@ -526,11 +616,40 @@ class StepPlans:
         return f"<StepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)}>"
 
     @property
+    def budget(self) -> BudgetReading:
+        """How the budget every step plan shares was read (`read_generation_budget`)."""
+        return self.prefill.budget
+
+    @property
     def plans(self) -> dict[str, Compiled]:
         """Every plan by name: "prefill", then "decode (pages P[, steps S])"."""
         named = {"prefill": self.prefill}
         named.update({decode_name(*key): c for key, c in sorted(self.decoders.items())})
         return named
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        largest session's host buffer and arena (one session at a time), the KV pages kept
+        in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
+        plans = [self.prefill, *self.decoders.values()]
+        sessions = max(_session_host_bytes(c.plan, backend) for c in plans)
+        inputs = max(_input_bytes(self.spec, c.program) for c in plans)
+        staged = 0  # a decode plan's session stages every input but the step's own
+        if not backend.host_staging:  # copied (NumPy); a staging backend's slots are in
+            staged = max((c.program.input_bytes for c in self.decoders.values()), default=0)
+        return sessions + staged + self._cache_pages() * self._page_bytes() + inputs
+
+    def _cache_pages(self) -> int:
+        """Pages per layer and part (K or V) the host cache holds (`run`)."""
+        needed = _ceil(self.spec.prompt_len + self.spec.new_tokens, self.spec.page_size)
+        return max([needed, *(c.pages for c in self.chunks)])
+
+    def _page_bytes(self) -> int:
+        """Bytes of every layer's K and V page of one page index."""
+        tg = self.prefill.program
+        head = tg[tg.outputs["kv.0.k"]]  # [batch, kv heads, prompt_len, head_dim]
+        per_page = head.nbytes // head.shape[-2] * self.spec.page_size
+        return 2 * self.spec.cfg.num_layers * per_page
 
     def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
         """The prefill's cost plus each chunk's, by its plan."""
@@ -573,13 +692,10 @@ class StepPlans:
         gumbel = spec.gumbel(seed)
         first = None if gumbel is None else gumbel[:1]
         inputs = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, weights, first)
-        with _session(self.prefill.plan, backend, mode) as session:
-            out = session.run(inputs, seed=run_seed)
-            reports = [session.last]
-        needed = _ceil(spec.prompt_len + spec.new_tokens, spec.page_size)
-        cache = _HostPages(
-            spec, out["kv.0.k"].shape, max([needed, *(c.pages for c in self.chunks)])
-        )
+        out, report = _run_once(self.prefill.plan, inputs, backend, mode, run_seed)
+        reports = [report]
+        _release_sessions()
+        cache = _HostPages(spec, out["kv.0.k"].shape, self._cache_pages())
         cache.write(out, 0)
         chosen = [out["ids"]]
         logits = [out["logits"]] if spec.logits else []
@@ -587,6 +703,7 @@ class StepPlans:
             reports += self._run_plan(
                 run, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
             )
+            _release_sessions()
         ids_out = np.concatenate(chosen, axis=1)
         logits_out = np.concatenate(logits, axis=1) if spec.logits else None
         return GenerationOutput(ids_out, logits_out, tuple(reports))
@@ -618,9 +735,7 @@ class StepPlans:
         re-staging the pages that changed."""
         spec = self.spec
         pages, steps = run[0].key
-        positions = spec.family.position_inputs(
-            spec.cfg, pages * spec.page_size + steps, spec.dtype
-        )
+        positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
         reports = []
         with _session(self.decoders[run[0].key].plan, backend, mode) as session:
             session.stage({**weights, **positions, **cache.of(range(pages))})
@@ -652,43 +767,96 @@ def plan_generation(
     """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
     or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
     `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
-    eviction, ...). A budget percentage is read against the largest program's reference
-    point (resident peak, or streaming minimum with `"%streaming"`). Raises
-    `GenerationBudgetError` (naming the step and the task) when the budget is too small."""
+    eviction, ...). A percentage is read by `read_generation_budget` (the plan's `budget`
+    says how). Raises `GenerationBudgetError` (naming the step and the task) when the
+    budget is too small."""
     if way not in WAYS:
         raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
-    if way == "unrolled":
-        compiled, seconds = _compile(spec.generation_program(), budget, "unrolled", None, options)
-        return UnrolledPlan(spec, compiled, seconds)
-    for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise GenerationError(f"{what} must be a positive int, got {value!r}")
-    options = {"outputs": "host", **options}  # what a step outputs goes to the host loop
     started = time.perf_counter()
-    chunks = chunks_of(spec, bucket_pages, chunk_steps)
-    programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
-    first_step: dict[str, str] = {"prefill": "prefill"}
-    keys: dict[str, tuple[int, int]] = {}
-    for chunk in chunks:
-        if chunk.name not in programs:
-            programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
-            first_step[chunk.name] = f"step {chunk.first}"
-            keys[chunk.name] = chunk.key
-    budget = _one_budget(programs, budget, options)
+    if way == "unrolled":
+        programs = {"unrolled": spec.generation_program()}
+        first_step: dict[str, str | None] = {"unrolled": None}
+        plan_options = dict(options)
+    else:
+        for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise GenerationError(f"{what} must be a positive int, got {value!r}")
+        plan_options = {**STEP_OPTIONS, **options}
+        chunks = chunks_of(spec, bucket_pages, chunk_steps)
+        programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
+        first_step = {"prefill": "prefill"}
+        keys: dict[str, tuple[int, int]] = {}
+        for chunk in chunks:
+            if chunk.name not in programs:
+                programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
+                first_step[chunk.name] = f"step {chunk.first}"
+                keys[chunk.name] = chunk.key
+    graphs = {name: program.build() for name, program in programs.items()}
+    reading = read_generation_budget(spec, graphs, budget, options, way)
     seconds = time.perf_counter() - started
     compiled = {}
-    for name, program in programs.items():
-        compiled[name], plan_seconds = _compile(program, budget, name, first_step[name], options)
+    for name, tg in graphs.items():
+        compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], plan_options)
         seconds += plan_seconds
+    if way == "unrolled":
+        return UnrolledPlan(spec, compiled["unrolled"], seconds)
     decoders = {key: compiled[name] for name, key in keys.items()}
     return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds)
 
 
-def _one_budget(programs: Mapping[str, Program], budget: Any, options: Mapping[str, Any]) -> Any:
-    """The budget every step plan shares: bytes as given, a percentage read against the
-    largest reference point (resident peak, or streaming minimum) of the programs."""
-    if not (isinstance(budget, str) and "%" in budget):
-        return budget
-    plan_options = {k: v for k, v in options.items() if k not in COMPILE_KEYWORDS}
-    opts = memgraph.PlanOptions.from_keywords(plan_options, "einpage.compile", COMPILE_KEYWORDS)
-    return max(read_budget(p.build(), budget, opts).nbytes for p in programs.values())
+STEP_OPTIONS = {"outputs": "host"}
+"""Planner options of step plans (what a step outputs goes to the host loop), unless
+the caller gives them."""
+
+
+def token_programs(spec: GenerationSpec) -> dict[str, Program]:
+    """The programs of one token, whatever the way: "the prefill" (the prompt to the
+    first token, its keys and values out, as a step loop's) and, with more than one new
+    token, "the last decode step" (one step over the whole cache of the last token in
+    pages of `page_size`, its pages in host memory). The generation's streaming minimum
+    is the larger of theirs (`read_generation_budget`)."""
+    programs = {"the prefill": spec.generation_program(1, cache_outputs=True)}
+    if spec.new_tokens > 1:
+        length = spec.prompt_len + spec.new_tokens - 2  # the cache the last step reads
+        programs["the last decode step"] = spec.decode_program(_ceil(length, spec.page_size))
+    return programs
+
+
+def read_generation_budget(
+    spec: GenerationSpec,
+    graphs: Mapping[str, TaskGraph],
+    budget: Any,
+    options: Mapping[str, Any],
+    way: str,
+) -> Any:
+    """The budget every plan of the generation shares: bytes or a size string as given;
+    a percentage as a `BudgetReading` that names its reference point, one definition for
+    both ways:
+
+    * `"N%"` / `"N%resident"`: of the resident peak of the plans themselves – the
+      unrolled plan's, or the largest step plan's (at 100% no plan moves anything);
+    * `"N%streaming"`: of the generation's streaming minimum, that of one token – the
+      larger of the prefill's and the last decode step's (`token_programs`), weights
+      loaded just in time and dropped after use, planned as step plans are. An unrolled
+      program's own streaming minimum would keep every weight (each is read again by
+      the next step, so nothing drops it), nearly its resident peak; this one is the
+      same for both ways, whatever `bucket_pages` and `chunk_steps`.
+
+    `graphs` are the plans' programs by name; `options` the caller's planner options
+    (the way's own defaults are added here). Raises `BudgetFormatError` for a malformed
+    percentage."""
+    match = PERCENT.match(budget) if isinstance(budget, str) else None
+    if match is None:
+        return budget  # bytes, a size string, or malformed: einpage.compile reads it
+    streaming = (match.group(2).lower() or "resident") == "streaming"
+    own = {**STEP_OPTIONS, **options} if way == "steps" or streaming else dict(options)
+    planner = {k: v for k, v in own.items() if k not in COMPILE_KEYWORDS}
+    opts = memgraph.PlanOptions.from_keywords(planner, "einpage.compile", COMPILE_KEYWORDS)
+    if streaming:
+        candidates = {name: p.build() for name, p in token_programs(spec).items()}
+    else:
+        candidates = {f"the {name} plan": tg for name, tg in graphs.items()}
+    readings = {name: read_budget(tg, budget, opts) for name, tg in candidates.items()}
+    name = max(readings, key=lambda n: readings[n].nbytes)
+    reading = readings[name]
+    return replace(reading, reference=f"{reading.reference} ({name}'s)")

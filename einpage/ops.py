@@ -18,8 +18,6 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from einpage.program import Program, Tensor
 from einpage_core.errors import DTypeError, ProgramError, ShapeError
 from taskgraph import dtypes
@@ -520,7 +518,7 @@ def sample_gumbel(
     if top_k is None:
         z = prog.einsum("...,...->...", logits, gumbel, join=f"{scaled} + b", label="gumbel")
     else:
-        floor = float(np.finfo(logits.dtype).min)
+        floor = float(dtypes.finfo(logits.dtype).min)
         threshold = kth_largest(logits, top_k, label="top_k")
         z = prog.einsum(
             "...v,...,...v->...v",

@@ -18,10 +18,35 @@ import numpy as np
 from einpage.models.errors import CheckpointError, GenerationError
 from einpage_core.errors import MissingDependencyError
 
-__all__ = ["TOKENIZER_FILE", "find_tokenizer", "load_tokenizer", "encode", "decode"]
+__all__ = [
+    "TOKENIZER_FILE",
+    "find_tokenizer",
+    "missing_tokenizer",
+    "load_tokenizer",
+    "encode",
+    "decode",
+]
 
 TOKENIZER_FILE = "tokenizer.json"
 """The file name of a checkpoint's tokenizer."""
+
+
+def missing_tokenizer(checkpoint: str | os.PathLike[str] | None, give: str) -> str:
+    """Why a text prompt has no tokenizer, and what to `give` (how the caller takes one:
+    "--tokenizer FILE", "tokenizer=..."): none given at all, or a checkpoint folder
+    without a `tokenizer.json`."""
+    if checkpoint is None:
+        return (
+            f"a text prompt needs a tokenizer: give {give} (a {TOKENIZER_FILE}), or a "
+            "checkpoint folder with one"
+        )
+    path = Path(checkpoint)
+    folder = path if path.is_dir() else path.parent
+    return (
+        f"a text prompt needs a tokenizer, and the checkpoint folder {str(folder)!r} has no "
+        f"{TOKENIZER_FILE}: give {give}, or save the model's tokenizer into the folder "
+        "(`tokenizer.save_pretrained(DIR)` in transformers writes it)"
+    )
 
 
 def find_tokenizer(checkpoint: str | os.PathLike[str]) -> Path | None:

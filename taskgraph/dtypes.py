@@ -41,6 +41,7 @@ __all__ = [
     "is_float_array",
     "compute_dtype",
     "numpy_dtype",
+    "finfo",
 ]
 
 KINDS = ("float", "int")
@@ -169,3 +170,18 @@ def compute_dtype(dtype: str) -> str:
 def numpy_dtype(dtype: str) -> np.dtype:
     """The NumPy dtype of arrays of `dtype`."""
     return TABLE[dtype].numpy
+
+
+def finfo(dtype: Any) -> Any:
+    """The limits of a float dtype (`min`, `max`, `maxexp`, `eps`, ...), any spelling
+    `canonical` accepts: `ml_dtypes.finfo`, which knows bfloat16 as well as NumPy's
+    floats (`numpy.finfo` raises "not inexact" for bfloat16). Read a dtype's limits
+    here, never with `numpy.finfo`. `DTypeError` for a dtype that is not a float.
+
+    >>> float(finfo("bfloat16").min), finfo("float16").maxexp
+    (-3.3895313892515355e+38, 16)
+    """
+    name = canonical(dtype)
+    if not is_float(name):
+        raise DTypeError(f"{name} is not a float type: it has no float limits")
+    return ml_dtypes.finfo(numpy_dtype(name))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -203,17 +204,46 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     return data
 
 
-def require_hf_config(path: str | os.PathLike[str], owner: str) -> tuple[dict[str, Any], str]:
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""What a Hugging Face hub id looks like (`meta-llama/Llama-2-7b-hf`): einpage reads
+checkpoint folders and downloads nothing, so a path of this form that is not there is
+most likely a hub id, and the message says how to get its folder."""
+
+GET_A_FOLDER = (
+    "a checkpoint is the folder save_pretrained writes (config.json and the .safetensors); "
+    "get one with `huggingface-cli download ID --local-dir DIR` or, in transformers, "
+    "`model.save_pretrained(DIR)`"
+)
+"""How to get a checkpoint folder, for the messages of a path that is not one."""
+
+
+def require_hf_config(
+    path: str | os.PathLike[str], owner: str, caller: str | None = None
+) -> tuple[dict[str, Any], str]:
     """The `config.json` of a checkpoint (a directory, or a weights file beside it) and a
-    name for the model (the directory's name); `CheckpointError` when there is none."""
+    name for the model (the directory's name); `CheckpointError` naming the path given
+    when it does not exist (and, for what looks like a hub id, that einpage downloads
+    nothing, and how to get the folder) or holds no `config.json`. Messages start with
+    `caller` (default `{owner}.from_checkpoint`, which also suggests `{owner}.from_hf`)."""
     path = Path(path)
+    who = caller or f"{owner}.from_checkpoint"
+    if not path.exists():
+        if HUB_ID.fullmatch(str(path)):
+            raise CheckpointError(
+                f"{who}: there is no folder {str(path)!r}; it looks like a Hugging Face hub "
+                f"id, and einpage does not download checkpoints: run `huggingface-cli "
+                f"download {path} --local-dir DIR` (or `save_pretrained(DIR)` in "
+                "transformers) and pass DIR"
+            )
+        raise CheckpointError(f"{who}: the checkpoint {str(path)!r} does not exist; {GET_A_FOLDER}")
     folder = path if path.is_dir() else path.parent
     config = read_hf_config(path)
     if config is None:
-        raise CheckpointError(
-            f"{owner}.from_checkpoint: no {CONFIG_FILE} in {str(folder)!r}; pass the directory "
-            f"save_pretrained wrote, or build the config with {owner}.from_hf(...)"
-        )
+        where = f"the folder {str(folder)!r}"
+        if not path.is_dir():
+            where += f" (beside the file {str(path)!r})"
+        alternative = "" if caller else f", or build the config with {owner}.from_hf(...)"
+        raise CheckpointError(f"{who}: no {CONFIG_FILE} in {where}; {GET_A_FOLDER}{alternative}")
     return config, folder.resolve().name
 
 

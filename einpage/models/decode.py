@@ -55,6 +55,7 @@ import numpy as np
 from einpage import ops
 from einpage.models.errors import GenerationError
 from einpage.program import Tensor
+from taskgraph import dtypes
 from taskgraph.labels import KV_PAGE_LABELS
 
 __all__ = [
@@ -79,8 +80,10 @@ def masked_score(dtype: str) -> float:
 
     >>> masked_score("float16")
     -32768.0
+    >>> masked_score("bfloat16")  # its limits from taskgraph.dtypes: numpy.finfo has none
+    -1.7014118346046923e+38
     """
-    return -(2.0 ** (np.finfo(dtype).maxexp - 1))
+    return -(2.0 ** (dtypes.finfo(dtype).maxexp - 1))
 
 
 @dataclass(frozen=True)

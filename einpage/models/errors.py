@@ -75,7 +75,8 @@ class GenerationBudgetError(InfeasibleBudgetError):
     (bytes) and `task` (a task id of the planned program, or None), `step` names the part
     of the generation that needs it: "prefill" or "step {t}" (decode step t, 1-based
     after the prefill's token), and `plan` the plan ("unrolled", "prefill", or
-    "decode (pages P)")."""
+    "decode (pages P)"). Its message is two lines: where (the plan, the step, the task),
+    then the planner's own message, whole."""
 
     def __init__(
         self,

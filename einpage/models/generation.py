@@ -7,16 +7,25 @@ that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
 * `generation_program(family, cfg, batch, prompt_len, new_tokens)`: the whole
   generation unrolled into one program – the prefill of the prompt, whose last
   position's logits give the first new token, then `new_tokens - 1` decode steps, each
-  embedding the previous step's ids (an int64 tensor on the device: the token never
-  visits the host), attending over the layer's KV pages (`einpage.models.decode`) and
-  choosing the next ids. Planned once, the planner sees every future use of every
-  weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 .. new_tokens - 1), each
-  with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
-* `decode_program(family, cfg, batch, pages, steps=1)`: one decode step (or a chunk of
-  `steps` consecutive ones) for any cache length up to `pages * page_size` – a length
-  bucket. The positions, the mask of filled cache positions and the pages are inputs,
-  so one plan serves every step (chunk) of the bucket (`einpage.generation_plans` runs
-  the loop).
+  embedding the previous step's ids (an int64 tensor the previous step chose on the
+  device: no host round trip from one token to the next), attending over the layer's KV
+  pages (`einpage.models.decode`) and choosing the next ids. The ids are also kept for
+  the `ids` output, planned like any tensor (under pressure, a plan may offload a
+  step's ids and reload them for that output's concat). Planned once, the planner sees
+  every future use of every weight and page. Scopes: `prefill.*`, `step{t}.*` (t = 1 ..
+  new_tokens - 1), each with the family's `layers.{i}.attn`, `layers.{i}.mlp`, `head`.
+* `decode_program(family, cfg, batch, pages, steps=1, positions=None)`: one decode
+  step (or a chunk of `steps` consecutive ones) for any cache length up to
+  `pages * page_size` – a length bucket – in a generation that fills `positions`
+  positions (default: all the bucket reaches). The positions, the mask of filled cache
+  positions and the pages are inputs, so one plan serves every step (chunk) of the
+  bucket (`einpage.generation_plans` runs the loop).
+
+A generation of a prompt of P tokens and N new ones fills P + N - 1 positions (the last
+new token is chosen, never fed back). Both programs check that against the model's
+positions (GPT-2's learned ones) and its sliding window (Mistral) where they are built,
+so a generation either way is refused at plan time, with the same numbers, never at
+run time; a step plan's bucket may hold more positions than the generation fills.
 
 Inputs of a generation program: `tokens` int64 [batch, prompt_len]; the family's
 position inputs for prompt_len + new_tokens - 1 positions (LLaMA's `rope.cos`,
@@ -29,7 +38,7 @@ prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
 
 Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
 `positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
-position), the position inputs for `pages * page_size + steps` positions, `kv.mask`
+position), the position inputs for its `positions` positions, `kv.mask`
 [pages, page_size] (1 at the positions below L, 0 from L on), the pages `kv.{i}.k.{j}`
 and `kv.{i}.v.{j}` [batch, kv heads, page_size, head_dim] (in host memory, like
 weights), `gumbel` [steps, batch, vocab] when sampling, and the weights. Outputs:
@@ -131,10 +140,12 @@ def check_generation(
 
 
 def _check_positions(decoder: Decoder, cfg: ModelConfig, needed: int, what: str) -> None:
+    """`GenerationError` when `what` (a phrase ending in its verb: "... needs") fills more
+    positions than the model has (the window is the family decoder's to check)."""
     limit = decoder.max_positions
     if limit is not None and needed > limit:
         raise GenerationError(
-            f"{what} needs {needed} positions, but {cfg.name!r} has {limit} "
+            f"{what} {needed} positions, but {cfg.name!r} has {limit} "
             f"(max_positions): shorten the prompt or generate fewer tokens"
         )
 
@@ -203,7 +214,7 @@ def generation_program(
     tokens = prog.input("tokens", (batch, prompt_len), "int64")
     positions = prompt_len + new_tokens - 1
     decoder = family.decoder(cfg, prog, weight, dtype, positions)  # type: ignore[misc]
-    what = f"a prompt of {prompt_len} tokens and {new_tokens} new ones"
+    what = f"a prompt of {prompt_len} tokens and {new_tokens} new ones needs"
     _check_positions(decoder, cfg, positions, what)
     build = _Build(prog, cfg, decoder, dtype, sampling, batch)
     gumbel = None
@@ -294,20 +305,35 @@ def decode_program(
     page_size: int = DEFAULT_PAGE_SIZE,
     sampling: Sampling | None = None,
     logits: bool = False,
+    positions: int | None = None,
 ) -> Program:
     """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then
     keep weights on the device from one step to the next) of `family`'s model `cfg`
     over a cache of up to `pages` pages of `page_size` positions (module docstring): the
-    plan of a length bucket. Scopes `step{s}.*`, s = 1 .. steps."""
+    plan of a length bucket. Scopes `step{s}.*`, s = 1 .. steps.
+
+    `positions`: the positions the whole generation fills (prompt + new tokens - 1):
+    the rows of the position tables (one table serves every bucket of a generation),
+    checked against the model's positions and sliding window. It must exceed `steps` (a
+    cache of at least one position, then the steps); by default it is what the bucket
+    reaches, `pages * page_size + steps`. A run at cache length L needs L + steps <=
+    `positions`. Raises `GenerationError` (`UnsupportedConfigError` beyond a sliding
+    window)."""
     dtype = check_generation(family, cfg, batch, 1, 1, dtype, page_size, sampling)
     pages, steps = _positive("pages", pages), _positive("steps", steps)
-    capacity = pages * page_size
+    filled = pages * page_size + steps if positions is None else _positive("positions", positions)
+    if filled <= steps:
+        raise GenerationError(
+            f"decode_program: positions={filled} leaves no cache before the {steps} "
+            f"step{'s' * (steps > 1)}: a generation fills at least {steps + 1} positions"
+        )
     chunk = "" if steps == 1 else f"-steps{steps}"
     prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}")
     weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
     tokens = prog.input("tokens", (batch,), "int64")
-    positions = prog.input("positions", (steps,), "int64")
-    decoder = family.decoder(cfg, prog, weight, dtype, capacity + steps)  # type: ignore[misc]
+    at_positions = prog.input("positions", (steps,), "int64")
+    decoder = family.decoder(cfg, prog, weight, dtype, filled)  # type: ignore[misc]
+    _check_positions(decoder, cfg, filled, f"decode steps up to position {filled - 1} need")
     build = _Build(prog, cfg, decoder, dtype, sampling, batch)
     mask = prog.input("kv.mask", (pages, page_size), dtype)
     gumbel = None
@@ -339,7 +365,11 @@ def decode_program(
     ids, step_logits = [tokens], []
     for s in range(steps):
         with prog.scope(f"step{s + 1}"):
-            at = positions if steps == 1 else prog.slice(positions, (s,), (1,), label="position")
+            at = (
+                at_positions
+                if steps == 1
+                else prog.slice(at_positions, (s,), (1,), label="position")
+            )
             x = _decode_step(build, ids[-1], Positions(1, ids=at), caches, before)
             with prog.scope("head"):
                 step_logits.append(decoder.head(prog.view(x, (batch, cfg.hidden_size))))
@@ -404,8 +434,9 @@ def decode_inputs(
 ) -> dict[str, np.ndarray]:
     """The inputs of `decode_program(family, cfg, batch, pages, steps=steps)` that change
     from run to run, at cache length `length`: the previous ids, the positions of the
-    steps and the mask (the position tables – `family.position_inputs(cfg, pages *
-    page_size + steps, dtype)` –, the pages, the noise and the weights are the caller's)."""
+    steps and the mask (the position tables – `family.position_inputs(cfg, positions,
+    dtype)` for the program's `positions` –, the pages, the noise and the weights are the
+    caller's)."""
     name = dtypes.canonical(dtype)
     return {
         "tokens": np.asarray(previous, dtype=np.int64).reshape(-1),

@@ -145,7 +145,7 @@ PROMPT = np.zeros((1, 4), np.int64)
         ({"prompt": np.array([[-1, 2]])}, "token -1"),
         ({"way": "sideways"}, "way must be one of"),
         ({"sampling": Sampling(top_k=300)}, "top_k=300 exceeds the vocabulary"),
-        ({"prompt": "text"}, "text prompts need a tokenizer"),
+        ({"prompt": "text"}, "a text prompt needs a tokenizer: give tokenizer="),
         ({"prompt": None}, "a prompt is needed"),
         ({"run": True}, "weights are needed"),
         ({"bucket_pages": 0, "way": "steps"}, "bucket_pages must be a positive int"),
@@ -201,5 +201,37 @@ def test_the_cli_generates_text_from_a_checkpoint(checkpoint, capsys):
     out = capsys.readouterr().out
     ids = text.encode(tok, "the planner keeps")
     want = text.decode(tok, hf_greedy(model, ids, 3))[0]
-    assert "weights        checkpoint" in out
-    assert f"  0  {want}" in out.split("\ntext\n")[1]
+    assert "weights                 checkpoint" in out
+    prompt = text.decode(tok, ids)[0]
+    assert want.startswith(prompt)  # the prompt's text, then " | " and the new text
+    marked = f"{prompt} | {want[len(prompt) :].lstrip()}"
+    assert f"  0  {marked}" in out.split("\ntext (prompt | new)\n")[1]
+
+
+def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
+    """Not the message for no tokenizer given at all: the folder is named, and what to do."""
+    import shutil
+
+    from einpage.cli import EXIT_BAD_INPUT, main
+
+    folder, _, _ = checkpoint
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(folder / name, tmp_path / name)
+    with pytest.raises(GenerationError, match=f"the checkpoint folder '{tmp_path}' has no tok"):
+        generate(tmp_path, prompt="the planner", new_tokens=2, budget="1MiB", run=False)
+    argv = ["generate", "--checkpoint", str(tmp_path), "--prompt", "the planner"]
+    assert main([*argv, "--budget", "1MiB"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert f"the checkpoint folder '{tmp_path}' has no tokenizer.json: give --tokenizer" in err
+    with pytest.raises(GenerationError, match="needs a tokenizer: give tokenizer=.*or a check"):
+        generate(CFG, prompt="the planner", new_tokens=2, budget="1MiB", run=False)
+
+
+def test_a_run_beyond_the_host_memory_is_refused_before_it_starts(monkeypatch):
+    import einpage.generate as generate_module
+    from einpage.generate import HostMemoryError
+
+    weights = {n: np.zeros(s, np.float32) for n, s in CFG.weight_shapes().items()}
+    monkeypatch.setattr(generate_module, "available_memory", lambda: 1000)
+    with pytest.raises(HostMemoryError, match=r"needs about .* and 1000 B \(1000 B\) is avail"):
+        generate(CFG, weights, PROMPT, 3, "1MiB", backend="numpy")
