@@ -89,7 +89,7 @@ from einpage_core.errors import (
     VerificationError,
 )
 from einpage_core.progress import ProgressReport
-from einpage_core.units import BudgetFormatError, format_bytes
+from einpage_core.units import BudgetFormatError, format_bytes, format_exact
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError
@@ -624,9 +624,9 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     if isinstance(err, TooManyBlocksError):
         return None
     if isinstance(err, BlockLimitError):
-        return f"the smallest block size that works is {format_bytes(err.needed)} ({err.needed} B)"
+        return f"the smallest block size that works is {format_exact(err.needed)}"
     if isinstance(err, InfeasibleBudgetError):
-        text = f"the smallest budget that works is {format_bytes(err.needed)} ({err.needed} B)"
+        text = f"the smallest budget that works is {format_exact(err.needed)}"
         if getattr(args, "partition", None) == "off":
             text += "; or let einpage split large tasks with --partition auto"
         return text

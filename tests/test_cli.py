@@ -35,7 +35,7 @@ from einpage.cli import (
 )
 from einpage.files import load_inputs, save_arrays
 from einpage.presets import load_program, random_inputs
-from einpage.units import format_bytes
+from einpage.units import format_bytes, format_exact
 from taskgraph.dot import find_dot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,10 +294,12 @@ def test_infeasible_budget_exits_3_with_the_smallest_that_works(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB", "--partition", "off")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "below the smallest feasible budget", f"task %{task}")
-    assert f"hint: the smallest budget that works is {format_bytes(needed)}" in err
+    assert f"hint: the smallest budget that works is {format_exact(needed)}" in err
     assert "--partition auto" in err
     code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", str(needed), "--partition", "off")
     assert code == EXIT_OK
+    printed = format_exact(needed).split(" (")[0].replace(" ", "")  # 2.3MiB, rounded up
+    assert cli(capsys, "plan", *SMALL_MLP, "--budget", printed, "--partition", "off")[0] == 0
 
 
 def read_output_program(path: Path, batch: int) -> Path:
@@ -335,7 +337,7 @@ def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "blocks of at most 1.0 KiB", "--partition auto stops at 100,000")
-    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
+    needed = re.search(r"above it that compiles is [0-9.]+ \w+ \(([0-9]+) B\)", err).group(1)
     assert "hint" not in err
     assert int(needed) > 1024
 
@@ -352,7 +354,7 @@ def test_the_block_cap_is_an_option(capsys):
     )
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, f"stops at {tasks // 4:,}", "raise the cap (--max-blocks)")
-    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
+    needed = re.search(r"above it that compiles is [0-9.]+ \w+ \(([0-9]+) B\)", err).group(1)
     code, out, _ = cli(
         capsys, "plan", *SMALL_MLP, "--budget", needed, "--max-blocks", str(tasks // 4)
     )
