@@ -85,7 +85,12 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
     gen.add_argument("--dtype", default="float32", help="float16, float32 or float64")
-    gen.add_argument("--cost-model", choices=list(COST_MODELS), default="h100-pcie5")
+    gen.add_argument(
+        "--cost-model",
+        choices=list(COST_MODELS),
+        default="h100-pcie5",
+        help="the machine's cost model (FLOP rate, bandwidths): prefetching and tokens/s",
+    )
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
@@ -96,7 +101,11 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _model(args: argparse.Namespace) -> Any:
     """The config (a preset) or checkpoint path the arguments name."""
-    if (args.model is None) == (args.checkpoint is None):
+    if args.model is None and args.checkpoint is None:
+        raise GenerationError(
+            "give a MODEL preset (family:size, as llama:tiny) or --checkpoint DIR"
+        )
+    if args.model is not None and args.checkpoint is not None:
         raise GenerationError("give a MODEL preset (family:size) or --checkpoint DIR, not both")
     if args.checkpoint is not None:
         return Path(args.checkpoint)
