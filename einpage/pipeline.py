@@ -131,10 +131,11 @@ and plan, and is rarely meant (`max_blocks=` changes it; None removes the cap)."
 class PartitionInfeasibleError(InfeasibleBudgetError):
     """The budget is too small even for the partitioned graph.
 
-    `budget` and `needed` (the smallest budget that could work: none below it does) are
-    bytes, `task` the id (in the graph given to `compile`) of a task that needs it;
-    `block_limit` is the smallest block limit `taskgraph.partition` accepts and
-    `block_task` the task that needs that limit.
+    `budget` and `needed` are bytes: `needed` is the smallest budget above `budget` that
+    compiles with the same options and cap (it compiles, one byte less does not; see
+    `_Budgets.smallest`); `task` the id (in the graph given to `compile`) of a task that
+    needs more than `budget`; `block_limit` is the smallest block limit
+    `taskgraph.partition` accepts and `block_task` the task that needs that limit.
     """
 
     def __init__(
