@@ -16,6 +16,10 @@ A PROGRAM is a preset name, a TaskGraph JSON file or a Python file (executed: se
 streaming minimum (`150%streaming`: weights loaded just in time, nothing written back).
 Plans are JSON files (`MemGraph.to_json`), validated on load.
 
+`python -m einpage` is the same command. Errors word their advice in the command's own
+flags (`--partition auto`, `--max-blocks`, `--backend numpy`): the library's messages
+name Python keywords, and `cli_words` rewords them (`CLI_SPELLINGS`).
+
 Exit codes (`EXIT_*`): 0 success; 1 a check failed (`run --check` found outputs that
 differ from the reference evaluator, or a plan fails `memgraph.verify`); 2 bad input
 (usage, a missing or invalid file, an unknown preset, a malformed budget, a program
@@ -83,6 +87,7 @@ from einpage.pipeline import (
     parse_partition,
 )
 from einpage.presets import PRESETS, load_program, random_inputs
+from einpage_core.dot import Selection, select_ids
 from einpage_core.errors import (
     BackendUnavailableError,
     EinpageError,
@@ -92,8 +97,9 @@ from einpage_core.errors import (
     VerificationError,
 )
 from einpage_core.progress import ProgressReport
-from einpage_core.units import BudgetFormatError, format_bytes
+from einpage_core.units import BudgetFormatError, format_bytes, format_exact
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
+from memgraph.render import memgraph_selection
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
@@ -108,6 +114,8 @@ __all__ = [
     "exit_code",
     "hint",
     "report_error",
+    "cli_words",
+    "CLI_SPELLINGS",
     "EXIT_OK",
     "EXIT_CHECK_FAILED",
     "EXIT_BAD_INPUT",
@@ -190,19 +198,16 @@ def _compile(
 ) -> Compiled:
     """`einpage.compile` with the command's options; `--partition auto` stops at
     `--max-blocks` blocks (`MAX_AUTO_BLOCKS` unless given)."""
-    try:
-        return pipeline.compile(
-            tg,
-            args.budget,
-            partition=partition_arg,
-            order=args.order,
-            eviction=args.eviction,
-            cost_model=args.cost_model,
-            max_blocks=args.max_blocks,
-            progress=console.report,
-        )
-    except TooManyBlocksError as err:
-        raise err.spelled("--partition auto", "--partition SIZE", "--max-blocks") from None
+    return pipeline.compile(
+        tg,
+        args.budget,
+        partition=partition_arg,
+        order=args.order,
+        eviction=args.eviction,
+        cost_model=args.cost_model,
+        max_blocks=args.max_blocks,
+        progress=console.report,
+    )
 
 
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
@@ -325,13 +330,46 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse
             options["fold_layers"] = False if args.unfold else None
+            chosen = memgraph_selection(graph, **options)
         elif args.collapse or args.unfold:
             flag = "--collapse" if args.collapse else "--unfold"
             raise InputError(f"{flag} applies to plans; {args.file} is a TaskGraph")
+        else:
+            chosen = select_ids(
+                len(graph), None, args.scope, lambda i: graph[i].scope, options["max_nodes"],
+                "task",
+            )  # fmt: skip
         with console.stage("drawing"):
             path = graph.render(args.output, **options)
     wrote(console, "picture", path)
+    console.print(drawn(chosen, graph, args))
     return EXIT_OK
+
+
+def drawn(chosen: Selection, graph: MemGraph | TaskGraph, args: argparse.Namespace) -> str:
+    """What a picture shows, for the terminal: how many nodes it draws of how many, what
+    the node cap left out, and how to draw fewer.
+
+    `drew 400 of the plan's 98,765 nodes; 98,365 more are left out (listed in a note):
+    --max-nodes N draws N (0: all). Fewer: --scope layers.3 draws one layer; ...`"""
+    plan = isinstance(graph, MemGraph)
+    whose, what = ("plan's", "nodes") if plan else ("graph's", "tasks")
+    text = f"drew {len(chosen.shown):,} of the {whose} {len(graph):,} {what}"
+    if args.scope:
+        text += f" (scope {args.scope!r})"
+    elif plan and not args.unfold:
+        text += " (a folded layer is one box)"
+    if chosen.omitted:
+        text += (
+            f"; {len(chosen.omitted):,} more are left out (listed in a note): --max-nodes N "
+            f"draws N (0: all)"
+        )
+    fewer = [] if args.scope else ["--scope layers.3 draws one layer"]
+    if plan and not args.collapse:
+        fewer.append("--collapse folds allocs and frees into their users")
+    if fewer:
+        text += f". Fewer: {'; '.join(fewer)}"
+    return text
 
 
 def _cmd_presets(args: argparse.Namespace, console: Console) -> int:
@@ -355,8 +393,53 @@ PROGRAM_HELP = (
 BUDGET_HELP = (
     "device memory: bytes, a size (8GiB, 512MiB), or a percentage of the resident peak "
     "(50%%: all weights stay, 100%% moves nothing) or of the streaming minimum "
-    "(150%%streaming: weights loaded just in time)"
+    "(150%%streaming: weights loaded just in time); see `einpage --help`"
 )
+BUDGETS_EPILOG = """\
+budgets (--budget):
+  1073741824      bytes
+  8GiB, 512MiB    a size: KiB, MiB, GiB, TiB are powers of 1024 (K, M, G, T too);
+                  KB, MB, GB, TB powers of 1000
+  50%             a percentage of the program's resident peak (also 50%resident):
+                  everything stays on the device while needed and every weight stays
+                  once loaded, so 100% moves nothing
+  150%streaming   a percentage of the program's streaming minimum: weights loaded just
+                  in time and dropped after use, nothing written back (about one
+                  layer's working set for an LLM)
+  `einpage show PROGRAM` and `einpage plan` print both reference points and the
+  smallest budget that can work; a budget below it is refused (exit 3) naming the
+  smallest one that compiles.
+
+exit codes: 0 ok, 1 a check failed, 2 bad input, 3 infeasible budget, 4 missing tool
+(Graphviz, CuPy or a GPU)."""
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written (line breaks kept), and after an option's help
+    its default, unless the help already says it or there is none (argparse's
+    `ArgumentDefaultsHelpFormatter` would print `(default: None)` and `(default: False)`)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default is None
+            or default is False
+            or default == argparse.SUPPRESS
+            or "default" in text
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """The CLI's parsers (and its subcommands', which argparse makes of the same class):
+    `HelpFormatter` unless told otherwise."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def _positive_int(text: str) -> int:
@@ -393,17 +476,16 @@ def _max_blocks(text: str) -> int | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="einpage",
         description="Compile einsum tensor programs into memory plans for GPUs smaller "
         "than the program needs.",
-        epilog="Exit codes: 0 ok, 1 a check failed, 2 bad input, 3 infeasible budget, "
-        "4 missing tool (Graphviz, CuPy or a GPU).",
+        epilog=BUDGETS_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"einpage {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true", help="print only errors")
-    program = argparse.ArgumentParser(add_help=False)
+    program = Parser(add_help=False)
     program.add_argument("program", metavar="PROGRAM", help=PROGRAM_HELP)
     program.add_argument("--batch", type=_positive_int, help="batch size (presets, build())")
     program.add_argument("--seq", type=_positive_int, help="sequence length (model presets)")
@@ -452,6 +534,7 @@ def _add_plan(
         help="plan a program for a device with BUDGET bytes",
         description="Plan PROGRAM to run in BUDGET bytes of device memory; print what the "
         "plan does and its simulated time.",
+        epilog=BUDGETS_EPILOG,
     )
     plan.add_argument("--budget", "-b", required=True, help=BUDGET_HELP)
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
@@ -475,7 +558,8 @@ def _add_plan(
         "--cost-model",
         choices=list(COST_MODELS),
         default="h100-pcie5",
-        help="machine for the prefetch lookahead and the simulator",
+        help="the machine's cost model (FLOP rate, transfer bandwidths): it sets how far "
+        "the planner prefetches and what the simulator times",
     )
     plan.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan")
     plan.add_argument("--render", metavar="FILE", help="draw the plan, collapsed (.svg, .png)")
@@ -506,7 +590,9 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     stats.add_argument("plan", metavar="PLAN.json")
     stats.add_argument(
-        "--cost-model", choices=list(COST_MODELS), help="machine (default: the plan's)"
+        "--cost-model",
+        choices=list(COST_MODELS),
+        help="the machine's cost model the simulator times the plan on (default: the plan's)",
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.set_defaults(handler=_cmd_stats)
@@ -620,12 +706,9 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     if isinstance(err, TooManyBlocksError):
         return None
     if isinstance(err, BlockLimitError):
-        return f"the smallest block size that works is {format_bytes(err.needed)} ({err.needed} B)"
+        return f"the smallest block size that works is {format_exact(err.needed)}"
     if isinstance(err, InfeasibleBudgetError):
-        text = f"the smallest budget that works is {format_bytes(err.needed)} ({err.needed} B)"
-        if getattr(args, "partition", None) == "off":
-            text += "; or let einpage split large tasks with --partition auto"
-        return text
+        return f"the smallest budget that works is {format_exact(err.needed)}"
     if isinstance(err, BudgetFormatError):
         return (
             "sizes look like 8GiB, 512MiB, 1.5GB or 1073741824 (bytes); budgets may also "
@@ -635,6 +718,58 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
     if isinstance(err, VerificationError):
         return "the plan breaks an invariant of memgraph.verify; was the file edited?"
     return None
+
+
+CLI_SPELLINGS = (
+    # memgraph.plan's way out of a task too large (`memgraph.budgets.WAY_OUT`)
+    (
+        "einpage.compile(program, budget) does it when needed, or plan "
+        "taskgraph.partition_for_budget(tg, budget).graph",
+        "--partition auto (the default) does it when needed, or --partition SIZE splits "
+        "every task larger than SIZE",
+    ),
+    # the block cap (`einpage.pipeline.TooManyBlocksError`)
+    ("partition='auto'", "--partition auto"),
+    ("a block limit (partition=SIZE)", "a block limit (--partition SIZE)"),
+    ("(max_blocks=)", "(--max-blocks)"),
+    ("with no cap, max_blocks=None,", "with --max-blocks none"),
+    # a split output rebuilt on the device (`einpage.pipeline`)
+    (
+        "(LLM prefill: logits='last')",
+        "(LLM prefill: a program file of your own whose logits are the last position's)",
+    ),
+    # backends (`runtime.cupy_backend`)
+    (
+        "or use backend='numpy' (or 'auto', which picks CuPy only when a GPU is usable)",
+        "or use --backend numpy (or --backend auto, which picks CuPy only when a GPU is usable)",
+    ),
+    ("use backend='numpy' or 'auto'", "use --backend numpy or --backend auto"),
+    (
+        "run it with backend='numpy', or build the program in float16 (load the checkpoint "
+        "with dtype='float16')",
+        "run it with --backend numpy, or build the program in float16 (--dtype float16)",
+    ),
+    # pictures (`einpage_core.dot`)
+    (
+        "show fewer nodes (max_nodes=, select=, scope=, collapse=True)",
+        "show fewer nodes (--max-nodes N, --scope, --collapse)",
+    ),
+)
+"""(how a library message words its advice for Python callers, how the command line
+says it): `cli_words` rewrites the first into the second in every error the CLI prints,
+so that it names its own flags. Each pair is a whole phrase of a library message (a test
+raises each error and checks that no Python spelling reaches the terminal)."""
+
+
+def cli_words(text: str) -> str:
+    """`text` with the Python advice of `CLI_SPELLINGS` in the command line's words.
+
+    >>> cli_words("Give a larger budget, raise the cap (max_blocks=), or ...")
+    'Give a larger budget, raise the cap (--max-blocks), or ...'
+    """
+    for python, cli in CLI_SPELLINGS:
+        text = text.replace(python, cli)
+    return text
 
 
 MAX_ERROR_LINE = 600
@@ -656,7 +791,8 @@ def _shorten(line: str, limit: int = MAX_ERROR_LINE) -> str:
 
 def report_error(err: EinpageError, args: argparse.Namespace | None, stream: Any) -> None:
     """One line `einpage: error: ...` (continuation lines indented) and a hint."""
-    lines = [_shorten(line) for line in str(err).splitlines()] or [type(err).__name__]
+    lines = [_shorten(line) for line in cli_words(str(err)).splitlines()]
+    lines = lines or [type(err).__name__]
     print(f"einpage: error: {lines[0]}", file=stream)
     for line in lines[1:]:
         print(f"  {line}", file=stream)

@@ -121,7 +121,12 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
     gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
-    gen.add_argument("--cost-model", choices=list(COST_MODELS), default="h100-pcie5")
+    gen.add_argument(
+        "--cost-model",
+        choices=list(COST_MODELS),
+        default="h100-pcie5",
+        help="the machine's cost model (FLOP rate, bandwidths): prefetching and tokens/s",
+    )
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")

@@ -15,8 +15,10 @@ Partitioning (`partition=`):
   outputs waiting to leave), or the smallest limit the graph allows if that is more.
   Weights larger than a block are then read through slices, which sliced reloads
   stream. A program that fits is planned as it is: partitioning it would only add
-  tasks. With `max_blocks`, a budget that would make more (estimated) blocks than that
-  is refused with `TooManyBlocksError` (the CLI's guard, `MAX_AUTO_BLOCKS`).
+  tasks. With `max_blocks`, a budget whose partition would have more tasks than that is
+  refused with `TooManyBlocksError` (the CLI's guard, `MAX_AUTO_BLOCKS`): counted from
+  the block sizes before any block is made when that count is already over, else by
+  making them, stopping past the cap.
 * `"off"`: never partition (an infeasible budget raises `memgraph.plan`'s error);
 * a block limit (bytes or a size string, `"64MiB"`): partition at that limit.
 
@@ -27,6 +29,10 @@ blocks and the whole output at once; if that cannot fit, `PartitionInfeasibleErr
 says so and names the budget it needs (for LLM prefill, `logits="last"` keeps the
 output small). It also reports, when no block limit can fit, the smallest budget that
 could work and the smallest block limit, with the task that needs it.
+
+The smallest budget an error names (`InfeasibleBudgetError.needed`) is one that compiles
+with the same options and cap, found by trying what `compile` would do (`_Budgets`):
+it compiles, and one byte less does not. Messages print it rounded up, with its bytes.
 
 >>> import einpage as ep
 >>> prog = ep.Program("smx")
@@ -46,6 +52,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -54,7 +61,13 @@ from einpage.program import Program
 from einpage_core.errors import InfeasibleBudgetError, InputError, PlanError
 from einpage_core.host import available_memory
 from einpage_core.progress import ProgressCallback, ProgressReport
-from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
+from einpage_core.units import (
+    BudgetFormatError,
+    format_bytes,
+    format_count,
+    format_exact,
+    parse_bytes,
+)
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
 from memgraph.budgets import BudgetReading, holds_at_once, min_budget, read_budget
 from taskgraph.graph import TaskGraph
@@ -65,7 +78,6 @@ from taskgraph.partition import (
     budget_block_limit,
     estimate_tasks,
     finest_block,
-    partition_for_budget,
     working_set,
 )
 from taskgraph.partition import partition as partition_graph
@@ -108,9 +120,9 @@ tasks would need more than the host memory available, whatever `max_blocks` says
 
 MAX_AUTO_BLOCKS = 100_000
 """`einpage.compile` (and so the CLI) refuses budgets whose automatic partition would
-have more tasks than this (estimated before any block is made): such a graph takes
-minutes and gigabytes to build and plan, and is rarely meant (`max_blocks=` changes it;
-None removes the cap)."""
+have more tasks than this (refused before any block is made when the estimate is already
+over, else stopped while making them): such a graph takes minutes and gigabytes to build
+and plan, and is rarely meant (`max_blocks=` changes it; None removes the cap)."""
 
 
 # -- errors ------------------------------------------------------------------------------
@@ -119,10 +131,11 @@ None removes the cap)."""
 class PartitionInfeasibleError(InfeasibleBudgetError):
     """The budget is too small even for the partitioned graph.
 
-    `budget` and `needed` (the smallest budget that could work: none below it does) are
-    bytes, `task` the id (in the graph given to `compile`) of a task that needs it;
-    `block_limit` is the smallest block limit `taskgraph.partition` accepts and
-    `block_task` the task that needs that limit.
+    `budget` and `needed` are bytes: `needed` is the smallest budget above `budget` that
+    compiles with the same options and cap (it compiles, one byte less does not; see
+    `_Budgets.smallest`); `task` the id (in the graph given to `compile`) of a task that
+    needs more than `budget`; `block_limit` is the smallest block limit
+    `taskgraph.partition` accepts and `block_task` the task that needs that limit.
     """
 
     def __init__(
@@ -140,9 +153,11 @@ class PartitionInfeasibleError(InfeasibleBudgetError):
 
 
 class TooManyBlocksError(InfeasibleBudgetError):
-    """Automatic partitioning would cut the program into more than `max_blocks` blocks
-    (estimated: `count` blocks of at most `limit` bytes); `needed` is about the smallest
-    budget that stays under it. `spelled` rewords it for the command line."""
+    """Automatic partitioning would cut the program into more than `max_blocks` tasks:
+    `count` at least (blocks of at most `limit` bytes); `needed` is the smallest budget
+    above `budget` that compiles under the cap. `why` says why the cap is what it is
+    (empty: `max_blocks` as given), `searched` how far that budget was searched for
+    (empty: exactly). `spelled` rewords the options it names."""
 
     def __init__(
         self,
@@ -156,24 +171,25 @@ class TooManyBlocksError(InfeasibleBudgetError):
         explicit: str = "a block limit (partition=SIZE)",
         why: str = "",
         cap: str = "max_blocks=",
+        searched: str = "",
     ):
         # Raising the cap is a way out only when the cap, not the host's memory, set it.
         raise_cap = "" if why else f", raise the cap ({cap})"
         message = (
-            f"budget {format_bytes(budget)} would cut {name!r} into about {count:,} blocks "
-            f"of at most {format_bytes(limit)}; {auto} stops at {max_blocks:,}{why} (about "
-            f"{_size(needed)} of budget). Give a larger budget{raise_cap}, or split "
-            f"explicitly with {explicit}"
+            f"budget {format_bytes(budget)} would cut {name!r} into at least {count:,} tasks "
+            f"(blocks of at most {format_bytes(limit)}); {auto} stops at {max_blocks:,}{why}. "
+            f"The smallest budget above it that compiles is {format_exact(needed)}{searched}. "
+            f"Give a larger budget{raise_cap}, or split explicitly with {explicit}"
         )
         super().__init__(message, budget, needed)
         self.name, self.count, self.limit, self.max_blocks = name, count, limit, max_blocks
-        self.why = why
+        self.why, self.searched = why, searched
 
     def spelled(self, auto: str, explicit: str, cap: str) -> TooManyBlocksError:
         """The same error, naming the options as `auto`, `explicit` and `cap`."""
         return TooManyBlocksError(
             self.name, self.budget, self.needed, self.count, self.limit, self.max_blocks,
-            auto, explicit, self.why, cap,
+            auto, explicit, self.why, cap, self.searched,
         )  # fmt: skip
 
 
@@ -364,7 +380,7 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     the available host memory can plan (`task_cap`) – counted from the partition's
     arithmetic before any block is made (`taskgraph.partition.estimate_tasks`), and
     stopped while materializing past twice that – with a `TooManyBlocksError` that
-    names the smallest budget under the cap. `verify` runs `memgraph.verify` on the
+    names the smallest budget that compiles under the cap. `verify` runs `memgraph.verify` on the
     plan (raising `VerificationError` if it fails). Other keywords are the planner's
     options (`memgraph.plan`: order, eviction, lookahead, cost_model, alignment, ...).
     `progress`, if given, is called with `einpage_core.progress.Progress` events: the
@@ -388,10 +404,10 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     with _timed(timings, "reading the budget"):
         report.stage("reading the budget", 1)
         reading = read_budget(tg, budget, opts)
-        needed, task_id = min_budget(tg, opts.alignment, opts.inputs)
+        budgets = _Budgets(tg, opts, max_blocks)
     with _timed(timings, "partitioning"):
         report.stage("partitioning", 1)
-        graph, chosen = _choose_graph(tg, reading, needed, task_id, mode, opts, max_blocks)
+        graph, chosen = _choose_graph(budgets, reading, mode)
     with _timed(timings, "planning"):
         tick = report.stage("planning", len(graph))
         mg = memgraph.plan(graph, reading, progress=tick, **options)
@@ -448,50 +464,196 @@ def _info(tg: TaskGraph, chosen: Partitioning) -> dict[str, Any]:
 
 
 def _choose_graph(
-    tg: TaskGraph,
-    reading: BudgetReading,
-    needed: int,
-    task_id: int | None,
-    mode: str | int,
-    opts: PlanOptions,
-    max_blocks: int | None,
+    budgets: _Budgets, reading: BudgetReading, mode: str | int
 ) -> tuple[TaskGraph, Partitioning]:
-    """The graph to plan (`tg` or its partition) and how it was chosen; raises when no
-    partition can fit the budget (`memgraph.plan` raises for "off")."""
-    alignment = opts.alignment
+    """The graph to plan (the program or its partition) and how it was chosen; raises
+    when no partition can fit the budget (`memgraph.plan` raises for "off")."""
+    tg, alignment, needed = budgets.tg, budgets.alignment, budgets.needed
     usable = reading.nbytes // alignment * alignment
     label = mode if isinstance(mode, str) else "limit"
-    if mode == "off" or (mode == "auto" and (usable >= needed or task_id is None)):
+    if mode == "off" or (mode == "auto" and (usable >= needed or budgets.task is None)):
         return tg, Partitioning(label, program_min_budget=needed)
-    floor, floor_task = finest_block(tg, alignment)
+    floor, _ = budgets.finest
     if isinstance(mode, int):
         graph = explicit_partition(tg, mode, alignment)
-        limit, how, fraction = mode, "explicit", None
-    else:
-        if floor > usable:
-            raise _no_block_fits(
-                tg, reading, needed, task_id, floor, floor_task, alignment, max_blocks
+        part_needed, part_task = min_budget(graph, alignment, budgets.inputs)
+        if usable < part_needed:  # the partition does not depend on the budget here
+            raise _partition_too_large(
+                budgets, graph, reading, mode, part_needed, part_task, part_needed
             )
-        cap, why = task_cap(max_blocks)
-        if cap is not None:
-            check_block_count(tg, usable, cap, alignment, why)
-        stop = None if cap is None else 2 * cap
-        try:
-            chosen = partition_for_budget(tg, usable, alignment=alignment, max_tasks=stop)
-        except TooManyTasksError as err:
-            limit = budget_block_limit(usable, floor, alignment)
-            raise TooManyBlocksError(
-                tg.name, reading.nbytes, _smallest_under(tg, cap, usable, alignment),
-                err.max_tasks, limit, cap, why=why,
-            ) from None  # fmt: skip
-        graph, limit, fraction = chosen.graph, chosen.limit, DEFAULT_BUDGET_FRACTION
-        how = "auto: the finest block" if limit == floor else f"auto: {fraction:.0%} of the budget"
-    part_needed, part_task = min_budget(graph, alignment, opts.inputs)
-    if usable < part_needed:
+        return graph, Partitioning(label, mode, "explicit", None, floor, needed)
+    if usable < floor:
+        raise _no_block_fits(budgets, reading)
+    trial = budgets.trial(budgets.limit(usable))
+    if trial.graph is None:
+        raise _too_many_blocks(budgets, reading, trial)
+    if usable < trial.needed:
         raise _partition_too_large(
-            tg, graph, reading, limit, part_needed, part_task, floor, floor_task
-        )
-    return graph, Partitioning(label, limit, how, fraction, floor, needed)
+            budgets, trial.graph, reading, trial.limit, trial.needed, trial.task,
+            budgets.smallest(usable + alignment)[0], _searched(budgets),
+        )  # fmt: skip
+    limit, fraction = trial.limit, DEFAULT_BUDGET_FRACTION
+    how = "auto: the finest block" if limit == floor else f"auto: {fraction:.0%} of the budget"
+    return trial.graph, Partitioning(label, limit, how, fraction, floor, needed)
+
+
+# -- what compiles -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Trial:
+    """The automatic partition at one block limit: the graph, its `min_budget` and the
+    task that needs it – or, when it would make too many tasks, no graph and the
+    `TooManyTasksError` that stopped it."""
+
+    limit: int
+    graph: TaskGraph | None
+    needed: int = 0
+    task: int | None = None
+    refused: TooManyTasksError | None = None
+
+
+class _Budgets:
+    """What `compile` knows of one program under one set of options, each figure
+    computed once per compile: the smallest budget unsplit (`min_budget`, and its task),
+    the finest block, the cap on tasks (`task_cap`), and each automatic partition tried,
+    by block limit. For any budget it tells whether compiling succeeds (`why_not`), and
+    it finds the smallest budget that does (`smallest`) by trying budgets as `compile`
+    would, so that the budget an error names compiles when typed back.
+
+    Budgets here are *usable* bytes: whole alignment units, as the planner reads a budget
+    (`1000` with alignment 256 is `768`)."""
+
+    def __init__(self, tg: TaskGraph, opts: PlanOptions, max_blocks: int | None):
+        self.tg = tg
+        self.alignment = opts.alignment
+        self.inputs = opts.inputs
+        self.max_blocks = max_blocks
+        self.needed, self.task = min_budget(tg, self.alignment, self.inputs)
+        self._estimates: dict[int, int] = {}
+        self._trials: dict[tuple[int, int | None], _Trial] = {}
+
+    @cached_property
+    def finest(self) -> tuple[int, int | None]:
+        """The smallest block limit the program allows, and the task that needs it."""
+        return finest_block(self.tg, self.alignment)
+
+    @cached_property
+    def cap(self) -> tuple[int | None, str]:
+        """The most tasks an automatic partition may have, and why (`task_cap`)."""
+        return task_cap(self.max_blocks)
+
+    @cached_property
+    def search_cap(self) -> tuple[int | None, str]:
+        """The cap `smallest` searches under, and why: `cap`, but without `max_blocks`
+        (the host's memory sets the cap: millions of tasks, minutes a try) at most
+        `MAX_AUTO_BLOCKS`, so that an error never takes minutes to say which budget
+        compiles. A partition within it is within `cap` too."""
+        cap, why = self.cap
+        if self.max_blocks is None and (cap is None or cap > MAX_AUTO_BLOCKS):
+            return MAX_AUTO_BLOCKS, " (as far as the search goes without a cap)"
+        return cap, why
+
+    @property
+    def search_bounded(self) -> bool:
+        """Whether `smallest` searched under a smaller cap than `compile` applies."""
+        return self.search_cap[0] != self.cap[0]
+
+    def limit(self, usable: int) -> int:
+        """The block limit automatic partitioning picks for `usable` bytes."""
+        return budget_block_limit(usable, self.finest[0], self.alignment)
+
+    def estimate(self, limit: int) -> int:
+        """`estimated_blocks` at block limit `limit` (milliseconds; counted once)."""
+        if limit not in self._estimates:
+            self._estimates[limit] = estimated_blocks(self.tg, limit, self.alignment)
+        return self._estimates[limit]
+
+    def trial(self, limit: int, search: bool = False) -> _Trial:
+        """The automatic partition at block limit `limit` under `cap` (`search_cap` with
+        `search`), made once: refused when the estimate is over the cap (before making a
+        block), or when making it passes twice the cap (the estimate leaves out
+        assembly)."""
+        cap, why = self.search_cap if search else self.cap
+        if (limit, cap) not in self._trials:
+            try:
+                if cap is not None and self.estimate(limit) > cap:
+                    raise TooManyTasksError(self.tg.name, limit, cap, self.estimate(limit), why)
+                stop = None if cap is None else 2 * cap
+                graph = partition_graph(self.tg, limit, alignment=self.alignment, max_tasks=stop)
+            except TooManyTasksError as err:
+                self._trials[limit, cap] = _Trial(limit, None, refused=err)
+            else:
+                needed, task = min_budget(graph, self.alignment, self.inputs)
+                self._trials[limit, cap] = _Trial(limit, graph, needed, task)
+        return self._trials[limit, cap]
+
+    def why_not(self, usable: int, make: bool = True, search: bool = False) -> str | None:
+        """None when `compile` succeeds with `usable` bytes (partition "auto"; under
+        `search_cap` with `search`), else why not, in words. With `make=False` only the
+        figures that take milliseconds are looked at (the finest block, the estimate):
+        None then means "maybe"."""
+        if usable >= self.needed or self.task is None:
+            return None  # planned unsplit: the planner succeeds from `min_budget` up
+        floor, floor_task = self.finest
+        if usable < floor:
+            return f"task %{floor_task} needs {format_exact(floor, 'nearest')} even split finest"
+        limit = self.limit(usable)
+        cap, why = self.search_cap if search else self.cap
+        if cap is not None and self.estimate(limit) > cap:
+            return (
+                f"automatic partitioning would make at least {self.estimate(limit):,} tasks, "
+                f"more than {cap:,}{why}"
+            )
+        if not make:
+            return None
+        trial = self.trial(limit, search)
+        if trial.graph is None:
+            return (
+                f"automatic partitioning would make more than {2 * cap:,} tasks (twice the "
+                f"cap of {cap:,}{why}, counted as they are made)"
+            )
+        if usable < trial.needed:
+            return (
+                f"partitioned at block limit {format_bytes(trial.limit)} ({len(trial.graph)} "
+                f"tasks), task %{trial.task} of it needs {format_exact(trial.needed, 'nearest')}"
+            )
+        return None
+
+    def smallest(self, start: int) -> tuple[int, str | None]:
+        """The smallest budget from `start` up that compiles, and why one byte less does
+        not (None when that is below `start`).
+
+        `start` is a multiple of the alignment, and `start - alignment` must be known not
+        to compile. The budget returned compiles, and one byte less does not (under
+        `search_cap`: without `max_blocks`, a byte less may compile into more tasks than
+        the search makes); budgets further below it were not all tried (more room is
+        assumed never to hurt). First the budgets whose partition the estimate refuses
+        (milliseconds each) are passed over by bisection; then partitions are made:
+        galloping up (1, 2, 4, ... alignment units, as far as the unsplit `min_budget`,
+        which always compiles), then bisecting between the last budget that failed and
+        the first that compiled. Each block limit is partitioned at most once (`trial`)."""
+        unit = self.alignment
+        low, high = self._first(start - unit, self.needed, make=False)
+        if self.why_not(high, search=True) is None:
+            return high, (self.why_not(low, make=False, search=True) if low >= start else None)
+        step = unit
+        while high < self.needed and self.why_not(high, search=True) is not None:
+            low, high, step = high, min(self.needed, high + step), 2 * step
+        low, high = self._first(low, high, make=True)
+        return high, (self.why_not(low, search=True) if low >= start else None)
+
+    def _first(self, low: int, high: int, make: bool) -> tuple[int, int]:
+        """Bisection between `low` (fails) and `high` (compiles, or with `make=False` maybe
+        compiles) down to adjacent budgets, one alignment unit apart (under `search_cap`)."""
+        unit = self.alignment
+        while high - low > unit:
+            middle = low + (high - low) // unit // 2 * unit
+            if self.why_not(middle, make, search=True) is None:
+                high = middle
+            else:
+                low = middle
+        return low, high
 
 
 # -- how many blocks ---------------------------------------------------------------------
@@ -504,12 +666,6 @@ def estimated_blocks(tg: TaskGraph, limit: int, alignment: int = 1) -> int:
     return estimate_tasks(tg, limit, alignment=alignment).tasks
 
 
-def _blocks_for_budget(tg: TaskGraph, budget: int, alignment: int) -> int:
-    """`estimated_blocks` at the block limit automatic partitioning picks for `budget`."""
-    floor, _ = finest_block(tg, alignment)
-    return estimated_blocks(tg, budget_block_limit(budget, floor, alignment), alignment)
-
-
 def check_block_count(
     tg: TaskGraph,
     budget: int,
@@ -517,16 +673,19 @@ def check_block_count(
     alignment: int = 256,
     why: str = "",
 ) -> None:
-    """Raise `TooManyBlocksError` when `partition_for_budget(tg, budget)` would make more
-    than `max_blocks` tasks (by `estimated_blocks`); its `needed` is the smallest budget
-    that would not (found by bisection on the same estimate), `why` says why the cap is
-    what it is (empty: `max_blocks` as given)."""
-    count = _blocks_for_budget(tg, budget, alignment)
-    if count <= max_blocks:
-        return
-    needed = _smallest_under(tg, max_blocks, budget, alignment)
-    limit = budget_block_limit(budget, finest_block(tg, alignment)[0], alignment)
-    raise TooManyBlocksError(tg.name, budget, needed, count, limit, max_blocks, why=why)
+    """Raise `TooManyBlocksError` when automatic partitioning for `budget` bytes would make
+    more than `max_blocks` tasks (refused by the estimate before any block is made, or
+    stopped while making them); its `needed` is the smallest budget above `budget` that
+    stays under the cap and compiles. `why` says why the cap is what it is (empty:
+    `max_blocks` as given)."""
+    budgets = _Budgets(tg, PlanOptions(alignment=alignment), max_blocks)
+    budgets.cap = (max_blocks, why)  # as given, whatever the host's memory says
+    usable = budget // alignment * alignment
+    if usable >= budgets.needed or usable < budgets.finest[0]:
+        return  # nothing to split, or nothing to count: no block fits
+    trial = budgets.trial(budgets.limit(usable))
+    if trial.graph is None:
+        raise _too_many_blocks(budgets, BudgetReading(budget, budget), trial)
 
 
 def explicit_partition(tg: TaskGraph, limit: int, alignment: int = 256) -> TaskGraph:
@@ -556,34 +715,12 @@ def task_cap(max_blocks: int | None) -> tuple[int | None, str]:
     )
 
 
-def _smallest_under(tg: TaskGraph, max_blocks: int, budget: int, alignment: int) -> int:
-    """About the smallest budget above `budget` whose automatic partition stays within
-    `max_blocks` estimated tasks (at most the program's `min_budget`, where nothing is
-    split), rounded up to a KiB."""
-    unsplit, _ = min_budget(tg, alignment)
-
-    def too_many(nbytes: int) -> bool:
-        return nbytes < unsplit and _blocks_for_budget(tg, nbytes, alignment) > max_blocks
-
-    low, high = budget, max(budget, 1) * 2
-    while too_many(high):
-        low, high = high, high * 2
-    while high - low > max(1024, high // 100):
-        middle = (low + high) // 2
-        if too_many(middle):
-            low = middle
-        else:
-            high = middle
-    return min(-(-high // 1024) * 1024, max(unsplit, high))
-
-
 # -- errors of partitioning for a budget -------------------------------------------------
 
 
-def _size(nbytes: int) -> str:
-    """`12.0 MiB (12582912 B)`, or `768 B` where that says it all."""
-    text = format_bytes(nbytes)
-    return text if text == f"{nbytes} B" else f"{text} ({nbytes} B)"
+def _size(nbytes: int, rounding: str = "nearest") -> str:
+    """`12.0 MiB (12582912 B)`, or `768 B` where that says it all (`format_exact`)."""
+    return format_exact(nbytes, rounding)
 
 
 def _brief(line: str, width: int = 160) -> str:
@@ -613,65 +750,96 @@ def _assembly_floor(tg: TaskGraph, limit: int, alignment: int) -> tuple[int, str
     return best, name
 
 
-def _no_block_fits(
-    tg: TaskGraph,
-    reading: BudgetReading,
-    needed: int,
-    task_id: int | None,
-    floor: int,
-    floor_task: int | None,
-    alignment: int,
-    max_blocks: int | None = None,
-) -> PartitionInfeasibleError:
+def _searched(budgets: _Budgets) -> str:
+    """` (searched within 100,000 tasks: ...)` when the smallest budget was searched under
+    a smaller cap than `compile` applies (`_Budgets.search_cap`), else ""."""
+    if not budgets.search_bounded:
+        return ""
+    return (
+        f" (searched within {budgets.search_cap[0]:,} tasks: with no cap, max_blocks=None, "
+        f"a smaller budget may compile into more)"
+    )
+
+
+def _a_byte_less(smallest: int, reason: str | None) -> str:
+    """`; with a byte less (18,431 B), automatic partitioning would make ...`, or ""."""
+    return "" if reason is None else f"; with a byte less ({smallest - 1:,} B), {reason}"
+
+
+def _too_many_blocks(
+    budgets: _Budgets, reading: BudgetReading, trial: _Trial
+) -> TooManyBlocksError:
+    """The error for a budget whose automatic partition would make too many tasks."""
+    cap, why = budgets.cap
+    refused = trial.refused
+    count = refused.counted if refused is not None and refused.counted is not None else cap + 1
+    usable = reading.nbytes // budgets.alignment * budgets.alignment
+    needed, _ = budgets.smallest(usable + budgets.alignment)
+    name, searched = budgets.tg.name, _searched(budgets)
+    return TooManyBlocksError(
+        name, reading.nbytes, needed, count, trial.limit, cap, why=why, searched=searched
+    )
+
+
+def _no_block_fits(budgets: _Budgets, reading: BudgetReading) -> PartitionInfeasibleError:
     """The error for a budget below even the finest block of some task; its `needed` is
-    the smallest budget that then compiles (under the `max_blocks` cap too)."""
+    the smallest budget that compiles (under the `max_blocks` cap too)."""
+    tg, alignment, needed, task_id = budgets.tg, budgets.alignment, budgets.needed, budgets.task
+    floor, floor_task = budgets.finest
     assembly, output = _assembly_floor(tg, floor, alignment)
-    smallest = max(floor, assembly)
-    capped = smallest
-    if max_blocks is not None and _blocks_for_budget(tg, smallest, alignment) > max_blocks:
-        capped = _smallest_under(tg, max_blocks, smallest, alignment)
+    bound = min(needed, max(floor, assembly))  # no budget below it can work
+    smallest, reason = budgets.smallest(bound)
     culprit = _brief(tg[floor_task].line()) if floor_task is not None else "none"
     unsplit = (
         f"{holds_at_once(tg, task_id, alignment)} ({_size(needed)})"
         if task_id is not None
         else f"the program needs {_size(needed)}"
     )
-    text = (
+    head = (
         f"budget {reading.asked}{_size(reading.nbytes)} is below the smallest budget that "
-        f"compiles, {_size(capped)}. Unsplit, {unsplit}; partitioning "
-        f"brings that down to the smallest block limit that works, {_size(floor)}, what "
-        f"task %{floor_task} needs even split as finely as allowed ({culprit})"
+        f"compiles, {_size(smallest, 'up')}{_searched(budgets)}"
+    )
+    if bound == needed:  # partitioning cannot go below the program as it is
+        text = (
+            f"{head}: the program unsplit. There, {unsplit}; split as finely as allowed, "
+            f"task %{floor_task} needs {_size(floor)} ({culprit}), so partitioning cannot help"
+        )
+        return PartitionInfeasibleError(
+            text + ".", reading.nbytes, smallest, task_id, floor, floor_task
+        )
+    text = (
+        f"{head}. Unsplit, {unsplit}; partitioning brings that down to the smallest block "
+        f"limit that works, {_size(floor)}, what task %{floor_task} needs even split as "
+        f"finely as allowed ({culprit})"
     )
     if output is not None and assembly > floor:
         text += (
             f", and program output {output!r}, split, is rebuilt from its blocks by a "
             f"Concat that needs at least {_size(assembly)}"
         )
-    text += f". No budget below {_size(smallest)} can work"
-    if capped > smallest:
-        text += (
-            f"; automatic partitioning stops at {max_blocks:,} tasks, which takes at least "
-            f"{_size(capped)}"
-        )
+    text += f". No budget below {_size(bound, 'down')} can work{_a_byte_less(smallest, reason)}"
     return PartitionInfeasibleError(
-        text + ".", reading.nbytes, capped, floor_task, floor, floor_task
+        text + ".", reading.nbytes, smallest, floor_task, floor, floor_task
     )
 
 
 def _partition_too_large(
-    tg: TaskGraph,
+    budgets: _Budgets,
     graph: TaskGraph,
     reading: BudgetReading,
     limit: int,
     needed: int,
     task_id: int | None,
-    floor: int,
-    floor_task: int | None,
+    smallest: int,
+    searched: str = "",
 ) -> PartitionInfeasibleError:
     """The error for a partitioned graph with a task that still does not fit: the
     Concat that rebuilds a split program output on the device (the one exception to the
     block limit, when the output cannot be assembled on the host), or a task over the
-    limit."""
+    limit. `smallest` is the smallest budget above this one that compiles (`searched`: how
+    far it was searched for, as `_searched` says)."""
+    tg = budgets.tg
+    floor, floor_task = budgets.finest
     task = graph[task_id]
     original = task.block.of if task.block is not None else task_id
     head = (
@@ -686,14 +854,14 @@ def _partition_too_large(
             f"({format_bytes(tg[original].nbytes)}) from its blocks, and needs the blocks "
             f"and the whole output on the device at once (other tasks read the blocks too, "
             f"so it cannot be assembled on the host). Only a budget of at least "
-            f"{format_bytes(needed)} can hold it, whatever the block limit (any from "
+            f"{_size(needed, 'down')} can hold it, whatever the block limit (any from "
             f"{format_bytes(floor)} up works for the other tasks); or make the output "
-            f"smaller (LLM prefill: logits='last')."
+            f"smaller (LLM prefill: logits='last')"
         )
     else:
         text = (
             f"{head} needs {format_bytes(needed)} at once. The smallest block limit that "
-            f"works is {format_bytes(floor)} ({floor} B, task %{floor_task}); a budget of "
-            f"{format_bytes(needed)} or a smaller block limit may work."
+            f"works is {_size(floor)} (task %{floor_task})"
         )
-    return PartitionInfeasibleError(text, reading.nbytes, needed, original, floor, floor_task)
+    text += f". The smallest budget above it that compiles is {_size(smallest, 'up')}{searched}."
+    return PartitionInfeasibleError(text, reading.nbytes, smallest, original, floor, floor_task)

@@ -31,9 +31,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from weakref import WeakKeyDictionary
 
 from einpage_core.errors import InfeasibleBudgetError, PlanError
-from einpage_core.units import BudgetFormatError, format_bytes, parse_bytes
+from einpage_core.units import BudgetFormatError, format_bytes, format_exact, parse_bytes
 from memgraph.allocator import DEFAULT_ALIGNMENT
 from memgraph.horizon import HorizonPlanner
 from memgraph.options import PlanOptions
@@ -143,7 +144,7 @@ def read_budget(
                 f"cannot parse budget {budget!r}: expected e.g. '50%' (of the resident peak) "
                 "or '150%streaming' (of the streaming minimum)"
             )
-        return BudgetReading(budget, parse_bytes(budget))
+        return BudgetReading(budget, parse_bytes(budget, "budget"))
     percent, word = float(match.group(1)), match.group(2).lower() or "resident"
     if percent < 0:  # "0%" is zero bytes: refused as any budget below the minimum is
         raise BudgetFormatError(f"budget {budget!r} must not be a negative percentage")
@@ -210,7 +211,25 @@ def min_budget(
     >>> prog.output(x * x, "y")
     >>> min_budget(prog.build())  # x (400 B) and x * x, each rounded up to 512 B
     (1024, 1)
+
+    A TaskGraph never changes, so each graph's figure is computed once per `alignment`
+    and `inputs` and remembered while the graph lives (`einpage.compile` and
+    `memgraph.plan` both ask for it).
     """
+    known = _MIN_BUDGETS.setdefault(tg, {})
+    if (alignment, inputs) not in known:
+        known[alignment, inputs] = _min_budget(tg, alignment, inputs)
+    return known[alignment, inputs]
+
+
+_MIN_BUDGETS: WeakKeyDictionary[TaskGraph, dict[tuple[int, str], tuple[int, int | None]]] = (
+    WeakKeyDictionary()
+)
+"""`min_budget`'s figures by graph, then by (alignment, inputs)."""
+
+
+def _min_budget(tg: TaskGraph, alignment: int, inputs: str) -> tuple[int, int | None]:
+    """`min_budget`, computed."""
     root = storage_roots(tg)
     sliced = sliced_reloads(tg, inputs)
     on_host = assembly_tasks(tg)
@@ -332,11 +351,11 @@ def budget_references(tg: TaskGraph, options: PlanOptions | None = None) -> Budg
 def infeasible_message(
     tg: TaskGraph, reading: BudgetReading, needed: int, task_id: int | None, alignment: int
 ) -> str:
-    """Why `reading` is below `needed` (`min_budget`): the task and what it holds at once."""
-    budget = reading.nbytes
+    """Why `reading` is below `needed` (`min_budget`): the task and what it holds at once.
+    `needed` is printed rounded up with its bytes (`format_exact`): typed back, it plans."""
     head = (
-        f"budget {reading.asked}{format_bytes(budget)} ({budget} B) is below the smallest "
-        f"feasible budget {format_bytes(needed)} ({needed} B)"
+        f"budget {reading.asked}{format_exact(reading.nbytes, 'nearest')} is below the "
+        f"smallest feasible budget {format_exact(needed)}"
     )
     if task_id is None:
         return f"{head}: the arena needs at least one alignment unit ({alignment} B)"

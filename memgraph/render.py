@@ -57,6 +57,7 @@ __all__ = [
     "DepKind",
     "classify_dep",
     "memgraph_dot",
+    "memgraph_selection",
     "render_memgraph",
     "memgraph_svg",
     "memgraph_repr_svg",
@@ -289,19 +290,7 @@ def memgraph_dot(
     by their task's scope (an int limits the depth). `legend`: node kinds and edge
     classes drawn. `rankdir`: "TB" or "LR".
     """
-    folding = _fold(mg) if collapse else _Folding({}, {})
-    if fold_layers if fold_layers is not None else select is None and scope is None:
-        folding = _fold_layers(mg, folding)
-    predicate = (lambda i: select(mg.nodes[i])) if callable(select) else None
-    chosen = select_ids(
-        len(mg),
-        predicate or select,
-        scope,
-        lambda i: _scope_of(mg, i),
-        max_nodes,
-        "node",
-        hidden=folding.hidden,
-    )
+    folding, chosen = _choose(mg, select, scope, collapse, fold_layers, max_nodes)
     tg = mg.taskgraph
     graph = DotGraph(
         f"{tg.name} plan",
@@ -330,6 +319,46 @@ def memgraph_dot(
         ]
         graph.add_raw(legend_cluster(nodes, edge_samples))
     return graph.source()
+
+
+def memgraph_selection(
+    mg: MemGraph,
+    *,
+    select: Iterable[int] | Callable[[MemNode], bool] | None = None,
+    scope: str | None = None,
+    collapse: bool = False,
+    fold_layers: bool | None = None,
+    max_nodes: int | None = DEFAULT_MAX_NODES,
+) -> Selection:
+    """What `memgraph_dot` with these options draws: `shown`, the nodes drawn (a folded
+    layer counts as its one box), and `omitted`, those the `max_nodes` cap left out (so
+    a caller can say how much of the plan a picture shows)."""
+    return _choose(mg, select, scope, collapse, fold_layers, max_nodes)[1]
+
+
+def _choose(
+    mg: MemGraph,
+    select: Iterable[int] | Callable[[MemNode], bool] | None,
+    scope: str | None,
+    collapse: bool,
+    fold_layers: bool | None,
+    max_nodes: int | None,
+) -> tuple[_Folding, Selection]:
+    """How nodes fold (`collapse`, `fold_layers`) and which are drawn."""
+    folding = _fold(mg) if collapse else _Folding({}, {})
+    if fold_layers if fold_layers is not None else select is None and scope is None:
+        folding = _fold_layers(mg, folding)
+    predicate = (lambda i: select(mg.nodes[i])) if callable(select) else None
+    chosen = select_ids(
+        len(mg),
+        predicate or select,
+        scope,
+        lambda i: _scope_of(mg, i),
+        max_nodes,
+        "node",
+        hidden=folding.hidden,
+    )
+    return folding, chosen
 
 
 def _scope_of(mg: MemGraph, node_id: int) -> str:

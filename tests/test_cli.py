@@ -35,7 +35,7 @@ from einpage.cli import (
 )
 from einpage.files import load_inputs, save_arrays
 from einpage.presets import load_program, random_inputs
-from einpage.units import format_bytes
+from einpage.units import format_bytes, format_exact
 from taskgraph.dot import find_dot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,10 +294,12 @@ def test_infeasible_budget_exits_3_with_the_smallest_that_works(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB", "--partition", "off")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "below the smallest feasible budget", f"task %{task}")
-    assert f"hint: the smallest budget that works is {format_bytes(needed)}" in err
+    assert f"hint: the smallest budget that works is {format_exact(needed)}" in err
     assert "--partition auto" in err
     code, out, _ = cli(capsys, "plan", *SMALL_MLP, "--budget", str(needed), "--partition", "off")
     assert code == EXIT_OK
+    printed = format_exact(needed).split(" (")[0].replace(" ", "")  # 2.3MiB, rounded up
+    assert cli(capsys, "plan", *SMALL_MLP, "--budget", printed, "--partition", "off")[0] == 0
 
 
 def read_output_program(path: Path, batch: int) -> Path:
@@ -318,7 +320,7 @@ def test_infeasible_even_when_partitioned_exits_3(capsys, tmp_path):
     program = read_output_program(tmp_path / "read.json", batch=256)  # probs: 256 KiB
     code, _, err = cli(capsys, "plan", program, "--budget", "256KiB")
     assert code == EXIT_INFEASIBLE
-    assert_one_error(err, "below the smallest feasible budget", "logits='last'")
+    assert_one_error(err, "below the smallest feasible budget", "logits are the last position's")
     assert "hint: the smallest budget that works is 512.0 KiB" in err
     code, _, _ = cli(capsys, "plan", program, "--budget", "512KiB")
     assert code == EXIT_OK
@@ -335,7 +337,7 @@ def test_auto_partition_refuses_to_make_millions_of_blocks(capsys):
     code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "1KiB")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "blocks of at most 1.0 KiB", "--partition auto stops at 100,000")
-    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
+    needed = re.search(r"above it that compiles is [0-9.]+ \w+ \(([0-9]+) B\)", err).group(1)
     assert "hint" not in err
     assert int(needed) > 1024
 
@@ -352,7 +354,7 @@ def test_the_block_cap_is_an_option(capsys):
     )
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, f"stops at {tasks // 4:,}", "raise the cap (--max-blocks)")
-    needed = re.search(r"\(about [0-9.]+ \w+ \(([0-9]+) B\) of budget\)", err).group(1)
+    needed = re.search(r"above it that compiles is [0-9.]+ \w+ \(([0-9]+) B\)", err).group(1)
     code, out, _ = cli(
         capsys, "plan", *SMALL_MLP, "--budget", needed, "--max-blocks", str(tasks // 4)
     )
@@ -754,3 +756,170 @@ def test_show_rejects_a_bad_block_size(capsys):
     code, _, err = cli(capsys, "show", *SMALL_MLP, "--partition", "auto")
     assert code == EXIT_BAD_INPUT
     assert_one_error(err, "--partition must be a block size such as 64MiB, got 'auto'")
+
+
+# -- the front door (issue 21) ----------------------------------------------------------------
+
+PYTHON_SPELLINGS = re.compile(
+    r"\b[a-z_]+=(?:'|\)|None|True|SIZE|\.\.\.)|einpage\.compile\(|taskgraph\.partition"
+)
+"""How the library's advice names Python keywords and calls (`max_blocks=`,
+`partition='auto'`, `backend='numpy'`, `taskgraph.partition_for_budget(...)`): never on
+the terminal."""
+
+
+def test_a_negative_budget_is_refused_for_its_sign(capsys):
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget=-5GiB")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "budget '-5GiB' is negative", "such as '5GiB'")
+    assert "a number and a unit" not in err
+
+
+def test_errors_name_the_command_line_flags_not_python_keywords(capsys):
+    """The library's messages keep their Python advice (`max_blocks=`, `partition='auto'`,
+    ...); the CLI words it as its own flags."""
+    code, _, err = cli(capsys, "plan", *SMALL_MLP, "--budget", "256KiB", "--partition", "off")
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "--partition auto (the default) does it when needed", "--partition SIZE")
+    assert not PYTHON_SPELLINGS.search(err), err
+    code, _, err = cli(capsys, "plan", "mlp", "--batch", "64", "--budget", "16KiB",
+                       "--max-blocks", "500")  # fmt: skip
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "--partition auto stops at 500", "raise the cap (--max-blocks)")
+    assert "split explicitly with a block limit (--partition SIZE)" in err
+    assert not PYTHON_SPELLINGS.search(err), err
+    with pytest.raises(ep.TooManyBlocksError, match=r"max_blocks=\)"):  # Python keeps its own
+        ep.compile(load_program("mlp", batch=64), "16KiB", max_blocks=500)
+
+
+@pytest.mark.skipif(runtime.cupy_usable(), reason="CuPy and a GPU are usable here")
+def test_a_backend_that_cannot_run_names_the_backend_flag(capsys, plan_file):
+    code, _, err = cli(capsys, "run", plan_file, "--backend", "cupy")
+    assert code == EXIT_UNAVAILABLE
+    assert_one_error(err, "--backend numpy")
+    assert not PYTHON_SPELLINGS.search(err), err
+
+
+def test_every_python_spelling_the_cli_rewords_is_a_library_message(monkeypatch):
+    """Each phrase of `CLI_SPELLINGS` occurs in a library message (so a reworded message
+    shows here, not as Python advice on a terminal), and its CLI wording has none."""
+    import subprocess as subprocess_module
+    import types
+
+    import einpage.pipeline as pipeline
+    import einpage_core.dot as dot
+    from einpage.cli import CLI_SPELLINGS, cli_words
+    from memgraph.budgets import WAY_OUT
+    from runtime.cupy_backend import CupyBackend, import_cupy
+
+    def too_slow(*args, **kwargs):
+        raise subprocess_module.TimeoutExpired("dot", 1)
+
+    def no_devices():  # CuPy installed, no GPU
+        return types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=lambda: 0))
+
+    monkeypatch.setattr(dot, "find_dot", lambda: "dot")
+    monkeypatch.setattr(dot.subprocess, "run", too_slow)
+    monkeypatch.setattr(pipeline, "MAX_AUTO_BLOCKS", 500)  # the search without a cap
+    tg = load_program("mlp", batch=64)
+    calls = [
+        lambda: dot._run_dot("digraph {}", "svg", 1.0),
+        lambda: ep.compile(tg, "16KiB", max_blocks=500),
+        lambda: ep.compile(tg, 0, max_blocks=None),
+        lambda: ep.compile(read_output_program_graph(256), "256KiB"),
+        import_cupy,  # with CuPy missing, then without a GPU
+        import_cupy,
+    ]
+    messages = [WAY_OUT, CupyBackend.unsupported_dtypes["bfloat16"]]
+    for k, call in enumerate(calls):
+        if call is import_cupy:
+            fake = (
+                None if k == calls.index(import_cupy) else types.SimpleNamespace(cuda=no_devices())
+            )
+            monkeypatch.setitem(sys.modules, "cupy", fake)
+        with pytest.raises(ep.EinpageError) as caught:
+            call()
+        messages.append(str(caught.value))
+    for python, words in CLI_SPELLINGS:
+        assert any(python in message for message in messages), python
+        assert not PYTHON_SPELLINGS.search(words), words
+    for message in messages:
+        assert not PYTHON_SPELLINGS.search(cli_words(message)), cli_words(message)
+
+
+def read_output_program_graph(batch: int) -> taskgraph.TaskGraph:
+    """`read_output_program`'s TaskGraph, in memory."""
+    prog = ep.Program("read-output")
+    x = prog.input("x", (batch, 256))
+    w = prog.input("w", (256, 256), role="weight")
+    probs = ep.softmax(x @ w)
+    prog.output(probs, "probs")
+    prog.output(probs.max(axis=-1), "top")
+    return prog.build()
+
+
+def test_generate_without_a_model_says_to_give_one(capsys):
+    code, _, err = cli(capsys, "generate", "--budget", "1MiB")
+    assert code == EXIT_BAD_INPUT
+    assert_one_error(err, "give the model: a MODEL preset", "or --checkpoint DIR")
+    assert "not both" not in err
+
+
+def test_python_dash_m_einpage_runs_the_command_line():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "einpage", "presets"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "llama:7b" in done.stdout
+
+
+def test_help_explains_budgets_and_shows_defaults(capsys):
+    assert main(["--help"]) == EXIT_OK
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("1073741824 bytes", "8GiB, 512MiB", "KiB, MiB, GiB, TiB are powers of 1024",
+                   "50% a percentage of the program's resident peak", "100% moves nothing",
+                   "150%streaming a percentage of the program's streaming minimum",
+                   "weights loaded just in time", "2 bad input, 3 infeasible budget"):  # fmt: skip
+        assert needle in text, needle
+    assert main(["plan", "--help"]) == EXIT_OK
+    text = " ".join(capsys.readouterr().out.split())
+    for needle in ("task order (default: program)", "victim choice (default: belady)",
+                   "most nodes drawn (0: all) (default: 400)", "150%streaming a percentage",
+                   "what the simulator times (default: h100-pcie5)"):  # fmt: skip
+        assert needle in text, needle
+    for command in ("stats", "generate"):  # every --cost-model says what it is
+        assert main([command, "--help"]) == EXIT_OK
+        text = " ".join(capsys.readouterr().out.split())
+        assert re.search(r"--cost-model \{[a-z0-9,-]+\} the machine's cost model", text), text
+
+
+def test_render_says_how_many_nodes_it_draws_and_how_to_draw_fewer(capsys, plan_file, tmp_path):
+    """`einpage render --unfold` of a 7B plan drew 400 of its nodes and said nothing."""
+    nodes = len(memgraph.MemGraph.from_json(plan_file.read_text()))
+    argv = ["render", plan_file, "-o", tmp_path / "p.dot", "--unfold"]
+    code, out, _ = cli(capsys, *argv, "--max-nodes", "100")
+    assert code == EXIT_OK
+    assert f"drew 100 of the plan's {nodes:,} nodes; {nodes - 100:,} more are left out" in out
+    assert "--max-nodes N draws N (0: all)" in out and "--scope layers.3 draws one layer" in out
+    assert f"{nodes - 100} more node(s) not shown" in (tmp_path / "p.dot").read_text()
+    code, out, _ = cli(capsys, *argv)  # the default cap, 400
+    assert code == EXIT_OK and f"drew {min(nodes, 400)} of the plan's {nodes:,} nodes" in out
+    argv = ["render", plan_file, "-o", tmp_path / "p.dot", "--scope", "layers.1"]
+    code, out, _ = cli(capsys, *argv, "--max-nodes", "0")
+    assert code == EXIT_OK and "left out" not in out
+    drawn = int(re.search(r"drew (\d+) of the plan's", out).group(1))
+    assert 0 < drawn < nodes and "(scope 'layers.1')" in out
+    graph = tmp_path / "graph.json"
+    graph.write_text(load_program("llama:tiny", seq=16).to_json())
+    code, out, _ = cli(capsys, "render", graph, "-o", tmp_path / "g.dot", "--max-nodes", "10")
+    assert code == EXIT_OK
+    assert re.search(r"drew 10 of the graph's \d+ tasks; \d+ more are left out", out), out

@@ -1,0 +1,8 @@
+"""`python -m einpage`: the `einpage` command line (`einpage.cli.main`)."""
+
+import sys
+
+from einpage.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
