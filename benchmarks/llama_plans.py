@@ -5,7 +5,7 @@ and LLaMA-65B prefill programs (float16 weights and activations, logits for ever
 position, `einpage.models.llama.prefill_program`) at several (batch, sequence) shapes
 and device budgets, it prints one row per cell:
 
-* `no-offload`: `memgraph.no_offload_peak` – the arena the planner needs when nothing
+* `streaming`: `memgraph.streaming_minimum` – the arena the planner needs when nothing
   leaves the device (weights still stream in from the host just in time);
   `min`: `memgraph.min_budget` – the largest single step, below which no plan exists
   without partitioning;
@@ -95,7 +95,7 @@ class Shape:
     seq: int
     tasks: int
     weight_bytes: int
-    no_offload_peak: int
+    streaming_minimum: int
     min_budget: int
     min_task: str
     compute_seconds: float
@@ -139,7 +139,7 @@ def measure_shape(model: str, batch: int, seq: int) -> tuple[TaskGraph, Shape]:
         seq=seq,
         tasks=len(tg),
         weight_bytes=sum(t.nbytes for t in tg if isinstance(t.op, Input) and t.op.role == "weight"),
-        no_offload_peak=memgraph.no_offload_peak(tg),
+        streaming_minimum=memgraph.streaming_minimum(tg),
         min_budget=smallest,
         min_task=describe_task(tg, task),
         compute_seconds=sum(cost.task_seconds(tg, t.id) for t in tg),
@@ -241,7 +241,7 @@ LEGEND = (
 def row_text(cell: Cell, shape: Shape) -> str:
     left = (
         f"{shape.model:<5} {f'{cell.batch}x{cell.seq}':>8} {gib(cell.budget):>7} "
-        f"{gib(shape.no_offload_peak):>9} {gib(shape.min_budget):>9} | "
+        f"{gib(shape.streaming_minimum):>9} {gib(shape.min_budget):>9} | "
     )
     if cell.plan is None:
         return left + f"{'no plan (min > budget)':<53}|"

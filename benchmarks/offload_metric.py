@@ -14,10 +14,10 @@ needed; a budget it cannot plan counts as too slow), and the plans found verifie
 
 The budget is reported as a fraction of two reference points:
 
-* the **no-offload peak** (`memgraph.no_offload_peak`, the streaming minimum: what
-  `"100%streaming"` budgets mean): the
-  arena when no activation leaves the device. Weights start on the host and are read
-  once in prefill, so there they are loaded just in time and dropped after use: it is
+* the **streaming minimum** (`memgraph.streaming_minimum`: what `"100%streaming"`
+  budgets mean): the arena when no activation leaves the device. Weights start on the
+  host and are read once in prefill, so there they are loaded just in time and dropped
+  after use: it is
   already close to the streaming footprint, and a plan needs *more* to prefetch weights
   early enough to hide their transfers;
 * the **resident peak**: every weight resident plus the activation peak, the memory of
@@ -52,7 +52,7 @@ from einpage.models import gpt2, llama  # noqa: E402
 from einpage.pipeline import MAX_AUTO_BLOCKS  # noqa: E402
 from einpage_core.errors import EinpageError  # noqa: E402
 from einpage_core.units import format_bytes  # noqa: E402
-from memgraph import get_cost_model, no_offload_peak, plan, simulate  # noqa: E402
+from memgraph import get_cost_model, plan, simulate, streaming_minimum  # noqa: E402
 from memgraph.residency import analyze  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input  # noqa: E402
@@ -172,7 +172,7 @@ def measure_workload(workload: Workload) -> dict:
     """One row: the reference points, the unlimited time, and per threshold the budget."""
     tg = workload.build()
     started = time.perf_counter()
-    peak = no_offload_peak(tg)
+    peak = streaming_minimum(tg)
     resident = resident_peak(tg)
     measure = Measure(tg)
     unlimited = sum(_round_up(t.nbytes) for t in tg) + 256
@@ -184,7 +184,7 @@ def measure_workload(workload: Workload) -> dict:
     row = {
         "workload": workload.name,
         "tasks": len(tg),
-        "no_offload_peak": peak,
+        "streaming_minimum": peak,
         "resident_peak": resident,
         "unlimited_s": reference,
         "compute_s": compute,
@@ -203,7 +203,7 @@ def measure_workload(workload: Workload) -> dict:
         key = f"{threshold:g}%"
         row[key] = {
             "budget": budget,
-            "of_no_offload_peak": budget / peak,
+            "of_streaming_minimum": budget / peak,
             "of_resident_peak": budget / resident,
             "cut": 1 - budget / resident,
             "slowdown_pct": 100 * (sim.makespan / reference - 1),
@@ -216,7 +216,7 @@ def measure_workload(workload: Workload) -> dict:
 
 
 HEADER = (
-    f"{'workload':<22} {'no-offload':>10} {'resident':>10} {'compute/':>9}"
+    f"{'workload':<22} {'streaming':>10} {'resident':>10} {'compute/':>9}"
     f" {'<= 1%: budget':>14} {'/no-off':>7} {'cut':>6} {'<= 3%: budget':>14} {'/no-off':>7}"
     f" {'cut':>6}"
 )
@@ -227,11 +227,11 @@ def line(row: dict) -> str:
     for threshold in THRESHOLDS:
         found = row[f"{threshold:g}%"]
         cells.append(
-            f" {format_bytes(found['budget']):>14} {found['of_no_offload_peak']:>6.2f}x"
+            f" {format_bytes(found['budget']):>14} {found['of_streaming_minimum']:>6.2f}x"
             f" {100 * found['cut']:>5.0f}%"
         )
     return (
-        f"{row['workload']:<22} {format_bytes(row['no_offload_peak']):>10}"
+        f"{row['workload']:<22} {format_bytes(row['streaming_minimum']):>10}"
         f" {format_bytes(row['resident_peak']):>10} {row['compute_over_weights']:>8.2f}x"
         + "".join(cells)
     )
@@ -250,10 +250,10 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
         print(line(row), flush=True)
     print(
-        "  no-offload: memgraph.no_offload_peak; resident: every weight resident + the"
+        "  streaming: memgraph.streaming_minimum; resident: every weight resident + the"
         " activation peak (inference without offloading); compute/weights: compute time over"
         " the weights' transfer time (>= 1: compute covers it); /no-off: the budget over the"
-        " no-offload peak; cut: 1 - budget / resident peak"
+        " streaming minimum; cut: 1 - budget / resident peak"
     )
     goal = [
         {

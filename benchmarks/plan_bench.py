@@ -6,14 +6,14 @@ numbers as JSON (rows, a summary per cell, and the targets).
 
 1. Planning time. Chains (elementwise steps reading a weight every 4th step) and
    transformer-like graphs (below) from a few hundred to 50,000+ tasks, planned at
-   50% of their no-offload peak with the default options (program order, Belady,
+   50% of their streaming minimum with the default options (program order, Belady,
    auto lookahead). Reported: tasks, MemGraph nodes, seconds (best of `--repeat`,
    garbage collector off), the log-log slope of seconds against tasks between
-   consecutive sizes (1.0 = linear), and the seconds `no_offload_peak` takes.
+   consecutive sizes (1.0 = linear), and the seconds `streaming_minimum` takes.
    Each plan is also verified (`memgraph.verify`, best of `--repeat` on a fresh copy
    of the MemGraph, so the residency analysis it reads is timed too): the "verify"
    column.
-2. Plan quality, at 100/75/50/25% of each graph's no-offload peak (program order),
+2. Plan quality, at 100/75/50/25% of each graph's streaming minimum (program order),
    for four plans (`QUALITY_PLANS`): einpage (the defaults: Belady, program order),
    einpage in its memory-aware order, LRU eviction, and layer streaming
    (`memgraph.layer_streaming_plan`, ZeRO-Inference style, one layer of prefetch).
@@ -138,7 +138,7 @@ from memgraph import (  # noqa: E402
 )
 from memgraph.bounds import host_inputs_of  # noqa: E402
 from memgraph.optimal import plan_lp_bound  # noqa: E402
-from memgraph.planner import min_budget, no_offload_peak, plan, storage_roots  # noqa: E402
+from memgraph.planner import min_budget, plan, storage_roots, streaming_minimum  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.nodes import Input, View  # noqa: E402
 from taskgraph.partition import partition_for_budget  # noqa: E402
@@ -268,7 +268,7 @@ def scaling(quick: bool, repeat: int) -> list[dict]:
         for shape in shapes:
             tg = chain(shape) if family == "chain" else transformer_like(*shape)
             start = time.perf_counter()
-            peak = no_offload_peak(tg)
+            peak = streaming_minimum(tg)
             peak_seconds = time.perf_counter() - start
             budget = max(peak // 2, min_budget(tg)[0])
             seconds, mg = time_plan(tg, budget, repeat)
@@ -353,7 +353,7 @@ def verify_scaling(quick: bool, huge: bool = False) -> list[dict]:
                 name = f"llama-tiny-b2-s{size} (64KiB)"
             else:
                 tg = chain(size)
-                budget = max(no_offload_peak(tg) // 2, min_budget(tg)[0])
+                budget = max(streaming_minimum(tg) // 2, min_budget(tg)[0])
                 name = tg.name
             plan_seconds, mg = time_plan(tg, budget, 1)
             seconds = time_verify(mg, 1)
@@ -568,7 +568,7 @@ def quality_graphs(quick: bool) -> list[QualityGraph]:
 
 
 def quality_cell(graph: QualityGraph, percent: int, peak: int) -> list[dict]:
-    """Every plan of `QUALITY_PLANS` at `percent` of the no-offload peak, measured."""
+    """Every plan of `QUALITY_PLANS` at `percent` of the streaming minimum, measured."""
     tg = graph.tg
     budget = peak * percent // 100
     needed, _ = min_budget(tg)
@@ -649,7 +649,7 @@ def _reason(err: EinpageError) -> str:
 def quality(graphs: list[QualityGraph], percents: list[int]) -> list[dict]:
     rows = []
     for graph in graphs:
-        peak = no_offload_peak(graph.tg)
+        peak = streaming_minimum(graph.tg)
         for percent in percents:
             cell = quality_cell(graph, percent, peak)
             for row in cell:
@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     repeat = args.repeat or (1 if args.quick else 3)
 
-    print("1. planning time at 50% of the no-offload peak (or min_budget), default options")
+    print("1. planning time at 50% of the streaming minimum (or min_budget), default options")
     print(
         f"{'graph':<28} {'tasks':>7} {'nodes':>8} {'evict':>6} {'seconds':>8} {'us/task':>8}"
         f" {'slope':>6} {'peak(s)':>8} {'verify':>8}"

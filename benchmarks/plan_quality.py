@@ -9,7 +9,7 @@ the targets).
    (`tests/strategies.py`'s `einsum_programs` and `tests/partition_cases.py`'s
    `random_programs`, derandomized: the same programs every run) and small
    transformer-like graphs (`plan_bench.transformer_like`: 2-4 layers and passes,
-   transfer- and compute-bound shapes), at 75/50/35% of each graph's no-offload peak
+   transfer- and compute-bound shapes), at 75/50/35% of each graph's streaming minimum
    (cells below `min_budget` are skipped and counted), in both orders
    (`memgraph.ORDERS`). In each cell the optimum bytes moved (offloads + reloads) of
    a plan of the same steps (`memgraph.optimal.optimal_transfers`, HiGHS: exact for an
@@ -53,7 +53,7 @@ from strategies import einsum_programs  # noqa: E402
 
 from einpage_core.errors import EinpageError  # noqa: E402
 from einpage_core.units import format_bytes  # noqa: E402
-from memgraph import POLICIES, NodeKind, min_budget, no_offload_peak, plan, verify  # noqa: E402
+from memgraph import POLICIES, NodeKind, min_budget, plan, streaming_minimum, verify  # noqa: E402
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds  # noqa: E402
 from memgraph.optimal import Origin, TransferProblem, transfer_problem  # noqa: E402
 from memgraph.optimal.solve import lp_bound_of, solve_problem  # noqa: E402
@@ -158,7 +158,7 @@ def ratio(bytes_moved: int, optimum: int) -> float:
 def milp_cell(case: Case, order: str, percent: int, time_limit: float) -> dict | None:
     """One cell of part 1: the optimum and every policy's bytes (None: below min_budget)."""
     tg = case.tg
-    budget = no_offload_peak(tg, order=order) * percent // 100
+    budget = streaming_minimum(tg, order=order) * percent // 100
     row = {"family": case.family, "graph": case.name, "tasks": len(tg), "order": order}
     row.update(percent=percent, budget=budget)
     if budget < min_budget(tg)[0]:
@@ -365,7 +365,7 @@ def large(quick: bool, milp_limit: float) -> list[dict]:
     rows = []
     print(LARGE_HEADER)
     for graph in plan_bench.quality_graphs(quick):
-        peak = no_offload_peak(graph.tg)
+        peak = streaming_minimum(graph.tg)
         for percent in (100, 75, 50, 25):
             row = large_cell(graph, percent, peak, milp_limit)
             print(_large_line(row), flush=True)

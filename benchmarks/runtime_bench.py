@@ -12,7 +12,7 @@ by side in one process:
   cache of `run`, see `runtime.session`) and through `Session.run` on a kept session
   (all inputs placed per run: the interpreter's own overhead), on four plans:
   `unlimited` (a budget holding every tensor at once: no offloads), `peak 100%` (the
-  no-offload peak, `memgraph.no_offload_peak`: weights loaded just in time, nothing
+  streaming minimum, `memgraph.streaming_minimum`: weights loaded just in time, nothing
   offloaded), `peak 75%` and `min_budget` (budgets forcing offloads of activations);
 * ablations on the unlimited plan: `run()` with fresh buffers every call (as before
   the cache of `run`), a session whose kernels return new arrays that are then
@@ -32,7 +32,7 @@ per run (44 MiB for the default program), which `evaluate` does not do.
 
 Plans come from a planner in `PLANNERS` (`--planner`): `memgraph` (the default), or
 `module:function` taking (tg, fraction), where fraction is None for the unlimited
-plan and else the budget as a fraction of the no-offload peak.
+plan and else the budget as a fraction of the streaming minimum.
 
 Measured (`python benchmarks/runtime_bench.py --blas-threads 1 --repeat 15`, three
 runs on a shared 2-core VM with a load average of ~2.5; ratios to `evaluate`, ~90 ms):
@@ -155,11 +155,11 @@ Planner = Callable[[TaskGraph, float | None], MemGraph]
 
 def memgraph_planner(tg: TaskGraph, fraction: float | None) -> MemGraph:
     """memgraph.plan: fraction None plans in an arena that holds every tensor at once;
-    else at that fraction of the no-offload peak, but never below `min_budget`."""
+    else at that fraction of the streaming minimum, but never below `min_budget`."""
     if fraction is None:
         return memgraph.plan(tg, sum(-(-t.nbytes // 256) * 256 for t in tg) + 256)
     needed, _ = memgraph.min_budget(tg)
-    return memgraph.plan(tg, max(needed, int(memgraph.no_offload_peak(tg) * fraction)))
+    return memgraph.plan(tg, max(needed, int(memgraph.streaming_minimum(tg) * fraction)))
 
 
 PLANNERS: dict[str, Planner] = {"memgraph": memgraph_planner}
@@ -173,7 +173,7 @@ PLAN_FRACTIONS: dict[str, float | None] = {
     "peak 75%": 0.75,
     "min_budget": 0.0,
 }
-"""The plans timed: label -> budget as a fraction of the no-offload peak (None: unlimited;
+"""The plans timed: label -> budget as a fraction of the streaming minimum (None: unlimited;
 fractions below `min_budget` are raised to it)."""
 
 

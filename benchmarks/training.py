@@ -10,7 +10,7 @@ outputs="host")` and simulates it on `h100-pcie5` (`memgraph.simulate`: 400 TFLO
 
 * `compute`: the step's compute time – the time of a step that keeps everything on
   the device (weights, AdamW states, activations) and moves nothing: the baseline;
-* `resident`: that step's memory, `memgraph.no_offload_peak` of the program with every
+* `resident`: that step's memory, `memgraph.streaming_minimum` of the program with every
   input on the device and the outputs kept there – what a step without offloading holds;
 * `must move`: the weights and states (the float32 masters among them: in, and their
   new values out) over one PCIe direction – the transfer every step with host-resident
@@ -20,7 +20,7 @@ outputs="host")` and simulates it on `h100-pcie5` (`memgraph.simulate`: 400 TFLO
 * `host states`: the plan of the program as built – weights and states start in host
   memory, are read only where needed (states at their update) and written back as they
   are made – first with the budget `resident` (memory to spare: what these transfers
-  cost by themselves), then at its own no-offload peak: its peak (and reduction against
+  cost by themselves), then at its own streaming minimum: its peak (and reduction against
   `resident`) and its step time (slowdown against `compute`);
 * `<= 3%`: the smallest budget (bisection) whose plan's slowdown against `compute` is
   at most 3%, with its peak reduction against `resident` – the comparison with PyTorch
@@ -155,10 +155,10 @@ def measure(family: str, preset: str, batch: int, seq: int) -> Cell:
     tg = training_graph(cfg, batch, seq, AdamW(), "float16")
     cost = memgraph.get_cost_model(COST_MODEL)
     compute = sum(cost.task_seconds(tg, t.id) for t in tg)
-    resident = memgraph.no_offload_peak(resident_graph(tg), outputs="device")
+    resident = memgraph.streaming_minimum(resident_graph(tg), outputs="device")
     states, weights = role_bytes(tg, "state"), role_bytes(tg, "weight")
     moved = (states + weights) / min(cost.h2d_bytes_per_s, cost.d2h_bytes_per_s)
-    host_peak = memgraph.no_offload_peak(tg, outputs="host")
+    host_peak = memgraph.streaming_minimum(tg, outputs="host")
     cell = Cell(
         model=f"{family}-{preset}",
         batch=batch,

@@ -40,7 +40,6 @@ from memgraph.orders import ORDERS, register_order
 from memgraph.planner import (
     PlanOptions,
     min_budget,
-    no_offload_peak,
     plan,
     resident_peak,
     resolve_budget,
@@ -69,7 +68,6 @@ __all__ = [
     "plan",
     "PlanOptions",
     "min_budget",
-    "no_offload_peak",
     "resident_peak",
     "streaming_minimum",
     "budget_references",
@@ -105,3 +103,11 @@ __all__ = [
     "write_memory_snapshot",
     "Allocator",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Former names (`memgraph.budgets.DEPRECATED_NAMES`: `no_offload_peak`), with a
+    DeprecationWarning."""
+    from memgraph.budgets import deprecated
+
+    return deprecated(__name__, name)

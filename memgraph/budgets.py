@@ -29,8 +29,10 @@ orders (and the plan's own order: `reference_point`), so `--order` does not chan
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 from weakref import WeakKeyDictionary
 
 from einpage_core.errors import InfeasibleBudgetError, PlanError
@@ -56,7 +58,6 @@ __all__ = [
     "resident_peak",
     "resident_run",
     "streaming_minimum",
-    "no_offload_peak",
     "budget_references",
     "reference_point",
     "REFERENCE_ORDERS",
@@ -254,7 +255,8 @@ def streaming_minimum(
     inputs: str = "auto",
 ) -> int:
     """The smallest arena the planner needs when nothing may be written back to the host
-    and weights are loaded just in time (`no_offload_peak` is its former name).
+    and weights are loaded just in time (`no_offload_peak`, its former name, is a
+    deprecated alias).
 
     It plans with an arena large enough for every tensor at once and without any
     prefetching (`lookahead=0`: each reload just before its step, so nothing is held
@@ -277,8 +279,25 @@ def streaming_minimum(
     return max(planner.high_water, alignment)
 
 
-no_offload_peak = streaming_minimum
-"""The streaming minimum's former name, kept for code that uses it."""
+DEPRECATED_NAMES = {"no_offload_peak": "streaming_minimum"}
+"""Former names still importable from `memgraph` (and here), with a DeprecationWarning."""
+
+
+def deprecated(module: str, name: str, stacklevel: int = 3) -> Any:
+    """What the deprecated alias `name` of `DEPRECATED_NAMES` stands for, after a
+    `DeprecationWarning` naming the new name; `AttributeError` for any other name
+    (a module's `__getattr__`)."""
+    if name not in DEPRECATED_NAMES:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = DEPRECATED_NAMES[name]
+    warnings.warn(
+        f"memgraph.{name} is deprecated: use memgraph.{new}", DeprecationWarning, stacklevel
+    )
+    return globals()[new]
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated(__name__, name)
 
 
 def resident_run(

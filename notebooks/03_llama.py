@@ -112,7 +112,7 @@ assert relative_error(reference, want) < 1e-4
 #
 # Two sizes frame every budget:
 #
-# * the **streaming minimum** (formerly the no-offload peak): the arena the planner
+# * the **streaming minimum** (formerly the streaming minimum): the arena the planner
 #   needs when nothing leaves the device but weights, which start on the host, arrive
 #   just in time and go after use (`"100%streaming"`); keeping every weight once loaded
 #   needs the larger **resident peak** (`"100%"`: then nothing moves at all);
@@ -120,7 +120,7 @@ assert relative_error(reference, want) < 1e-4
 #   Below it no plan exists without splitting that step.
 
 # %%
-peak = memgraph.no_offload_peak(tg)
+peak = memgraph.streaming_minimum(tg)
 smallest, step = memgraph.min_budget(tg)
 print(
     f"streaming minimum {format_bytes(peak)}; resident peak "

@@ -16,7 +16,7 @@ from strategies import einsum_programs
 from streaming_cases import PROGRAMS, working_budget
 
 from einpage.errors import GraphError
-from memgraph import layer_streaming_plan, min_budget, no_offload_peak, plan
+from memgraph import layer_streaming_plan, min_budget, plan, streaming_minimum
 from memgraph.bounds import transfer_lower_bounds
 from memgraph.eviction import POLICIES
 from memgraph.orders import ORDERS
@@ -44,7 +44,7 @@ def test_bounds_hold_for_planner_plans_of_random_programs(bench):
         outputs = data.draw(st.sampled_from(OUTPUTS), label="outputs")
         inputs = data.draw(st.sampled_from(INPUTS), label="inputs")
         low, _ = min_budget(tg)
-        high = max(low, no_offload_peak(tg, order=order, outputs=outputs, inputs=inputs))
+        high = max(low, streaming_minimum(tg, order=order, outputs=outputs, inputs=inputs))
         budget = data.draw(st.integers(low, high), label="budget")
         mg = plan(
             tg,
@@ -79,7 +79,7 @@ def test_paging_bound_counts_every_pass_of_cyclic_reuse(bench):
     # Two passes over 4 layers whose weights do not all fit: the single-step bound
     # counts the excess once, the paging bound once per pass after the first.
     tg = bench.transformer_like(layers=4, steps=3, d=64, ff=128, chunk=16)
-    budget = no_offload_peak(tg) // 2
+    budget = streaming_minimum(tg) // 2
     order = [t.id for t in tg if t.kind not in ("input", "view")]
     single = transfer_lower_bounds(tg, budget, order)
     paging = single.compulsory_reload_bytes + bench.paging_excess_bytes(tg, budget, order)
@@ -177,7 +177,7 @@ def test_quality_cells_compare_every_policy_with_the_optimum(quality):
 @given(tg=einsum_programs(), data=st.data())
 def test_the_relaxed_policy_moves_at_least_the_optimum(quality, tg, data):
     low, _ = min_budget(tg)
-    budget = data.draw(st.integers(low, max(low, no_offload_peak(tg))), label="budget")
+    budget = data.draw(st.integers(low, max(low, streaming_minimum(tg))), label="budget")
     problem = quality.transfer_problem(tg, budget)
     optimum = quality.solve_problem(problem, 20).moved_bytes
     assert quality.relaxed_policy_bytes(problem) >= optimum
@@ -187,7 +187,7 @@ def test_large_cells_hold_sound_bounds(quality):
     graph = quality.plan_bench.QualityGraph(
         quality.plan_bench.transformer_like(2, 2, 64, 128, 256), "compute-bound"
     )
-    peak = no_offload_peak(graph.tg)
+    peak = streaming_minimum(graph.tg)
     row = quality.large_cell(graph, 50, peak, milp_limit=20)
     assert row["milp_status"] == "optimal"
     assert row["lp"] <= row["milp"] <= row["policy"] and row["milp"] <= row["einpage"]

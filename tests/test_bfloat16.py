@@ -204,12 +204,12 @@ def test_plans_count_two_bytes_and_run_exactly_as_the_reference():
     wide = small_program("float32")
     for alignment in (1, 16):
         assert 2 * memgraph.min_budget(tg, alignment)[0] <= memgraph.min_budget(wide, alignment)[0]
-        peak = memgraph.no_offload_peak(tg, alignment=alignment)
-        assert peak < memgraph.no_offload_peak(wide, alignment=alignment)
+        peak = memgraph.streaming_minimum(tg, alignment=alignment)
+        assert peak < memgraph.streaming_minimum(wide, alignment=alignment)
     inputs = small_inputs(3)
     want = taskgraph.evaluate(tg, inputs)
     low, _ = memgraph.min_budget(tg)
-    for budget in (low, (low + memgraph.no_offload_peak(tg)) // 2):
+    for budget in (low, (low + memgraph.streaming_minimum(tg)) // 2):
         mg = memgraph.plan(tg, budget)
         memgraph.verify(mg)
         again = memgraph.MemGraph.from_json(mg.to_json())

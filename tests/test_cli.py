@@ -41,7 +41,7 @@ from taskgraph.dot import find_dot
 ROOT = Path(__file__).resolve().parents[1]
 needs_dot = pytest.mark.skipif(find_dot() is None, reason="Graphviz's dot is not installed")
 
-SMALL_MLP = ["mlp", "--batch", "256"]  # 2.2 MiB no-offload peak: plans and runs in ms
+SMALL_MLP = ["mlp", "--batch", "256"]  # 2.2 MiB streaming minimum: plans and runs in ms
 TINY_LLAMA = ["llama:tiny", "--seq", "64"]
 
 
@@ -62,7 +62,7 @@ def assert_one_error(err: str, *needles: str) -> None:
 
 @pytest.fixture
 def plan_file(tmp_path, capsys) -> Path:
-    """A plan of the tiny LLaMA at 60% of its no-offload peak (it offloads)."""
+    """A plan of the tiny LLaMA at 60% of its streaming minimum (it offloads)."""
     path = tmp_path / "plan.json"
     code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--budget", "60%streaming", "-o", path)
     assert code == EXIT_OK, err

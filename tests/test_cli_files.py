@@ -167,7 +167,7 @@ def test_documents_are_told_apart_by_their_parsed_top_level(tmp_path):
     from einpage_core.errors import SerializationError
 
     tg = load_program("mlp", batch=8, seq=None)
-    text = memgraph.plan(tg, memgraph.no_offload_peak(tg)).to_json()
+    text = memgraph.plan(tg, memgraph.streaming_minimum(tg)).to_json()
     cut = tmp_path / "cut.json"
     cut.write_text(text[: len(text) // 2])
     with pytest.raises(SerializationError, match="truncated or corrupt") as info:

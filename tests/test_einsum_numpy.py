@@ -3,7 +3,7 @@
 
 Random specs (`einsum_cases.numpy_einsum_cases`) go through `Program.einsum` and must
 equal `numpy.einsum` in the reference evaluator, in plans (verified, at random budgets
-between the minimum and the no-offload peak) run by the NumPy runtime in random order,
+between the minimum and the streaming minimum) run by the NumPy runtime in random order,
 and after partitioning. Tasks that read a diagonal run in every one of those stages:
 generalized einsums keep their diagonal inside their one task, plain contractions take
 it as a task of its own first.
@@ -93,7 +93,7 @@ def test_planned_and_run_in_random_order_equal_numpy(case, generalized, data):
     read inside the task) planned at random budgets, verified, and run."""
     tg = build(case, agg="max" if generalized else "sum")
     low, _ = memgraph.min_budget(tg)
-    high = max(low, memgraph.no_offload_peak(tg))
+    high = max(low, memgraph.streaming_minimum(tg))
     mg = memgraph.plan(tg, data.draw(st.integers(low, high), label="budget"))
     check_plan(mg)
     arrays = arrays_for(case, seed=len(tg))

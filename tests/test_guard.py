@@ -74,7 +74,7 @@ def test_partition_refuses_or_stops_at_max_tasks():
 def test_the_estimate_is_a_lower_bound_of_the_partition(case, where):
     tg = case.tg
     floor, _ = finest_block(tg)
-    peak = max(floor, memgraph.no_offload_peak(tg))
+    peak = max(floor, memgraph.streaming_minimum(tg))
     limit = int(floor + where * (peak - floor))
     made = len(partition(tg, limit))
     assert estimated_blocks(tg, limit) <= made
@@ -87,7 +87,7 @@ def test_any_budget_compiles_or_raises_a_typed_error_with_bounded_tasks(case, st
     """From 1 byte to the peak (log-spaced), with a small cap: a plan whose graph stays
     within twice the cap, or an `EinpageError`."""
     tg = case.tg
-    peak = max(1, memgraph.no_offload_peak(tg))
+    peak = max(1, memgraph.streaming_minimum(tg))
     budget = max(1, int(peak ** (step / 40)))
     try:
         compiled = ep.compile(tg, budget, max_blocks=300, verify=False)

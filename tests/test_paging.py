@@ -18,7 +18,7 @@ import taskgraph
 from einpage.errors import InfeasibleBudgetError, PlanError
 from einpage.pipeline import PartitionInfeasibleError
 from memgraph import MemGraph, NodeKind
-from memgraph.planner import min_budget, no_offload_peak, plan
+from memgraph.planner import min_budget, plan, streaming_minimum
 from taskgraph import TaskGraph
 from taskgraph.assembly import output_assemblies
 from taskgraph.nodes import Einsum
@@ -206,7 +206,7 @@ def test_an_explicit_block_limit_below_the_finest_block_is_refused():
 
 def test_a_percentage_budget_below_the_minimum_partitions():
     tg = softmax_program()
-    peak = no_offload_peak(tg)
+    peak = streaming_minimum(tg)
     mg = compiled(tg, "40%streaming")
     assert mg.budget == int(peak * 0.4) < min_budget(tg)[0]
     assert mg.info["block_limit"] == mg.budget // 4 // 256 * 256
@@ -323,7 +323,7 @@ def test_plans_of_partitioned_random_programs_run_to_the_unpartitioned_answer(
     parted = partition(tg, limit, alignment=alignment)
     inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
     low, _ = min_budget(parted, alignment, inputs)
-    high = no_offload_peak(parted, alignment=alignment, inputs=inputs)
+    high = streaming_minimum(parted, alignment=alignment, inputs=inputs)
     budget = data.draw(st.integers(low, max(low, high)), label="budget")
     options = {
         "order": data.draw(st.sampled_from(["program", "memory"]), label="order"),

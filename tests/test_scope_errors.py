@@ -17,7 +17,7 @@ def test_an_unknown_scope_names_the_closest_scopes(tmp_path):
     tg = load_program("llama:tiny", batch=1, seq=8)
     with pytest.raises(RenderError, match=r"'layers\.9' holds no node; closest scopes: layers\.1"):
         render_taskgraph(tg, tmp_path / "g.dot", scope="layers.9")
-    mg = memgraph.plan(tg, memgraph.no_offload_peak(tg))
+    mg = memgraph.plan(tg, memgraph.streaming_minimum(tg))
     with pytest.raises(RenderError, match="closest scopes: layers.0.attn"):
         render_memgraph(mg, tmp_path / "p.dot", scope="layers.0.atn")
     assert not (tmp_path / "g.dot").exists() and not (tmp_path / "p.dot").exists()

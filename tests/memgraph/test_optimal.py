@@ -19,7 +19,7 @@ import memgraph.optimal.offsets as offsets_module
 import memgraph.optimal.problem as problem_module
 import memgraph.optimal.solve as solve_module
 from einpage.errors import InfeasibleBudgetError
-from memgraph import min_budget, no_offload_peak, plan, verify
+from memgraph import min_budget, plan, streaming_minimum, verify
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds
 from memgraph.host_assembly import HostAssembly
@@ -124,7 +124,7 @@ def brute_force(tg, budget, order="program", inputs="auto", outputs="device", al
 
 def budgets(tg, data, inputs="auto", outputs="device", order="program"):
     low, _ = min_budget(tg, inputs=inputs)
-    high = max(low, no_offload_peak(tg, order=order, outputs=outputs, inputs=inputs))
+    high = max(low, streaming_minimum(tg, order=order, outputs=outputs, inputs=inputs))
     return data.draw(st.integers(low, high + 256), label="budget")
 
 
@@ -179,7 +179,7 @@ def test_every_plan_moves_at_least_the_optimum_and_the_lp_bound_is_below_it(tg, 
 def test_partitioned_programs_move_at_least_the_optimum(case, data):
     tg = case.tg
     low, _ = min_budget(tg)
-    budget = data.draw(st.integers(max(256, low // 2), max(low, no_offload_peak(tg))))
+    budget = data.draw(st.integers(max(256, low // 2), max(low, streaming_minimum(tg))))
     try:
         graph = partition_for_budget(tg, budget).graph if budget < low else tg
         mg = plan(graph, budget)
@@ -265,7 +265,7 @@ def test_an_empty_program_moves_nothing():
 
 def test_percent_budgets_are_read_like_the_planner():
     tg = waiting_chain()
-    assert transfer_problem(tg, "100%streaming").budget == no_offload_peak(tg)
+    assert transfer_problem(tg, "100%streaming").budget == streaming_minimum(tg)
 
 
 def test_sliced_reloads_and_host_assembly_are_modelled_like_the_planner():

@@ -15,7 +15,7 @@ from einpage.errors import InfeasibleBudgetError
 from memgraph import NodeKind, PlanOptions
 from memgraph.eviction import POLICIES
 from memgraph.orders import ORDERS
-from memgraph.planner import OUTPUTS, min_budget, no_offload_peak, plan, resident_peak
+from memgraph.planner import OUTPUTS, min_budget, plan, resident_peak, streaming_minimum
 from taskgraph.nodes import Input
 
 
@@ -29,7 +29,7 @@ def test_random_programs_plan_within_any_feasible_budget(tg, data):
     seconds = data.draw(st.sampled_from(["auto", None]), label="lookahead_seconds")
     inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
     low, _ = min_budget(tg, alignment)
-    high = no_offload_peak(tg, order=order, alignment=alignment, outputs=outputs, inputs=inputs)
+    high = streaming_minimum(tg, order=order, alignment=alignment, outputs=outputs, inputs=inputs)
     assert high >= low
     budget = data.draw(st.integers(low, high + alignment), label="budget")
     mg = plan(

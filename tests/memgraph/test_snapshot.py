@@ -17,7 +17,7 @@ from strategies import einsum_programs
 
 from einpage.errors import EinpageError
 from memgraph import MemGraph, NodeKind
-from memgraph.planner import min_budget, no_offload_peak, plan
+from memgraph.planner import min_budget, plan, streaming_minimum
 from memgraph.snapshot import memory_snapshot, replay_peak, write_memory_snapshot
 
 viz = pytest.importorskip("torch.cuda._memory_viz")
@@ -121,7 +121,7 @@ def test_a_snapshot_can_be_taken_after_any_node():
 @given(tg=einsum_programs(), data=st.data())
 def test_the_trace_replays_to_the_peak_of_any_plan(tg, data):
     low, _ = min_budget(tg)
-    budget = data.draw(st.integers(low, max(low, no_offload_peak(tg))), label="budget")
+    budget = data.draw(st.integers(low, max(low, streaming_minimum(tg))), label="budget")
     mg = plan(tg, budget)
     at = data.draw(st.sampled_from([None, "peak"]), label="at")
     snap = memory_snapshot(mg, at=at)

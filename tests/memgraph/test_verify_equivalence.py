@@ -23,7 +23,7 @@ import einpage as ep
 from einpage.errors import VerificationError
 from einpage.models import llama
 from memgraph import HostBox, MemGraph, NodeKind, Region, verify
-from memgraph.planner import min_budget, no_offload_peak, plan
+from memgraph.planner import min_budget, plan, streaming_minimum
 from taskgraph.partition import finest_block, partition, working_set
 
 
@@ -171,7 +171,7 @@ def check_mutations(mg: MemGraph, data) -> None:
 def test_same_verdict_on_mutated_plans_of_random_programs(tg, data):
     alignment = data.draw(st.sampled_from([16, 64]), label="alignment")
     low, _ = min_budget(tg, alignment)
-    high = no_offload_peak(tg, alignment=alignment)
+    high = streaming_minimum(tg, alignment=alignment)
     budget = data.draw(st.integers(low, max(low, high)), label="budget")
     options = {
         "order": data.draw(st.sampled_from(["program", "memory"]), label="order"),
@@ -190,7 +190,7 @@ def test_same_verdict_on_mutated_plans_of_partitioned_programs(case, data):
     limit = data.draw(st.integers(max(floor, 1), max(floor, largest, 1)), label="limit")
     parted = partition(tg, limit, alignment=16)
     low, _ = min_budget(parted, 16, "host")
-    high = no_offload_peak(parted, alignment=16, inputs="host")
+    high = streaming_minimum(parted, alignment=16, inputs="host")
     budget = data.draw(st.integers(low, max(low, high)), label="budget")
     outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
     check_mutations(plan(parted, budget, alignment=16, inputs="host", outputs=outputs), data)

@@ -100,11 +100,11 @@ def test_bfloat16_programs_equal_transformers_in_bfloat16(model, variant, batch,
 @functools.cache
 def planned(model: str, variant: str, budget: str):
     """The bfloat16 prefill (batch 2, seq 7) planned at `min_budget` or halfway to the
-    no-offload peak, verified."""
+    streaming minimum, verified."""
     module, cfg, _, _, _ = loaded(model, variant)
     tg = module.prefill_program(cfg, 2, 7, "bfloat16").build()
     smallest, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     mg = memgraph.plan(tg, smallest if budget == "min" else (smallest + peak) // 2)
     memgraph.verify(mg)
     return mg
@@ -118,7 +118,7 @@ def test_planned_bfloat16_models_run_exactly_as_the_reference(model, variant, bu
     tg = mg.taskgraph
     weight_bytes = sum(w.nbytes for w in weights.values())
     assert weight_bytes == sum(tg[i].nbytes for n, i in tg.inputs.items() if n in weights)
-    assert mg.budget < memgraph.no_offload_peak(tg)
+    assert mg.budget < memgraph.streaming_minimum(tg)
     assert mg.stats.offload_count + mg.stats.drop_count > 0
     if budget == "min":
         assert mg.stats.offload_count > 0
@@ -136,7 +136,7 @@ def test_the_planner_counts_two_bytes_per_bfloat16_element():
     full = llama.prefill_program(cfg, 1, 8, "float32").build()
     for a, b in zip(half.tasks, full.tasks, strict=True):
         assert 2 * a.nbytes == b.nbytes or a.dtype == b.dtype == "int64", a.line()
-    assert memgraph.no_offload_peak(half) < memgraph.no_offload_peak(full)
+    assert memgraph.streaming_minimum(half) < memgraph.streaming_minimum(full)
 
 
 # -- checkpoints ----------------------------------------------------------------------

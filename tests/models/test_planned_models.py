@@ -3,7 +3,7 @@ equality tests (`hf_models`), planned with `memgraph.plan` under budgets that fo
 offloads, verified, and executed by the NumPy runtime in every mode.
 
 Budgets: `min_budget` (the largest single step: the tightest plan there is) and halfway
-between it and the no-offload peak. These models are so small that the logits or one
+between it and the streaming minimum. These models are so small that the logits or one
 MLP step is most of the peak (`min_budget` is 40-90% of it), so "under pressure" is
 checked, not assumed: every plan reloads more than the one load of each weight, and
 the plans at `min_budget` offload.
@@ -68,7 +68,7 @@ def planned(model: str, variant: str, batch: int, seq: int, logits: str, budget:
     module, cfg, _, _ = loaded(model, variant, dtype)
     tg = module.prefill_program(cfg, batch, seq, dtype, logits=logits).build()
     smallest, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     nbytes = smallest if budget == "min" else (smallest + peak) // 2
     mg = memgraph.plan(tg, nbytes)
     memgraph.verify(mg)

@@ -137,7 +137,7 @@ def test_quantized_models_plan_under_offloading_budgets_and_run_as_the_reference
     error = np.abs(want - full).max() / np.abs(full).max()
     assert error <= MODEL_TOLERANCE[bits], error
     low, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     for budget in (low, (low + peak) // 2):
         mg = memgraph.plan(tg, budget)
         memgraph.verify(mg)

@@ -39,7 +39,7 @@ from einpage.models.training import (  # noqa: E402
     training_inputs,
 )
 from einpage.optim import SGD, AdamW  # noqa: E402
-from memgraph import NodeKind, min_budget, no_offload_peak  # noqa: E402
+from memgraph import NodeKind, min_budget, streaming_minimum  # noqa: E402
 from taskgraph.nodes import Input  # noqa: E402
 from taskgraph.partition import partition, smallest_feasible_block_limit  # noqa: E402
 
@@ -224,7 +224,7 @@ def activations_offloaded(mg) -> int:
 def test_planned_training_steps_offload_activations_and_run_in_every_mode(model, budget):
     tg, inputs, want = step_case(model, "adamw")
     smallest, _ = min_budget(tg)
-    peak = no_offload_peak(tg, outputs="host")
+    peak = streaming_minimum(tg, outputs="host")
     nbytes = smallest if budget == "min" else (smallest + peak) // 2
     compiled = ep.compile(tg, nbytes, outputs="host")
     mg = compiled.plan

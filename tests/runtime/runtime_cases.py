@@ -4,7 +4,7 @@ Plan makers live in one registry, `PLAN_MAKERS`: a name mapped to a function fro
 TaskGraph to a hypothesis strategy of valid MemGraphs for it. Tests parametrize over
 the registry: `reference` (tests/plans.reference_plan, which offloads any chosen set of
 tensors whatever the budget) and `memgraph` (the planner, `memgraph.plan`, at a random
-budget from `min_budget` to the no-offload peak, with a random eviction policy, order
+budget from `min_budget` to the streaming minimum, with a random eviction policy, order
 and output placement).
 """
 
@@ -46,11 +46,11 @@ def reference_plans(draw, tg: TaskGraph) -> MemGraph:
 @st.composite
 def planner_plans(draw, tg: TaskGraph) -> MemGraph:
     """Plans of `memgraph.plan` at a random feasible budget (from `min_budget` to the
-    no-offload peak of the drawn order), eviction policy, order and output placement."""
+    streaming minimum of the drawn order), eviction policy, order and output placement."""
     order = draw(st.sampled_from(sorted(memgraph.ORDERS)), label="order")
     outputs = draw(st.sampled_from(OUTPUTS), label="outputs")
     low, _ = memgraph.min_budget(tg)
-    high = max(low, memgraph.no_offload_peak(tg, order=order, outputs=outputs))
+    high = max(low, memgraph.streaming_minimum(tg, order=order, outputs=outputs))
     return memgraph.plan(
         tg,
         draw(st.integers(low, high), label="budget"),

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)"
 
 def budgets(tg):
     low, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     return sorted({low, (low + peak) // 2, peak})
 
 

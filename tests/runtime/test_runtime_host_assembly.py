@@ -1,4 +1,4 @@
-"""LLaMA (tiny) prefill with logits for every position, at half its no-offload peak.
+"""LLaMA (tiny) prefill with logits for every position, at half its streaming minimum.
 
 The [1, 64, 256] logits are split and used to need their blocks and all of them on the
 device at once (128 KiB, more than the budget): the planner refused. Assembled on the

@@ -153,7 +153,7 @@ def test_auto_backend_without_a_gpu_is_numpy():
 def test_transformer_block_planned_by_memgraph_in_every_mode(eviction, dtype):
     tg = block_program(dtype=dtype, layers=2)
     low, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     inputs = make_inputs(tg, seed=2)
     expected = reference(tg, inputs)
     moved = 0
@@ -195,7 +195,7 @@ def test_run_keeps_the_buffers_of_a_plan_for_its_next_run():
 def test_buffers_of_a_failed_run_are_not_kept():
     runtime.clear_buffer_cache()
     tg = block_program()
-    mg = memgraph.plan(tg, memgraph.no_offload_peak(tg))
+    mg = memgraph.plan(tg, memgraph.streaming_minimum(tg))
     bad = {**make_inputs(tg, 0), "ids": np.full(tg[tg.inputs["ids"]].shape, 50)}
     with pytest.raises(InputError):
         runtime.run(mg, bad, "numpy", mode="threaded", timeout=30)

@@ -40,7 +40,7 @@ def plan_of_llama(budget_fraction: float):
     cfg = llama.PRESETS["tiny"]
     tg = llama.prefill_program(cfg, 2, 16, "float32", "all").build()
     low, _ = memgraph.min_budget(tg)
-    peak = memgraph.no_offload_peak(tg)
+    peak = memgraph.streaming_minimum(tg)
     return tg, memgraph.plan(tg, int(low + budget_fraction * (peak - low)))
 
 

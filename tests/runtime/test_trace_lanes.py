@@ -24,7 +24,7 @@ def test_the_lane_names_are_defined_once():
 def traced():
     """A planner plan with reloads and offloads, simulated and run (threaded) with traces."""
     tg = block_program(layers=2)
-    mg = memgraph.plan(tg, memgraph.no_offload_peak(tg) * 2 // 3)
+    mg = memgraph.plan(tg, memgraph.streaming_minimum(tg) * 2 // 3)
     assert mg.stats.reload_count and mg.stats.offload_count
     simulated = memgraph.simulate(mg, "cpu", timeline=True)
     with runtime.Session(mg, "numpy", mode="streams", timeout=30) as session:
