@@ -599,12 +599,21 @@ def _public_error(failure: BaseException) -> BaseException:
     error, node = failure.error, failure.context
     where = f"n{node.id} ({node.describe()})" if isinstance(node, MemNode) else str(node)
     if isinstance(error, EinpageError):
-        if hasattr(error, "add_note"):
-            error.add_note(f"while running {where} on stream {failure.stream!r}")
-        return error
+        return _naming(error, f"while running {where} on stream {failure.stream!r}")
     return BackendError(
         f"{where} failed on stream {failure.stream!r}: {type(error).__name__}: {error}"
     )
+
+
+def _naming(error: EinpageError, where: str) -> EinpageError:
+    """`error`, its type and attributes kept, with a line saying `where` it happened added
+    to its message: `str(error)` (what the CLI prints) says it on every Python, where
+    `add_note` (3.11+) shows only in a traceback."""
+    message = f"{error}\n{where}"
+    error.args = (message,)
+    if isinstance(error, ImportError):  # its str() is `msg`, not `args`
+        error.msg = message
+    return error
 
 
 def run(
