@@ -16,15 +16,18 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from einpage_core.errors import GraphError
+from einpage_core.errors import GraphError, VerificationError
 from einpage_core.units import format_bytes
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.residency import Residencies, analyze
 from taskgraph.assembly import assembly_pieces
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Slice
+
+if TYPE_CHECKING:
+    from memgraph.verify import VerifyReport
 
 __all__ = ["MemGraph", "MemGraphBuilder", "PlanStats", "HostFacts"]
 
@@ -187,6 +190,32 @@ class MemGraph:
             first_load_bytes=sum(tg[n.tensor].nbytes for n in first),
             first_load_count=len(first),
         )
+
+    # -- verification ------------------------------------------------------------
+
+    def verified(self) -> VerifyReport:
+        """The report of `memgraph.verify(self)`, verified on the first call only.
+
+        A plan is immutable, so its verdict never changes: the outcome is remembered on
+        the plan, failures too, and a later call returns the same report or raises a
+        `VerificationError` naming the same violation. This is how a runtime checks a
+        plan before every session at no further cost; `memgraph.verify` itself always
+        verifies afresh (and reports progress).
+        """
+        outcome = self._verdict
+        if isinstance(outcome, VerificationError):
+            raise VerificationError(str(outcome), outcome.node)  # a fresh error each call
+        return outcome
+
+    @cached_property
+    def _verdict(self) -> VerifyReport | VerificationError:
+        """What `memgraph.verify(self)` gave: its report, or the error it raised."""
+        from memgraph.verify import verify  # memgraph.verify imports this module
+
+        try:
+            return verify(self)
+        except VerificationError as err:  # kept without the verifier's frames
+            return err.with_traceback(None)
 
     # -- printing ----------------------------------------------------------------
 

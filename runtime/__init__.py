@@ -26,7 +26,6 @@ from runtime.session import (
     HostBudgetError,
     RunReport,
     Session,
-    clear_buffer_cache,
     pinned_bytes,
     run,
     verified,
@@ -55,5 +54,4 @@ __all__ = [
     "cupy_usable",
     "random_order",
     "verified",
-    "clear_buffer_cache",
 ]

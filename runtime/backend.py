@@ -120,10 +120,6 @@ class Backend(abc.ABC):
     arena_on_host: ClassVar[bool] = False
     """Whether the arena is host memory (NumPy), so that it counts with the host buffer
     against the host memory available (`runtime.session.check_host_budget`)."""
-    reuse_buffers: ClassVar[bool] = False
-    """Whether `runtime.run` may keep a closed session's arena and host buffer for the next
-    run of the same plan (plain host memory: yes; device memory: no, it is the scarce
-    resource)."""
     clock: ClassVar[str] = "wall"
     """What its events' times are measured with: "wall" (the host's clock) or "cuda"
     (CUDA events); a run's `Trace` says it."""

@@ -206,7 +206,6 @@ class NumpyBackend(Backend):
     default_mode = "sequential"
     host_staging = False
     arena_on_host = True
-    reuse_buffers = True
 
     def __init__(self, timeout: float = 300.0):
         if not (isinstance(timeout, int | float) and timeout > 0):

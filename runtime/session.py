@@ -1,30 +1,26 @@
 """Running plans: `run` for one call, `Session` to keep the arena and staged inputs alive.
 
-A `Session` verifies its MemGraph once, allocates the device arena (the bytes the
-plan uses, at most its budget: `runtime.interpreter.arena_bytes`) and one host
-buffer for every host storage, and creates the streams of its mode.
-`stage(weights)` places inputs once; each `run(activations)` then places only the
-inputs it is given, issues every node in the mode's order, synchronizes, and
-returns the outputs as fresh host NumPy arrays. `session.last` is a `RunReport`
-(timings, the trace when asked for, memory and kernel counters).
+A `Session` verifies its MemGraph (once per plan: `MemGraph.verified` remembers the
+verdict on the plan), allocates the device arena (the bytes the plan uses, at most its
+budget: `runtime.interpreter.arena_bytes`) and one host buffer for every host storage,
+and creates the streams of its mode. `stage(weights)` places inputs once; each
+`run(activations)` then places only the inputs it is given, issues every node in the
+mode's order, synchronizes, and returns the outputs as fresh host NumPy arrays.
+`session.last` is a `RunReport` (timings, the trace when asked for, memory and kernel
+counters). Closing it (or leaving its `with` block) stops the streams, drops the
+buffers and closes a backend it made.
 
-`run` makes a session per call. On backends whose buffers are plain host memory
-(NumPy: `Backend.reuse_buffers`), it takes the arena and host buffer from a small
-cache of the buffers of closed sessions, by plan, so that repeated `run` calls of one
-plan do not pay for fresh pages (first-touch page faults cost more than a large
-plan's compute on some machines). The cache holds the buffers of at most
-`BUFFER_CACHE_PLANS` plans, and of a plan only while the plan object lives;
-`clear_buffer_cache()` empties it.
+`run` makes a session per call and closes it before returning: nothing of a run
+outlives it, in this module or elsewhere. Fresh buffers cost their first-touch page
+faults on every call (on a 122 MiB NumPy arena, about 180 ms against 90 ms of compute:
+`benchmarks/runtime_bench.py`), so repeated runs of one plan belong in a `Session`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,84 +41,27 @@ from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import node_event
-from memgraph.verify import VerifyReport, verify
+from memgraph.verify import VerifyReport
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
 from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, arena_bytes
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
-__all__ = ["run", "Session", "RunReport", "verified", "clear_buffer_cache", "BUFFER_CACHE_PLANS"]
+__all__ = ["run", "Session", "RunReport", "verified"]
 
 PLAN_FIRST = " (a plan: einpage.compile(program, budget).plan, or MemGraph.from_json)"
 """What a run takes, said when given something else (a TaskGraph, a file name)."""
 
-_VERIFIED: weakref.WeakKeyDictionary[MemGraph, VerifyReport | VerificationError] = (
-    weakref.WeakKeyDictionary()
-)
-
 
 def verified(mg: MemGraph) -> VerifyReport:
-    """`memgraph.verify(mg)`, run once per plan object and remembered (failures too)."""
-    outcome = _VERIFIED.get(mg)
-    if outcome is None:
-        try:
-            outcome = verify(mg)
-        except VerificationError as err:
-            outcome = err
-        _VERIFIED[mg] = outcome
-    if isinstance(outcome, VerificationError):
+    """`memgraph.verify(mg)`, run once per plan (`MemGraph.verified` remembers the
+    verdict, failures too); a failure is refused as a plan the runtime will not run."""
+    try:
+        return mg.verified()
+    except VerificationError as err:
         raise VerificationError(
-            f"refusing to run a plan that fails verification: {outcome}", outcome.node
-        )
-    return outcome
-
-
-BUFFER_CACHE_PLANS = 4
-"""How many plans' buffers the cache behind `run` keeps (the most recently used)."""
-
-_BufferKey = tuple[int, str, bool]  # (id of the plan, backend name, host staging)
-_buffer_cache: OrderedDict[_BufferKey, tuple[weakref.ref[MemGraph], Any, np.ndarray]] = (
-    OrderedDict()
-)
-_buffer_lock = threading.Lock()
-
-
-def _buffer_key(mg: MemGraph, backend: Backend) -> _BufferKey:
-    """Buffers fit a plan on backends of one name laying out host memory alike (staging
-    or not: a staging backend's host buffer also holds its input and output slots)."""
-    return (id(mg), backend.name, backend.host_staging)
-
-
-def _take_buffers(mg: MemGraph, backend: Backend) -> tuple[Any, np.ndarray] | None:
-    """The cached (arena, host buffer) of `mg` on `backend`'s kind, removed from the cache."""
-    with _buffer_lock:
-        entry = _buffer_cache.pop(_buffer_key(mg, backend), None)
-    if entry is None or entry[0]() is not mg:
-        return None
-    return entry[1], entry[2]
-
-
-def _give_buffers(mg: MemGraph, backend: Backend, arena: Any, host: np.ndarray) -> None:
-    """Keep a closed session's buffers for the next session of `mg` (see the module docstring)."""
-    key = _buffer_key(mg, backend)
-
-    def forget(ref: weakref.ref[MemGraph]) -> None:  # the plan died: drop its buffers
-        with _buffer_lock:
-            entry = _buffer_cache.get(key)
-            if entry is not None and entry[0] is ref:
-                del _buffer_cache[key]
-
-    with _buffer_lock:
-        _buffer_cache[key] = (weakref.ref(mg, forget), arena, host)
-        _buffer_cache.move_to_end(key)
-        while len(_buffer_cache) > BUFFER_CACHE_PLANS:
-            _buffer_cache.popitem(last=False)
-
-
-def clear_buffer_cache() -> None:
-    """Release every arena and host buffer kept for later `run` calls."""
-    with _buffer_lock:
-        _buffer_cache.clear()
+            f"refusing to run a plan that fails verification: {err}", err.node
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -265,13 +204,16 @@ class Session:
     ("sequential", "streams" a.k.a. "threaded", "random"; default: the backend's),
     `poison` (fill freed and unwritten memory with 0xFF bytes so that a missing
     dependency reads NaNs; default: on in random mode), `unsafe_skip_verify` (run
-    without `memgraph.verify`; for tests that break plans on purpose), `reuse_buffers`
-    (take the arena and host buffer from the cache of closed sessions' buffers, and
-    give them back on close, on backends that allow it: what `run` does; see the
-    module docstring), `host_budget` (bytes or a size string: the most host memory
-    the session may allocate – pinned memory on a GPU, `pinned_bytes(mg)` – refused
-    up front with `HostBudgetError` when the plan needs more), and backend options
-    (NumPy: `timeout`; CuPy: `scratch`, `device`).
+    without `memgraph.verify`; for tests that break plans on purpose), `host_budget`
+    (bytes or a size string: the most host memory the session may allocate – pinned
+    memory on a GPU, `pinned_bytes(mg)` – refused up front with `HostBudgetError` when
+    the plan needs more), and backend options (NumPy: `timeout`; CuPy: `scratch`,
+    `device`).
+
+    Setting up takes a few steps (`_check_plan`, `_open_backend`, `_plan_memory`,
+    `_allocate`, `_open_streams`, `_start`), each registering the release of what it
+    acquired on one `ExitStack`: when a step fails, what the earlier ones acquired is
+    released before the error propagates, and `close()` releases the same way.
 
     >>> with Session(mg, "numpy") as s:                          # doctest: +SKIP
     ...     s.stage({"w": w})
@@ -286,60 +228,86 @@ class Session:
         mode: str | None = None,
         poison: bool | None = None,
         unsafe_skip_verify: bool = False,
-        reuse_buffers: bool = False,
         host_budget: int | str | None = None,
         **options: Any,
     ):
+        self._closed = True  # until every step below succeeded: close() has nothing to do
         expect_graph(mg, MemGraph, "runtime.Session", PLAN_FIRST)
-        self._closed = True
         self.mg = mg
         self.tg = mg.taskgraph
+        self._check_plan(unsafe_skip_verify)
+        with contextlib.ExitStack() as acquired:
+            self._open_backend(backend, options, acquired)
+            self._plan_memory(mode, poison, host_budget)
+            self._allocate(acquired)
+            self._open_streams(acquired)
+            self._start()
+            self._release = acquired.pop_all()  # on success, close() releases it all
+        self._closed = False
+
+    # -- setting up (in this order; see the class docstring) ----------------------
+
+    def _check_plan(self, unsafe_skip_verify: bool) -> None:
+        """The plan passes `memgraph.verify` (or, unverified, its dependencies point back)."""
         if unsafe_skip_verify:
-            check_dependencies(mg)
+            check_dependencies(self.mg)
         else:
-            verified(mg)
-        self._owns_backend = not isinstance(backend, Backend)
+            verified(self.mg)
+
+    def _open_backend(
+        self, backend: str | Backend, options: dict[str, Any], acquired: contextlib.ExitStack
+    ) -> None:
+        """The backend, closed on release when the session made it; refuses a plan holding
+        a dtype the backend cannot run."""
         self.backend = get_backend(backend, **options)
-        try:
-            refuse_unsupported(mg, self.backend)
-        except UnsupportedError:
-            if self._owns_backend:
-                self.backend.close()
-            raise
+        if not isinstance(backend, Backend):  # made here: the session owns it
+            acquired.callback(self.backend.close)
+        refuse_unsupported(self.mg, self.backend)
+
+    def _plan_memory(self, mode: str | None, poison: bool | None, host_budget: Any) -> None:
+        """The mode, the schedule and the host layout; refuses a plan needing more host
+        memory than `host_budget` (or than is available) before anything is allocated."""
         self.mode = resolve_mode(mode, self.backend.default_mode)
         self.poison = self.mode == "random" if poison is None else bool(poison)
-        self.schedule = Schedule.build(mg, self.mode, self.poison)
-        self.layout = HostLayout.of(mg, self.backend.host_staging)
-        try:
-            check_host_budget(self.layout, host_budget, self.backend, arena_bytes(mg))
-        except HostBudgetError:
-            if self._owns_backend:
-                self.backend.close()
-            raise
-        self._reuse_buffers = reuse_buffers and self.backend.reuse_buffers
-        cached = _take_buffers(mg, self.backend) if self._reuse_buffers else None
-        if cached is not None:
-            self.arena, self.host = cached
-        else:
-            self.arena = self.backend.allocate_arena(arena_bytes(mg))
-            self.host = self.backend.allocate_host(self.layout.nbytes)
+        self.schedule = Schedule.build(self.mg, self.mode, self.poison)
+        self.layout = HostLayout.of(self.mg, self.backend.host_staging)
+        check_host_budget(self.layout, host_budget, self.backend, arena_bytes(self.mg))
+
+    def _allocate(self, acquired: contextlib.ExitStack) -> None:
+        """The arena and the host buffer, dropped on release (the interpreter with them)."""
+        self.arena: Any = None
+        self.host: np.ndarray | None = None
+        self.interpreter: Interpreter | None = None
+        acquired.callback(self._drop_buffers)
+        self.arena = self.backend.allocate_arena(arena_bytes(self.mg))
+        self.host = self.backend.allocate_host(self.layout.nbytes)
+        if self.poison:
+            self.host.fill(POISON_BYTE)
+
+    def _drop_buffers(self) -> None:
+        self.interpreter = None
+        self.arena = self.host = None
+
+    def _open_streams(self, acquired: contextlib.ExitStack) -> None:
+        """One stream per stream of the schedule, each closed on release."""
         concurrent = self.mode == "streams"
-        self.streams: dict[str, Stream] = {
-            name: self.backend.stream(name, concurrent) for name in self.schedule.streams
-        }
-        self._closed = False
+        self.streams: dict[str, Stream] = {}
+        for name in self.schedule.streams:
+            stream = self.backend.stream(name, concurrent)
+            acquired.callback(stream.close)
+            self.streams[name] = stream
+
+    def _start(self) -> None:
+        """The interpreter over the buffers, and what `stage` and `run` look up."""
         self.interpreter = Interpreter(
-            mg, self.backend, self.arena, self.host, self.layout, self.poison
+            self.mg, self.backend, self.arena, self.host, self.layout, self.poison
         )
-        self._input_nodes = {n.name: n for n in mg.nodes if n.kind is NodeKind.INPUT}
-        self._output_nodes = {n.name: n for n in mg.nodes if n.kind is NodeKind.OUTPUT}
+        self._input_nodes = {n.name: n for n in self.mg.nodes if n.kind is NodeKind.INPUT}
+        self._output_nodes = {n.name: n for n in self.mg.nodes if n.kind is NodeKind.OUTPUT}
         input_storages = {n.storage for n in self._input_nodes.values()}
         self._scratch_storages = sorted(set(self.layout.storages) - input_storages)
         self._staged: dict[str, Any] = {}
-        self._settled = True  # no work of a failed run may still be touching the buffers
         self.last: RunReport | None = None
-        if self.poison:
-            self.host.fill(POISON_BYTE)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"staged={sorted(self._staged)}"
@@ -351,18 +319,12 @@ class Session:
     # -- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the streams and release the arena and host memory."""
+        """Stop the streams, drop the arena and host memory, and close the backend if the
+        session made it (what a failed set-up releases, in the same way)."""
         if self._closed:
             return
         self._closed = True
-        for stream in self.streams.values():
-            stream.close()
-        if self._reuse_buffers and self._settled:
-            _give_buffers(self.mg, self.backend, self.arena, self.host)
-        self.interpreter = None  # type: ignore[assignment]
-        self.arena = self.host = None
-        if self._owns_backend:
-            self.backend.close()
+        self._release.close()
 
     def __enter__(self) -> Session:
         return self
@@ -521,7 +483,6 @@ class Session:
                 except BaseException as err:
                     failure = failure or err
             if failure is not None:
-                self._settled = False
                 raise _public_error(failure) from (
                     failure.error if isinstance(failure, NodeFailure) else failure
                 )
@@ -638,12 +599,21 @@ def _public_error(failure: BaseException) -> BaseException:
     error, node = failure.error, failure.context
     where = f"n{node.id} ({node.describe()})" if isinstance(node, MemNode) else str(node)
     if isinstance(error, EinpageError):
-        if hasattr(error, "add_note"):
-            error.add_note(f"while running {where} on stream {failure.stream!r}")
-        return error
+        return _naming(error, f"while running {where} on stream {failure.stream!r}")
     return BackendError(
         f"{where} failed on stream {failure.stream!r}: {type(error).__name__}: {error}"
     )
+
+
+def _naming(error: EinpageError, where: str) -> EinpageError:
+    """`error`, its type and attributes kept, with a line saying `where` it happened added
+    to its message: `str(error)` (what the CLI prints) says it on every Python, where
+    `add_note` (3.11+) shows only in a traceback."""
+    message = f"{error}\n{where}"
+    error.args = (message,)
+    if isinstance(error, ImportError):  # its str() is `msg`, not `args`
+        error.msg = message
+    return error
 
 
 def run(
@@ -666,8 +636,8 @@ def run(
     (CuPy when a GPU is usable, else NumPy), "numpy" or "cupy"; `mode` is
     "sequential", "streams" (alias "threaded") or "random" (ordered by `seed`);
     `trace` is a path to write a Chrome trace of the run to. Other keywords go to
-    `Session` and the backend (see `Session`). On the NumPy backend the arena is kept
-    for the next `run` of the same plan (see the module docstring).
+    `Session` and the backend (see `Session`). Each call allocates the plan's buffers
+    and releases them before returning: run a plan many times in a `Session`.
 
     >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
     """
@@ -679,7 +649,6 @@ def run(
         mode=mode,
         poison=poison,
         unsafe_skip_verify=unsafe_skip_verify,
-        reuse_buffers=True,
         **options,
     ) as session:
         outputs = session.run(inputs, seed=seed, trace=trace is not None)

@@ -4,7 +4,7 @@
 stand-in `cp` module: NumPy for the library calls (matmuls, copies, argmax, ...) and,
 for `ElementwiseKernel` / `ReductionKernel`, recorders that describe each call's
 arguments as CuPy would (dtype, ndim after merging contiguous dimensions, contiguity,
-32-bit indexing) and render the source CuPy compiles (`runtime.cupy_source`). Kernel
+32-bit indexing) and render the source CuPy compiles (`cupy_source`). Kernel
 outputs are left as they are (zeros): only the sources matter here.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import cupy_source
 import numpy as np
 
-from runtime import cupy_source
 from runtime.cupy_backend import CupyKernels, evaluate_on_gpu
 from taskgraph import TaskGraph
 from taskgraph.nodes import Input

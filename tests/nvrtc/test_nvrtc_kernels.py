@@ -1,7 +1,7 @@
 """Every kernel the CuPy backend generates compiles for real GPUs (sm_80 and sm_90), with
 NVRTC, on a machine without a GPU or a driver.
 
-The sources are the ones CuPy would compile (`runtime.cupy_source`, inputs `const` as
+The sources are the ones CuPy would compile (`cupy_source` here, inputs `const` as
 CuPy declares them), for every kernel the backend launches on the test programs and
 the models (`recording.kernel_sources`) and for the whole join grammar (every
 function and operator, elementwise and under each aggregation, in every float dtype).
@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 
-import numpy as np
+import cupy_source
 import pytest
 from nvrtc_tool import compile_errors, missing
 from recording import kernel_sources
@@ -27,9 +27,8 @@ from einpage.models.training import training_graph
 from einpage.optim import AdamW
 from einpage.presets import load_program
 from einpage.quantize import Quantization
-from runtime import cuda_codegen, cupy_source
 from runtime.cupy_backend import _GATHER
-from taskgraph.expr import BINARY_OPS, FUNCTIONS, parse
+from taskgraph.expr import BINARY_OPS, FUNCTIONS
 
 ABSENT = missing()
 if ABSENT and os.environ.get("CI"):
@@ -163,31 +162,3 @@ def test_the_generated_kernels_cover_every_dtype_and_kind():
     for needle in ("typedef float16 T", "float16 &out", "einpage_gather", "einpage_scatter_add",
                    "einpage_causal_fill", "#define REDUCE"):  # fmt: skip
         assert needle in text, needle
-
-
-def test_cupy_source_renders_cupys_declarations():
-    code = cupy_source.elementwise_code(
-        "float32 x, raw T table, int64 n", "T y", "y = x + table[n];", "k",
-        [cupy_source.Arg("float32", 1), cupy_source.Arg("float16", 2),
-         cupy_source.Arg("int64"), cupy_source.Arg("float16", 1)],
-    )  # fmt: skip
-    assert "#include <cupy/float16.cuh>" in code and "typedef float16 T;" in code
-    assert (
-        "(const CArray<float, 1, 1, 1> _raw_x, const CArray<float16, 2, 1, 1> table, "
-        "const long long n, CArray<float16, 1, 1, 1> _raw_y, CIndexer<1, 1> _ind)"
-    ) in code
-    assert "const float &x = _raw_x[_ind.get()];" in code and "T &y = _raw_y[_ind.get()];" in code
-    params = cupy_source.parse_params("_non_const raw int64 flag", True)
-    assert params == [cupy_source.Param("flag", "int64", True, False)]
-    with pytest.raises(ValueError, match="unknown keyword"):
-        cupy_source.parse_params("mutable float32 x", True)
-    source = cuda_codegen.reduction_source(parse("a", 1), "max", ["float16"], "float16")
-    code = cupy_source.reduction_code(
-        source.in_params, source.out_params, source.map_expr, source.reduce_expr,
-        source.post_map_expr, source.identity, source.name,
-        [cupy_source.Arg("float16", 2, False), cupy_source.Arg("float16", 1)],
-        source.reduce_type, source.preamble,
-    )  # fmt: skip
-    assert "typedef float _type_reduce;" in code and "typedef int IndexT;" in code
-    assert "const float16 in0 = _raw_in0[_in_ind.get()];" in code
-    assert np.dtype("float16").name in cupy_source._C_TYPE

@@ -19,11 +19,9 @@ def test_runtime_bench_quick(tmp_path, monkeypatch):
     result = bench.main(["--quick", "--repeat", "1", "--no-gpu", "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     names = [row["name"] for row in result["rows"]]
-    assert names[0] == "evaluate (reference)" and len(names) == 1 + 4 * 4 + 3
+    assert names[0] == "evaluate (reference)" and len(names) == 1 + 4 * 4 + 2
     assert result["planner"] == "memgraph" and set(result["overhead"]) == {
-        "sequential run()",
         "sequential session",
-        "threaded run()",
         "threaded session",
     }
     # The small budgets force offloads.

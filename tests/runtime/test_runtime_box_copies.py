@@ -111,9 +111,10 @@ def test_plans_run_to_the_reference_through_the_cupy_copies(mode):
     assert ("memcpyAsync", 256) in backend.cuda_runtime.calls  # just the box's 8 rows
 
 
-def test_the_buffer_cache_tells_staging_from_plain_backends():
-    """`run` keeps buffers per plan and backend; a staging backend of the same name lays
-    out more host memory (input and output slots), so it must not take a plain one's."""
+def test_runs_of_one_plan_alternate_between_staging_and_plain_backends():
+    """A staging backend lays out more host memory (input and output slots) than a plain
+    one of the same name; runs of one plan alternating between them each get the
+    layout of their own backend."""
     weights = {"w": np.arange(64 * 8, dtype="float32").reshape(64, 8) / 100}
     mg = sliced_weight_plan()
     want = taskgraph.evaluate(mg.taskgraph, weights)["y"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 from hypothesis import given
@@ -21,7 +19,6 @@ from runtime_cases import (
 
 import memgraph
 import runtime
-from einpage.errors import InputError
 from memgraph import NodeKind
 from memgraph.eviction import POLICIES
 
@@ -165,38 +162,3 @@ def test_transformer_block_planned_by_memgraph_in_every_mode(eviction, dtype):
                 got = runtime.run(mg, inputs, "numpy", mode=mode, seed=seed, timeout=30)
                 assert_outputs_match(got, expected, f"budget={budget} mode={mode} seed={seed}")
     assert moved > 0  # the small budgets force offloads
-
-
-def test_run_keeps_the_buffers_of_a_plan_for_its_next_run():
-    runtime.clear_buffer_cache()
-    tg = block_program()
-    mg = memgraph.plan(tg, memgraph.min_budget(tg)[0])
-    with runtime.Session(mg, "numpy", reuse_buffers=True) as session:
-        arena = session.arena
-    for seed in range(3):  # stale bytes of the previous run never leak into results
-        inputs = make_inputs(tg, seed)
-        assert_outputs_match(runtime.run(mg, inputs, "numpy"), reference(tg, inputs))
-    with runtime.Session(mg, "numpy") as session:  # sessions of their own: fresh buffers
-        assert session.arena is not arena
-    with runtime.Session(mg, "numpy", reuse_buffers=True) as session:
-        assert session.arena is arena
-        with runtime.Session(mg, "numpy", reuse_buffers=True) as other:  # in use: not shared
-            assert other.arena is not arena
-    # At most BUFFER_CACHE_PLANS plans are kept, and a plan's buffers go with the plan.
-    plans = [memgraph.plan(tg, memgraph.min_budget(tg)[0] + 256 * i) for i in range(6)]
-    for plan in plans:
-        runtime.run(plan, make_inputs(tg, 0), "numpy")
-    assert len(runtime.session._buffer_cache) == runtime.session.BUFFER_CACHE_PLANS
-    del plans, plan, mg
-    gc.collect()
-    assert not runtime.session._buffer_cache
-
-
-def test_buffers_of_a_failed_run_are_not_kept():
-    runtime.clear_buffer_cache()
-    tg = block_program()
-    mg = memgraph.plan(tg, memgraph.streaming_minimum(tg))
-    bad = {**make_inputs(tg, 0), "ids": np.full(tg[tg.inputs["ids"]].shape, 50)}
-    with pytest.raises(InputError):
-        runtime.run(mg, bad, "numpy", mode="threaded", timeout=30)
-    assert not runtime.session._buffer_cache

@@ -19,7 +19,13 @@ definition and a description of its arguments, following CuPy's templates
 What it does not model: the dimension merging CuPy applies to C-contiguous arrays
 (`reduce_dims`: we pass the ndim the arrays have after it, which for contiguous
 operands is 1) and kernel-name mangling. Neither changes whether a kernel compiles.
-`tests/nvrtc/` compiles these sources with NVRTC for sm_80 and sm_90 without a GPU.
+The tests beside it (`recording`, `test_nvrtc_kernels`) compile these sources with
+NVRTC for sm_80 and sm_90 without a GPU.
+
+It lives with those tests, not in `runtime`: the CuPy backend compiles its kernels
+through CuPy's `ElementwiseKernel`/`ReductionKernel`, never through this copy of
+CuPy's private templates, which is a model of what CuPy would generate (to be kept in
+step with the CuPy versions the `gpu` and `nvrtc` extras allow).
 """
 
 from __future__ import annotations
