@@ -1,9 +1,10 @@
-"""The oracle (`tests/oracle.py`).
+"""The oracle (`tests/oracle.py`) and its watch (`tests/oracle_watch.py`).
 
 The oracle accepts real plans with the peak the verifier reports, and rejects each
 broken rule at the node that breaks it, naming the rule. A verifier with a wrong rule
-is caught. (The check the oracle replaced compared `memgraph.verify` with a copy of
-itself, which has every wrong rule the verifier has.)
+is caught: by the equivalence check and by the watch that judges every plan the tests
+make. (The check the oracle replaced compared `memgraph.verify` with a copy of itself,
+which has every wrong rule the verifier has.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import doctest
 import functools
 
 import oracle
+import oracle_watch
 import pytest
 from plans import reference_plan, sliced_weight_plan, two_output_mlp
 
@@ -319,3 +321,31 @@ def test_the_oracle_disagrees_with_a_verifier_that_trusts_stream_order():
             right += 1
             wrong += verdicts(stream_trusting_verify, broken)[0] != by_oracle
     assert right > 40 and wrong >= 3
+
+
+def test_the_watch_reports_a_plan_the_verifier_and_the_oracle_judge_differently(monkeypatch):
+    mg = mlp_plan()
+    reader = first(mg, NodeKind.APPLY, lambda n: any(mg[d].kind is NodeKind.APPLY for d in n.deps))
+    writer = max(d for d in reader.deps if mg[d].kind is NodeKind.APPLY)
+    watch = oracle_watch.WATCH
+    assert not watch.take()
+    monkeypatch.setattr(watch, "verify", stream_trusting_verify)
+    without(mg, reader.id, writer)  # made: the watch judges it
+    found = watch.take()
+    assert len(found) == 1 and "the verifier accepted it" in found[0]
+    assert "rule='D3'" in found[0]
+
+
+def test_the_watch_leaves_out_plans_its_json_cannot_say():
+    # A box on a free is no field of a free: the JSON leaves it out, so the oracle judges
+    # a plan without it (and accepts), while the verifier rejects the plan with it.
+    mg = mlp_plan()
+    free = first(mg, NodeKind.FREE)
+    watch = oracle_watch.WATCH
+    before = watch.counts["JSON unlike the plan"]
+    bad = replaced(mg, free.id, box=HostBox((1,), "float32", (0,), (1,)))
+    assert judged(bad).accepted
+    with pytest.raises(VerificationError, match="only an offload or a reload can copy a box"):
+        verify(bad)
+    assert watch.counts["JSON unlike the plan"] == before + 1
+    assert not watch.take()
