@@ -45,8 +45,9 @@ NODE_CAP = 20_000
 all), 30 of 5,000 to 20,000 (benchmarks, partitioned models) and 6 larger, up to 141,000
 nodes. Judging a plan costs about 20 microseconds a node (writing its JSON, the verifier
 and the oracle together), and the oracle's happens-before bitsets take n * n / 8 bytes
-(50 MB at 20,000 nodes). With this cap the watch spends WATCH_SECONDS s of the suite's
-time (17.5 s with a cap of 5,000)."""
+(50 MB at 20,000 nodes). With this cap the watch judges 3,072 plans in 16 s and leaves
+8 out; the whole suite took 4 min 9 s, against 3 min 56 s without the watch (one run
+each, back to back)."""
 
 
 class OracleWatch:
