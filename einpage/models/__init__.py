@@ -30,7 +30,7 @@ so) – on a GPU with less memory than the model::
 
 A program has fixed (batch, seq): prompts of another length need another program and
 plan (plans are fast: ~0.1 s for 7B). Generating tokens – a prefill and decode steps
-over a paged KV cache, planned under the same budget – is `einpage.generate.generate`
+over a paged KV cache, planned under the same budget – is `einpage.workloads.generate.generate`
 (programs: `einpage.models.generation`, built from each family's `decoder`).
 `notebooks/03_llama.py` walks through the same steps with a small model, and
 `benchmarks/llama_plans.py` plans the 7B and 65B shapes.

@@ -101,7 +101,7 @@ from taskgraph import dtypes
 
 if TYPE_CHECKING:
     from einpage.models.common import Decoder
-    from einpage.program import Program
+    from einpage.program.program import Program
 
 __all__ = [
     "ModelConfig",

@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from einpage import ops
 from einpage.models.base import ModelConfig
 from einpage.models.checkpoint import to_numpy
 from einpage.models.errors import ConfigError
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
@@ -122,9 +122,9 @@ def weight_input(
     prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str, quant: Any = None
 ) -> Weight:
     """A function `weight(name)` declaring the weight input `name` with its shape; with
-    `quant` (an `einpage.quantize.Quantization`), quantizable weights are declared as
+    `quant` (an `einpage.program.quantize.Quantization`), quantizable weights are declared as
     their quantized inputs and rebuilt on the device (`dequantized_weight`)."""
-    from einpage.quantize import dequantized_weight, quantizable
+    from einpage.program.quantize import dequantized_weight, quantizable
 
     def weight(name: str) -> Tensor:
         if quant is not None and quantizable(name, shapes[name]):
@@ -246,7 +246,7 @@ def begin_prefill(
         )
     suffix = ""
     if quant is not None:
-        from einpage.quantize import Quantization
+        from einpage.program.quantize import Quantization
 
         if not isinstance(quant, Quantization):
             raise ProgramError(

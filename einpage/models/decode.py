@@ -52,9 +52,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from einpage import ops
 from einpage.models.errors import GenerationError
-from einpage.program import Tensor
+from einpage.program import ops
+from einpage.program.program import Tensor
 from taskgraph import dtypes
 from taskgraph.labels import KV_PAGE_LABELS
 

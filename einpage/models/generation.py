@@ -19,7 +19,7 @@ that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
   `pages * page_size` – a length bucket – in a generation that fills `positions`
   positions (default: all the bucket reaches). The positions, the mask of filled cache
   positions and the pages are inputs, so one plan serves every step (chunk) of the
-  bucket (`einpage.generation_plans` runs the loop).
+  bucket (`einpage.workloads.generation` runs the loop).
 
 A generation of a prompt of P tokens and N new ones fills P + N - 1 positions (the last
 new token is chosen, never fed back). Both programs check that against the model's
@@ -79,7 +79,7 @@ from einpage.models.decode import (
     paged_attention,
 )
 from einpage.models.errors import GenerationError
-from einpage.program import Program, Tensor
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [

@@ -61,7 +61,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily, check_positive_int
 from einpage.models.common import (
@@ -78,7 +77,8 @@ from einpage.models.common import (
 )
 from einpage.models.errors import ModelError, UnsupportedConfigError
 from einpage.models.weights import WeightSpec
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [

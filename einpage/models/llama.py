@@ -70,7 +70,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily
 from einpage.models.common import (
@@ -88,7 +87,8 @@ from einpage.models.common import (
 )
 from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
 from einpage.models.weights import WeightSpec
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [

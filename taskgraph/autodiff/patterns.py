@@ -1,6 +1,6 @@
 """Gradient rules for groups of tasks: the softmax and the log-sum-exp of the op library.
 
-`einpage.ops.softmax` is three einsums over an input x with the class axis k (L the
+`einpage.program.ops.softmax` is three einsums over an input x with the class axis k (L the
 input's indices, R = L without k): `m = max_k x`, `s = sum_k exp(x - m)` and
 `p = exp(x - m) / s`; `cross_entropy`'s log-sum-exp is `m`, `s` and `lse = log(s) + m`.
 The maximum only shifts the exponent: the function does not depend on it, and the

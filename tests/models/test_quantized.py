@@ -1,4 +1,4 @@
-"""Weight-only quantization (`einpage.quantize`): the stored layout against independent
+"""Weight-only quantization (`einpage.program.quantize`): the stored layout against independent
 NumPy integer arithmetic, the program's dequantization against it exactly, and
 quantized LLaMA and GPT-2 models planned under offloading budgets and run by the NumPy
 runtime in every mode against the reference evaluator of the same quantized program.
@@ -19,7 +19,7 @@ import runtime
 import taskgraph
 from einpage.models import gpt2, llama
 from einpage.models.errors import ConfigError
-from einpage.quantize import (
+from einpage.program.quantize import (
     Quantization,
     dequantize,
     dequantized_weight,

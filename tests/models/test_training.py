@@ -29,7 +29,8 @@ import memgraph  # noqa: E402
 import runtime  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
-from einpage.models.training import (  # noqa: E402
+from einpage.program.optim import SGD, AdamW  # noqa: E402
+from einpage.workloads.training import (  # noqa: E402
     MASTER,
     initial_states,
     loss_program,
@@ -38,7 +39,6 @@ from einpage.models.training import (  # noqa: E402
     training_graph,
     training_inputs,
 )
-from einpage.optim import SGD, AdamW  # noqa: E402
 from memgraph import NodeKind, min_budget, no_offload_peak  # noqa: E402
 from taskgraph.nodes import Input  # noqa: E402
 from taskgraph.partition import partition, smallest_feasible_block_limit  # noqa: E402

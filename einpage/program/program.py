@@ -54,7 +54,7 @@ PATH_OPTIMIZERS = tuple(opt_einsum.paths._PATH_OPTIONS)
 
 def _ops() -> Any:
     """The op library, imported on first use (it imports this module)."""
-    from einpage import ops
+    from einpage.program import ops
 
     return ops
 
@@ -63,7 +63,7 @@ class Tensor:
     """A handle on one tensor of a `Program`: its task id, shape and dtype.
 
     Arithmetic operators build einsums (`a + b`, `a * 2`, `a @ b`, `-a`), with NumPy
-    broadcasting; `a[1:3, :]` slices; see `einpage.ops` for the rest.
+    broadcasting; `a[1:3, :]` slices; see `einpage.program.ops` for the rest.
     """
 
     __slots__ = ("program", "id", "shape", "dtype")
