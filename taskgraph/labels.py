@@ -52,7 +52,8 @@ def op_lines(task: Task) -> list[Line]:
 
 
 def task_lines(task: Task) -> list[Line]:
-    """The label of a task: id and kind, its op's attributes, type and size, FLOPs."""
+    """The label of a task: id and kind, its op's attributes, its facts, type and size,
+    FLOPs."""
     title = (
         f'%{task.id} input "{task.op.name}"'
         if isinstance(task.op, Input)
@@ -61,6 +62,7 @@ def task_lines(task: Task) -> list[Line]:
     if task.label:
         title += f" · {clip(task.label, 24)}"
     lines = [Line(title, "title"), *op_lines(task)]
+    lines.extend(Line(clip(fact.describe()), "note") for fact in task.facts)
     lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
     if task.flops and task.kind not in ("input", "view"):
         lines.append(Line(format_count(task.flops, "FLOP"), "note"))

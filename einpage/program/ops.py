@@ -22,6 +22,7 @@ from einpage.program.program import Program, Tensor
 from einpage_core.errors import DTypeError, ProgramError, ShapeError
 from taskgraph import dtypes
 from taskgraph.einsum import LETTERS
+from taskgraph.facts import LogSumExp, Softmax
 from taskgraph.nodes import ArgReduce, KthLargest
 
 __all__ = [
@@ -289,7 +290,9 @@ def mean(a: Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = Fa
 
 
 def softmax(a: Tensor, axis: int = -1) -> Tensor:
-    """Softmax over `axis`, stabilized by the maximum: three einsums, no exp materialized."""
+    """Softmax over `axis`, stabilized by the maximum: three einsums, no exp materialized.
+    The result carries the fact `taskgraph.facts.Softmax`, by which the backward pass
+    differentiates the three as one (`taskgraph.autodiff.patterns`)."""
     prog = a.program
     (axis,) = _axes(a, axis)
     letters = _letters(a.ndim)
@@ -298,7 +301,7 @@ def softmax(a: Tensor, axis: int = -1) -> Tensor:
     total = prog.einsum(
         f"{letters},{rest}->{rest}", a, peak, join="exp(a - b)", label="softmax.sum"
     )
-    return prog.einsum(
+    probs = prog.einsum(
         f"{letters},{rest},{rest}->{letters}",
         a,
         peak,
@@ -306,6 +309,7 @@ def softmax(a: Tensor, axis: int = -1) -> Tensor:
         join="exp(a - b) / c",
         label="softmax",
     )
+    return prog.fact(probs, Softmax())
 
 
 def rmsnorm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
@@ -390,8 +394,9 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
     position, then their mean (`reduction="mean"`, a scalar), sum, or none.
 
     Numerically stable: `logsumexp = log(sum(exp(logits - m))) + m` with m the maximum
-    over the classes (a group the backward pass differentiates as one: its gradient is
-    `softmax(logits) * g`, see `taskgraph.autodiff.patterns`). The label's logit is
+    over the classes (marked `taskgraph.facts.LogSumExp`: a group the backward pass
+    differentiates as one, its gradient `softmax(logits) * g`, see
+    `taskgraph.autodiff.patterns`). The label's logit is
     picked by comparing labels and class numbers written as two digits below
     sqrt(classes) (no one-hot tensor, no copy of the logits), exact in every float dtype.
 
@@ -429,6 +434,7 @@ def cross_entropy(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Te
     peak = prog.einsum(f"{lead}{c}->{lead}", x, agg="max", label="ce.max")
     total = prog.einsum(f"{lead}{c},{lead}->{lead}", x, peak, join="exp(a - b)", label="ce.sum")
     lse = prog.einsum(f"{lead},{lead}->{lead}", total, peak, join="log(a) + b", label="ce.lse")
+    prog.fact(lse, LogSumExp())
     picked = prog.einsum(
         f"{lead}{c},{lead},{lead},{c},{c}->{lead}",
         x,
