@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 import runtime
-from einpage.models import FAMILIES
+from einpage.models import FAMILIES, family_of
 from einpage.models.base import (
     ModelConfig,
     ModelFamily,
@@ -82,19 +82,6 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
-
-
-def family_of(cfg: ModelConfig) -> ModelFamily:
-    """The family of `einpage.models.FAMILIES` whose config class `cfg` is."""
-    for family in FAMILIES.values():
-        if type(cfg) is family.config:
-            return family
-    for family in FAMILIES.values():
-        if isinstance(cfg, family.config):
-            return family
-    raise GenerationError(
-        f"no model family for a {type(cfg).__name__}; families: {', '.join(FAMILIES)}"
-    )
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:

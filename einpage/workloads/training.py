@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from einpage.models.base import ModelConfig, ModelFamily
+from einpage.models import family_of
+from einpage.models.base import ModelConfig
 from einpage.models.common import token_ids
 from einpage.models.errors import ConfigError
 from einpage.program import ops
@@ -82,17 +83,6 @@ def is_mixed(dtype: Any) -> bool:
     of float32 master weights (float16 and bfloat16; not float32 or float64)."""
     name = dtypes.canonical(dtype)
     return update_dtype(name) != name
-
-
-def family_of(cfg: ModelConfig) -> ModelFamily:
-    """The family of `einpage.models.FAMILIES` whose config class `cfg` is."""
-    from einpage.models import FAMILIES
-
-    for family in FAMILIES.values():
-        if isinstance(cfg, family.config):
-            return family
-    known = ", ".join(f.config.__name__ for f in FAMILIES.values())
-    raise ConfigError(f"no model family has the config {type(cfg).__name__} (known: {known})")
 
 
 def state_name(state: str, weight: str) -> str:
