@@ -14,7 +14,12 @@ GPT-2 model (any family of `einpage.models.FAMILIES`) as one einsum program:
    `"{state}.{weight}"` (e.g. `exp_avg.layers.0.attn.wq`) that start on the host and
    are read only there, each stating the domain of its values (`Optimizer.state_domain`:
    AdamW's `exp_avg_sq` is "nonnegative"), and the new weight and states are outputs named
-   `"updated.{input}"`. `next_inputs(outputs)` turns them into the next step's inputs.
+   `"updated.{input}"`. `next_inputs(tg, outputs)` turns them into the next step's inputs.
+
+What each tensor is, is stated as a fact (`taskgraph.facts`), not spelled in its name:
+a state input is `OptimizerState(of=weight, state)`, a master weight
+`MasterWeight(of=weight)`, a weight's gradient `Gradient(of=weight)` and each new value
+`Update(of=input)`; `next_inputs` reads the updates. The names are for people.
    The optimizer's hyperparameters and step count are scalar inputs too (float32, or
    float64 for a float64 model, and int64: `Optimizer.inputs`), so a learning-rate
    schedule reuses one plan.
@@ -56,6 +61,7 @@ from einpage.program.optim import Optimizer, update_dtype
 from einpage.program.program import Program, Tensor
 from einpage_core.errors import InputError
 from taskgraph import dtypes
+from taskgraph.facts import MasterWeight, OptimizerState, Update, facts_of
 from taskgraph.graph import TaskGraph
 
 __all__ = [
@@ -73,7 +79,8 @@ __all__ = [
 ]
 
 UPDATED = "updated."
-"""Prefix of the outputs holding the new value of an input (a weight or a state)."""
+"""Prefix of the names of the outputs holding the new value of an input (a weight or a
+state), for people: the outputs state `Update(of=input)`, which `next_inputs` reads."""
 MASTER = "master"
 """The state holding a weight's float32 master copy in mixed-precision training."""
 
@@ -118,29 +125,34 @@ def training_program(
     prog.output(loss, "loss")
     scalars = optimizer.scalars(prog, wide)
     weights = [prog.input_tensor(w) for w in cfg.weight_shapes()]
-    by_id = {t.id: w for t, w in zip(weights, cfg.weight_shapes(), strict=True)}
 
-    def state(kind: str, wname: str, shape: tuple[int, ...]) -> Tensor:
+    def state(kind: str, weight: Tensor) -> Tensor:
+        input_name = state_name(kind, weight.task.op.name)
         domain = optimizer.state_domain(kind) if kind != MASTER else "real"
-        return prog.input(state_name(kind, wname), shape, wide, role="state", domain=domain)
+        tensor = prog.input(input_name, weight.shape, wide, role="state", domain=domain)
+        fact = MasterWeight(weight.id) if kind == MASTER else OptimizerState(weight.id, kind)
+        return prog.fact(tensor, fact)
+
+    def updated(new: Tensor, old: Tensor) -> None:
+        """`new` is the next value of the input `old`: stated, then output for the host."""
+        prog.output(prog.fact(new, Update(old.id)), UPDATED + old.task.op.name)
 
     def update(weight: Tensor, grad: Tensor) -> None:
-        wname = by_id[weight.id]
         with prog.scope(weight.task.scope or "optim"):
             master, wide_grad = weight, grad
             if mixed:  # the float32 update of the master copy, from the gradient in float32
-                master = state(MASTER, wname, weight.shape)
+                master = state(MASTER, weight)
                 wide_grad = prog.einsum("...->...", grad, dtype=wide, label="grad.wide")
-            states = {s: state(s, wname, weight.shape) for s in optimizer.states}
+            states = {s: state(s, weight) for s in optimizer.states}
             new = optimizer.update(prog, master, wide_grad, states, scalars)
             weight_out = new.weight
             if mixed:  # the new weight: the new master rounded to the model's dtype
                 weight_out = prog.einsum("...->...", new.weight, dtype=name, label="master.round")
-        prog.output(weight_out, UPDATED + wname)
+        updated(weight_out, weight)
         if mixed:
-            prog.output(new.weight, UPDATED + state_name(MASTER, wname))
+            updated(new.weight, master)
         for s, tensor in new.states.items():
-            prog.output(tensor, UPDATED + state_name(s, wname))
+            updated(tensor, states[s])
 
     prog.backward(loss, weights, on_gradient=update)
     return prog
@@ -224,6 +236,30 @@ def training_inputs(
     return inputs
 
 
-def next_inputs(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The new weights and states among a step's outputs, under their input names."""
-    return {k[len(UPDATED) :]: v for k, v in outputs.items() if k.startswith(UPDATED)}
+def next_inputs(tg: TaskGraph, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The new weights and states among the `outputs` of a step of `tg` (the training
+    graph, or the graph a plan of it planned: `plan.taskgraph`), under the names of the
+    inputs they are the next values of: the outputs that state `Update(of=input)`.
+
+    >>> from einpage.models import gpt2
+    >>> from einpage.program.optim import SGD
+    >>> tg = training_graph(gpt2.PRESETS["tiny"], 1, 4, SGD())
+    >>> out = {name: f"<{name}>" for name in tg.outputs}  # what a run returns, by name
+    >>> next_inputs(tg, out)["layers.0.mlp.w_fc"]
+    '<updated.layers.0.mlp.w_fc>'
+    """
+    if not isinstance(tg, TaskGraph):
+        raise InputError(
+            f"next_inputs(tg, outputs): tg must be the step's TaskGraph (its outputs say "
+            f"which input each updates), got {type(tg).__name__}"
+        )
+    found = {}
+    for name, task_id in tg.outputs.items():
+        for fact in facts_of(tg[task_id], Update):
+            if name not in outputs:
+                raise InputError(
+                    f"next_inputs: the step's output {name!r} (the next "
+                    f"{tg[fact.of].op.name!r}) is not among the outputs given"
+                )
+            found[tg[fact.of].op.name] = outputs[name]
+    return found
