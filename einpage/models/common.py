@@ -39,6 +39,7 @@ __all__ = [
     "Prefill",
     "begin_prefill",
     "decoder_layers",
+    "decoder_layer",
     "logits_head",
     "head_logits",
     "token_ids",
@@ -267,13 +268,21 @@ Block = Callable[[Tensor, str], Tensor]
 def decoder_layers(x: Tensor, num_layers: int, attention: Block, mlp: Block) -> Tensor:
     """`num_layers` layers of `attention` then `mlp`, in scopes `layers.{i}.attn` and
     `layers.{i}.mlp`; returns the last layer's hidden states."""
-    prog = x.program
     for i in range(num_layers):
-        with prog.scope(f"layers.{i}"):
-            with prog.scope("attn"):
-                x = attention(x, f"layers.{i}.attn.")
-            with prog.scope("mlp"):
-                x = mlp(x, f"layers.{i}.mlp.")
+        x = decoder_layer(x, i, attention, mlp)
+    return x
+
+
+def decoder_layer(x: Tensor, layer: int, attention: Block, mlp: Block) -> Tensor:
+    """Layer number `layer` of `decoder_layers`: `attention` then `mlp`, in scopes
+    `layers.{layer}.attn` and `layers.{layer}.mlp` (a caller that must know which layer it
+    builds – a KV cache's pages say so – loops over the layers with this)."""
+    prog = x.program
+    with prog.scope(f"layers.{layer}"):
+        with prog.scope("attn"):
+            x = attention(x, f"layers.{layer}.attn.")
+        with prog.scope("mlp"):
+            x = mlp(x, f"layers.{layer}.mlp.")
     return x
 
 

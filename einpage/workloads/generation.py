@@ -69,8 +69,8 @@ from einpage_core.units import format_bytes
 from memgraph import MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from taskgraph import dtypes
+from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
 from taskgraph.graph import TaskGraph
-from taskgraph.labels import is_kv_page
 from taskgraph.nodes import Input
 
 __all__ = [
@@ -86,6 +86,7 @@ __all__ = [
     "plan_generation",
     "read_generation_budget",
     "token_programs",
+    "steps_of",
     "STEP_OPTIONS",
 ]
 
@@ -175,7 +176,8 @@ class GenerationSpec:
 
 
 def transfer_kind(tg: TaskGraph, task_id: int) -> str:
-    """What a transferred tensor is: "weight", "kv" (a KV page) or "activation"."""
+    """What a transferred tensor is: "weight", "kv" (a KV page: `taskgraph.facts.KVPage`)
+    or "activation"."""
     if tg.is_input_slice(task_id):
         task_id = tg[task_id].inputs[0]
     task = tg[tg.storage_root(task_id)]
@@ -197,11 +199,10 @@ class Transfers:
 
     @classmethod
     def of(cls, mg: MemGraph) -> Transfers:
-        """The transfers of `mg`; a step plan's KV outputs (`kv.*`) count as KV pages."""
+        """The transfers of `mg`; a step plan's KV outputs (`taskgraph.facts.KVEntries`:
+        its keys and values for the host cache) count as KV pages."""
         tg = mg.taskgraph
-        kv_outputs = {
-            tg.storage_root(i) for name, i in tg.outputs.items() if name.startswith("kv.")
-        }
+        kv_outputs = {tg.storage_root(i) for i in tg.outputs.values() if fact_of(tg[i], KVEntries)}
         counts: dict[str, dict[str, int]] = {"reload": {}, "offload": {}}
         for node in mg.nodes:
             if node.kind not in (NodeKind.RELOAD, NodeKind.OFFLOAD):
@@ -342,14 +343,35 @@ def _check_prompt(spec: GenerationSpec, tokens: Any) -> np.ndarray:
     return ids
 
 
+def steps_of(tg: TaskGraph) -> list[int | None]:
+    """For each task of an unrolled generation, the step it serves: the first step whose
+    choice of ids (`taskgraph.facts.ChosenIds`) needs it – 0 for the prefill, t for decode
+    step t – or None when no choice does (what only the outputs read). Read from the
+    graph's facts and edges, not from scopes."""
+    chosen = sorted(
+        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
+    )
+    step: list[int | None] = [None] * len(tg)
+    for t, root in chosen:  # a task needed by step t has its operands needed by t too
+        stack = [root]
+        while stack:
+            i = stack.pop()
+            if step[i] is None:
+                step[i] = t
+                stack.extend(tg[i].inputs)
+    return step
+
+
 def _step_of(tg: TaskGraph, task: int | None) -> str:
-    """Which part of an unrolled generation a task belongs to, by its scope."""
+    """Which part of an unrolled generation a task belongs to (`steps_of`)."""
     if task is None:
         return "the whole generation"
-    head = tg[task].scope.split(".")[0]
-    if head.startswith("step") and head[4:].isdigit():
-        return f"step {head[4:]}"
-    return "prefill" if head == "prefill" else "the inputs"
+    if isinstance(tg[task].op, Input):
+        return "the inputs"
+    step = steps_of(tg)[task]
+    if step is None:
+        return "the outputs"
+    return "prefill" if step == 0 else f"step {step}"
 
 
 def _compile(
@@ -516,36 +538,52 @@ class UnrolledPlan:
 
 class _HostPages:
     """The KV cache in host memory between step plans: per layer, K and V pages
-    [batch, kv heads, page_size, head_dim], zero where not yet written."""
+    [batch, kv heads, page_size, head_dim], zero where not yet written, by (layer, part,
+    page). Which tensor of a plan is which is read from its facts
+    (`taskgraph.facts.KVEntries` for the keys and values a plan returns, `KVPage` for
+    the pages a decode plan reads), never from names."""
 
     def __init__(self, spec: GenerationSpec, head_shape: tuple[int, ...], pages: int):
         self.page_size = spec.page_size
         shape = (*head_shape[:-2], spec.page_size, head_shape[-1])
         self.pages = {
-            f"kv.{i}.{part}.{j}": np.zeros(shape, spec.dtype)
+            (i, part, j): np.zeros(shape, spec.dtype)
             for i in range(spec.cfg.num_layers)
             for part in "kv"
             for j in range(pages)
         }
-        self.layers = spec.cfg.num_layers
 
-    def write(self, out: Mapping[str, np.ndarray], start: int, suffix: str = "") -> set[int]:
-        """Copy each layer's `kv.{i}.k{suffix}` / `.v` [..., n, e] from `out` into the
-        positions from `start`; returns the pages written."""
+    def write(self, tg: TaskGraph, out: Mapping[str, np.ndarray], start: int) -> set[int]:
+        """Copy the keys and values [..., n, e] that the plan of `tg` returned in `out`
+        (its outputs stating `KVEntries`) into the positions from `start`; returns the
+        pages written."""
         touched: set[int] = set()
-        for i in range(self.layers):
-            for part in "kv":
-                values = out[f"kv.{i}.{part}{suffix}"]
-                for offset in range(values.shape[-2]):
-                    page, slot = divmod(start + offset, self.page_size)
-                    self.pages[f"kv.{i}.{part}.{page}"][..., slot, :] = values[..., offset, :]
-                    touched.add(page)
+        for name, task_id in tg.outputs.items():
+            entries = fact_of(tg[task_id], KVEntries)
+            if entries is None:
+                continue
+            values = out[name]
+            for offset in range(values.shape[-2]):
+                page, slot = divmod(start + offset, self.page_size)
+                self.pages[entries.layer, entries.part, page][..., slot, :] = values[..., offset, :]
+                touched.add(page)
         return touched
 
-    def of(self, pages: Iterator[int] | range | set[int]) -> dict[str, np.ndarray]:
-        """The page inputs of the pages numbered `pages`, every layer."""
+    def inputs(self, tg: TaskGraph, pages: Iterator[int] | range | set[int]) -> dict[str, Any]:
+        """The page inputs of `tg` (those stating `KVPage`) whose page is numbered in
+        `pages`, by input name, every layer."""
         wanted = set(pages)
-        return {name: a for name, a in self.pages.items() if int(name.rsplit(".", 1)[1]) in wanted}
+        found = {}
+        for name, task_id in tg.inputs.items():
+            page = fact_of(tg[task_id], KVPage)
+            if page is not None and page.page in wanted:
+                found[name] = self.pages[page.layer, page.part, page.page]
+        return found
+
+
+def _kv_entries(tg: TaskGraph) -> list[int]:
+    """The outputs of `tg` that hand keys or values to the step loop (`KVEntries`)."""
+    return [i for i in tg.outputs.values() if fact_of(tg[i], KVEntries)]
 
 
 @dataclass(frozen=True)
@@ -647,7 +685,7 @@ class StepPlans:
     def _page_bytes(self) -> int:
         """Bytes of every layer's K and V page of one page index."""
         tg = self.prefill.program
-        head = tg[tg.outputs["kv.0.k"]]  # [batch, kv heads, prompt_len, head_dim]
+        head = tg[_kv_entries(tg)[0]]  # [batch, kv heads, prompt_len, head_dim]
         per_page = head.nbytes // head.shape[-2] * self.spec.page_size
         return 2 * self.spec.cfg.num_layers * per_page
 
@@ -695,8 +733,9 @@ class StepPlans:
         out, report = _run_once(self.prefill.plan, inputs, backend, mode, run_seed)
         reports = [report]
         _release_sessions()
-        cache = _HostPages(spec, out["kv.0.k"].shape, self._cache_pages())
-        cache.write(out, 0)
+        prefill = self.prefill.program
+        cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, self._cache_pages())
+        cache.write(prefill, out, 0)
         chosen = [out["ids"]]
         logits = [out["logits"]] if spec.logits else []
         for run in self._runs():
@@ -737,8 +776,9 @@ class StepPlans:
         pages, steps = run[0].key
         positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
         reports = []
+        tg = self.decoders[run[0].key].program
         with _session(self.decoders[run[0].key].plan, backend, mode) as session:
-            session.stage({**weights, **positions, **cache.of(range(pages))})
+            session.stage({**weights, **positions, **cache.inputs(tg, range(pages))})
             for chunk in run:
                 step = decode_inputs(
                     chosen[-1][:, -1], chunk.length, pages, spec.page_size, spec.dtype, steps
@@ -747,8 +787,8 @@ class StepPlans:
                     step["gumbel"] = gumbel[chunk.first : chunk.first + steps]
                 out = session.run(step, seed=run_seed + chunk.first)
                 reports.append(session.last)
-                touched = cache.write(out, chunk.length, ".new")
-                session.stage(cache.of(p for p in touched if p < pages))
+                touched = cache.write(tg, out, chunk.length)
+                session.stage(cache.inputs(tg, {p for p in touched if p < pages}))
                 chosen.append(out["ids"])
                 if spec.logits:
                     logits.append(out["logits"])

@@ -9,7 +9,7 @@ import pytest
 from einpage.models import llama
 from einpage.workloads.generate import generate
 from memgraph.render import MEM_STYLES, memgraph_dot
-from taskgraph.labels import is_kv_page
+from taskgraph.facts import is_kv_page
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
