@@ -235,6 +235,12 @@ class ModelConfig(abc.ABC):
         """Every weight input's name and shape, in program order."""
         return {spec.name: spec.shape for spec in self.weight_specs(self.hf_layout.prefixes[0])}
 
+    def quantized_weights(self) -> frozenset[str]:
+        """The weights that weight-only quantization stores in fewer bits: those whose
+        spec says `quantize` (the matrices matmuls read)."""
+        specs = self.weight_specs(self.hf_layout.prefixes[0])
+        return frozenset(spec.name for spec in specs if spec.quantize)
+
     def num_parameters(self) -> int:
         """Number of parameters (a tied LM head counted once)."""
         return sum(math.prod(shape) for shape in self.weight_shapes().values())

@@ -16,7 +16,7 @@ never split by the layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -120,15 +120,20 @@ def scaled(join: str, factor: float) -> str:
 
 
 def weight_input(
-    prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str, quant: Any = None
+    prog: Program,
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    quant: Any = None,
+    quantized: Collection[str] = (),
 ) -> Weight:
     """A function `weight(name)` declaring the weight input `name` with its shape; with
-    `quant` (an `einpage.program.quantize.Quantization`), quantizable weights are declared as
-    their quantized inputs and rebuilt on the device (`dequantized_weight`)."""
-    from einpage.program.quantize import dequantized_weight, quantizable
+    `quant` (an `einpage.program.quantize.Quantization`), the weights named in `quantized`
+    (the model's `quantized_weights()`) are declared as their quantized inputs and rebuilt
+    on the device (`dequantized_weight`)."""
+    from einpage.program.quantize import dequantized_weight
 
     def weight(name: str) -> Tensor:
-        if quant is not None and quantizable(name, shapes[name]):
+        if quant is not None and name in quantized:
             return dequantized_weight(prog, name, shapes[name], dtype, quant)
         return prog.input(name, shapes[name], dtype, role="weight")
 
@@ -255,7 +260,8 @@ def begin_prefill(
             )
         suffix = f"-int{quant.bits}"
     prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}{suffix}")
-    weight = weight_input(prog, cfg.weight_shapes(), dtype, quant)
+    quantized = cfg.quantized_weights() if quant is not None else frozenset()
+    weight = weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)
     tokens = prog.input("tokens", (batch, seq), "int64")
     return Prefill(prog, dtype, tokens, weight)
 

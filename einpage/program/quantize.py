@@ -1,5 +1,9 @@
 """Weight-only quantization: int8 and int4 weights with group-wise scales.
 
+Which weights are quantized is the model's to say: the weight specs of a family mark the
+matrices matmuls read (`WeightSpec.quantize`, gathered by `ModelConfig.quantized_weights`);
+embedding tables, norms and biases stay in the float dtype. Names play no part.
+
 A weight `w` of shape `(..., n)` is cut along its last axis into groups of `G`
 elements (`Quantization.group_size(n)`: the configured group, 128 by default, or the
 largest divisor of `n` below it). Each group gets one scale `s = max|w| / qmax`
@@ -38,7 +42,6 @@ __all__ = [
     "quantize",
     "dequantize",
     "quantize_weights",
-    "quantizable",
     "quantized_inputs",
     "dequantized_weight",
 ]
@@ -117,23 +120,17 @@ def dequantize(
     return w.reshape(*w.shape[:-2], -1)
 
 
-def quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    """Whether a model weight is quantized: the matrices matmuls read (named `w...` or
-    `lm_head`). Embedding tables (read by gathers: dequantizing a whole table would
-    cost more than it saves), norms and biases stay in the float dtype."""
-    last = name.rsplit(".", 1)[-1]
-    return len(shape) >= 2 and (last.startswith("w") or last == "lm_head")
-
-
 def quantize_weights(
     cfg: Any, weights: Mapping[str, np.ndarray], bits: int = 8, group: int = 128, dtype: Any = None
 ) -> dict[str, np.ndarray]:
     """The inputs of a program built with `Quantization(bits, group)` from float weights:
-    each quantizable weight `name` becomes `name.q` and `name.scale` (scales in the
-    weights' dtype, or `dtype`); the others are passed through. Round to nearest,
-    per group of `group` elements along the last axis (see the module docstring)."""
+    each weight the model quantizes (`cfg.quantized_weights()`) `name` becomes `name.q`
+    and `name.scale` (scales in the weights' dtype, or `dtype`); the others are passed
+    through. Round to nearest, per group of `group` elements along the last axis (see the
+    module docstring)."""
     quant = Quantization(bits, group)
     shapes = cfg.weight_shapes()
+    quantized = cfg.quantized_weights()
     out: dict[str, np.ndarray] = {}
     for name, array in weights.items():
         array = np.asarray(array)
@@ -141,7 +138,7 @@ def quantize_weights(
             raise ConfigError(
                 f"quantize_weights: {name} has shape {array.shape}, the config says {shapes[name]}"
             )
-        if not quantizable(name, array.shape):
+        if name not in quantized:
             out[name] = array
             continue
         q, scale = quantize(array, quant)
@@ -150,12 +147,13 @@ def quantize_weights(
     return out
 
 
-def quantized_inputs(shapes: Mapping[str, tuple[int, ...]], quant: Quantization) -> int:
-    """The bytes of a model's weights as a quantized program stores them (float weights
-    counted at 2 bytes; scales too): what one pass over the weights moves."""
+def quantized_inputs(cfg: Any, quant: Quantization) -> int:
+    """The bytes of the weights of the model `cfg` as a quantized program stores them
+    (float weights counted at 2 bytes; scales too): what one pass over the weights moves."""
     total = 0
-    for name, shape in shapes.items():
-        if not quantizable(name, shape):
+    quantized = cfg.quantized_weights()
+    for name, shape in cfg.weight_shapes().items():
+        if name not in quantized:
             total += 2 * math.prod(shape)
             continue
         for part_shape, part_dtype in quant.stored(shape, "float16").values():
