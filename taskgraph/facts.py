@@ -68,7 +68,6 @@ __all__ = [
     "fact_of",
     "facts_of",
     "is_kv_page",
-    "is_kv",
     "fact_from_attributes",
 ]
 
@@ -281,12 +280,6 @@ def is_kv_page(task: Any) -> bool:
     """Whether `task` holds a page of a KV cache (a `KVPage` fact): reports and memory
     maps show such tensors as their own kind."""
     return fact_of(task, KVPage) is not None
-
-
-def is_kv(task: Any) -> bool:
-    """Whether `task` is part of a KV cache: a page, or keys or values a step plan hands
-    to its loop (`KVPage` or `KVEntries`)."""
-    return is_kv_page(task) or fact_of(task, KVEntries) is not None
 
 
 def fact_from_attributes(attrs: Any) -> Fact:

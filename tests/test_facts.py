@@ -26,7 +26,6 @@ from taskgraph.facts import (
     Softmax,
     Update,
     fact_of,
-    is_kv,
     is_kv_page,
 )
 
@@ -67,7 +66,7 @@ def test_a_fact_of_every_kind_is_stated_and_read_back():
     assert fact_of(tg[tg.inputs["m.w"]], OptimizerState) == OptimizerState(w, "momentum")
     assert fact_of(tg[tg.outputs["new.w"]], Update) == Update(w)
     assert is_kv_page(tg[tg.inputs["page"]]) and not is_kv_page(tg[tg.outputs["entries"]])
-    assert is_kv(tg[tg.outputs["entries"]]) and not is_kv(tg[w])
+    assert fact_of(tg[tg.outputs["entries"]], KVEntries) == KVEntries(0, "k")
     gradients = [t for t in tg if fact_of(t, Gradient)]
     assert [fact_of(t, Gradient).of for t in gradients] == [w]
 
