@@ -51,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memgraph  # noqa: E402
-from einpage.generation_plans import GenerationSpec, plan_generation  # noqa: E402
+from einpage.generation_plans import GenerationSpec, plan_generation, steps_of  # noqa: E402
 from einpage.models import llama  # noqa: E402
 from einpage.models.errors import GenerationBudgetError  # noqa: E402
 from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
@@ -99,25 +99,22 @@ class Cell:
     notes: dict[str, str]
 
 
-def step_of(scope: str) -> int:
-    """0 for the prefill, t for decode step t (scopes `prefill.*`, `step{t}.*`)."""
-    head = scope.split(".")[0]
-    return int(head[4:]) if head.startswith("step") and head[4:].isdigit() else 0
-
-
 def per_step(
     tg: TaskGraph, cost: Any, prompt: int, kv_per_position: int
 ) -> tuple[list[float], list[int], int]:
     """Compute seconds of each step (0 = prefill), the KV bytes cached when each step
     starts (read by it: the prompt and the tokens before it), and the weight bytes."""
-    steps = 1 + max(step_of(t.scope) for t in tg)
+    # 0 for the prefill, t for decode step t: the first step whose choice needs the task
+    # (what only the outputs read counts with the prefill)
+    step_of = [step or 0 for step in steps_of(tg)]
+    steps = 1 + max(step_of)
     compute = [0.0] * steps
     weights = 0
     for task in tg:
         if isinstance(task.op, Input):
             weights += task.nbytes if task.op.role == "weight" else 0
         else:
-            compute[step_of(task.scope)] += cost.task_seconds(tg, task.id)
+            compute[step_of[task.id]] += cost.task_seconds(tg, task.id)
     kv = [0] + [(prompt + t - 1) * kv_per_position for t in range(1, steps)]
     return compute, kv, weights
 

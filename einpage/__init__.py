@@ -1,15 +1,15 @@
 """einpage: compile einsum tensor programs into memory plans for GPUs smaller than the program.
 
-The user-facing API: `Program` to write programs, the op library (`einpage.ops`,
+The user-facing API: `Program` to write programs, the op library (`einpage.program.ops`,
 re-exported here), `compile` (the pipeline: partition when needed, plan, verify; see
 `einpage.pipeline`), and the error hierarchy under `EinpageError`.
 """
 
-from einpage import errors, ops, units
+from einpage import errors, units
 from einpage.errors import *  # noqa: F403
-from einpage.ops import *  # noqa: F403
 from einpage.pipeline import Compiled, PartitionInfeasibleError, TooManyBlocksError, compile
-from einpage.program import Program, Tensor
+from einpage.program import Program, Tensor, ops
+from einpage.program.ops import *  # noqa: F403
 from einpage.units import format_bytes, parse_bytes
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
 `tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
-(`einpage.generation_plans`), prints each plan's stats and the simulated tokens/s on the
+(`einpage.workloads.generation`), prints each plan's stats and the simulated tokens/s on the
 cost model, and with `--run` executes the plan and prints its measured time and the
 tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
 the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
@@ -35,20 +35,20 @@ from einpage.cli_outputs import (
 )
 from einpage.console import Console, format_table
 from einpage.files import atomic_output
-from einpage.generate import (
+from einpage.models import FAMILIES
+from einpage.models.base import ModelConfig
+from einpage.models.decode import Sampling
+from einpage.models.errors import GenerationError
+from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.workloads.generate import (
     Generation,
     check_run_memory,
     generate,
     program_weights,
     resolve_model,
 )
-from einpage.generation_plans import WAYS, StepPlans, UnrolledPlan, decode_name
-from einpage.models import FAMILIES
-from einpage.models.base import ModelConfig
-from einpage.models.decode import Sampling
-from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE
-from einpage.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
+from einpage.workloads.generation import WAYS, StepPlans, UnrolledPlan, decode_name
+from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes

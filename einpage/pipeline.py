@@ -57,7 +57,7 @@ from types import MappingProxyType
 from typing import Any
 
 import memgraph
-from einpage.program import Program
+from einpage.program.program import Program
 from einpage_core.errors import InfeasibleBudgetError, InputError, PlanError
 from einpage_core.host import available_memory
 from einpage_core.progress import ProgressCallback, ProgressReport

@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-import einpage.ops as ops
-from einpage.program import Program
+from einpage.program import ops
+from einpage.program.program import Program
 from einpage_core.errors import EinpageError, InputError, SerializationError
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes

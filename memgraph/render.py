@@ -51,7 +51,8 @@ from einpage_core.dot import (
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from taskgraph.labels import is_kv_page, op_lines
+from taskgraph.facts import is_kv_page
+from taskgraph.labels import op_lines
 
 __all__ = [
     "DepKind",
@@ -141,7 +142,7 @@ MEM_STYLES: dict[str, NodeStyle] = {
 
 def style_kind(node: MemNode, mg: MemGraph | None = None) -> str:
     """The style key of a node: its kind, with inputs split into host and device (and,
-    given the plan, transfers of KV-cache pages apart: `taskgraph.labels.is_kv_page`)."""
+    given the plan, transfers of KV-cache pages apart: `taskgraph.facts.is_kv_page`)."""
     if node.kind is NodeKind.INPUT:
         return "input_host" if node.storage is not None else "input_device"
     if mg is not None and node.kind in (NodeKind.RELOAD, NodeKind.OFFLOAD):

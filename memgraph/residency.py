@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from memgraph.nodes import MemNode, NodeKind, Region
-from taskgraph.labels import is_kv_page
+from taskgraph.facts import is_kv_page
 from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Residency:
     (None: still resident at the end). `writer` is the node that put its data there
     (None if nothing did), `offloads` the offloads that copied it out during the stay,
     `readers` the applies and device outputs that read it; `role` is the tensor's role
-    in the program: "weight", "kv" (a KV-cache page, `taskgraph.labels.is_kv_page`),
+    in the program: "weight", "kv" (a KV-cache page: its fact `taskgraph.facts.KVPage`),
     "activation" or "output"."""
 
     tensor: int

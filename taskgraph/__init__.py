@@ -1,14 +1,16 @@
 """taskgraph: the TaskGraph IR, building it, serializing it, and the reference evaluator.
 
 Where things live: `nodes` (the op kinds; each says whether it computes or aliases its
-input), `blocks` (provenance of partitioned tasks), `graph` (`TaskGraph`), `builder`,
+input), `blocks` (provenance of partitioned tasks), `facts` (what a tensor is – a KV
+page, the gradient or the update of an input, ... – as typed data: names are for
+people), `graph` (`TaskGraph`), `builder`,
 `dispatch` (`OpTable`: one table per pass or backend, checked complete at import),
 `einsum` (specs), `expr` (the safe join parser), `dtypes`, `evaluate` (the reference
 evaluator), `serialize` (JSON), `partition/` (block tasks under a size limit),
 `assembly` (outputs rebuilt from blocks), `render` and `labels` (drawings).
 """
 
-from taskgraph import dtypes, expr
+from taskgraph import dtypes, expr, facts
 from taskgraph.autodiff import backward, grad
 from taskgraph.builder import GraphBuilder
 from taskgraph.dispatch import OpTable
@@ -59,4 +61,5 @@ __all__ = [
     "backward",
     "dtypes",
     "expr",
+    "facts",
 ]

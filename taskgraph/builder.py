@@ -6,10 +6,12 @@ loading and graph passes – so the same checks guard them all.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from einpage_core.errors import GraphError
 from taskgraph import dtypes
+from taskgraph.facts import Fact, checked_facts
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Op, Operand, Shape, Task
 
@@ -33,6 +35,7 @@ class GraphBuilder:
         self.tasks: list[Task] = []
         self.outputs: dict[str, int] = {}
         self.input_names: set[str] = set()
+        self._is_input: list[bool] = []
 
     def add(
         self,
@@ -42,11 +45,14 @@ class GraphBuilder:
         dtype: str | None = None,
         scope: str = "",
         label: str = "",
+        facts: Iterable[Fact] = (),
     ) -> int:
         """Append `op` applied to the tasks `inputs`; returns the new task's id.
 
         `shape`/`dtype` are required for ops that cannot infer them (input, fill,
         view, slice) and, when given for the others, must match what is inferred.
+        `facts` (`taskgraph.facts`) say what the tensor is; a fact may name only earlier
+        tasks.
         """
         task_id = len(self.tasks)
         for i in inputs:
@@ -72,9 +78,25 @@ class GraphBuilder:
                 f"inferred {out_dtype}"
             )
         flops = op.flops(operands, out_shape)
-        task = Task(task_id, op, tuple(inputs), out_shape, out_dtype, flops, scope, label)
+        stated = checked_facts(facts, task_id, self._is_input) if facts else ()
+        task = Task(
+            task_id, op, tuple(inputs), out_shape, out_dtype, flops, scope, label, None, stated
+        )
         self.tasks.append(task)
+        self._is_input.append(isinstance(op, Input))
         return task_id
+
+    def add_facts(self, task_id: int, facts: Iterable[Fact]) -> None:
+        """State more `facts` about the tensor of task `task_id` (an earlier task, whose
+        record is replaced by one with them: tasks are immutable)."""
+        if isinstance(task_id, bool) or not isinstance(task_id, int):
+            raise GraphError(f"facts must be stated about a task id, got {task_id!r}")
+        if not 0 <= task_id < len(self.tasks):
+            raise GraphError(f"facts stated about %{task_id}, which does not exist")
+        task = self.tasks[task_id]
+        stated = checked_facts((*task.facts, *facts), task_id, self._is_input)
+        if stated != task.facts:
+            self.tasks[task_id] = replace(task, facts=stated)
 
     def output(self, task_id: int, name: str) -> None:
         """Mark task `task_id` as the program output `name`."""

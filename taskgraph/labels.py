@@ -6,27 +6,11 @@ apply with its task's `op_lines`, so an einsum reads the same in both pictures.
 
 from __future__ import annotations
 
-import re
-
 from einpage_core.dot import Line, clip
 from einpage_core.units import format_bytes, format_count
 from taskgraph.nodes import Concat, Einsum, Fill, Input, Slice, Task
 
-__all__ = ["op_lines", "task_lines", "KV_PAGE_LABELS", "is_kv_page"]
-
-KV_PAGE_LABELS = ("kv.k", "kv.v")
-"""Labels of the tasks that make KV-cache pages (keys, values): `einpage.models.decode`."""
-
-_KV_PAGE_INPUT = re.compile(r"kv\.\d+\.[kv]\.\d+")
-
-
-def is_kv_page(task: Task) -> bool:
-    """Whether `task` holds a KV-cache page: a task labelled `kv.k` or `kv.v`, or an input
-    named `kv.{layer}.k.{page}` / `kv.{layer}.v.{page}` (a decode step plan's pages).
-    Reports and memory maps show such tensors as their own kind."""
-    if isinstance(task.op, Input):
-        return _KV_PAGE_INPUT.fullmatch(task.op.name) is not None
-    return task.label in KV_PAGE_LABELS
+__all__ = ["op_lines", "task_lines"]
 
 
 def op_lines(task: Task) -> list[Line]:
@@ -52,7 +36,8 @@ def op_lines(task: Task) -> list[Line]:
 
 
 def task_lines(task: Task) -> list[Line]:
-    """The label of a task: id and kind, its op's attributes, type and size, FLOPs."""
+    """The label of a task: id and kind, its op's attributes, its facts, type and size,
+    FLOPs."""
     title = (
         f'%{task.id} input "{task.op.name}"'
         if isinstance(task.op, Input)
@@ -61,6 +46,7 @@ def task_lines(task: Task) -> list[Line]:
     if task.label:
         title += f" · {clip(task.label, 24)}"
     lines = [Line(title, "title"), *op_lines(task)]
+    lines.extend(Line(clip(fact.describe()), "note") for fact in task.facts)
     lines.append(Line(f"{task.type_str}  {format_bytes(task.nbytes)}"))
     if task.flops and task.kind not in ("input", "view"):
         lines.append(Line(format_count(task.flops, "FLOP"), "note"))

@@ -17,7 +17,8 @@ Op kinds (each an immutable record with the attributes of that kind):
 A task may also carry a `Block` (`taskgraph.blocks`): its provenance when a pass
 (partitioning) made it from a larger task – which original task, which region of its
 output, and in what role (a block, a partial aggregate, an assembly copy, an assembled
-output).
+output) – and facts (`taskgraph.facts`): what its tensor is (a KV page, the gradient or
+the update of an input, ...), stated where it was made.
 
 Every op knows how to check its operands and infer its output shape (`infer`), how
 many FLOPs it costs (`flops`), how to describe itself on one line, and its JSON form
@@ -54,6 +55,7 @@ from taskgraph.blocks import BLOCK_KINDS, Block
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import Expr, default_join
 from taskgraph.expr import parse as parse_join
+from taskgraph.facts import Fact
 
 __all__ = [
     "Shape",
@@ -659,6 +661,8 @@ class Task:
     (so insertion order is a topological order). `scope` is the name scope the task
     was built in (e.g. `"layers.3.attn"`), `label` a short human hint (e.g. `"q"`).
     `block` is the task's provenance when partitioning made it (None otherwise).
+    `facts` say what the tensor is (`taskgraph.facts`: a KV page, the gradient of a
+    weight, ...), as data: names, labels and scopes are for people.
     """
 
     id: int
@@ -670,6 +674,7 @@ class Task:
     scope: str = ""
     label: str = ""
     block: Block | None = None
+    facts: tuple[Fact, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -697,11 +702,16 @@ class Task:
 
     def line(self) -> str:
         """One readable line: `%7 : f16[8,32,64,64] = einsum["bhqe,bhke->bhqk"](%5, %6)`,
-        followed by the block in braces when there is one: `{block %3[0:8, 0:11, 0:64, 0:64]}`."""
+        followed by the block in braces when there is one: `{block %3[0:8, 0:11, 0:64, 0:64]}`,
+        and the facts in brackets when there are some: `[gradient(of=%2)]`."""
         args = ", ".join(f"%{i}" for i in self.inputs)
         call = f"({args})" if self.inputs or self.kind not in ("input", "fill") else ""
         text = f"%{self.id} : {self.type_str} = {self.op.describe()}{call}"
-        return text if self.block is None else f"{text}  {{{self.block.describe()}}}"
+        if self.block is not None:
+            text += f"  {{{self.block.describe()}}}"
+        if self.facts:
+            text += f"  [{', '.join(fact.describe() for fact in self.facts)}]"
+        return text
 
     def __repr__(self) -> str:
         return f"<Task {self.line()}>"

@@ -35,6 +35,18 @@ provenance (`taskgraph.nodes.Block`)::
 must equal the task's shape), `kind` one of block/partial/assembly/output, and
 `reduced` the `[start, size]` ranges of the reduced indices a partial aggregates.
 
+A task with facts (`taskgraph.facts`: what its tensor is) has the key `"facts"` (after
+`"block"`; absent when there are none, so files written before facts existed load and
+write back byte for byte), one object per fact, its `kind` and its fields::
+
+    "facts": [{"kind": "kv_page", "layer": 0, "part": "k", "page": 3}]
+    "facts": [{"kind": "update", "of": 12}, {"kind": "gradient", "of": 12}]
+
+Kinds and fields: kv_page {layer, part ("k" or "v"), page (int or null)}; kv_entries
+{layer, part}; chosen_ids {step}; gradient {of}; update {of}; optimizer_state {of,
+state}; master_weight {of}; softmax {}; log_sum_exp {}. `of` is the id of an earlier
+task (an input for update, optimizer_state and master_weight).
+
 Loading rebuilds the graph through `GraphBuilder`, so a hand-edited file gets the
 same checks as a program (shapes recomputed, join expressions re-parsed by the safe
 parser); any problem raises `SerializationError` naming the JSON path.
@@ -58,6 +70,7 @@ from typing import Any
 from einpage_core.errors import EinpageError, SerializationError
 from einpage_core.progress import Tick, ticks
 from taskgraph.builder import GraphBuilder
+from taskgraph.facts import Fact, fact_from_attributes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Block, Op, Task, op_from_attributes, with_blocks
 
@@ -76,7 +89,7 @@ __all__ = [
 FORMAT = "einpage.taskgraph"
 VERSION = 1
 _TASK_KEYS = {"id", "op", "inputs", "shape", "dtype", "scope", "label", "attrs"}
-_OPTIONAL_TASK_KEYS = {"block"}
+_OPTIONAL_TASK_KEYS = {"block", "facts"}
 
 ENCODER = json.JSONEncoder(allow_nan=False)
 """What `json.dumps(value, allow_nan=False)` uses, made once: `ENCODER.encode(value)` is
@@ -141,6 +154,8 @@ def _task_to_dict(t: Task) -> dict[str, Any]:
     }
     if t.block is not None:
         entry["block"] = t.block.attributes()
+    if t.facts:
+        entry["facts"] = [fact.attributes() for fact in t.facts]
     return entry
 
 
@@ -204,6 +219,8 @@ def _task_text(t: Task, quoted: Quoted) -> str:
     )
     if t.block is not None:
         text += f', "block": {ENCODER.encode(t.block.attributes())}'
+    if t.facts:
+        text += f', "facts": {ENCODER.encode([fact.attributes() for fact in t.facts])}'
     return text + "}"
 
 
@@ -272,7 +289,10 @@ def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
                 entry["dtype"],
                 entry["scope"],
                 entry["label"],
+                _facts_from_entry(entry, path, position),
             )
+        except SerializationError:
+            raise
         except EinpageError as err:
             raise SerializationError(f"{path}.tasks[{position}]: {err}") from None
         except (KeyError, TypeError, ValueError) as err:
@@ -296,7 +316,12 @@ def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
     return TaskGraph(with_blocks(builder.tasks, blocks), builder.outputs, name)
 
 
-_TASK_KEY_SETS = (_TASK_KEYS, _TASK_KEYS | _OPTIONAL_TASK_KEYS)
+_TASK_KEY_SETS = (
+    _TASK_KEYS,
+    _TASK_KEYS | {"block"},
+    _TASK_KEYS | {"facts"},
+    _TASK_KEYS | _OPTIONAL_TASK_KEYS,
+)
 
 
 def _quick_task_check(entry: Any, position: int) -> bool:
@@ -304,8 +329,7 @@ def _quick_task_check(entry: Any, position: int) -> bool:
     ones: exact types), without building a JSON path per check."""
     if type(entry) is not dict:
         return False
-    keys = entry.keys()
-    if keys != _TASK_KEY_SETS[0] and keys != _TASK_KEY_SETS[1]:
+    if entry.keys() not in _TASK_KEY_SETS:
         return False
     task_id, inputs, shape = entry["id"], entry["inputs"], entry["shape"]
     if type(task_id) is not int or task_id != position:
@@ -367,6 +391,26 @@ def _op_key(kind: str, attrs: dict[str, Any]) -> tuple[str, str] | None:
         return (kind, ENCODER.encode(attrs))
     except (TypeError, ValueError):
         return None
+
+
+def _facts_from_entry(entry: dict[str, Any], path: str, position: int) -> tuple[Fact, ...]:
+    """The facts of a task document (none when it has no "facts" key); `SerializationError`
+    naming the JSON path of the first bad one. Whether each names the right tasks is
+    checked by the builder."""
+    if "facts" not in entry:
+        return ()
+    where = f"{path}.tasks[{position}].facts"
+    documents = entry["facts"]
+    _expect(isinstance(documents, list) and bool(documents), where, "expected a non-empty list")
+    facts = []
+    for number, document in enumerate(documents):
+        try:
+            facts.append(fact_from_attributes(document))
+        except EinpageError as err:
+            raise SerializationError(f"{where}[{number}]: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise SerializationError(f"{where}[{number}]: invalid fact: {err}") from None
+    return tuple(facts)
 
 
 def _block_from_entry(entry: dict[str, Any], path: str, position: int) -> Block | None:

@@ -166,7 +166,7 @@ def test_a_run_that_needs_more_host_memory_than_there_is_is_refused_first(capsys
     """Checked before any weight is drawn (a 7B preset's were drawn for minutes and the
     kernel killed the run), with the numbers; at exactly what it needs it runs."""
     import einpage.cli_generate as cli_generate
-    import einpage.generate as generate_module
+    import einpage.workloads.generate as generate_module
 
     argv = [*TINY, "--budget", "100KiB", "--page-size", "4", "--run", "--backend", "numpy"]
     needs = []
@@ -196,8 +196,8 @@ def test_random_weights_are_drawn_in_float32_at_most(dtype):
     import tracemalloc
 
     from einpage.cli_generate import random_weights
-    from einpage.generate import weight_bytes
     from einpage.models import llama
+    from einpage.workloads.generate import weight_bytes
 
     cfg = llama.PRESETS["tiny"]
     largest = max(np.prod(s) for s in cfg.weight_shapes().values())

@@ -428,6 +428,78 @@ def test_cross_entropy_backward_is_one_pass_per_contribution_over_the_logits():
     assert len(full) == 2  # softmax(x) * g, fused with the picked logit's -g
 
 
+def _by_hand(extra: str = "", joins=("exp(a - b)", "exp(a - b) / c"), mark: bool = False):
+    """`_softmax_case`'s program with the softmax's three einsums written with
+    `prog.einsum` (the sum's and the output's joins as given), stating `Softmax` or not."""
+    prog = ep.Program()
+    x = prog.input("x", (3, 5), "float64")
+    masked = prog.einsum("ij->ij", x, join="a * 2.0 + 1.0", label="masked")
+    peak = prog.einsum("ij->i", masked, agg="max")
+    total = prog.einsum("ij,i->i", masked, peak, join=joins[0])
+    p = prog.einsum("ij,i,i->ij", masked, peak, total, join=joins[1])
+    if mark:
+        from taskgraph.facts import Softmax
+
+        prog.fact(p, Softmax())
+    prog.output(ep.reduce_sum(p * prog.input("r", (3, 5), "float64")), "loss")
+    return prog.build(), {"x": RNG.standard_normal((3, 5)), "r": RNG.standard_normal((3, 5))}
+
+
+def _takes_the_group_rule(tg: TaskGraph) -> bool:
+    """Whether the backward pass differentiated the softmax from its output: nothing reads
+    the softmax's input but the forward softmax, and no maximum is routed (no `==`)."""
+    g = taskgraph.grad(tg, "loss", ["x"])
+    masked = next(t.id for t in g if t.label == "masked")
+    readers_in_backward = [c for c in g.consumers[masked] if c >= len(tg)]
+    return not readers_in_backward and not any("==" in t.line() for t in g)
+
+
+def test_an_unmarked_softmax_takes_the_task_rules_and_a_marked_one_the_group_rule():
+    unmarked, arrays = _by_hand()
+    check_against_torch(unmarked, arrays, ["x"])
+    assert not _takes_the_group_rule(unmarked)
+    marked, arrays = _by_hand(mark=True)
+    check_against_torch(marked, arrays, ["x"])
+    assert _takes_the_group_rule(marked)
+
+
+@pytest.mark.parametrize(
+    "joins",
+    [("exp(-(b - a))", "exp(-(b - a)) / c"), ("exp(a + -b)", "exp(a - b) * (1.0 / c)")],
+)
+def test_a_marked_softmax_is_found_however_its_joins_are_spelled(joins):
+    tg, arrays = _by_hand(joins=joins, mark=True)
+    check_against_torch(tg, arrays, ["x"])
+    assert _takes_the_group_rule(tg)
+
+
+def test_rewording_the_softmax_of_the_op_library_keeps_its_group_rule():
+    """The join text `ops.softmax` writes, reworded in the program's JSON: the group is
+    still found (it used to be recognised by that exact text)."""
+    tg, arrays = _softmax_case(extra_max_reader=False)
+    text = tg.to_json()
+    reworded = text.replace('"exp(a - b) / c"', '"exp(-(b - a)) / c"')
+    reworded = reworded.replace('"exp(a - b)"', '"exp(a + -b)"')
+    assert reworded.count("exp(-(b - a)) / c") == 1 and reworded.count("exp(a + -b)") == 1
+    tg = TaskGraph.from_json(reworded)
+    check_against_torch(tg, arrays, ["x"])
+    assert _takes_the_group_rule(tg)
+
+
+def test_a_reworded_log_sum_exp_keeps_its_group_rule():
+    prog = ep.Program()
+    x = prog.input("x", (4, 50), "float64")
+    prog.output(ep.cross_entropy(x, prog.input("y", (4,), "int64")), "loss")
+    text = prog.build().to_json()
+    reworded = TaskGraph.from_json(text.replace('"log(a) + b"', '"b + log(a)"'))
+    assert '"b + log(a)"' in reworded.to_json()
+    g = taskgraph.grad(reworded, "loss", ["x"])
+    full = [t for t in g if t.label.startswith("grad") and t.shape == (4, 50)]
+    assert len(full) == 2  # softmax(x) * g, fused with the picked logit's -g
+    arrays = {"x": RNG.standard_normal((4, 50)), "y": RNG.integers(0, 50, 4)}
+    check_against_torch(reworded, arrays, ["x"])
+
+
 def test_differentiating_through_a_top_k_threshold_is_refused():
     prog = ep.Program("topk")
     x = prog.input("x", (2, 8))

@@ -1,6 +1,6 @@
-"""The cross-entropy loss and the optimizers' checks: `einpage.ops.cross_entropy` equals
+"""The cross-entropy loss and the optimizers' checks: `einpage.program.ops.cross_entropy` equals
 `torch.nn.functional.cross_entropy` (values and gradients, every reduction, float16 with
-labels float16 cannot hold), and `einpage.optim` refuses bad hyperparameters with the
+labels float16 cannot hold), and `einpage.program.optim` refuses bad hyperparameters with the
 value in the message."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 import einpage as ep  # noqa: E402
 import taskgraph  # noqa: E402
-from einpage.optim import SGD, AdamW  # noqa: E402
+from einpage.program.optim import SGD, AdamW  # noqa: E402
 from einpage_core.errors import ProgramError, ShapeError  # noqa: E402
 
 torch.set_num_threads(1)

@@ -12,9 +12,9 @@ import pytest
 import einpage as ep
 from einpage.cli import EXIT_OK, main
 from einpage.models import llama
-from einpage.models.training import training_graph
-from einpage.optim import SGD, AdamW
 from einpage.presets import random_inputs
+from einpage.program.optim import SGD, AdamW
+from einpage.workloads.training import training_graph
 from einpage_core.errors import DTypeError, ProgramError, SerializationError
 from taskgraph import TaskGraph
 from taskgraph.nodes import DOMAINS, Input

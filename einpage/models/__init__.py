@@ -30,7 +30,7 @@ so) – on a GPU with less memory than the model::
 
 A program has fixed (batch, seq): prompts of another length need another program and
 plan (plans are fast: ~0.1 s for 7B). Generating tokens – a prefill and decode steps
-over a paged KV cache, planned under the same budget – is `einpage.generate.generate`
+over a paged KV cache, planned under the same budget – is `einpage.workloads.generate.generate`
 (programs: `einpage.models.generation`, built from each family's `decoder`).
 `notebooks/03_llama.py` walks through the same steps with a small model, and
 `benchmarks/llama_plans.py` plans the 7B and 65B shapes.
@@ -39,12 +39,31 @@ over a paged KV cache, planned under the same budget – is `einpage.generate.ge
 from einpage.models import base, decode, errors, generation, gpt2, llama, mistral, qwen2
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.errors import *  # noqa: F403
+from einpage.models.errors import ConfigError
 
 FAMILIES: dict[str, ModelFamily] = {
     family.name: family for family in (llama.FAMILY, gpt2.FAMILY, qwen2.FAMILY, mistral.FAMILY)
 }
 """Every model family by name (`"llama"`, `"gpt2"`, `"qwen2"`, `"mistral"`), as the CLI's
 presets name them."""
+
+
+def family_of(cfg: ModelConfig) -> ModelFamily:
+    """The family of `FAMILIES` whose config class is the nearest class of `cfg`: its own,
+    else its closest base with a family (a config subclassing `Qwen2Config` is Qwen2, not
+    LLaMA, although `Qwen2Config` is itself a `LlamaConfig`). `ConfigError` for an object
+    no family's config class is a base of.
+
+    >>> family_of(qwen2.PRESETS["tiny"]).name, family_of(mistral.PRESETS["tiny"]).name
+    ('qwen2', 'mistral')
+    """
+    by_config = {family.config: family for family in FAMILIES.values()}
+    for cls in type(cfg).__mro__:
+        if cls in by_config:
+            return by_config[cls]
+    known = ", ".join(f"{f.config.__name__} ({f.name})" for f in FAMILIES.values())
+    raise ConfigError(f"no model family has the config {type(cfg).__name__}; known: {known}")
+
 
 __all__ = [
     "llama",
@@ -56,6 +75,7 @@ __all__ = [
     "generation",
     "errors",
     "FAMILIES",
+    "family_of",
     "ModelConfig",
     "ModelFamily",
     *errors.__all__,

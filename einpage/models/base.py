@@ -101,7 +101,7 @@ from taskgraph import dtypes
 
 if TYPE_CHECKING:
     from einpage.models.common import Decoder
-    from einpage.program import Program
+    from einpage.program.program import Program
 
 __all__ = [
     "ModelConfig",
@@ -234,6 +234,12 @@ class ModelConfig(abc.ABC):
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every weight input's name and shape, in program order."""
         return {spec.name: spec.shape for spec in self.weight_specs(self.hf_layout.prefixes[0])}
+
+    def quantized_weights(self) -> frozenset[str]:
+        """The weights that weight-only quantization stores in fewer bits: those whose
+        spec says `quantize` (the matrices matmuls read)."""
+        specs = self.weight_specs(self.hf_layout.prefixes[0])
+        return frozenset(spec.name for spec in specs if spec.quantize)
 
     def num_parameters(self) -> int:
         """Number of parameters (a tied LM head counted once)."""

@@ -16,17 +16,17 @@ never split by the layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from einpage import ops
 from einpage.models.base import ModelConfig
 from einpage.models.checkpoint import to_numpy
 from einpage.models.errors import ConfigError
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from einpage_core.errors import ProgramError
 from taskgraph import dtypes
 
@@ -39,6 +39,7 @@ __all__ = [
     "Prefill",
     "begin_prefill",
     "decoder_layers",
+    "decoder_layer",
     "logits_head",
     "head_logits",
     "token_ids",
@@ -119,15 +120,20 @@ def scaled(join: str, factor: float) -> str:
 
 
 def weight_input(
-    prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str, quant: Any = None
+    prog: Program,
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    quant: Any = None,
+    quantized: Collection[str] = (),
 ) -> Weight:
     """A function `weight(name)` declaring the weight input `name` with its shape; with
-    `quant` (an `einpage.quantize.Quantization`), quantizable weights are declared as
-    their quantized inputs and rebuilt on the device (`dequantized_weight`)."""
-    from einpage.quantize import dequantized_weight, quantizable
+    `quant` (an `einpage.program.quantize.Quantization`), the weights named in `quantized`
+    (the model's `quantized_weights()`) are declared as their quantized inputs and rebuilt
+    on the device (`dequantized_weight`)."""
+    from einpage.program.quantize import dequantized_weight
 
     def weight(name: str) -> Tensor:
-        if quant is not None and quantizable(name, shapes[name]):
+        if quant is not None and name in quantized:
             return dequantized_weight(prog, name, shapes[name], dtype, quant)
         return prog.input(name, shapes[name], dtype, role="weight")
 
@@ -246,7 +252,7 @@ def begin_prefill(
         )
     suffix = ""
     if quant is not None:
-        from einpage.quantize import Quantization
+        from einpage.program.quantize import Quantization
 
         if not isinstance(quant, Quantization):
             raise ProgramError(
@@ -254,7 +260,8 @@ def begin_prefill(
             )
         suffix = f"-int{quant.bits}"
     prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}{suffix}")
-    weight = weight_input(prog, cfg.weight_shapes(), dtype, quant)
+    quantized = cfg.quantized_weights() if quant is not None else frozenset()
+    weight = weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)
     tokens = prog.input("tokens", (batch, seq), "int64")
     return Prefill(prog, dtype, tokens, weight)
 
@@ -267,13 +274,21 @@ Block = Callable[[Tensor, str], Tensor]
 def decoder_layers(x: Tensor, num_layers: int, attention: Block, mlp: Block) -> Tensor:
     """`num_layers` layers of `attention` then `mlp`, in scopes `layers.{i}.attn` and
     `layers.{i}.mlp`; returns the last layer's hidden states."""
-    prog = x.program
     for i in range(num_layers):
-        with prog.scope(f"layers.{i}"):
-            with prog.scope("attn"):
-                x = attention(x, f"layers.{i}.attn.")
-            with prog.scope("mlp"):
-                x = mlp(x, f"layers.{i}.mlp.")
+        x = decoder_layer(x, i, attention, mlp)
+    return x
+
+
+def decoder_layer(x: Tensor, layer: int, attention: Block, mlp: Block) -> Tensor:
+    """Layer number `layer` of `decoder_layers`: `attention` then `mlp`, in scopes
+    `layers.{layer}.attn` and `layers.{layer}.mlp` (a caller that must know which layer it
+    builds – a KV cache's pages say so – loops over the layers with this)."""
+    prog = x.program
+    with prog.scope(f"layers.{layer}"):
+        with prog.scope("attn"):
+            x = attention(x, f"layers.{layer}.attn.")
+        with prog.scope("mlp"):
+            x = mlp(x, f"layers.{layer}.mlp.")
     return x
 
 

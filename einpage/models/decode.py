@@ -16,9 +16,11 @@ under the one budget shared with the weights. A page is written once:
   `page_size` positions it is a full page and is never copied again; the next step
   starts a new partial page with its own position alone (no copy at all).
 
-Page tensors are labelled `kv.k` and `kv.v` (`KV_LABELS`), which is how reports and
-memory maps tell KV pages from other activations; a decode step plan's page inputs are
-named `kv.{layer}.k.{page}` and `kv.{layer}.v.{page}`.
+Page tensors state what they are: the fact `taskgraph.facts.KVPage(layer, part, page)`
+(part "k" or "v"; the page's number, or None for a page of the new positions of a decode
+step plan, whose place in the cache is known only when it runs), which is how reports,
+memory maps and the step loop tell KV pages from other tensors. Their labels (`kv.k`,
+`kv.v`) and a decode step plan's input names (`kv.{layer}.k.{page}`) are for people.
 
 Attention over pages
 --------------------
@@ -52,14 +54,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from einpage import ops
 from einpage.models.errors import GenerationError
-from einpage.program import Tensor
+from einpage.program import ops
+from einpage.program.program import Tensor
 from taskgraph import dtypes
-from taskgraph.labels import KV_PAGE_LABELS
+from taskgraph.facts import KVPage
 
 __all__ = [
-    "KV_LABELS",
     "Page",
     "LayerCache",
     "Sampling",
@@ -68,9 +69,6 @@ __all__ = [
     "choose_tokens",
     "check_sampling",
 ]
-
-KV_LABELS = KV_PAGE_LABELS
-"""Labels of the tasks that make KV-cache pages (keys, values): `taskgraph.labels.is_kv_page`."""
 
 
 def masked_score(dtype: str) -> float:
@@ -104,16 +102,23 @@ class Page:
 @dataclass
 class LayerCache:
     """A layer's cache while a generation program is being built: the full `pages` and
-    the `partial` last page (None when the cache ends on a page boundary)."""
+    the `partial` last page (None when the cache ends on a page boundary). `layer` is the
+    layer's number and `first_page` the number of its first page in the whole cache (0
+    for a cache that starts with the prompt; None for the new positions of a decode step
+    plan, placed in the cache when it runs): the pages it makes say which they are
+    (`KVPage`)."""
 
     page_size: int
+    layer: int = 0
+    first_page: int | None = 0
     pages: list[Page] = field(default_factory=list)
     partial: Page | None = None
 
     @classmethod
-    def of_prompt(cls, k: Tensor, v: Tensor, page_size: int) -> LayerCache:
-        """The cache of a prompt's keys and values [b, heads, s, e], cut into pages."""
-        cache = cls(page_size)
+    def of_prompt(cls, k: Tensor, v: Tensor, page_size: int, layer: int = 0) -> LayerCache:
+        """The cache of layer `layer` from a prompt's keys and values [b, heads, s, e], cut
+        into pages."""
+        cache = cls(page_size, layer)
         seq = k.shape[-2]
         if seq <= page_size:  # the prompt's K and V are the page: no copy
             page = Page(k, v)
@@ -121,8 +126,10 @@ class LayerCache:
             return cache
         for start in range(0, seq, page_size):
             size = min(page_size, seq - start)
+            number = start // page_size
             page = Page(
-                _page_slice(k, start, size, KV_LABELS[0]), _page_slice(v, start, size, KV_LABELS[1])
+                cache._page(_page_slice(k, start, size, "kv.k"), "k", number),
+                cache._page(_page_slice(v, start, size, "kv.v"), "v", number),
             )
             if size == page_size:
                 cache.pages.append(page)
@@ -130,15 +137,22 @@ class LayerCache:
                 cache.partial = page
         return cache
 
+    def _page(self, tensor: Tensor, part: str, number: int) -> Tensor:
+        """`tensor`, a page copied for the cache, stated to be page `number` (counted from
+        this cache's first) of the layer's `part`."""
+        page = None if self.first_page is None else self.first_page + number
+        return tensor.program.fact(tensor, KVPage(self.layer, part, page))
+
     def append(self, k: Tensor, v: Tensor) -> None:
         """Add one position's key and value [b, heads, 1, e] (see the module docstring)."""
         if self.partial is None:
             page = Page(k, v)
         else:
             prog = k.program
+            number = len(self.pages)
             page = Page(
-                prog.concat([self.partial.k, k], axis=-2, label=KV_LABELS[0]),
-                prog.concat([self.partial.v, v], axis=-2, label=KV_LABELS[1]),
+                self._page(prog.concat([self.partial.k, k], axis=-2, label="kv.k"), "k", number),
+                self._page(prog.concat([self.partial.v, v], axis=-2, label="kv.v"), "v", number),
             )
         if page.size == self.page_size:
             self.pages.append(page)

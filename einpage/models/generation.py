@@ -19,7 +19,7 @@ that provides `decoder` (and `position_inputs`) in its `ModelFamily` generates.
   `pages * page_size` – a length bucket – in a generation that fills `positions`
   positions (default: all the bucket reaches). The positions, the mask of filled cache
   positions and the pages are inputs, so one plan serves every step (chunk) of the
-  bucket (`einpage.generation_plans` runs the loop).
+  bucket (`einpage.workloads.generation` runs the loop).
 
 A generation of a prompt of P tokens and N new ones fills P + N - 1 positions (the last
 new token is chosen, never fed back). Both programs check that against the model's
@@ -45,6 +45,12 @@ weights), `gumbel` [steps, batch, vocab] when sampling, and the weights. Outputs
 `ids` [batch, steps], the new positions' `kv.{i}.k.new` and `kv.{i}.v.new` [batch, kv
 heads, steps, head_dim], and `logits` [batch, steps, vocab] with `logits=True`.
 
+What the step loop needs to know of these tensors is stated as facts
+(`taskgraph.facts`), not spelled in their names: a page input is `KVPage(layer, part,
+page)`, a layer's keys or values output `KVEntries(layer, part)`, the pages an unrolled
+program makes `KVPage` too, and the ids an unrolled program chooses at step t
+`ChosenIds(t)`. The names above are for people (and for the inputs a caller passes).
+
 >>> from einpage.models import llama
 >>> tg = llama.generation_program(llama.PRESETS["tiny"], 1, 5, 3, page_size=4).build()
 >>> tg.tasks[tg.outputs["ids"]].shape
@@ -66,7 +72,7 @@ from einpage.models.common import (
     Positions,
     cached_weight_input,
     causal_attention,
-    decoder_layers,
+    decoder_layer,
     last_position,
     token_ids,
 )
@@ -79,8 +85,9 @@ from einpage.models.decode import (
     paged_attention,
 )
 from einpage.models.errors import GenerationError
-from einpage.program import Program, Tensor
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
+from taskgraph.facts import ChosenIds, KVEntries, KVPage
 
 __all__ = [
     "DEFAULT_PAGE_SIZE",
@@ -175,9 +182,12 @@ class _Build:
     sampling: Sampling | None
     batch: int
 
-    def choose(self, logits: Tensor, gumbel: Tensor | None) -> Tensor:
+    def choose(self, logits: Tensor, gumbel: Tensor | None, step: int | None = None) -> Tensor:
+        """The next ids from `logits`; `step`: the generation step they are chosen at (0:
+        the prefill), stated on them (`ChosenIds`) when the program knows it."""
         with self.prog.scope("head"):
-            return choose_tokens(logits, self.sampling, gumbel)
+            ids = choose_tokens(logits, self.sampling, gumbel)
+        return ids if step is None else self.prog.fact(ids, ChosenIds(step))
 
     def step_gumbel(self, gumbel: Tensor | None, step: int) -> Tensor | None:
         """Step `step`'s slice [batch, vocab] of the noise input [steps, batch, vocab]."""
@@ -224,13 +234,13 @@ def generation_program(
         caches, x = _prefill(build, tokens, page_size, cache_outputs)
         with prog.scope("head"):
             step_logits = [build.decoder.head(last_position(x))]
-        ids = [build.choose(step_logits[0], build.step_gumbel(gumbel, 0))]
+        ids = [build.choose(step_logits[0], build.step_gumbel(gumbel, 0), 0)]
     for t in range(1, new_tokens):
         with prog.scope(f"step{t}"):
             x = _decode_step(build, ids[-1], Positions(1, prompt_len + t - 1), caches)
             with prog.scope("head"):
                 step_logits.append(build.decoder.head(prog.view(x, (batch, cfg.hidden_size))))
-            ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, t)))
+            ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, t), t))
     prog.output(_stack(prog, ids, "ids"), "ids")
     if logits:
         prog.output(_stack(prog, step_logits, "logits"), "logits")
@@ -243,55 +253,69 @@ def _stack(prog: Program, parts: list[Tensor], label: str) -> Tensor:
     return views[0] if len(views) == 1 else prog.concat(views, axis=1, label=label)
 
 
+LayerAttention = Callable[[Tensor, str, int], Tensor]
+"""`attention(x, prefix, layer)`: a layer's attention block, told which layer it is."""
+
+
+def _layers(build: _Build, x: Tensor, attention: LayerAttention) -> Tensor:
+    """Every layer of the model (`common.decoder_layer`), its attention told its number."""
+    for i in range(build.cfg.num_layers):
+
+        def block(x: Tensor, prefix: str, layer: int = i) -> Tensor:
+            return attention(x, prefix, layer)
+
+        x = decoder_layer(x, i, block, build.decoder.mlp)
+    return x
+
+
 def _prefill(
     build: _Build, tokens: Tensor, page_size: int, cache_outputs: bool
-) -> tuple[dict[str, LayerCache], Tensor]:
-    """The prompt through every layer; returns each layer's cache (by attention prefix)
-    and the last hidden states [batch, prompt_len, d]."""
+) -> tuple[dict[int, LayerCache], Tensor]:
+    """The prompt through every layer; returns each layer's cache (by layer number) and
+    the last hidden states [batch, prompt_len, d]. With `cache_outputs`, each layer's keys
+    and values are outputs instead (`kv.{i}.k`, `kv.{i}.v`, stating `KVEntries`)."""
     prog, decoder = build.prog, build.decoder
-    caches: dict[str, LayerCache] = {}
+    caches: dict[int, LayerCache] = {}
     feats = decoder.features(Positions(tokens.shape[1]))
     with prog.scope("embed"):
         x = decoder.embed(tokens, feats)
 
-    def attention(x: Tensor, prefix: str) -> Tensor:
+    def attention(x: Tensor, prefix: str, layer: int) -> Tensor:
         heads = decoder.qkv(x, prefix, feats)
         if cache_outputs:
-            layer = prefix.split(".")[1]
-            prog.output(heads.k, f"kv.{layer}.k")
-            prog.output(heads.v, f"kv.{layer}.v")
+            for part, tensor in (("k", heads.k), ("v", heads.v)):
+                prog.output(prog.fact(tensor, KVEntries(layer, part)), f"kv.{layer}.{part}")
         else:
-            caches[prefix] = LayerCache.of_prompt(heads.k, heads.v, page_size)
+            caches[layer] = LayerCache.of_prompt(heads.k, heads.v, page_size, layer)
         return decoder.attn_out(x, causal_attention(heads.q, heads.k, heads.v), prefix)
 
-    x = decoder_layers(x, build.cfg.num_layers, attention, decoder.mlp)
-    return caches, x
+    return caches, _layers(build, x, attention)
 
 
 def _decode_step(
     build: _Build,
     previous: Tensor,
     where: Positions,
-    caches: dict[str, LayerCache],
-    before: Callable[[str, Heads], list[Page]] | None = None,
+    caches: dict[int, LayerCache],
+    before: Callable[[int, Heads], list[Page]] | None = None,
 ) -> Tensor:
     """One decode step: the previous ids through every layer, each appending its new
-    position to its cache and attending over the pages (after `before(prefix, heads)`,
+    position to its cache and attending over the pages (after `before(layer, heads)`,
     the layer's pages that are inputs, when given)."""
     prog, decoder = build.prog, build.decoder
     feats = decoder.features(where)
     with prog.scope("embed"):
         x = decoder.embed(prog.view(previous, (build.batch, 1)), feats)
 
-    def attention(x: Tensor, prefix: str) -> Tensor:
+    def attention(x: Tensor, prefix: str, layer: int) -> Tensor:
         heads = decoder.qkv(x, prefix, feats)
-        cache = caches[prefix]
+        cache = caches[layer]
         with prog.scope("kv"):
             cache.append(heads.k, heads.v)
-        pages = ([] if before is None else before(prefix, heads)) + cache.all_pages
+        pages = ([] if before is None else before(layer, heads)) + cache.all_pages
         return decoder.attn_out(x, paged_attention(heads.q, pages), prefix)
 
-    return decoder_layers(x, build.cfg.num_layers, attention, decoder.mlp)
+    return _layers(build, x, attention)
 
 
 def decode_program(
@@ -344,24 +368,22 @@ def decode_program(
             prog.view(prog.slice(mask, (j, 0), (1, page_size), label="kv.mask"), (page_size,))
             for j in range(pages)
         ]
-    inputs: dict[str, list[Page]] = {}
+    inputs: dict[int, list[Page]] = {}
 
-    def before(prefix: str, heads: Heads) -> list[Page]:
+    def before(layer: int, heads: Heads) -> list[Page]:
         """The layer's cached pages: inputs in host memory, masked beyond the length."""
-        if prefix not in inputs:
-            layer = prefix.split(".")[1]
+        if layer not in inputs:
             shape = (*heads.k.shape[:-2], page_size, heads.k.shape[-1])
-            inputs[prefix] = [
-                Page(
-                    prog.input(f"kv.{layer}.k.{j}", shape, dtype, location="host"),
-                    prog.input(f"kv.{layer}.v.{j}", shape, dtype, location="host"),
-                    masks[j],
-                )
-                for j in range(pages)
-            ]
-        return inputs[prefix]
 
-    caches = {f"layers.{i}.attn.": LayerCache(page_size) for i in range(cfg.num_layers)}
+            def page(part: str, j: int) -> Tensor:
+                tensor = prog.input(f"kv.{layer}.{part}.{j}", shape, dtype, location="host")
+                return prog.fact(tensor, KVPage(layer, part, j))
+
+            inputs[layer] = [Page(page("k", j), page("v", j), masks[j]) for j in range(pages)]
+        return inputs[layer]
+
+    # The chunk's own new positions: pages placed in the cache only when the plan runs.
+    caches = {i: LayerCache(page_size, i, first_page=None) for i in range(cfg.num_layers)}
     ids, step_logits = [tokens], []
     for s in range(steps):
         with prog.scope(f"step{s + 1}"):
@@ -374,12 +396,11 @@ def decode_program(
             with prog.scope("head"):
                 step_logits.append(decoder.head(prog.view(x, (batch, cfg.hidden_size))))
             ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, s)))
-    for prefix, cache in caches.items():
-        layer = prefix.split(".")[1]
+    for layer, cache in caches.items():
         for part in "kv":
             new = [getattr(page, part) for page in cache.all_pages]
             whole = new[0] if len(new) == 1 else prog.concat(new, axis=-2, label=f"kv.{part}.new")
-            prog.output(whole, f"kv.{layer}.{part}.new")
+            prog.output(prog.fact(whole, KVEntries(layer, part)), f"kv.{layer}.{part}.new")
     prog.output(_stack(prog, ids[1:], "ids"), "ids")
     if logits:
         prog.output(_stack(prog, step_logits, "logits"), "logits")

@@ -61,7 +61,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily, check_positive_int
 from einpage.models.common import (
@@ -78,7 +77,8 @@ from einpage.models.common import (
 )
 from einpage.models.errors import ModelError, UnsupportedConfigError
 from einpage.models.weights import WeightSpec
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [
@@ -229,19 +229,22 @@ def _layer_specs(ours: str, hf: str, d: int, h: int, e: int, m: int) -> list[Wei
                 (d, 3 * d),
                 part=columns,
                 transpose=True,
+                quantize=True,
             ),
             WeightSpec(
                 ours + f"attn.b{part}", (h, e), hf + "attn.c_attn.bias", (3 * d,), part=columns
             ),
         ]
     return specs + [
-        WeightSpec(ours + "attn.wo", (h, e, d), hf + "attn.c_proj.weight", (d, d)),
+        WeightSpec(ours + "attn.wo", (h, e, d), hf + "attn.c_proj.weight", (d, d), quantize=True),
         WeightSpec(ours + "attn.bo", (d,), hf + "attn.c_proj.bias", (d,)),
         WeightSpec(ours + "mlp.norm", (d,), hf + "ln_2.weight", (d,)),
         WeightSpec(ours + "mlp.norm_bias", (d,), hf + "ln_2.bias", (d,)),
-        WeightSpec(ours + "mlp.w_fc", (m, d), hf + "mlp.c_fc.weight", (d, m), transpose=True),
+        WeightSpec(
+            ours + "mlp.w_fc", (m, d), hf + "mlp.c_fc.weight", (d, m), transpose=True, quantize=True
+        ),
         WeightSpec(ours + "mlp.b_fc", (m,), hf + "mlp.c_fc.bias", (m,)),
-        WeightSpec(ours + "mlp.w_proj", (m, d), hf + "mlp.c_proj.weight", (m, d)),
+        WeightSpec(ours + "mlp.w_proj", (m, d), hf + "mlp.c_proj.weight", (m, d), quantize=True),
         WeightSpec(ours + "mlp.b_proj", (d,), hf + "mlp.c_proj.bias", (d,)),
     ]
 

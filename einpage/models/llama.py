@@ -70,7 +70,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage import ops
 from einpage.models import base
 from einpage.models.base import Getter, HFLayout, ModelConfig, ModelFamily
 from einpage.models.common import (
@@ -88,7 +87,8 @@ from einpage.models.common import (
 )
 from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
 from einpage.models.weights import WeightSpec
-from einpage.program import Program, Tensor
+from einpage.program import ops
+from einpage.program.program import Program, Tensor
 from taskgraph import dtypes
 
 __all__ = [
@@ -282,10 +282,26 @@ class LlamaConfig(ModelConfig):
             specs += [
                 WeightSpec(ours + "attn.norm", (d,), hf + "input_layernorm.weight", (d,)),
                 WeightSpec(
-                    ours + "attn.wq", (g, r, e, d), hf + "self_attn.q_proj.weight", (g * r * e, d)
+                    ours + "attn.wq",
+                    (g, r, e, d),
+                    hf + "self_attn.q_proj.weight",
+                    (g * r * e, d),
+                    quantize=True,
                 ),
-                WeightSpec(ours + "attn.wk", (g, e, d), hf + "self_attn.k_proj.weight", (g * e, d)),
-                WeightSpec(ours + "attn.wv", (g, e, d), hf + "self_attn.v_proj.weight", (g * e, d)),
+                WeightSpec(
+                    ours + "attn.wk",
+                    (g, e, d),
+                    hf + "self_attn.k_proj.weight",
+                    (g * e, d),
+                    quantize=True,
+                ),
+                WeightSpec(
+                    ours + "attn.wv",
+                    (g, e, d),
+                    hf + "self_attn.v_proj.weight",
+                    (g * e, d),
+                    quantize=True,
+                ),
             ]
             if self.qkv_bias:
                 specs += [
@@ -302,17 +318,27 @@ class LlamaConfig(ModelConfig):
                     hf + "self_attn.o_proj.weight",
                     (d, g * r * e),
                     transpose=True,
+                    quantize=True,
                 ),
                 WeightSpec(ours + "mlp.norm", (d,), hf + "post_attention_layernorm.weight", (d,)),
-                WeightSpec(ours + "mlp.w_gate", (m, d), hf + "mlp.gate_proj.weight", (m, d)),
-                WeightSpec(ours + "mlp.w_up", (m, d), hf + "mlp.up_proj.weight", (m, d)),
                 WeightSpec(
-                    ours + "mlp.w_down", (m, d), hf + "mlp.down_proj.weight", (d, m), transpose=True
+                    ours + "mlp.w_gate", (m, d), hf + "mlp.gate_proj.weight", (m, d), quantize=True
+                ),
+                WeightSpec(
+                    ours + "mlp.w_up", (m, d), hf + "mlp.up_proj.weight", (m, d), quantize=True
+                ),
+                WeightSpec(
+                    ours + "mlp.w_down",
+                    (m, d),
+                    hf + "mlp.down_proj.weight",
+                    (d, m),
+                    transpose=True,
+                    quantize=True,
                 ),
             ]
         specs.append(WeightSpec("norm", (d,), f"{prefix}norm.weight", (d,)))
         if not self.tie_embeddings:
-            specs.append(WeightSpec("lm_head", (v, d), "lm_head.weight", (v, d)))
+            specs.append(WeightSpec("lm_head", (v, d), "lm_head.weight", (v, d), quantize=True))
         return specs
 
     @classmethod

@@ -32,7 +32,10 @@ class WeightSpec:
     program; `key`: the checkpoint tensor (e.g. `"model.layers.0.self_attn.q_proj.weight"`);
     `source_shape`: the shape the checkpoint must store; `part`: a range `[start, stop)`
     of the checkpoint tensor's last axis to take first (GPT-2's fused QKV), or None;
-    `transpose`: transpose the (2-D) tensor before it is reshaped to `shape`.
+    `transpose`: transpose the (2-D) tensor before it is reshaped to `shape`;
+    `quantize`: the weight is a matrix a matmul reads, which weight-only quantization
+    stores in fewer bits (`einpage.program.quantize`) – the model says so here, the name
+    does not (embedding tables, read by gathers, norms and biases leave it False).
     """
 
     name: str
@@ -41,6 +44,7 @@ class WeightSpec:
     source_shape: Shape
     part: Part = None
     transpose: bool = False
+    quantize: bool = False
 
     def convert(self, array: np.ndarray, dtype: str) -> np.ndarray:
         """The program's array from the checkpoint's (already cut to `part`), in `dtype`:

@@ -1,6 +1,6 @@
 """Gradient rules for groups of tasks: the softmax and the log-sum-exp of the op library.
 
-`einpage.ops.softmax` is three einsums over an input x with the class axis k (L the
+`einpage.program.ops.softmax` is three einsums over an input x with the class axis k (L the
 input's indices, R = L without k): `m = max_k x`, `s = sum_k exp(x - m)` and
 `p = exp(x - m) / s`; `cross_entropy`'s log-sum-exp is `m`, `s` and `lse = log(s) + m`.
 The maximum only shifts the exponent: the function does not depend on it, and the
@@ -10,17 +10,22 @@ passes over x – and, worse, read x itself (to compare it with the maximum and 
 recompute `exp(x - m)`), keeping the input of every softmax alive from the forward to
 the backward pass: in attention, the masked scores beside the probabilities.
 
-So a group that is exactly one of these – the helper tasks read by nothing outside the
-group – is differentiated as one function, the way frameworks write a softmax's
-backward:
+So a group that is exactly one of these is differentiated as one function, the way
+frameworks write a softmax's backward:
 
 * softmax: `dx = p * (g - sum_k g p)`: two einsums that read the output p and its
   gradient g, not x;
 * log-sum-exp: `dx = exp(x - lse) * g`: one einsum (x is read here, but `lse` is the
   last use of the log-sum-exp's input anyway: a loss).
 
-Anything else – the same einsums written another way, a maximum read elsewhere –
-takes the task-by-task rules, which give the same gradient up to rounding.
+A group is found by what the program states, not by how its joins are spelled: the op
+library marks the last task of each with a fact (`taskgraph.facts.Softmax`,
+`LogSumExp`), and the rule then checks only the group's structure – the maximum and the
+sum reduce one index of the same input, with the specs and aggregations above, and
+nothing outside the group reads them. The joins are the marker's word (a marked task
+whose joins compute something else would get this gradient). The same einsums written
+unmarked, or a maximum read elsewhere, take the task-by-task rules, which give the same
+gradient up to rounding.
 """
 
 from __future__ import annotations
@@ -31,14 +36,10 @@ from dataclasses import dataclass
 from taskgraph.autodiff.emitter import Emitter, Operands
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import BinOp, Call
-from taskgraph.expr import parse as parse_join
+from taskgraph.facts import LogSumExp, Softmax, fact_of
 from taskgraph.nodes import Einsum, Task
 
 __all__ = ["GroupRule", "find_groups"]
-
-_SHIFTED_EXP = parse_join("exp(a - b)", 2)
-_NORMALIZED = parse_join("exp(a - b) / c", 3)
-_LOG_SUM_EXP = parse_join("log(a) + b", 2)
 
 
 @dataclass(frozen=True)
@@ -52,19 +53,21 @@ class GroupRule:
     apply: Callable[[Emitter, int], None]
 
 
-def _einsum(task: Task, join, inputs: int, agg: str = "sum") -> Einsum | None:
-    """`task`'s op when it is an einsum of `inputs` operands with that join and agg."""
+def _einsum(task: Task, inputs: int, agg: str = "sum") -> Einsum | None:
+    """`task`'s op when it is an einsum of `inputs` operands with that agg (its join is
+    not read: see the module docstring)."""
     op = task.op
     if not isinstance(op, Einsum) or len(task.inputs) != inputs or op.agg != agg:
         return None
-    return op if op.join == join else None
+    return op
 
 
 def _shift(tasks: Sequence[Task], x: int, m: int, s: int) -> tuple[str, str] | None:
-    """(L, R) when `m = max_k x` and `s = sum_k exp(x - m)` with terms L and R = L \\ k."""
+    """(L, R) when `m` reduces x's index k by max (terms L -> R = L \\ k) and `s` sums
+    (x, m) over k (terms L, R -> R): the maximum and the sum of a marked group."""
     t_max, t_sum = tasks[m], tasks[s]
-    max_op = _einsum(t_max, None, 1, "max")
-    sum_op = _einsum(t_sum, _SHIFTED_EXP, 2)
+    max_op = _einsum(t_max, 1, "max")
+    sum_op = _einsum(t_sum, 2)
     if max_op is None or sum_op is None or t_max.inputs != (x,) or t_sum.inputs != (x, m):
         return None
     full, rest = max_op.spec.inputs[0], max_op.spec.output
@@ -78,8 +81,8 @@ def _shift(tasks: Sequence[Task], x: int, m: int, s: int) -> tuple[str, str] | N
 def _softmax(
     tasks: Sequence[Task], task: Task, readers: Sequence[Sequence[int]]
 ) -> GroupRule | None:
-    op = _einsum(task, _NORMALIZED, 3)
-    if op is None:
+    op = _einsum(task, 3)
+    if op is None or fact_of(task, Softmax) is None:
         return None
     x, m, s = task.inputs
     terms = _shift(tasks, x, m, s)
@@ -105,8 +108,8 @@ def _softmax(
 def _log_sum_exp(
     tasks: Sequence[Task], task: Task, readers: Sequence[Sequence[int]]
 ) -> GroupRule | None:
-    op = _einsum(task, _LOG_SUM_EXP, 2)
-    if op is None:
+    op = _einsum(task, 2)
+    if op is None or fact_of(task, LogSumExp) is None:
         return None
     s, m = task.inputs
     x = tasks[s].inputs[0] if tasks[s].inputs else -1

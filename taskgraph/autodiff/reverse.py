@@ -31,6 +31,7 @@ from taskgraph.autodiff.emitter import Emitter
 from taskgraph.autodiff.patterns import find_groups
 from taskgraph.autodiff.rules import VJP_RULES
 from taskgraph.builder import GraphBuilder
+from taskgraph.facts import Gradient
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import with_blocks
 
@@ -79,7 +80,8 @@ def backward(
     on_gradient: OnGradient | None = None,
 ) -> dict[int, int]:
     """Append to `builder` the gradient of task `loss` (a float of one element) with
-    respect to each task of `wrt`; returns {wrt task: its gradient task}.
+    respect to each task of `wrt`; returns {wrt task: its gradient task}, which carries
+    the fact `Gradient(of=wrt task)` (`taskgraph.facts`).
 
     `on_gradient(task, gradient)` is called as soon as a gradient is final (see the
     module docstring) and may append tasks to `builder`. A `wrt` task the loss does not
@@ -108,6 +110,7 @@ def backward(
         if g is None:
             g = sums[w] = em.fill(task.shape, 0.0, task.dtype, task)
         result[w] = g
+        builder.add_facts(g, [Gradient(w)])
         if on_gradient is not None:
             on_gradient(w, g)
 
@@ -141,7 +144,8 @@ def grad(
 ) -> TaskGraph:
     """The gradient program of `tg`: its tasks and outputs, then the backward pass, with
     the gradient of the loss with respect to each `wrt` tensor as the output
-    `prefix + name` (`"grad.w"` for the input `w`; `"grad.%7"` for task 7).
+    `prefix + name` (`"grad.w"` for the input `w`; `"grad.%7"` for task 7): a name for
+    people; the tensor says what it is by its fact `Gradient(of=...)`.
 
     `loss` is an output name or a task id: a float tensor of one element. `wrt` are
     input names or task ids of float tensors.
@@ -160,7 +164,9 @@ def grad(
     ids = [_task_of(tg, w, "wrt", outputs=False) for w in wrt]
     builder = GraphBuilder(tg.name)
     for task in tg.tasks:
-        builder.add(task.op, task.inputs, task.shape, task.dtype, task.scope, task.label)
+        builder.add(
+            task.op, task.inputs, task.shape, task.dtype, task.scope, task.label, task.facts
+        )
     for name, task_id in tg.outputs.items():
         builder.output(task_id, name)
     gradients = backward(builder, loss_id, ids)

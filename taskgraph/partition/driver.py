@@ -97,14 +97,33 @@ def _schedule(tg: TaskGraph, new: Sequence[NewTask], outputs: Sequence[int]) -> 
     return order
 
 
-def _build(tg: TaskGraph, new: Sequence[NewTask], outputs: dict[str, int]) -> TaskGraph:
+def _build(
+    tg: TaskGraph, new: Sequence[NewTask], outputs: dict[str, int], whole: dict[int, int]
+) -> TaskGraph:
+    """The partitioned graph in `_schedule`'s order. Each new task carries the facts of
+    the original task it holds part of, with the tasks they name renumbered to the new
+    tasks that hold those whole (`whole`: original -> new); a fact naming a task that
+    was split, or that comes later in the new order, is dropped."""
     builder = GraphBuilder(tg.name)
     number: dict[int, int] = {}
+    renumber: dict[int, int] = {}  # original id -> final id, as the wholes are added
+    holds = {v: original for original, v in whole.items()}
     blocks = []
     for v in _schedule(tg, new, list(outputs.values())):
         n = new[v]
         inputs = [number[u] for u in n.inputs]
-        number[v] = builder.add(n.op, inputs, n.shape, n.dtype, n.scope, n.label)
+        facts = [fact.renumbered(renumber) for fact in n.facts]
+        number[v] = builder.add(
+            n.op,
+            inputs,
+            n.shape,
+            n.dtype,
+            n.scope,
+            n.label,
+            [fact for fact in facts if fact is not None],
+        )
+        if v in holds:
+            renumber[holds[v]] = number[v]
         blocks.append(n.block)
     for name, v in outputs.items():
         builder.output(number[v], name)
@@ -165,7 +184,7 @@ def partition(
             raise TooManyTasksError(tg.name, limit, max_tasks or 0) from None
         culprits = _violations(m.new, limit, alignment)
         if not culprits:
-            return _build(tg, m.new, outputs)
+            return _build(tg, m.new, outputs, m.whole())
         for t in culprits:
             if t in sizes:  # split already: split finer
                 factors[t] = factors.get(t, 1.0) / 2

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import VARIABLES
 from taskgraph.expr import parse as parse_join
+from taskgraph.facts import Fact
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Block, Concat, Einsum, Op, Shape, Slice, Task, View
 from taskgraph.partition.geometry import (
@@ -51,6 +52,7 @@ class NewTask:
     label: str
     block: Block
     made_for: int  # the original task being materialized when this one was made
+    facts: tuple[Fact, ...] = ()  # the original's (ids still the original graph's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +132,7 @@ class Materializer:
                 source.label,
                 block,
                 self.current,
+                source.facts,
             )
         )
         return len(self.new) - 1
@@ -157,6 +160,16 @@ class Materializer:
             self.current = task_id
             outputs[name] = self.fetch(task_id, full_box(self.tg[task_id].shape), "output")
         return outputs
+
+    def whole(self) -> dict[int, int]:
+        """Original task -> the new task that holds all of it, for the tasks that are one
+        block (every input; a split task has no such task): what the ids that facts name
+        become."""
+        return {
+            original: next(iter(table.values()))
+            for original, table in self.blocks.items()
+            if len(table) == 1
+        }
 
     # -- reading regions of producers --
 

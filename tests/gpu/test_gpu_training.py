@@ -29,9 +29,9 @@ import memgraph  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.checks import compare_outputs, tolerance_dtypes  # noqa: E402
 from einpage.models import llama  # noqa: E402
-from einpage.models.training import training_graph  # noqa: E402
-from einpage.optim import AdamW  # noqa: E402
 from einpage.presets import random_inputs  # noqa: E402
+from einpage.program.optim import AdamW  # noqa: E402
+from einpage.workloads.training import training_graph  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

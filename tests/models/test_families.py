@@ -9,7 +9,7 @@ constructors and checkpoint checks work for any family, without torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -112,6 +112,33 @@ def test_from_hf_rejects_another_model_type_naming_the_class(family):
         family.config.from_hf({"model_type": "bert"})
     assert f"{family.config.__name__}.from_hf" in str(info.value)
     assert "'bert'" in str(info.value) and repr(family.name) in str(info.value)
+
+
+@dataclass(frozen=True)
+class _MyQwen2(models.qwen2.Qwen2Config):
+    """A user's config built on Qwen2's (which is itself a `LlamaConfig`)."""
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=family_ids)
+def test_one_family_of_names_each_configs_own_family_for_generate_and_training(family):
+    """Qwen2 and Mistral configs subclass LLaMA's: generate and training each had a
+    `family_of`, and training's (the first family whose config class `cfg` is an
+    instance of) named LLaMA for both."""
+    from einpage.workloads import generate, training
+
+    for cfg in family.presets.values():
+        assert training.family_of(cfg) is family and generate.family_of(cfg) is family
+    assert generate.family_of is training.family_of is models.family_of
+
+
+def test_family_of_a_subclassed_config_is_its_nearest_familys():
+    tiny = models.qwen2.PRESETS["tiny"]
+    mine = _MyQwen2(**{f.name: getattr(tiny, f.name) for f in fields(tiny) if f.init})
+    from einpage.workloads import generate
+
+    assert generate.family_of(mine).name == "qwen2"
+    with pytest.raises(ConfigError, match="no model family has the config ToyConfig; known: "):
+        models.family_of(ToyConfig(8, 1, 1, 16))
 
 
 # -- a toy family: what the base asks of one ------------------------------------------------

@@ -1,4 +1,4 @@
-"""`einpage.generate.generate`: from a checkpoint folder with a tokenizer (a small random
+"""`einpage.workloads.generate.generate`: from a checkpoint folder with a tokenizer (a small random
 LLaMA saved by `save_pretrained` and a BPE tokenizer trained here on a paragraph: no
 network), from a config and a state dict, sampling reproducibly – and the typed errors
 for bad input."""
@@ -14,11 +14,11 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from hf_models import hf_gpt2, hf_llama  # noqa: E402
 
-from einpage import text  # noqa: E402
-from einpage.generate import generate  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.decode import Sampling  # noqa: E402
 from einpage.models.errors import CheckpointError, GenerationBudgetError, GenerationError  # noqa: E402
+from einpage.workloads import text  # noqa: E402
+from einpage.workloads.generate import generate  # noqa: E402
 from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -228,8 +228,8 @@ def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
 
 
 def test_a_run_beyond_the_host_memory_is_refused_before_it_starts(monkeypatch):
-    import einpage.generate as generate_module
-    from einpage.generate import HostMemoryError
+    import einpage.workloads.generate as generate_module
+    from einpage.workloads.generate import HostMemoryError
 
     weights = {n: np.zeros(s, np.float32) for n, s in CFG.weight_shapes().items()}
     monkeypatch.setattr(generate_module, "available_memory", lambda: 1000)

@@ -21,9 +21,9 @@ transformers = pytest.importorskip("transformers")
 from hf_models import TOLERANCE, hf_gpt2, hf_llama, relative_error  # noqa: E402
 
 import taskgraph  # noqa: E402
-from einpage.generation_plans import GenerationSpec, plan_generation  # noqa: E402
 from einpage.models import FAMILIES, gpt2, llama  # noqa: E402
 from einpage.models.generation import generation_inputs  # noqa: E402
+from einpage.workloads.generation import GenerationSpec, plan_generation  # noqa: E402
 
 torch.set_num_threads(1)
 

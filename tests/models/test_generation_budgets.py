@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from einpage.generation_plans import GenerationSpec, plan_generation
 from einpage.models import llama
 from einpage.models.errors import GenerationBudgetError
+from einpage.workloads.generation import GenerationSpec, plan_generation
 
 CFG = llama.PRESETS["tiny"]
 SPEC = GenerationSpec(llama.FAMILY, CFG, 1, 9, 4, page_size=4)

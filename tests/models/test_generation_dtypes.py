@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 import taskgraph
-from einpage.generation_plans import WAYS, GenerationSpec, plan_generation
 from einpage.models import FAMILIES
 from einpage.models.decode import Sampling, masked_score
 from einpage.models.generation import generation_inputs
+from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
 from taskgraph import dtypes
 
 SAMPLINGS = {"greedy": None, "top-k": Sampling(temperature=0.8, top_k=5)}

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import runtime
-from einpage.generation_plans import WAYS, GenerationSpec, plan_generation
 from einpage.models import gpt2
 from einpage.models.decode import Sampling
+from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
 
 CFG = gpt2.PRESETS["tiny"]
 SPEC = GenerationSpec(gpt2.FAMILY, CFG, 2, 6, 7, page_size=4, sampling=Sampling(top_k=4))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from einpage.generation_plans import WAYS, GenerationSpec, plan_generation
 from einpage.models import FAMILIES
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationBudgetError
+from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
 from memgraph import NodeKind
 from taskgraph.nodes import ArgReduce, Concat, Gather, View
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from einpage.generate import generate
 from einpage.models import llama
+from einpage.workloads.generate import generate
 from memgraph.render import MEM_STYLES, memgraph_dot
-from taskgraph.labels import is_kv_page
+from taskgraph.facts import is_kv_page
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")

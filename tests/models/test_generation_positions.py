@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from einpage.generation_plans import WAYS, GenerationSpec, plan_generation
 from einpage.models import gpt2, mistral
 from einpage.models.errors import GenerationError, UnsupportedConfigError
 from einpage.models.generation import decode_program
+from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

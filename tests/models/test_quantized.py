@@ -1,4 +1,4 @@
-"""Weight-only quantization (`einpage.quantize`): the stored layout against independent
+"""Weight-only quantization (`einpage.program.quantize`): the stored layout against independent
 NumPy integer arithmetic, the program's dequantization against it exactly, and
 quantized LLaMA and GPT-2 models planned under offloading budgets and run by the NumPy
 runtime in every mode against the reference evaluator of the same quantized program.
@@ -10,6 +10,8 @@ Tolerance against the float32 model (tiny random models, weights ~ N(0, 0.05²),
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
+
 import numpy as np
 import pytest
 
@@ -17,13 +19,14 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
-from einpage.models import gpt2, llama
+from einpage.models import gpt2, llama, qwen2
+from einpage.models.common import weight_input
 from einpage.models.errors import ConfigError
-from einpage.quantize import (
+from einpage.models.weights import WeightSpec
+from einpage.program.quantize import (
     Quantization,
     dequantize,
     dequantized_weight,
-    quantizable,
     quantize,
     quantize_weights,
 )
@@ -104,13 +107,45 @@ def test_a_quantized_matmul_equals_numpy_dequantize_then_matmul(bits):
 
 
 def test_only_matmul_weights_are_quantized():
-    shapes = llama.PRESETS["tiny"].weight_shapes()
-    chosen = sorted(n for n, s in shapes.items() if quantizable(n, s) and n.startswith("layers.0"))
+    quantized = llama.PRESETS["tiny"].quantized_weights()
+    chosen = sorted(n for n in quantized if n.startswith("layers.0"))
     parts = ("attn.wk", "attn.wo", "attn.wq", "attn.wv", "mlp.w_down", "mlp.w_gate", "mlp.w_up")
     assert chosen == [f"layers.0.{p}" for p in parts]
-    assert quantizable("lm_head", shapes["lm_head"])
-    assert not quantizable("embed", shapes["embed"]) and not quantizable("norm", shapes["norm"])
-    assert not quantizable("layers.0.attn.bq", (4, 16))
+    assert "lm_head" in quantized
+    assert "embed" not in quantized and "norm" not in quantized
+    for module in (qwen2, gpt2):  # Q/K/V biases (Qwen2's, GPT-2's) stay in the float dtype
+        quantized = module.PRESETS["tiny"].quantized_weights()
+        assert "layers.0.attn.wq" in quantized and "layers.0.attn.bq" not in quantized
+
+
+@dataclass(frozen=True)
+class _OpaqueNames(llama.LlamaConfig):
+    """LLaMA tiny's weights under names that say nothing (`p0`, `p1`, ...)."""
+
+    def weight_specs(self, prefix: str = "model.") -> list[WeightSpec]:
+        specs = super().weight_specs(prefix)
+        return [replace(spec, name=f"p{i}") for i, spec in enumerate(specs)]
+
+
+def test_which_weights_are_quantized_is_the_models_word_not_their_names():
+    tiny = llama.PRESETS["tiny"]
+    opaque = _OpaqueNames(**{f.name: getattr(tiny, f.name) for f in fields(tiny) if f.init})
+    renamed = dict(zip(tiny.weight_shapes(), opaque.weight_shapes(), strict=True))
+    shapes = tiny.weight_shapes()
+    weights = {k: RNG.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    want = quantize_weights(tiny, weights, bits=8, group=32)
+    got = quantize_weights(opaque, {renamed[k]: w for k, w in weights.items()}, bits=8, group=32)
+    assert "layers.0.attn.wq.q" in want and len(want) == len(got)  # the same ones quantized
+    for name in weights:
+        for suffix in (".q", ".scale", ""):
+            if name + suffix in want:
+                np.testing.assert_array_equal(got[renamed[name] + suffix], want[name + suffix])
+    # a program declares quantized inputs for the weights the model names, whatever they are
+    prog = ep.Program()
+    weight = weight_input(prog, {"kernel": (8, 32), "w_plain": (8, 32)}, "float32",
+                          Quantization(8, 32), quantized={"kernel"})  # fmt: skip
+    prog.output(ep.add(weight("kernel"), weight("w_plain")), "y")
+    assert set(prog.build().inputs) == {"kernel.q", "kernel.scale", "w_plain"}
 
 
 def _model(module, bits):

@@ -29,7 +29,8 @@ import memgraph  # noqa: E402
 import runtime  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
-from einpage.models.training import (  # noqa: E402
+from einpage.program.optim import SGD, AdamW  # noqa: E402
+from einpage.workloads.training import (  # noqa: E402
     MASTER,
     initial_states,
     loss_program,
@@ -38,7 +39,6 @@ from einpage.models.training import (  # noqa: E402
     training_graph,
     training_inputs,
 )
-from einpage.optim import SGD, AdamW  # noqa: E402
 from memgraph import NodeKind, min_budget, streaming_minimum  # noqa: E402
 from taskgraph.nodes import Input  # noqa: E402
 from taskgraph.partition import partition, smallest_feasible_block_limit  # noqa: E402
@@ -158,7 +158,7 @@ def test_two_training_steps_equal_torch_optim(model, optimizer):
     for step in (1, 2):
         inputs = training_inputs(cfg, opt, tokens, labels, weights, step=step)
         inputs.update(state)
-        state = next_inputs(taskgraph.evaluate(tg, inputs))
+        state = next_inputs(tg, taskgraph.evaluate(tg, inputs))
     want = torch_steps(model, opt, 2)
     assert set(state) == set(want)
     for name, value in want.items():
@@ -349,7 +349,7 @@ def test_mixed_precision_steps_update_float32_masters_as_torch(model, optimizer,
     inputs = training_inputs(cfg, opt, tokens, labels, weights, step=1, dtype=dtype)
     for step in (1, 2):
         grads = gradients(model, dtype, {n: inputs[n] for n in names})
-        state = next_inputs(taskgraph.evaluate(tg, inputs))
+        state = next_inputs(tg, taskgraph.evaluate(tg, inputs))
         for name in names:
             params[name].grad = torch.from_numpy(grads["grad." + name].astype("float32"))
         reference.step()
@@ -445,7 +445,8 @@ def test_bias_correction_counts_steps_past_what_the_model_dtype_holds(dtype, ste
         states[state_name("exp_avg_sq", name)] = rng.uniform(0, 1e-3, weights[name].shape)
     states = {k: v.astype("float32") for k, v in states.items()}
     inputs = training_inputs(cfg, opt, tokens, labels, weights, states, step=step, dtype=dtype)
-    got = next_inputs(taskgraph.evaluate(training_graph(cfg, BATCH, SEQ, opt, dtype), inputs))
+    tg = training_graph(cfg, BATCH, SEQ, opt, dtype)
+    got = next_inputs(tg, taskgraph.evaluate(tg, inputs))
     grads = gradients("gpt2-base", dtype, {n: inputs[n] for n in names})
 
     def torch_masters(before: int) -> dict[str, np.ndarray]:
@@ -481,7 +482,7 @@ def test_a_learning_rate_schedule_runs_one_plan_and_equals_torch(optimizer):
     for step, lr in enumerate(lrs, start=1):
         inputs = training_inputs(cfg, replace(opt, lr=lr), tokens, labels, weights, step=step)
         inputs.update(state)
-        state = next_inputs(runtime.run(plan, inputs, backend="numpy"))
+        state = next_inputs(plan.taskgraph, runtime.run(plan, inputs, backend="numpy"))
     want = torch_steps("llama-gqa-tied", opt, len(lrs), lrs)
     assert set(state) == set(want)
     for name, value in want.items():

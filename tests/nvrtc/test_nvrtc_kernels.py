@@ -23,10 +23,10 @@ from recording import kernel_sources
 import einpage as ep
 from einpage.models import generation, gpt2, llama
 from einpage.models.decode import Sampling
-from einpage.models.training import training_graph
-from einpage.optim import AdamW
 from einpage.presets import load_program
-from einpage.quantize import Quantization
+from einpage.program.optim import AdamW
+from einpage.program.quantize import Quantization
+from einpage.workloads.training import training_graph
 from runtime.cupy_backend import _GATHER
 from taskgraph.expr import BINARY_OPS, FUNCTIONS
 

@@ -27,6 +27,7 @@ from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec, normalize
 from taskgraph.expr import parse as parse_join
+from taskgraph.facts import Fact
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
     AGGS,
@@ -54,7 +55,7 @@ PATH_OPTIMIZERS = tuple(opt_einsum.paths._PATH_OPTIONS)
 
 def _ops() -> Any:
     """The op library, imported on first use (it imports this module)."""
-    from einpage import ops
+    from einpage.program import ops
 
     return ops
 
@@ -63,7 +64,7 @@ class Tensor:
     """A handle on one tensor of a `Program`: its task id, shape and dtype.
 
     Arithmetic operators build einsums (`a + b`, `a * 2`, `a @ b`, `-a`), with NumPy
-    broadcasting; `a[1:3, :]` slices; see `einpage.ops` for the rest.
+    broadcasting; `a[1:3, :]` slices; see `einpage.program.ops` for the rest.
     """
 
     __slots__ = ("program", "id", "shape", "dtype")
@@ -243,6 +244,23 @@ class Program:
             raise ProgramError(f"input {name!r}: domain must be one of {DOMAINS}, got {domain!r}")
         op = Input(name, role, location, domain)
         return self._add(op, (), shape, dtypes.canonical(dtype))
+
+    def fact(self, tensor: Tensor, fact: Fact) -> Tensor:
+        """State what `tensor` is – `fact`, one of `taskgraph.facts` (a KV page, the update
+        of an input, an optimizer state, ...) – where the program makes it; returns the
+        tensor. This is how a program says it: passes, reports and workloads read the
+        fact, never a name, a label or a scope, which are for people. A fact naming
+        another tensor takes its id (`Tensor.id`), which must be an earlier tensor.
+
+        >>> from taskgraph.facts import OptimizerState
+        >>> prog = Program()
+        >>> w = prog.input("w", (4,), role="weight")
+        >>> m = prog.fact(prog.input("m", (4,), role="state"), OptimizerState(w.id, "momentum"))
+        >>> m
+        <Tensor %1 : f32[4] = input["m", state, host]  [optimizer_state(of=%0, state=momentum)]>
+        """
+        self._builder.add_facts(self._own(tensor).id, (fact,))
+        return tensor
 
     def output(self, tensor: Tensor, name: str) -> None:
         """Mark `tensor` as the output `name`."""
@@ -487,7 +505,9 @@ class Program:
 
     def build(self, prune: bool = True) -> TaskGraph:
         """The TaskGraph of this program. With `prune`, tasks that no output depends on are
-        dropped (inputs are always kept) and ids renumbered densely."""
+        dropped (inputs are always kept) and ids renumbered densely, the ids facts name
+        too (a fact about a dropped tensor, e.g. the gradient of a task no output needs,
+        is dropped with it)."""
         graph = self._builder.build()
         if not graph.outputs:
             raise ProgramError(f"program {self.name!r} has no outputs; call prog.output(t, name)")
@@ -501,6 +521,7 @@ class Program:
         new_id: dict[int, int] = {}
         for task in graph.tasks:
             if task.id in live:
+                facts = [fact.renumbered(new_id) for fact in task.facts]
                 new_id[task.id] = builder.add(
                     task.op,
                     [new_id[i] for i in task.inputs],
@@ -508,6 +529,7 @@ class Program:
                     task.dtype,
                     task.scope,
                     task.label,
+                    [fact for fact in facts if fact is not None],
                 )
         for name, task_id in graph.outputs.items():
             builder.output(new_id[task_id], name)

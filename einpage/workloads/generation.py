@@ -1,0 +1,902 @@
+"""Planning a generation two ways under one budget, running the plans, and what they cost.
+
+* **Unrolled** (`UnrolledPlan`): the prefill and every decode step in one program
+  (`einpage.models.generation.generation_program`), planned once by `einpage.compile`.
+  The planner sees every future use of every weight and KV page – Belady over the whole
+  generation – so what stays resident is chosen across steps, and the ids of each step
+  feed the next on the device.
+* **Step plans** (`StepPlans`): a prefill plan, then decode plans reused across steps:
+  one per length bucket (`decode_program`: a cache of up to `pages` pages, rounded up
+  to `bucket_pages`; the positions and the mask of filled positions are inputs) and
+  chunk size (`chunk_steps` consecutive steps per run, default 1). A
+  `runtime.Session` per plan runs the loop: the pages live in host memory between
+  runs, where the loop writes each run's new keys and values into their pages; each
+  plan's session stages the weights, the position tables and the pages once, and after
+  a run re-stages only the pages that changed. Inside a run the plan pages the KV
+  cache and the weights under the budget like any tensors, but nothing stays on the
+  device from one run to the next: every run reads its pages and the weights it does
+  not hold from host memory again. Planning cost grows with the number of (bucket,
+  chunk size) pairs and the chunk length, not with the number of steps.
+
+Which to use: unrolled when the program fits in planning time (it keeps a fixed set of
+weights and the most reused pages resident across steps, and needs no host round trip
+per token); step plans for generations too long to unroll, with chunks as long as
+planning time allows, at the price of re-reading from host memory, every run, whatever
+does not fit in one run's plan. The README's "Measured" section quantifies both
+(`benchmarks/generation.py`).
+
+Budgets: both ways share one reading (`read_generation_budget`). `"N%"` is of the
+resident peak of the plans themselves (the unrolled plan's, or the largest step plan's:
+at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token (the
+larger of the prefill's and the last decode step's), the same bytes both ways. Each
+plan's `budget` says which reference point it was read against.
+
+`GenerationStats` reports the simulated time on a cost model, tokens/s, and the bytes
+each way moves: weights streamed and KV pages paged (reloaded and offloaded), in total
+and per generated token.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+import memgraph
+import runtime
+from einpage.models.base import ModelConfig, ModelFamily
+from einpage.models.decode import Sampling
+from einpage.models.errors import GenerationBudgetError, GenerationError
+from einpage.models.generation import (
+    DEFAULT_PAGE_SIZE,
+    check_generation,
+    check_tokens,
+    decode_inputs,
+    decode_program,
+    generation_inputs,
+    generation_program,
+)
+from einpage.pipeline import COMPILE_KEYWORDS, Compiled
+from einpage.pipeline import compile as compile_program
+from einpage.program.program import Program
+from einpage_core.errors import InfeasibleBudgetError
+from einpage_core.units import format_bytes
+from memgraph import MemGraph, NodeKind
+from memgraph.budgets import PERCENT, BudgetReading, read_budget
+from taskgraph import dtypes
+from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
+
+__all__ = [
+    "WAYS",
+    "GenerationSpec",
+    "Transfers",
+    "GenerationStats",
+    "GenerationOutput",
+    "UnrolledPlan",
+    "StepPlans",
+    "Chunk",
+    "chunks_of",
+    "plan_generation",
+    "read_generation_budget",
+    "token_programs",
+    "steps_of",
+    "STEP_OPTIONS",
+]
+
+WAYS = ("unrolled", "steps")
+"""The ways to plan a generation: one unrolled plan, or step plans per length bucket."""
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What a generation plan is for: the model, the shapes and how tokens are chosen."""
+
+    family: ModelFamily
+    cfg: ModelConfig
+    batch: int
+    prompt_len: int
+    new_tokens: int
+    dtype: str = "float32"
+    page_size: int = DEFAULT_PAGE_SIZE
+    sampling: Sampling | None = None
+    logits: bool = False
+
+    def __post_init__(self) -> None:
+        dtype = check_generation(
+            self.family,
+            self.cfg,
+            self.batch,
+            self.prompt_len,
+            self.new_tokens,
+            self.dtype,
+            self.page_size,
+            self.sampling,
+        )
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens generated: batch * new_tokens."""
+        return self.batch * self.new_tokens
+
+    @property
+    def positions(self) -> int:
+        """Positions the generation fills: the prompt's, then every new token's but the
+        last (which is chosen, never fed back): prompt_len + new_tokens - 1."""
+        return self.prompt_len + self.new_tokens - 1
+
+    def gumbel(self, seed: int) -> np.ndarray | None:
+        """The sampling noise of `seed` [new_tokens, batch, vocab] (None when greedy):
+        standard Gumbel draws in step order, the same for both ways of planning."""
+        if self.sampling is None:
+            return None
+        rng = np.random.default_rng(seed)
+        shape = (self.new_tokens, self.batch, self.cfg.vocab_size)
+        return rng.gumbel(size=shape).astype(self.dtype)
+
+    def generation_program(
+        self, new_tokens: int | None = None, cache_outputs: bool = False
+    ) -> Program:
+        return generation_program(
+            self.family,
+            self.cfg,
+            self.batch,
+            self.prompt_len,
+            self.new_tokens if new_tokens is None else new_tokens,
+            self.dtype,
+            page_size=self.page_size,
+            sampling=self.sampling,
+            logits=self.logits,
+            cache_outputs=cache_outputs,
+        )
+
+    def decode_program(self, pages: int, steps: int = 1) -> Program:
+        return decode_program(
+            self.family,
+            self.cfg,
+            self.batch,
+            pages,
+            self.dtype,
+            steps=steps,
+            page_size=self.page_size,
+            sampling=self.sampling,
+            logits=self.logits,
+            positions=self.positions,
+        )
+
+
+# -- what plans cost ---------------------------------------------------------------------
+
+
+def transfer_kind(tg: TaskGraph, task_id: int) -> str:
+    """What a transferred tensor is: "weight", "kv" (a KV page: `taskgraph.facts.KVPage`)
+    or "activation"."""
+    if tg.is_input_slice(task_id):
+        task_id = tg[task_id].inputs[0]
+    task = tg[tg.storage_root(task_id)]
+    if isinstance(task.op, Input) and task.op.role == "weight":
+        return "weight"
+    return "kv" if is_kv_page(task) else "activation"
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """Bytes a plan moves between host and device (tensor bytes, as `PlanStats` counts),
+    by what moves: weights streamed in, KV pages reloaded and offloaded, other tensors."""
+
+    weight_reload: int = 0
+    kv_reload: int = 0
+    kv_offload: int = 0
+    other_reload: int = 0
+    other_offload: int = 0
+
+    @classmethod
+    def of(cls, mg: MemGraph) -> Transfers:
+        """The transfers of `mg`; a step plan's KV outputs (`taskgraph.facts.KVEntries`:
+        its keys and values for the host cache) count as KV pages."""
+        tg = mg.taskgraph
+        kv_outputs = {tg.storage_root(i) for i in tg.outputs.values() if fact_of(tg[i], KVEntries)}
+        counts: dict[str, dict[str, int]] = {"reload": {}, "offload": {}}
+        for node in mg.nodes:
+            if node.kind not in (NodeKind.RELOAD, NodeKind.OFFLOAD):
+                continue
+            kind = transfer_kind(tg, node.tensor)
+            if tg.storage_root(node.tensor) in kv_outputs:
+                kind = "kv"
+            side = counts[node.kind.value]
+            side[kind] = side.get(kind, 0) + tg[node.tensor].nbytes
+        reload, offload = counts["reload"], counts["offload"]
+        return cls(
+            weight_reload=reload.get("weight", 0),
+            kv_reload=reload.get("kv", 0),
+            kv_offload=offload.get("kv", 0),
+            other_reload=reload.get("activation", 0),
+            other_offload=offload.get("activation", 0) + offload.get("weight", 0),
+        )
+
+    def __add__(self, other: Transfers) -> Transfers:
+        return Transfers(*(a + b for a, b in zip(self.values(), other.values(), strict=True)))
+
+    def values(self) -> tuple[int, ...]:
+        return (
+            self.weight_reload,
+            self.kv_reload,
+            self.kv_offload,
+            self.other_reload,
+            self.other_offload,
+        )
+
+    @property
+    def kv_paged(self) -> int:
+        """KV page bytes moved either way."""
+        return self.kv_reload + self.kv_offload
+
+    @property
+    def total(self) -> int:
+        return sum(self.values())
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    """What a generation plan costs: `planning_seconds` (building the programs and
+    compiling them), the simulated seconds of the whole generation on `cost_model`
+    (prefill and every decode step), and its `transfers`. `plans`, `tasks`, `nodes`:
+    how many plans, and their tasks and MemGraph nodes in all."""
+
+    way: str
+    tokens: int
+    planning_seconds: float
+    simulated_seconds: float
+    cost_model: str
+    transfers: Transfers
+    plans: int
+    tasks: int
+    nodes: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens (batch * new_tokens) per simulated second."""
+        return self.tokens / self.simulated_seconds if self.simulated_seconds > 0 else math.inf
+
+    @property
+    def weight_bytes_per_token(self) -> float:
+        return self.transfers.weight_reload / self.tokens
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        return self.transfers.kv_paged / self.tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "way": self.way,
+            "tokens": self.tokens,
+            "planning_seconds": self.planning_seconds,
+            "simulated_seconds": self.simulated_seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "cost_model": self.cost_model,
+            "weight_bytes_per_token": self.weight_bytes_per_token,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "transfers": dict(zip(_TRANSFER_NAMES, self.transfers.values(), strict=True)),
+            "plans": self.plans,
+            "tasks": self.tasks,
+            "nodes": self.nodes,
+        }
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a table."""
+        t = self.transfers
+        return [
+            ("plans", f"{self.plans} ({self.way}): {self.tasks:,} tasks, {self.nodes:,} nodes"),
+            ("planning", f"{self.planning_seconds:.2f} s"),
+            (
+                f"simulated ({self.cost_model})",
+                f"{self.simulated_seconds * 1e3:.2f} ms, {self.tokens_per_s:,.1f} tokens/s",
+            ),
+            (
+                "weights streamed",
+                f"{format_bytes(t.weight_reload)} ({format_bytes(self.weight_bytes_per_token)}"
+                " per token)",
+            ),
+            (
+                "KV pages paged",
+                f"{format_bytes(t.kv_reload)} in, {format_bytes(t.kv_offload)} out "
+                f"({format_bytes(self.kv_bytes_per_token)} per token)",
+            ),
+        ]
+
+
+_TRANSFER_NAMES = ("weight_reload", "kv_reload", "kv_offload", "other_reload", "other_offload")
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """A run's result: the new ids [batch, new_tokens], each step's logits [batch,
+    new_tokens, vocab] when the plan outputs them, and the run reports of its sessions."""
+
+    ids: np.ndarray
+    logits: np.ndarray | None = None
+    reports: tuple[Any, ...] = field(default=(), repr=False)
+
+
+def _planning_seconds(compiled: Compiled) -> float:
+    return sum(s for stage, s in compiled.timings.items() if stage != "verifying")
+
+
+def _simulate(mg: MemGraph, cost_model: str) -> float:
+    return memgraph.simulate(mg, cost_model).makespan
+
+
+def _check_prompt(spec: GenerationSpec, tokens: Any) -> np.ndarray:
+    ids = check_tokens(tokens, spec.cfg.vocab_size)
+    if ids.shape != (spec.batch, spec.prompt_len):
+        raise GenerationError(
+            f"the prompt has shape {ids.shape}, the plan is for [batch, prompt_len] = "
+            f"{[spec.batch, spec.prompt_len]}"
+        )
+    return ids
+
+
+def steps_of(tg: TaskGraph) -> list[int | None]:
+    """For each task of an unrolled generation, the step it serves: the first step whose
+    choice of ids (`taskgraph.facts.ChosenIds`) needs it – 0 for the prefill, t for decode
+    step t – or None when no choice does (what only the outputs read). Read from the
+    graph's facts and edges, not from scopes."""
+    chosen = sorted(
+        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
+    )
+    step: list[int | None] = [None] * len(tg)
+    for t, root in chosen:  # a task needed by step t has its operands needed by t too
+        stack = [root]
+        while stack:
+            i = stack.pop()
+            if step[i] is None:
+                step[i] = t
+                stack.extend(tg[i].inputs)
+    return step
+
+
+def _step_of(tg: TaskGraph, task: int | None) -> str:
+    """Which part of an unrolled generation a task belongs to (`steps_of`)."""
+    if task is None:
+        return "the whole generation"
+    if isinstance(tg[task].op, Input):
+        return "the inputs"
+    step = steps_of(tg)[task]
+    if step is None:
+        return "the outputs"
+    return "prefill" if step == 0 else f"step {step}"
+
+
+def _compile(
+    tg: TaskGraph, budget: Any, plan: str, step: str | None, options: Mapping[str, Any]
+) -> tuple[Compiled, float]:
+    """`einpage.compile` of `tg`, timed; an infeasible budget raises
+    `GenerationBudgetError` naming the plan, the step and the task."""
+    try:
+        compiled = compile_program(tg, budget, **options)
+    except InfeasibleBudgetError as err:
+        where = _step_of(tg, err.task) if step is None else step
+        line = (
+            ""
+            if err.task is None
+            else f" (task {tg[err.task].line()}, scope {tg[err.task].scope!r})"
+        )
+        raise GenerationBudgetError(
+            f"the {plan} plan of {tg.name!r} does not fit the budget at {where}{line}:\n{err}",
+            err.budget,
+            err.needed,
+            err.task,
+            where,
+            plan,
+        ) from err
+    return compiled, _planning_seconds(compiled)
+
+
+def _session(mg: MemGraph, backend: Any, mode: str | None) -> runtime.Session:
+    return runtime.Session(mg, backend, mode=mode)
+
+
+def _run_once(
+    mg: MemGraph, inputs: Mapping[str, Any], backend: Any, mode: str | None, seed: int
+) -> tuple[dict[str, np.ndarray], Any]:
+    """One run of `mg` in a session of its own: (outputs, run report)."""
+    with _session(mg, backend, mode) as session:
+        return session.run(inputs, seed=seed), session.last
+
+
+def _release_sessions() -> None:
+    """Free the buffers of the sessions just closed before the next one allocates its
+    own. A closed `runtime.Session` keeps its arena (and its staged copies of the
+    weights) until its reference cycles are collected, which allocating large arrays
+    does not prompt: the step loop's sessions, one after another, would hold all of
+    theirs at once (measured: GPT-2 124M in float32, three step plans on NumPy, 2.1 GB
+    resident where one session at a time needs 1.2 GB)."""
+    gc.collect()
+
+
+RUN_BYTES_PER_NODE = 1024
+"""Host memory a session takes per node of its plan for its own bookkeeping (the
+schedule, the interpreter's views; measured about 300 B on the tiny presets), counted
+by `host_bytes` with a margin."""
+
+
+def _session_host_bytes(mg: MemGraph, backend: runtime.Backend) -> int:
+    """Host memory a session of `mg` allocates on `backend`: its host buffer (as
+    `runtime.Session` lays it out), its bookkeeping (`RUN_BYTES_PER_NODE`) and, where the
+    arena and the kernels are in host memory (NumPy), the arena and the largest result a
+    kernel computes before storing it (in its compute dtype: float32 for 16-bit floats)."""
+    layout = runtime.HostLayout.of(mg, backend.host_staging)
+    need = layout.nbytes + RUN_BYTES_PER_NODE * len(mg)
+    if backend.arena_on_host:
+        tg = mg.taskgraph
+        need += mg.budget + max((_kernel_scratch(tg, t) for t in tg if t.is_compute), default=0)
+    return need
+
+
+def _kernel_scratch(tg: TaskGraph, task: Any) -> int:
+    """Host memory the NumPy kernel of `task` allocates besides the arena: its result in
+    the compute dtype and a copy, in it, of each operand stored in another dtype (a
+    bfloat16 or float16 embedding table is widened to float32 for the LM head)."""
+
+    def wide(t: Any) -> int:
+        return t.size * dtypes.itemsize(dtypes.compute_dtype(t.dtype))
+
+    operands = {tg.storage_root(i) for i in task.inputs}
+    widened = sum(wide(tg[i]) for i in operands if dtypes.compute_dtype(tg[i].dtype) != tg[i].dtype)
+    return wide(task) + widened
+
+
+def _input_bytes(spec: GenerationSpec, tg: TaskGraph) -> int:
+    """Host memory of a run's inputs besides the weights (the prompt, the position
+    tables, the sampling noise, in the dtype, and the noise's float64 draw)."""
+    held = sum(
+        tg[i].nbytes
+        for i in tg.inputs.values()
+        if not (isinstance(tg[i].op, Input) and tg[i].op.role == "weight")
+    )
+    noise = 0 if spec.sampling is None else 8 * spec.new_tokens * spec.batch * spec.cfg.vocab_size
+    return held + noise
+
+
+class UnrolledPlan:
+    """The whole generation as one plan (module docstring). `compiled` is
+    `einpage.compile`'s result; `planning_seconds` includes building the program."""
+
+    way = "unrolled"
+
+    def __init__(self, spec: GenerationSpec, compiled: Compiled, planning_seconds: float):
+        self.spec = spec
+        self.compiled = compiled
+        self.planning_seconds = planning_seconds
+
+    @property
+    def budget(self) -> BudgetReading:
+        """How the budget was read (`read_generation_budget`)."""
+        return self.compiled.budget
+
+    def __repr__(self) -> str:
+        return f"<UnrolledPlan {self.compiled.program.name!r}: {len(self.plan)} nodes>"
+
+    @property
+    def plan(self) -> MemGraph:
+        return self.compiled.plan
+
+    @property
+    def plans(self) -> dict[str, Compiled]:
+        """Every plan by name (one here)."""
+        return {"unrolled": self.compiled}
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        session's host buffer and arena (NumPy) and the inputs (`run` checks nothing
+        itself: a caller that must not run out of memory compares this first)."""
+        return _session_host_bytes(self.plan, backend) + _input_bytes(
+            self.spec, self.compiled.program
+        )
+
+    def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
+        return GenerationStats(
+            way=self.way,
+            tokens=self.spec.tokens,
+            planning_seconds=self.planning_seconds,
+            simulated_seconds=_simulate(self.plan, cost_model),
+            cost_model=cost_model,
+            transfers=Transfers.of(self.plan),
+            plans=1,
+            tasks=len(self.compiled.graph),
+            nodes=len(self.plan),
+        )
+
+    def run(
+        self,
+        weights: Mapping[str, np.ndarray],
+        tokens: Any,
+        *,
+        seed: int = 0,
+        backend: Any = "numpy",
+        mode: str | None = None,
+        run_seed: int = 0,
+    ) -> GenerationOutput:
+        """Generate from the prompt `tokens` [batch, prompt_len] with the program's
+        `weights`; `seed` draws the sampling noise, `run_seed` orders a random-mode run."""
+        spec = self.spec
+        ids = _check_prompt(spec, tokens)
+        inputs = generation_inputs(
+            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed)
+        )
+        with _session(self.plan, backend, mode) as session:
+            out = session.run(inputs, seed=run_seed)
+            return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
+
+
+class _HostPages:
+    """The KV cache in host memory between step plans: per layer, K and V pages
+    [batch, kv heads, page_size, head_dim], zero where not yet written, by (layer, part,
+    page). Which tensor of a plan is which is read from its facts
+    (`taskgraph.facts.KVEntries` for the keys and values a plan returns, `KVPage` for
+    the pages a decode plan reads), never from names."""
+
+    def __init__(self, spec: GenerationSpec, head_shape: tuple[int, ...], pages: int):
+        self.page_size = spec.page_size
+        shape = (*head_shape[:-2], spec.page_size, head_shape[-1])
+        self.pages = {
+            (i, part, j): np.zeros(shape, spec.dtype)
+            for i in range(spec.cfg.num_layers)
+            for part in "kv"
+            for j in range(pages)
+        }
+
+    def write(self, tg: TaskGraph, out: Mapping[str, np.ndarray], start: int) -> set[int]:
+        """Copy the keys and values [..., n, e] that the plan of `tg` returned in `out`
+        (its outputs stating `KVEntries`) into the positions from `start`; returns the
+        pages written."""
+        touched: set[int] = set()
+        for name, task_id in tg.outputs.items():
+            entries = fact_of(tg[task_id], KVEntries)
+            if entries is None:
+                continue
+            values = out[name]
+            for offset in range(values.shape[-2]):
+                page, slot = divmod(start + offset, self.page_size)
+                self.pages[entries.layer, entries.part, page][..., slot, :] = values[..., offset, :]
+                touched.add(page)
+        return touched
+
+    def inputs(self, tg: TaskGraph, pages: Iterator[int] | range | set[int]) -> dict[str, Any]:
+        """The page inputs of `tg` (those stating `KVPage`) whose page is numbered in
+        `pages`, by input name, every layer."""
+        wanted = set(pages)
+        found = {}
+        for name, task_id in tg.inputs.items():
+            page = fact_of(tg[task_id], KVPage)
+            if page is not None and page.page in wanted:
+                found[name] = self.pages[page.layer, page.part, page.page]
+        return found
+
+
+def _kv_entries(tg: TaskGraph) -> list[int]:
+    """The outputs of `tg` that hand keys or values to the step loop (`KVEntries`)."""
+    return [i for i in tg.outputs.values() if fact_of(tg[i], KVEntries)]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Decode steps `first` .. `first + steps - 1` (1-based after the prefill's token),
+    run by one plan: `length` cache positions when it starts, `pages` in its bucket."""
+
+    first: int
+    steps: int
+    length: int
+    pages: int
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """The plan it needs: (pages, steps)."""
+        return self.pages, self.steps
+
+    @property
+    def name(self) -> str:
+        """ "decode (pages P)", or "decode (pages P, steps S)" for a chunk of steps."""
+        return decode_name(*self.key)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_name(pages: int, steps: int) -> str:
+    return f"decode (pages {pages})" if steps == 1 else f"decode (pages {pages}, steps {steps})"
+
+
+def chunks_of(spec: GenerationSpec, bucket_pages: int, chunk_steps: int) -> list[Chunk]:
+    """The decode steps of `spec` cut into chunks of `chunk_steps` (the last may be
+    shorter), each served by the bucket of its first step's cache length: that length's
+    pages, rounded up to a multiple of `bucket_pages` (the chunk's own new positions are
+    computed in the plan, not read from pages)."""
+    chunks = []
+    for first in range(1, spec.new_tokens, chunk_steps):
+        length = spec.prompt_len + first - 1
+        pages = _ceil(_ceil(length, spec.page_size), bucket_pages) * bucket_pages
+        steps = min(chunk_steps, spec.new_tokens - first)
+        chunks.append(Chunk(first, steps, length, pages))
+    return chunks
+
+
+class StepPlans:
+    """A prefill plan and decode plans reused across steps (module docstring): one per
+    (length bucket, chunk size), keyed `(pages, steps)` in `decoders`; `chunks` says
+    which decode steps each run covers."""
+
+    way = "steps"
+
+    def __init__(
+        self,
+        spec: GenerationSpec,
+        prefill: Compiled,
+        decoders: Mapping[tuple[int, int], Compiled],
+        chunks: list[Chunk],
+        planning_seconds: float,
+    ):
+        self.spec = spec
+        self.prefill = prefill
+        self.decoders = dict(decoders)
+        self.chunks = list(chunks)
+        self.planning_seconds = planning_seconds
+
+    def __repr__(self) -> str:
+        return f"<StepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)}>"
+
+    @property
+    def budget(self) -> BudgetReading:
+        """How the budget every step plan shares was read (`read_generation_budget`)."""
+        return self.prefill.budget
+
+    @property
+    def plans(self) -> dict[str, Compiled]:
+        """Every plan by name: "prefill", then "decode (pages P[, steps S])"."""
+        named = {"prefill": self.prefill}
+        named.update({decode_name(*key): c for key, c in sorted(self.decoders.items())})
+        return named
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: the
+        largest session's host buffer and arena (one session at a time), the KV pages kept
+        in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
+        plans = [self.prefill, *self.decoders.values()]
+        sessions = max(_session_host_bytes(c.plan, backend) for c in plans)
+        inputs = max(_input_bytes(self.spec, c.program) for c in plans)
+        staged = 0  # a decode plan's session stages every input but the step's own
+        if not backend.host_staging:  # copied (NumPy); a staging backend's slots are in
+            staged = max((c.program.input_bytes for c in self.decoders.values()), default=0)
+        return sessions + staged + self._cache_pages() * self._page_bytes() + inputs
+
+    def _cache_pages(self) -> int:
+        """Pages per layer and part (K or V) the host cache holds (`run`)."""
+        needed = _ceil(self.spec.prompt_len + self.spec.new_tokens, self.spec.page_size)
+        return max([needed, *(c.pages for c in self.chunks)])
+
+    def _page_bytes(self) -> int:
+        """Bytes of every layer's K and V page of one page index."""
+        tg = self.prefill.program
+        head = tg[_kv_entries(tg)[0]]  # [batch, kv heads, prompt_len, head_dim]
+        per_page = head.nbytes // head.shape[-2] * self.spec.page_size
+        return 2 * self.spec.cfg.num_layers * per_page
+
+    def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
+        """The prefill's cost plus each chunk's, by its plan."""
+        seconds = _simulate(self.prefill.plan, cost_model)
+        transfers = Transfers.of(self.prefill.plan)
+        per_plan = {
+            key: (_simulate(c.plan, cost_model), Transfers.of(c.plan))
+            for key, c in self.decoders.items()
+        }
+        for chunk in self.chunks:
+            chunk_seconds, chunk_transfers = per_plan[chunk.key]
+            seconds += chunk_seconds
+            transfers = transfers + chunk_transfers
+        plans = [self.prefill, *self.decoders.values()]
+        return GenerationStats(
+            way=self.way,
+            tokens=self.spec.tokens,
+            planning_seconds=self.planning_seconds,
+            simulated_seconds=seconds,
+            cost_model=cost_model,
+            transfers=transfers,
+            plans=len(plans),
+            tasks=sum(len(c.graph) for c in plans),
+            nodes=sum(len(c.plan) for c in plans),
+        )
+
+    def run(
+        self,
+        weights: Mapping[str, np.ndarray],
+        tokens: Any,
+        *,
+        seed: int = 0,
+        backend: Any = "numpy",
+        mode: str | None = None,
+        run_seed: int = 0,
+    ) -> GenerationOutput:
+        """Generate with the step loop (module docstring); arguments as `UnrolledPlan.run`."""
+        spec = self.spec
+        ids = _check_prompt(spec, tokens)
+        gumbel = spec.gumbel(seed)
+        first = None if gumbel is None else gumbel[:1]
+        inputs = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, weights, first)
+        out, report = _run_once(self.prefill.plan, inputs, backend, mode, run_seed)
+        reports = [report]
+        _release_sessions()
+        prefill = self.prefill.program
+        cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, self._cache_pages())
+        cache.write(prefill, out, 0)
+        chosen = [out["ids"]]
+        logits = [out["logits"]] if spec.logits else []
+        for run in self._runs():
+            reports += self._run_plan(
+                run, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
+            )
+            _release_sessions()
+        ids_out = np.concatenate(chosen, axis=1)
+        logits_out = np.concatenate(logits, axis=1) if spec.logits else None
+        return GenerationOutput(ids_out, logits_out, tuple(reports))
+
+    def _runs(self) -> list[list[Chunk]]:
+        """Consecutive chunks that use the same plan (one session each)."""
+        runs: list[list[Chunk]] = []
+        for chunk in self.chunks:
+            if runs and runs[-1][0].key == chunk.key:
+                runs[-1].append(chunk)
+            else:
+                runs.append([chunk])
+        return runs
+
+    def _run_plan(
+        self,
+        run: list[Chunk],
+        cache: _HostPages,
+        weights: Mapping[str, np.ndarray],
+        chosen: list[np.ndarray],
+        logits: list[np.ndarray],
+        gumbel: np.ndarray | None,
+        backend: Any,
+        mode: str | None,
+        run_seed: int,
+    ) -> list[Any]:
+        """Chunks of one plan in one session: stage what stays (weights, position tables,
+        pages), then run each chunk and write its new keys and values into the host pages,
+        re-staging the pages that changed."""
+        spec = self.spec
+        pages, steps = run[0].key
+        positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
+        reports = []
+        tg = self.decoders[run[0].key].program
+        with _session(self.decoders[run[0].key].plan, backend, mode) as session:
+            session.stage({**weights, **positions, **cache.inputs(tg, range(pages))})
+            for chunk in run:
+                step = decode_inputs(
+                    chosen[-1][:, -1], chunk.length, pages, spec.page_size, spec.dtype, steps
+                )
+                if gumbel is not None:
+                    step["gumbel"] = gumbel[chunk.first : chunk.first + steps]
+                out = session.run(step, seed=run_seed + chunk.first)
+                reports.append(session.last)
+                touched = cache.write(tg, out, chunk.length)
+                session.stage(cache.inputs(tg, {p for p in touched if p < pages}))
+                chosen.append(out["ids"])
+                if spec.logits:
+                    logits.append(out["logits"])
+        return reports
+
+
+def plan_generation(
+    spec: GenerationSpec,
+    budget: int | str,
+    way: str = "unrolled",
+    *,
+    bucket_pages: int = 1,
+    chunk_steps: int = 1,
+    **options: Any,
+) -> UnrolledPlan | StepPlans:
+    """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
+    or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
+    `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
+    eviction, ...). A percentage is read by `read_generation_budget` (the plan's `budget`
+    says how). Raises `GenerationBudgetError` (naming the step and the task) when the
+    budget is too small."""
+    if way not in WAYS:
+        raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
+    started = time.perf_counter()
+    if way == "unrolled":
+        programs = {"unrolled": spec.generation_program()}
+        first_step: dict[str, str | None] = {"unrolled": None}
+        plan_options = dict(options)
+    else:
+        for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise GenerationError(f"{what} must be a positive int, got {value!r}")
+        plan_options = {**STEP_OPTIONS, **options}
+        chunks = chunks_of(spec, bucket_pages, chunk_steps)
+        programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
+        first_step = {"prefill": "prefill"}
+        keys: dict[str, tuple[int, int]] = {}
+        for chunk in chunks:
+            if chunk.name not in programs:
+                programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
+                first_step[chunk.name] = f"step {chunk.first}"
+                keys[chunk.name] = chunk.key
+    graphs = {name: program.build() for name, program in programs.items()}
+    reading = read_generation_budget(spec, graphs, budget, options, way)
+    seconds = time.perf_counter() - started
+    compiled = {}
+    for name, tg in graphs.items():
+        compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], plan_options)
+        seconds += plan_seconds
+    if way == "unrolled":
+        return UnrolledPlan(spec, compiled["unrolled"], seconds)
+    decoders = {key: compiled[name] for name, key in keys.items()}
+    return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds)
+
+
+STEP_OPTIONS = {"outputs": "host"}
+"""Planner options of step plans (what a step outputs goes to the host loop), unless
+the caller gives them."""
+
+
+def token_programs(spec: GenerationSpec) -> dict[str, Program]:
+    """The programs of one token, whatever the way: "the prefill" (the prompt to the
+    first token, its keys and values out, as a step loop's) and, with more than one new
+    token, "the last decode step" (one step over the whole cache of the last token in
+    pages of `page_size`, its pages in host memory). The generation's streaming minimum
+    is the larger of theirs (`read_generation_budget`)."""
+    programs = {"the prefill": spec.generation_program(1, cache_outputs=True)}
+    if spec.new_tokens > 1:
+        length = spec.prompt_len + spec.new_tokens - 2  # the cache the last step reads
+        programs["the last decode step"] = spec.decode_program(_ceil(length, spec.page_size))
+    return programs
+
+
+def read_generation_budget(
+    spec: GenerationSpec,
+    graphs: Mapping[str, TaskGraph],
+    budget: Any,
+    options: Mapping[str, Any],
+    way: str,
+) -> Any:
+    """The budget every plan of the generation shares: bytes or a size string as given;
+    a percentage as a `BudgetReading` that names its reference point, one definition for
+    both ways:
+
+    * `"N%"` / `"N%resident"`: of the resident peak of the plans themselves – the
+      unrolled plan's, or the largest step plan's (at 100% no plan moves anything);
+    * `"N%streaming"`: of the generation's streaming minimum, that of one token – the
+      larger of the prefill's and the last decode step's (`token_programs`), weights
+      loaded just in time and dropped after use, planned as step plans are. An unrolled
+      program's own streaming minimum would keep every weight (each is read again by
+      the next step, so nothing drops it), nearly its resident peak; this one is the
+      same for both ways, whatever `bucket_pages` and `chunk_steps`.
+
+    `graphs` are the plans' programs by name; `options` the caller's planner options
+    (the way's own defaults are added here). Raises `BudgetFormatError` for a malformed
+    percentage."""
+    match = PERCENT.match(budget) if isinstance(budget, str) else None
+    if match is None:
+        return budget  # bytes, a size string, or malformed: einpage.compile reads it
+    streaming = (match.group(2).lower() or "resident") == "streaming"
+    own = {**STEP_OPTIONS, **options} if way == "steps" or streaming else dict(options)
+    planner = {k: v for k, v in own.items() if k not in COMPILE_KEYWORDS}
+    opts = memgraph.PlanOptions.from_keywords(planner, "einpage.compile", COMPILE_KEYWORDS)
+    if streaming:
+        candidates = {name: p.build() for name, p in token_programs(spec).items()}
+    else:
+        candidates = {f"the {name} plan": tg for name, tg in graphs.items()}
+    readings = {name: read_budget(tg, budget, opts) for name, tg in candidates.items()}
+    name = max(readings, key=lambda n: readings[n].nbytes)
+    reading = readings[name]
+    return replace(reading, reference=f"{reading.reference} ({name}'s)")
