@@ -13,7 +13,7 @@ import doctest
 import pytest
 
 import einpage as ep
-import einpage.pipeline as pipeline_module
+import einpage.pipeline.compiler as pipeline_module
 import memgraph
 from einpage.cli.presets import load_program
 from einpage.errors import InfeasibleBudgetError, InputError, PlanError
