@@ -11,8 +11,7 @@ from einpage.pipeline import Compiled, PartitionInfeasibleError, TooManyBlocksEr
 from einpage.program import Program, Tensor, ops
 from einpage.program.ops import *  # noqa: F403
 from einpage.units import format_bytes, parse_bytes
-
-__version__ = "0.1.0"
+from einpage.version import __version__  # noqa: F401
 
 __all__ = [
     "Program",

@@ -2,7 +2,7 @@
 
 import sys
 
-from einpage.cli import main
+from einpage.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

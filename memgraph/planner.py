@@ -114,8 +114,8 @@ With `outputs="device"` its name is listed in `info["outputs_on_host"]`.
 
 Speed: everything per step is O(operands) plus O(log n) allocator work, except a
 victim search, which activates tensors only until a window forms (see
-`memgraph.eviction`). `benchmarks/plan_bench.py` measures ~45-65 us per task, linear
-in size: a 62k-task transformer-like graph with 4,250 evictions plans in 3-4 s.
+`memgraph.eviction`), so planning time is linear in the graph's size
+(`benchmarks/plan_bench.py` measures it; the README has the figures).
 
 Where things live: `memgraph.options` (`PlanOptions`), `memgraph.budgets` (reading a
 budget; its reference points `resident_peak`, `streaming_minimum`, `min_budget`),
@@ -223,7 +223,7 @@ def plan(
     """
     expect_graph(
         tg, TaskGraph, "memgraph.plan", ": build a Program with .build(), load a preset "
-        "with einpage.presets.load_program(name), or use einpage.compile(program, budget)",
+        "with einpage.cli.presets.load_program(name), or use einpage.compile(program, budget)",
     )  # fmt: skip
     if "partition" in options:
         raise PlanError(

@@ -90,6 +90,17 @@ class TaskGraph:
     def total_flops(self) -> int:
         return sum(t.flops for t in self.tasks)
 
+    def bytes_by_dtype(self) -> dict[str, int]:
+        """The bytes of the graph's tensors per dtype, most first."""
+        by_dtype: dict[str, int] = {}
+        for task in self.tasks:
+            by_dtype[task.dtype] = by_dtype.get(task.dtype, 0) + task.nbytes
+        return dict(sorted(by_dtype.items(), key=lambda item: -item[1]))
+
+    def main_dtype(self) -> str:
+        """The dtype holding most of the graph's bytes (what its figures are in)."""
+        return next(iter(self.bytes_by_dtype()), "no tensors")
+
     @property
     def input_bytes(self) -> int:
         """Bytes of all inputs (weights and activations)."""

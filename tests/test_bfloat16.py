@@ -25,8 +25,8 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
+from einpage.cli.presets import load_program, random_inputs
 from einpage.errors import DTypeError, InputError, UnsupportedError
-from einpage.presets import load_program, random_inputs
 from taskgraph import TaskGraph, dtypes
 from taskgraph.partition import partition
 

@@ -23,8 +23,8 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
-from einpage.checks import compare_outputs
-from einpage.cli import (
+from einpage.cli.checks import compare_outputs
+from einpage.cli.commands import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
     EXIT_INFEASIBLE,
@@ -33,8 +33,8 @@ from einpage.cli import (
     Console,
     main,
 )
-from einpage.files import load_inputs, save_arrays
-from einpage.presets import load_program, random_inputs
+from einpage.cli.files import load_inputs, save_arrays
+from einpage.cli.presets import load_program, random_inputs
 from einpage.units import format_bytes, format_exact
 from taskgraph.dot import find_dot
 
@@ -806,9 +806,9 @@ def test_every_python_spelling_the_cli_rewords_is_a_library_message(monkeypatch)
     import subprocess as subprocess_module
     import types
 
-    import einpage.pipeline as pipeline
+    import einpage.pipeline.search as pipeline
     import einpage_core.dot as dot
-    from einpage.cli import CLI_SPELLINGS, cli_words
+    from einpage.cli.commands import CLI_SPELLINGS, cli_words
     from memgraph.budgets import WAY_OUT
     from runtime.cupy_backend import CupyBackend, import_cupy
 

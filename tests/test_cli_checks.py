@@ -1,4 +1,4 @@
-"""Non-finite outputs are never passed over: `einpage.checks` counts them and names the
+"""Non-finite outputs are never passed over: `einpage.cli.checks` counts them and names the
 first, in `einpage run`'s output summary and in `--check`, which fails when the output
 has one where the reference is finite and says plainly when the reference itself is
 not finite (it then vouches for nothing). And `--check` holds each output to the
@@ -15,7 +15,7 @@ import pytest
 
 import einpage as ep
 import taskgraph
-from einpage.checks import (
+from einpage.cli.checks import (
     CheckFailedError,
     NonFinite,
     compare_outputs,
@@ -23,7 +23,7 @@ from einpage.checks import (
     summarize,
     tolerance_dtypes,
 )
-from einpage.cli import EXIT_CHECK_FAILED, EXIT_OK, main
+from einpage.cli.commands import EXIT_CHECK_FAILED, EXIT_OK, main
 
 
 def test_nonfinite_counts_each_kind_and_names_the_first():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from einpage.cli import EXIT_BAD_INPUT, EXIT_STDOUT_CLOSED, main
-from einpage.files import atomic_output, check_output
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_STDOUT_CLOSED, main
+from einpage.cli.files import atomic_output, check_output
 from einpage_core.errors import InputError
 
 SMALL_MLP = ["mlp", "--batch", "256"]
@@ -96,7 +96,7 @@ def test_atomic_output_replaces_whole_or_not_at_all(tmp_path):
 def test_a_closed_stdout_still_writes_the_plan_quietly(tmp_path):
     plan = tmp_path / "p.json"
     code = (
-        "import sys; from einpage.cli import main; "
+        "import sys; from einpage.cli.commands import main; "
         f"sys.exit(main(['plan', 'mlp', '--batch', '256', '--budget', '50%', '-o', {str(plan)!r}]))"
     )
     producer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -136,7 +136,7 @@ def bad_inputs(tmp_path):
 
 
 def test_inputs_in_a_wrong_or_broken_file_are_typed_errors(bad_inputs):
-    from einpage.files import load_inputs
+    from einpage.cli.files import load_inputs
 
     for path, words in bad_inputs:
         with pytest.raises(InputError) as info:
@@ -149,7 +149,7 @@ def test_inputs_from_safetensors_are_read(tmp_path):
     import numpy as np
     from safetensors.numpy import save_file
 
-    from einpage.files import load_inputs
+    from einpage.cli.files import load_inputs
 
     save_file({"x": np.arange(6, dtype=np.float32).reshape(2, 3)}, str(tmp_path / "in.safetensors"))
     arrays = load_inputs(tmp_path / "in.safetensors")
@@ -162,8 +162,8 @@ def test_documents_are_told_apart_by_their_parsed_top_level(tmp_path):
     import json
 
     import memgraph
-    from einpage.files import load_json_graph, load_plan
-    from einpage.presets import load_program
+    from einpage.cli.files import load_json_graph, load_plan
+    from einpage.cli.presets import load_program
     from einpage_core.errors import SerializationError
 
     tg = load_program("mlp", batch=8, seq=None)
@@ -203,8 +203,8 @@ def test_the_check_holds_each_element_to_its_own_precision():
     probabilities near 0.004; the per-element check does not, and names the element."""
     import numpy as np
 
-    from einpage.checks import compare_outputs, raise_on_mismatch
-    from einpage.cli import CheckFailedError
+    from einpage.cli.checks import compare_outputs, raise_on_mismatch
+    from einpage.cli.commands import CheckFailedError
 
     want = np.full((3, 4), 0.004, np.float32)
     want[0, 0] = 0.9
@@ -223,7 +223,7 @@ def test_the_check_holds_each_element_to_its_own_precision():
 
 
 def test_random_inputs_larger_than_memory_are_refused_with_numbers():
-    from einpage.presets import available_memory, load_program, random_inputs
+    from einpage.cli.presets import available_memory, load_program, random_inputs
 
     tg = load_program("mlp", batch=8, seq=None)
     with pytest.raises(InputError, match=r"need .* of host memory .* more than the 1\.0 KiB"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
 
 TINY = ["generate", "llama:tiny", "--batch", "2", "--prompt-len", "9", "--new-tokens", "4"]
 
@@ -70,7 +70,7 @@ def test_an_unknown_model_lists_the_presets(capsys):
 
 
 def test_generate_checks_its_output_paths_before_planning(capsys, tmp_path, monkeypatch):
-    import einpage.cli_generate as cli_generate
+    import einpage.cli.generate as cli_generate
 
     def never(*args, **kwargs):
         raise AssertionError("planned before the output paths were checked")
@@ -165,7 +165,7 @@ def test_a_hub_id_is_not_downloaded_and_the_message_says_how_to_get_it(capsys):
 def test_a_run_that_needs_more_host_memory_than_there_is_is_refused_first(capsys, monkeypatch):
     """Checked before any weight is drawn (a 7B preset's were drawn for minutes and the
     kernel killed the run), with the numbers; at exactly what it needs it runs."""
-    import einpage.cli_generate as cli_generate
+    import einpage.cli.generate as cli_generate
     import einpage.workloads.generate as generate_module
 
     argv = [*TINY, "--budget", "100KiB", "--page-size", "4", "--run", "--backend", "numpy"]
@@ -195,7 +195,7 @@ def test_random_weights_are_drawn_in_float32_at_most(dtype):
     weight made a 7B preset's run need 24 GB more than its weights)."""
     import tracemalloc
 
-    from einpage.cli_generate import random_weights
+    from einpage.cli.generate import random_weights
     from einpage.models import llama
     from einpage.workloads.generate import weight_bytes
 

@@ -1,4 +1,4 @@
-"""PROGRAM arguments (`einpage.presets`): presets, TaskGraph files, Python files, inputs."""
+"""PROGRAM arguments (`einpage.cli.presets`): presets, TaskGraph files, Python files, inputs."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 
 import taskgraph
-from einpage.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from einpage.errors import SerializationError
-from einpage.presets import (
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
+from einpage.cli.presets import (
     PRESETS,
     ProgramSourceError,
     load_program,
     mlp_program,
     random_inputs,
 )
+from einpage.errors import SerializationError
 
 
 def cli(capsys, *argv):
@@ -168,7 +168,7 @@ def test_python_file_with_a_taskgraph(tmp_path):
         tmp_path,
         "graph.py",
         """
-        from einpage.presets import mlp_program
+        from einpage.cli.presets import mlp_program
         program = mlp_program(batch=4, width=4, hidden=8, layers=1, classes=2).build()
         """,
     )

@@ -10,7 +10,7 @@ import pickle
 import pytest
 
 import memgraph
-from einpage.cli import EXIT_OK, main
+from einpage.cli.commands import EXIT_OK, main
 from memgraph.snapshot import replay_peak
 from memgraph.trace import STREAMS, read_chrome_trace
 

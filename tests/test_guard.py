@@ -15,7 +15,8 @@ from partition_cases import random_programs
 
 import einpage as ep
 import memgraph
-from einpage.cli import EXIT_BAD_INPUT, EXIT_INFEASIBLE, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_INFEASIBLE, main
+from einpage.cli.presets import load_program
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
     PLANNER_BYTES_PER_TASK,
@@ -23,7 +24,6 @@ from einpage.pipeline import (
     estimated_blocks,
     task_cap,
 )
-from einpage.presets import load_program
 from einpage_core.errors import EinpageError
 from taskgraph.partition import (
     TooManyTasksError,
@@ -148,7 +148,7 @@ def test_compile_names_its_options_when_given_one_it_lacks():
 
 
 def test_no_cap_still_refuses_what_the_host_memory_cannot_plan(monkeypatch):
-    import einpage.pipeline as pipeline
+    import einpage.pipeline.search as pipeline
 
     tg = load_program("mlp")
     monkeypatch.setattr(pipeline, "available_memory", lambda: 500 * PLANNER_BYTES_PER_TASK)
@@ -181,7 +181,7 @@ def test_a_capped_partition_is_refused_before_making_a_block():
 
 
 def test_an_explicit_block_limit_is_capped_by_the_host_memory(monkeypatch):
-    import einpage.pipeline as pipeline
+    import einpage.pipeline.search as pipeline
 
     monkeypatch.setattr(pipeline, "available_memory", lambda: 1000 * PLANNER_BYTES_PER_TASK)
     with pytest.raises(TooManyTasksError) as caught:
@@ -207,7 +207,7 @@ def test_the_cli_says_a_partition_is_too_large_instead_of_a_traceback(capsys, tm
 
 
 def test_the_cli_reports_running_out_of_memory_in_words(capsys, monkeypatch):
-    import einpage.cli as cli
+    import einpage.cli.commands as cli
 
     def exhausted(*args, **kwargs):
         raise MemoryError

@@ -10,9 +10,9 @@ import json
 import pytest
 
 import einpage as ep
-from einpage.cli import EXIT_OK, main
+from einpage.cli.commands import EXIT_OK, main
+from einpage.cli.presets import random_inputs
 from einpage.models import llama
-from einpage.presets import random_inputs
 from einpage.program.optim import SGD, AdamW
 from einpage.workloads.training import training_graph
 from einpage_core.errors import DTypeError, ProgramError, SerializationError

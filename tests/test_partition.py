@@ -415,8 +415,8 @@ def test_model_presets_partition_to_the_same_answer(name, factor):
     """The tiny model presets at a few block limits (multiples of the finest, which
     alone would make hundreds of thousands of tasks): same outputs, every task within
     the limit, blocks tiling their originals."""
-    from einpage.presets import load_program
-    from einpage.presets import random_inputs as preset_inputs
+    from einpage.cli.presets import load_program
+    from einpage.cli.presets import random_inputs as preset_inputs
 
     tg = load_program(name, seq=8)
     limit = smallest_feasible_block_limit(tg, 256) * factor

@@ -13,8 +13,9 @@ import doctest
 import pytest
 
 import einpage as ep
-import einpage.pipeline as pipeline_module
+import einpage.pipeline.compiler as pipeline_module
 import memgraph
+from einpage.cli.presets import load_program
 from einpage.errors import InfeasibleBudgetError, InputError, PlanError
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
@@ -25,7 +26,6 @@ from einpage.pipeline import (
     estimated_blocks,
     partition_mode,
 )
-from einpage.presets import load_program
 from einpage_core.units import format_bytes
 from memgraph.budgets import NO_OFFLOAD_PEAK, RESIDENT_PEAK, BudgetReading, read_budget
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION, finest_block, partition_for_budget

@@ -20,11 +20,11 @@ import einpage as ep
 import memgraph
 import runtime
 import taskgraph
-from einpage.cli import EXIT_BAD_INPUT, EXIT_OK, main
-from einpage.console import Console
-from einpage.demo import random_inputs
-from einpage.files import load_json_graph, load_plan, save_plan
-from einpage.presets import load_program
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
+from einpage.cli.console import Console
+from einpage.cli.demo import random_inputs
+from einpage.cli.files import load_json_graph, load_plan, save_plan
+from einpage.cli.presets import load_program
 from einpage_core.errors import SerializationError
 from einpage_core.progress import Progress
 from memgraph import MemGraph, NodeKind

@@ -10,9 +10,9 @@ import pytest
 
 import einpage as ep
 import memgraph
-from einpage.console import Console
+from einpage.cli.console import Console
+from einpage.cli.presets import load_program
 from einpage.pipeline import STAGE_SHARES
-from einpage.presets import load_program
 from einpage_core.progress import Progress, ProgressReport
 
 
@@ -74,7 +74,7 @@ def test_the_console_shows_the_planners_progress_on_its_bar():
 @pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
 def test_a_run_reports_the_nodes_issued_and_the_end(mode):
     import runtime
-    from einpage.demo import random_inputs
+    from einpage.cli.demo import random_inputs
 
     tg = load_program("mlp")
     mg = ep.compile(tg, "40%").plan

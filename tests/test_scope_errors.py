@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import memgraph
-from einpage.cli import main
-from einpage.presets import load_program
+from einpage.cli.commands import main
+from einpage.cli.presets import load_program
 from einpage_core.errors import RenderError
 from memgraph.render import render_memgraph
 from taskgraph.render import render_taskgraph

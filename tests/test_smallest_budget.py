@@ -19,9 +19,10 @@ from strategies import einsum_programs
 
 import einpage as ep
 import einpage.pipeline as pipeline
+import einpage.pipeline.search as search
 import memgraph
 import memgraph.budgets as budgets
-from einpage.presets import load_program
+from einpage.cli.presets import load_program
 from einpage_core.errors import InfeasibleBudgetError
 from einpage_core.units import format_bytes, format_exact, parse_bytes
 from taskgraph.partition import BlockLimitError
@@ -108,7 +109,7 @@ def test_the_figure_printed_is_rounded_up_and_a_bound_down():
     assert refusal(prog, "2.3KiB", partition="off") is None
     assert refusal(prog, "2.2KiB", partition="off") is not None
     tg = load_program("llama:tiny", seq=16)
-    assert pipeline.finest_block(tg, 256)[0] == 2304
+    assert search.finest_block(tg, 256)[0] == 2304
     error = refusal(tg, 0, max_blocks=3000, verify=False)
     assert "No budget below 2.2 KiB (2304 B) can work" in str(error)
     lead = str(error).split(". ")[0]
@@ -120,7 +121,7 @@ def test_without_a_cap_the_search_stops_where_the_default_cap_would(monkeypatch)
     search for the budget to name stays within `MAX_AUTO_BLOCKS` tasks, and says so; the
     budget it names compiles without the cap too (6 minutes to name 2.2 KiB before the
     bound, for llama:tiny at 16 positions: 1.5 million tasks)."""
-    monkeypatch.setattr(pipeline, "MAX_AUTO_BLOCKS", 3000)
+    monkeypatch.setattr(search, "MAX_AUTO_BLOCKS", 3000)
     tg = load_program("llama:tiny", seq=16)
     error = refusal(tg, 0, max_blocks=None, verify=False)
     assert "searched within 3,000 tasks: with no cap, max_blocks=None" in str(error)
@@ -134,7 +135,7 @@ def test_each_figure_is_computed_once_per_compile(monkeypatch):
     once (the planner's check reuses it) and the finest block once per compile."""
     computed: list[int] = []
     finest: list[int] = []
-    storage_roots, finest_block = budgets.storage_roots, pipeline.finest_block
+    storage_roots, finest_block = budgets.storage_roots, search.finest_block
 
     def count_min_budget(tg):  # `min_budget` computes a graph's storage roots first
         computed.append(id(tg))
@@ -145,7 +146,7 @@ def test_each_figure_is_computed_once_per_compile(monkeypatch):
         return finest_block(tg, alignment)
 
     monkeypatch.setattr(budgets, "storage_roots", count_min_budget)
-    monkeypatch.setattr(pipeline, "finest_block", count_finest)
+    monkeypatch.setattr(search, "finest_block", count_finest)
     prog = ep.Program("smx")
     x = prog.input("x", (64, 256))
     w = prog.input("w", (256, 256), role="weight")

@@ -1,4 +1,5 @@
-"""Models as einsum programs: LLaMA (`einpage.models.llama`) and GPT-2 (`einpage.models.gpt2`).
+"""Models as einsum programs: the families LLaMA 1/2/3 (`einpage.models.llama`), Qwen2
+(`qwen2`), Mistral (`mistral`) and GPT-2 (`gpt2`).
 
 Each model module is a family with the same shape: a frozen config (a
 `base.ModelConfig`) with `from_hf`, `from_checkpoint` and `PRESETS`,
@@ -12,8 +13,8 @@ checkpoint. `FAMILIES` maps each family's name to its `base.ModelFamily` record;
 6738415616
 
 Running a real checkpoint – a directory written by `save_pretrained`, e.g. a download of
-`meta-llama/Llama-2-7b-hf` (Llama 3's RoPE scaling is not implemented: `from_hf` says
-so) – on a GPU with less memory than the model::
+`meta-llama/Llama-2-7b-hf` (RoPE scalings other than Llama 3's and linear are refused
+by `from_hf`, naming them) – on a GPU with less memory than the model::
 
     import memgraph, runtime
     from einpage.models import llama

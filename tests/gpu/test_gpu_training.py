@@ -1,10 +1,10 @@
 """Training steps on the CuPy backend: a mixed-precision (float16) AdamW step and a
 float32 step whose learning rate changes between runs of one plan equal the reference
-evaluator (`einpage.checks.compare_outputs`, its per-dtype tolerances, of the least
+evaluator (`einpage.cli.checks.compare_outputs`, its per-dtype tolerances, of the least
 precise dtype each output is computed from: cuBLAS and the GPU's functions round
 differently from NumPy, and a float32 AdamW moment inherits the float16 gradient's
 rounding). Inputs are random, drawn in
-each input's stated domain (`einpage.presets.random_inputs`), so none is NaN.
+each input's stated domain (`einpage.cli.presets.random_inputs`), so none is NaN.
 
 Skipped cleanly without CuPy or a usable GPU. (bfloat16 steps take the same path, but
 this backend refuses bfloat16 tensors: `runtime.session.refuse_unsupported`.)
@@ -27,9 +27,9 @@ if not runtime.cupy_usable():
 import einpage as ep  # noqa: E402
 import memgraph  # noqa: E402
 import taskgraph  # noqa: E402
-from einpage.checks import compare_outputs, tolerance_dtypes  # noqa: E402
+from einpage.cli.checks import compare_outputs, tolerance_dtypes  # noqa: E402
+from einpage.cli.presets import random_inputs  # noqa: E402
 from einpage.models import llama  # noqa: E402
-from einpage.presets import random_inputs  # noqa: E402
 from einpage.program.optim import AdamW  # noqa: E402
 from einpage.workloads.training import training_graph  # noqa: E402
 

@@ -249,7 +249,7 @@ def test_repr_svg(plan):
 
 
 def test_collapsed_picture_keeps_the_region_reuse_that_orders_a_prefetch():
-    from einpage.demo import mlp_program
+    from einpage.cli.demo import mlp_program
 
     mg = reference_plan(mlp_program(layers=3).build(), offload=frozenset({5, 10}))
     edges = dot_edges(memgraph_dot(mg, fold_layers=False, collapse=True))

@@ -192,7 +192,7 @@ def test_text_prompts_of_different_lengths(checkpoint):
 
 
 def test_the_cli_generates_text_from_a_checkpoint(checkpoint, capsys):
-    from einpage.cli import main
+    from einpage.cli.commands import main
 
     folder, model, tok = checkpoint
     argv = ["generate", "--checkpoint", str(folder), "--prompt", "the planner keeps"]
@@ -212,7 +212,7 @@ def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
     """Not the message for no tokenizer given at all: the folder is named, and what to do."""
     import shutil
 
-    from einpage.cli import EXIT_BAD_INPUT, main
+    from einpage.cli.commands import EXIT_BAD_INPUT, main
 
     folder, _, _ = checkpoint
     for name in ("config.json", "model.safetensors"):

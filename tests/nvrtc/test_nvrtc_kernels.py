@@ -21,9 +21,9 @@ from nvrtc_tool import compile_errors, missing
 from recording import kernel_sources
 
 import einpage as ep
+from einpage.cli.presets import load_program
 from einpage.models import generation, gpt2, llama
 from einpage.models.decode import Sampling
-from einpage.presets import load_program
 from einpage.program.optim import AdamW
 from einpage.program.quantize import Quantization
 from einpage.workloads.training import training_graph

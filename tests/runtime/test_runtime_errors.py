@@ -14,9 +14,11 @@ import pytest
 from plans import reference_plan
 from runtime_cases import block_program, make_inputs, mlp_program
 
+import einpage.cli  # noqa: F401  (every error class of the package defined, in any test order)
 import runtime
 import runtime.session
 import taskgraph
+from einpage.cli.outputs import PicturesFailedError
 from einpage.errors import (
     BackendError,
     BackendUnavailableError,
@@ -172,9 +174,17 @@ def _subclasses(cls: type) -> list[type]:
     return [cls, *(sub for child in cls.__subclasses__() for sub in _subclasses(child))]
 
 
+MADE_OTHERWISE = {
+    PicturesFailedError: lambda message: PicturesFailedError([("plot", EinpageError(message))]),
+}
+"""Error classes whose first argument is not a message, and how to make one."""
+
+
 def _made_with_message(cls: type, message: str) -> EinpageError:
     """An instance of `cls` given `message` first (some make their own message from it),
     its other required arguments set to 1."""
+    if cls in MADE_OTHERWISE:
+        return MADE_OTHERWISE[cls](message)
     params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, message
     required = [p for p in params if p.default is p.empty and p.kind is p.POSITIONAL_OR_KEYWORD]
     return cls(message, *(1 for _ in required))

@@ -1,6 +1,6 @@
 """`einpage demo` (and `make demo`): the whole pipeline on the demo MLP, with pictures.
 
-It builds the MLP (`einpage.presets.mlp_program`) and plans it for a device with (by
+It builds the MLP (`einpage.cli.presets.mlp_program`) and plans it for a device with (by
 default) half the memory it needs without offloading, so that large tasks are
 partitioned and activations offloaded. It verifies the plan, runs it on the best
 backend here (CuPy on a GPU, else NumPy), checks the outputs against the reference
@@ -16,11 +16,11 @@ from pathlib import Path
 import memgraph
 import runtime
 import taskgraph
-from einpage.checks import CHECK_TITLE, Comparison, compare_outputs, raise_on_mismatch
-from einpage.cli import EXIT_OK
-from einpage.console import Console, format_table, plan_report, program_rows
+from einpage.cli.checks import CHECK_TITLE, Comparison, compare_outputs, raise_on_mismatch
+from einpage.cli.commands import EXIT_OK
+from einpage.cli.console import Console, format_table, plan_report, program_rows
+from einpage.cli.presets import mlp_program, random_inputs
 from einpage.pipeline import Compiled, compile
-from einpage.presets import mlp_program, random_inputs
 from einpage_core.errors import GraphvizNotFoundError
 from einpage_core.units import format_bytes
 from memgraph import MemGraph
@@ -42,7 +42,7 @@ def run_demo(
 ) -> int:
     """Run the demo; returns a process exit code (0 when the outputs match the reference).
 
-    Raises `einpage.checks.CheckFailedError` when they do not.
+    Raises `einpage.cli.checks.CheckFailedError` when they do not.
     """
     console = console or Console()
     say = console.print

@@ -9,7 +9,7 @@
     einpage presets                               the programs known by name
 
 A PROGRAM is a preset name, a TaskGraph JSON file or a Python file (executed: see
-`einpage.presets`). A budget is bytes (`1073741824`), a size (`8GiB`, `512MiB`,
+`einpage.cli.presets`). A budget is bytes (`1073741824`), a size (`8GiB`, `512MiB`,
 `1.5GB`) or a percentage of one of the program's reference points (`einpage show` and
 `einpage plan` print them; see `memgraph.budgets`): of its resident peak (`50%`, or
 `50%resident`: all weights stay on the device, so `100%` moves nothing) or of its
@@ -32,9 +32,9 @@ theirs: `einpage.compile(progress=)`) go to stderr when both stdout and stderr a
 terminals, unless `--quiet`.
 
 This module parses arguments and prints; what it runs lives in the library:
-`einpage.pipeline` (`einpage.compile`: partition, plan, verify), `einpage.checks`
-(outputs against the reference), `einpage.files` (plans, graphs and arrays on disk) and
-`einpage.console` (the console, tables and summaries).
+`einpage.pipeline` (`einpage.compile`: partition, plan, verify), `einpage.cli.checks`
+(outputs against the reference), `einpage.cli.files` (plans, graphs and arrays on disk) and
+`einpage.cli.console` (the console, tables and summaries).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ import numpy as np
 import memgraph
 import runtime
 import taskgraph
-from einpage import __version__, pipeline
-from einpage.checks import (
+from einpage import pipeline
+from einpage.cli.checks import (
     CHECK_TITLE,
     CheckFailedError,
     compare_outputs,
@@ -59,8 +59,17 @@ from einpage.checks import (
     summarize,
     tolerance_dtypes,
 )
-from einpage.cli_generate import add_generate
-from einpage.cli_outputs import (
+from einpage.cli.console import Console, format_table, plan_report, plan_title, program_rows
+from einpage.cli.files import (
+    atomic_output,
+    load_inputs,
+    load_json_graph,
+    load_plan,
+    save_arrays,
+    save_plan,
+)
+from einpage.cli.generate import add_generate
+from einpage.cli.outputs import (
     PLAN_OUTPUTS,
     PicturesFailedError,
     check_outputs,
@@ -69,24 +78,15 @@ from einpage.cli_outputs import (
     plan_pictures,
     wrote,
 )
-from einpage.console import Console, format_table, plan_report, plan_title, program_rows
-from einpage.files import (
-    atomic_output,
-    load_inputs,
-    load_json_graph,
-    load_plan,
-    save_arrays,
-    save_plan,
-)
+from einpage.cli.presets import PRESETS, load_program, random_inputs
 from einpage.pipeline import (
     MAX_AUTO_BLOCKS,
+    PARTITION_MODES,
     Compiled,
     TooManyBlocksError,
     explicit_partition,
-    parse_block_size,
-    parse_partition,
 )
-from einpage.presets import PRESETS, load_program, random_inputs
+from einpage.version import __version__
 from einpage_core.dot import Selection, select_ids
 from einpage_core.errors import (
     BackendUnavailableError,
@@ -97,7 +97,7 @@ from einpage_core.errors import (
     VerificationError,
 )
 from einpage_core.progress import ProgressReport
-from einpage_core.units import BudgetFormatError, format_bytes, format_exact
+from einpage_core.units import BudgetFormatError, format_bytes, format_exact, parse_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from memgraph.render import memgraph_selection
 from taskgraph import TaskGraph
@@ -378,7 +378,7 @@ def _cmd_presets(args: argparse.Namespace, console: Console) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    from einpage.demo import run_demo
+    from einpage.cli.demo import run_demo
 
     return run_demo(out_dir=args.out, backend=args.backend, budget=args.budget, console=console)
 
@@ -799,6 +799,31 @@ def report_error(err: EinpageError, args: argparse.Namespace | None, stream: Any
     advice = hint(err, args)
     if advice:
         print(f"einpage: hint: {advice}", file=stream)
+
+
+# -- reading arguments ------------------------------------------------------------
+
+
+def parse_partition(value: str) -> str | int:
+    """The CLI's `--partition`: "auto", "off", or a block size in bytes."""
+    if value in PARTITION_MODES:
+        return value
+    try:
+        return parse_bytes(value)
+    except BudgetFormatError:
+        raise BudgetFormatError(
+            f"--partition must be auto, off or a block size such as 64MiB, got {value!r}"
+        ) from None
+
+
+def parse_block_size(value: str) -> int:
+    """The CLI's `show --partition`: a block size in bytes."""
+    try:
+        return parse_bytes(value)
+    except BudgetFormatError:
+        raise BudgetFormatError(
+            f"--partition must be a block size such as 64MiB, got {value!r}"
+        ) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

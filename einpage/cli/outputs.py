@@ -1,5 +1,5 @@
 """What the CLI writes: output paths checked before any work, files written whole
-(`einpage.files.atomic_output`), and `einpage plan`'s pictures and exports, each written
+(`einpage.cli.files.atomic_output`), and `einpage plan`'s pictures and exports, each written
 on its own so that one failure does not stop the others (`PicturesFailedError`)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import memgraph
-from einpage.console import Console
-from einpage.files import atomic_output, check_output
+from einpage.cli.console import Console
+from einpage.cli.files import atomic_output, check_output
 from einpage_core.dot import DEFAULT_MAX_NODES
 from einpage_core.errors import EinpageError
 from memgraph import MemGraph

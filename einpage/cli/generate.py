@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from einpage.cli_outputs import (
+from einpage.cli.console import Console, format_table
+from einpage.cli.files import atomic_output
+from einpage.cli.outputs import (
     GENERATE_OUTPUTS,
     PicturesFailedError,
     check_outputs,
     plan_pictures,
     wrote,
 )
-from einpage.console import Console, format_table
-from einpage.files import atomic_output
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import memgraph
-from einpage.pipeline import bytes_by_dtype, main_dtype
 from einpage_core.progress import Progress
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
@@ -153,7 +152,7 @@ def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
 def dtype_summary(tg: TaskGraph) -> str:
     """The element types of a program's tensors, most bytes first: `float16 (31.2 GiB),
     int64 (16.0 KiB)` – so a table always says which precision its numbers are for."""
-    return ", ".join(f"{d} ({format_bytes(n)})" for d, n in bytes_by_dtype(tg).items())
+    return ", ".join(f"{d} ({format_bytes(n)})" for d, n in tg.bytes_by_dtype().items())
 
 
 def _plural(n: int, word: str) -> str:
@@ -165,7 +164,7 @@ def plan_title(mg: MemGraph) -> str:
     words = {"order": "order", "eviction": "eviction", "cost_model": "cost model"}
     options = ", ".join(f"{word} {info[key]}" for key, word in words.items() if key in info)
     tg = mg.taskgraph
-    return f"plan of {tg.name!r} ({main_dtype(tg)}): {len(mg)} nodes, {len(tg)} tasks" + (
+    return f"plan of {tg.name!r} ({tg.main_dtype()}): {len(mg)} nodes, {len(tg)} tasks" + (
         f" ({options})" if options else ""
     )
 

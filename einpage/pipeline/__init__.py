@@ -1,0 +1,48 @@
+"""The pipeline room: `einpage.compile(program, budget)` and what it needs.
+
+* `einpage.pipeline.compiler`: the pass itself – `compile` (partition when needed, plan,
+  verify) and `Compiled`, the plan with how it was made;
+* `einpage.pipeline.search`: what compiles – the automatic partitions tried, the search
+  for the smallest budget that compiles, the caps on tasks;
+* `einpage.pipeline.refusals`: why a budget is refused, in words (the errors).
+
+It builds on the program room and the lower packages (taskgraph, memgraph); the rooms
+after it (models, workloads, cli) may import it (`tests/test_imports.py`).
+"""
+
+from einpage.pipeline.compiler import (
+    COMPILE_KEYWORDS,
+    PARTITION_MODES,
+    STAGE_SHARES,
+    Compiled,
+    Partitioning,
+    compile,
+    partition_mode,
+)
+from einpage.pipeline.refusals import PartitionInfeasibleError, TooManyBlocksError
+from einpage.pipeline.search import (
+    MAX_AUTO_BLOCKS,
+    PLANNER_BYTES_PER_TASK,
+    check_block_count,
+    estimated_blocks,
+    explicit_partition,
+    task_cap,
+)
+
+__all__ = [
+    "compile",
+    "Compiled",
+    "Partitioning",
+    "PARTITION_MODES",
+    "COMPILE_KEYWORDS",
+    "STAGE_SHARES",
+    "MAX_AUTO_BLOCKS",
+    "PLANNER_BYTES_PER_TASK",
+    "PartitionInfeasibleError",
+    "TooManyBlocksError",
+    "partition_mode",
+    "estimated_blocks",
+    "check_block_count",
+    "explicit_partition",
+    "task_cap",
+]
