@@ -248,6 +248,12 @@ def test_a_run_prints_its_measured_time_beside_the_simulated_one(capsys):
         assert len(simulated) == 1 and "tokens/s" in simulated[0]
 
 
+def test_a_negative_seed_is_refused_by_name(capsys):
+    """It reached NumPy, whose ValueError came out as a traceback."""
+    code, _, err = cli(capsys, *TINY, "--budget", "100%", "--seed", "-1")
+    assert code == EXIT_BAD_INPUT and "--seed" in err and "an integer >= 0, got -1" in err, err
+
+
 @pytest.mark.parametrize("way", ["unrolled", "steps"])
 def test_the_cost_model_is_the_one_the_plans_are_made_for(capsys, tmp_path, way):
     """--cost-model is 'prefetching and tokens/s': it used to reach the tokens/s only."""

@@ -73,6 +73,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> int:
+    """A seed for NumPy's generators: an integer >= 0 (a negative one made NumPy raise a
+    traceback when the random prompt was drawn)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register the `generate` subcommand on the CLI's subparsers."""
     gen = commands.add_parser(
@@ -116,7 +128,7 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
     )
-    gen.add_argument("--seed", type=int, default=0, help="sampling noise, random prompt/weights")
+    gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
