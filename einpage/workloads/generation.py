@@ -71,7 +71,7 @@ from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
-from memgraph import MemGraph, NodeKind
+from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from taskgraph import dtypes
 from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
@@ -142,7 +142,7 @@ class Planning:
     way: str = "unrolled"
     bucket_pages: int = 1
     chunk_steps: int = 1
-    cost_model: Any = DEFAULT_COST_MODEL
+    cost_model: str | CostModel = DEFAULT_COST_MODEL
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
@@ -642,7 +642,7 @@ class UnrolledPlan:
             self.spec, self.compiled.program
         )
 
-    def stats(self, cost_model: Any = None) -> GenerationStats:
+    def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
         """What the plan costs on `cost_model` (by default the one it was planned for)."""
         cost_model = self.planning.cost_model if cost_model is None else cost_model
         return GenerationStats(
@@ -835,7 +835,7 @@ class StepPlans:
         per_page = head.nbytes // head.shape[-2] * self.spec.page_size
         return 2 * self.spec.cfg.num_layers * per_page
 
-    def stats(self, cost_model: Any = None) -> GenerationStats:
+    def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
         """The prefill's cost plus each chunk's, by its plan, on `cost_model` (by default
         the one it was planned for)."""
         cost_model = self.planning.cost_model if cost_model is None else cost_model
