@@ -7,7 +7,7 @@ HBM, 50 GB/s each way over PCIe; `memgraph.simulate`). Greedy decoding, KV pages
 128 positions. Each cell prints the simulated generation throughput – generated tokens
 (batch x 32) over the simulated seconds of the prefill and every decode step – of:
 
-* `unrolled`: `einpage.generation_plans.plan_generation(spec, budget, "unrolled")`: the
+* `unrolled`: `einpage.generation_plans.plan_generation(spec, budget, Planning("unrolled"))`: the
   prefill and 31 decode steps as one program planned once (`einpage.compile`);
 * `steps`: the same with "steps": a prefill plan and one decode plan per length bucket
   (a page), run back to back – nothing stays on the device between steps;
@@ -51,7 +51,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memgraph  # noqa: E402
-from einpage.generation_plans import GenerationSpec, plan_generation, steps_of  # noqa: E402
+from einpage.generation_plans import (  # noqa: E402
+    GenerationSpec,
+    Planning,
+    plan_generation,
+    steps_of,
+)
 from einpage.models import llama  # noqa: E402
 from einpage.models.errors import GenerationBudgetError  # noqa: E402
 from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
@@ -155,9 +160,10 @@ def flexgen_seconds(
 def einpage_way(
     spec: GenerationSpec, budget: int, way: str, eviction: str, chunk: int = 1
 ) -> tuple[Way | None, str, Any]:
-    options = {} if way == "unrolled" else {"chunk_steps": chunk}
+    chunks = {} if way == "unrolled" else {"chunk_steps": chunk}
+    planning = Planning(way=way, cost_model=COST_MODEL, options={"eviction": eviction}, **chunks)
     try:
-        plan = plan_generation(spec, budget, way, eviction=eviction, **options)
+        plan = plan_generation(spec, budget, planning)
     except (GenerationBudgetError, InfeasibleBudgetError) as err:
         return None, f"infeasible: {err}"[:300], None
     stats = plan.stats(COST_MODEL)

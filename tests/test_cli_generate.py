@@ -246,3 +246,24 @@ def test_a_run_prints_its_measured_time_beside_the_simulated_one(capsys):
         simulated = [line for line in run.splitlines() if "simulated (h100-pcie5)" in line]
         assert len(measured) == 1 and " ms, " in measured[0] and "tokens/s" in measured[0]
         assert len(simulated) == 1 and "tokens/s" in simulated[0]
+
+
+def test_a_negative_seed_is_refused_by_name(capsys):
+    """It reached NumPy, whose ValueError came out as a traceback."""
+    code, _, err = cli(capsys, *TINY, "--budget", "100%", "--seed", "-1")
+    assert code == EXIT_BAD_INPUT and "--seed" in err and "an integer >= 0, got -1" in err, err
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_the_cost_model_is_the_one_the_plans_are_made_for(capsys, tmp_path, way):
+    """--cost-model is 'prefetching and tokens/s': it used to reach the tokens/s only."""
+    from memgraph import MemGraph
+
+    path = tmp_path / "gen.json"
+    argv = [*TINY, "--budget", "60%", "--page-size", "4", "--way", way, "--cost-model", "cpu"]
+    code, out, err = cli(capsys, *argv, "-o", path)
+    assert code == EXIT_OK and "simulated (cpu)" in out, err
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == (1 if way == "unrolled" else 2)  # prefill, decode (pages 3)
+    for file in files:
+        assert MemGraph.from_json(file.read_text()).info["cost_model"] == "cpu", file

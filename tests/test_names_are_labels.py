@@ -22,7 +22,13 @@ import taskgraph
 from einpage.models import llama
 from einpage.models.generation import generation_inputs
 from einpage.program.optim import AdamW
-from einpage.workloads.generation import GenerationSpec, StepPlans, Transfers, plan_generation
+from einpage.workloads.generation import (
+    GenerationSpec,
+    Planning,
+    StepPlans,
+    Transfers,
+    plan_generation,
+)
 from einpage.workloads.training import next_inputs, training_graph, training_inputs
 from memgraph import MemGraph
 from taskgraph import GraphBuilder, Input, TaskGraph
@@ -88,7 +94,7 @@ def test_an_unrolled_generation_renamed_is_classified_planned_and_run_the_same(s
 
 
 def test_step_plans_hand_the_kv_cache_over_by_facts_not_names(spec, weights):
-    plans = plan_generation(spec, "60%", "steps")
+    plans = plan_generation(spec, "60%", Planning(way="steps"))
     interface = {"tokens", "positions", "kv.mask", "gumbel", "ids", "logits"}
     interface |= set(weights) | set(llama.position_inputs(CFG, spec.positions, spec.dtype))
 

@@ -42,12 +42,13 @@ from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
 from einpage.workloads.generate import (
     Generation,
+    Running,
     check_run_memory,
     generate,
     program_weights,
     resolve_model,
 )
-from einpage.workloads.generation import WAYS, StepPlans, UnrolledPlan, decode_name
+from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
 from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
@@ -69,6 +70,18 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _seed(text: str) -> int:
+    """A seed for NumPy's generators: an integer >= 0 (a negative one made NumPy raise a
+    traceback when the random prompt was drawn)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
 
 
@@ -115,7 +128,7 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
     )
-    gen.add_argument("--seed", type=int, default=0, help="sampling noise, random prompt/weights")
+    gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
@@ -166,11 +179,24 @@ def _model(args: argparse.Namespace) -> Any:
 
 def _sampling(args: argparse.Namespace) -> Sampling | None:
     """How tokens are chosen: greedy, unless --sample, --temperature or --top-k is given
-    (either of the last two implies --sample: given alone they used to be ignored)."""
+    (either of the last two implies --sample: given alone they used to be ignored); the
+    noise is drawn from --seed."""
     if not (args.sample or args.temperature is not None or args.top_k is not None):
         return None
     temperature = 1.0 if args.temperature is None else args.temperature
-    return Sampling(temperature, args.top_k)
+    return Sampling(temperature, args.top_k, args.seed)
+
+
+def _planning(args: argparse.Namespace, console: Console) -> Planning:
+    """How the generation is planned: --way, --bucket-pages, --chunk-steps, --cost-model,
+    and the console's progress bars."""
+    return Planning(
+        way=args.way,
+        bucket_pages=args.bucket_pages,
+        chunk_steps=args.chunk_steps,
+        cost_model=args.cost_model,
+        options={"progress": console.report},
+    )
 
 
 def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndarray]:
@@ -218,24 +244,22 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
     sampling = _sampling(args)
+    planning = _planning(args, console)
+    running = Running(args.backend, args.mode)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
         with console.stage("planning"):
             planned = generate(
                 model,
-                prompt=prompt,
-                new_tokens=args.new_tokens,
-                budget=args.budget,
-                way=args.way,
-                sampling=sampling,
+                prompt,
+                args.new_tokens,
+                args.budget,
                 dtype=args.dtype,
                 page_size=args.page_size,
-                bucket_pages=args.bucket_pages,
-                chunk_steps=args.chunk_steps,
-                cost_model=args.cost_model,
-                run=False,
-                progress=console.report,
+                sampling=sampling,
+                plan=planning,
+                run=None,  # run below: the host memory is checked before weights are drawn
             )
         _print_plans(planned, console)
         if args.output:
@@ -245,13 +269,11 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
             with console.stage("running"):
                 dtype = planned.spec.dtype
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
-                check_run_memory(planned.plan, args.backend, made)  # before drawing any
+                check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
                 started = time.perf_counter()
-                ran = planned.plan.run(
-                    values, prompt, seed=args.seed, backend=args.backend, mode=args.mode
-                )
+                ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
                 seconds = time.perf_counter() - started
             _print_run(planned, ran.reports, seconds, checkpoint is None, console)
             _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)

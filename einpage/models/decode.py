@@ -263,10 +263,17 @@ def _combine(stats: list[tuple[Tensor, Tensor, Tensor]], qh: str) -> Tensor:
 class Sampling:
     """How the next token is drawn instead of the greedy argmax: from
     `softmax(logits / temperature)`, restricted to the `top_k` largest logits when given
-    (Gumbel-max with the noise an input of the program; the host draws it from a seed)."""
+    (Gumbel-max with the noise an input of the program; the host draws it from `seed`,
+    so a sampled generation is the same for the same seed, whichever way it is planned).
+    The seed belongs here because only sampling draws noise: greedy decoding has none.
+
+    >>> Sampling(temperature=0.8, top_k=50, seed=1)
+    Sampling(temperature=0.8, top_k=50, seed=1)
+    """
 
     temperature: float = 1.0
     top_k: int | None = None
+    seed: int = 0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -276,6 +283,9 @@ class Sampling:
         k = self.top_k
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k <= 0):
             raise GenerationError(f"Sampling: top_k must be a positive int or None, got {k!r}")
+        s = self.seed
+        if isinstance(s, bool) or not isinstance(s, int | np.integer) or s < 0:
+            raise GenerationError(f"Sampling: seed must be an int >= 0, got {s!r}")
 
 
 def check_sampling(sampling: Sampling | None, vocab_size: int) -> None:

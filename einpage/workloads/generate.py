@@ -1,6 +1,6 @@
 """`generate(...)`: tokens out of a model under a device-memory budget, in one call.
 
-`generate(model, weights, prompt, new_tokens, budget)` plans the generation
+`generate(model, prompt, new_tokens, budget)` plans the generation
 (`einpage.workloads.generation`: unrolled or step plans, under the one budget shared by
 weights, KV pages and activations), runs it (NumPy or CuPy runtime) and returns the ids
 with the plans and their stats.
@@ -8,14 +8,28 @@ with the plans and their stats.
 * `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...) or a checkpoint
   folder as `save_pretrained` writes it (its `config.json` names the family; its
   safetensors are the weights unless given; its `tokenizer.json` encodes text).
-* `weights`: the program's weights (`{input name: array}`), a Hugging Face state dict,
-  or a safetensors checkpoint path.
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer.
+* `weights=`: the program's weights, a mapping whose keys are exactly the program's
+  weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
+  one from a Hugging Face state dict, which is not taken as it is), or a safetensors
+  checkpoint path; None with a checkpoint folder as the model.
+
+The rest is said by three records, each checked once, when made:
+
+* `sampling=Sampling(temperature, top_k, seed)`: how the next token is drawn (None:
+  the greedy argmax);
+* `plan=Planning(way, bucket_pages, chunk_steps, cost_model, options)`: how it is planned
+  (`einpage.workloads.generation.Planning`);
+* `run=Running(backend, mode)`: how it runs; `run=None` only plans (no weights needed).
+
+The keywords of the old signature that moved into these records (`way=`, `chunk_steps=`,
+`backend=`, `seed=`, `eviction=`, ...) and `run=True`/`run=False` are refused with a
+`GenerationError` that says where each went.
 
 >>> from einpage.models import llama
->>> out = generate(llama.PRESETS["tiny"], prompt=np.zeros((1, 5), np.int64),
-...                new_tokens=4, budget="8MiB", run=False, page_size=4)
+>>> out = generate(llama.PRESETS["tiny"], np.zeros((1, 5), np.int64), 4, "8MiB",
+...                page_size=4, run=None)
 >>> out.ids is None, out.stats.plans, out.plan.way
 (True, 1, 'unrolled')
 """
@@ -32,13 +46,9 @@ from typing import Any
 import numpy as np
 
 import runtime
+from einpage.errors import EinpageError
 from einpage.models import FAMILIES, family_of
-from einpage.models.base import (
-    ModelConfig,
-    ModelFamily,
-    weights_from_safetensors,
-    weights_from_state_dict,
-)
+from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetensors
 from einpage.models.checkpoint import require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
@@ -47,16 +57,23 @@ from einpage.workloads import text
 from einpage.workloads.generation import (
     GenerationSpec,
     GenerationStats,
+    Planning,
     StepPlans,
     UnrolledPlan,
+    moved_keywords,
     plan_generation,
+    planning_homes,
 )
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
+from runtime.schedule import resolve_mode
 from taskgraph import dtypes
 
 __all__ = [
     "generate",
+    "Sampling",
+    "Planning",
+    "Running",
     "Generation",
     "HostMemoryError",
     "check_run_memory",
@@ -65,6 +82,55 @@ __all__ = [
     "family_of",
     "program_weights",
 ]
+
+
+@dataclass(frozen=True)
+class Running:
+    """How `generate` runs its plans, checked when made: on `backend` ("numpy", "cupy",
+    "auto" – CuPy when a GPU is usable –, a name `runtime.register_backend` added, or a
+    `runtime.Backend`) in `mode` (`runtime.MODES`: "sequential", "streams", "random";
+    None: the backend's own). `generate(..., run=None)` plans without running.
+
+    >>> Running(backend="auto", mode="streams")
+    Running(backend='auto', mode='streams')
+    """
+
+    backend: Any = "numpy"
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        names = runtime.backend_names()
+        if not isinstance(self.backend, runtime.Backend) and self.backend not in names:
+            raise GenerationError(
+                f"Running: backend must be one of {', '.join(map(repr, names))} or a "
+                f"runtime.Backend, got {self.backend!r}"
+            )
+        if self.mode is not None:
+            try:
+                resolve_mode(self.mode, "sequential")
+            except EinpageError as err:
+                raise GenerationError(f"Running: {err}") from err
+
+
+DEFAULT_PLANNING = Planning()
+"""`generate`'s planning unless given: one unrolled plan, on the default cost model."""
+
+DEFAULT_RUNNING = Running()
+"""`generate`'s run unless given: on NumPy, in its default mode."""
+
+MOVED = {
+    **planning_homes("plan="),
+    "backend": "run=Running(backend={v})",
+    "mode": "run=Running(mode={v})",
+    "seed": "sampling=Sampling(..., seed={v})",
+}
+"""Where the keywords of `generate`'s old signature went (`moved_keywords`)."""
+
+PARAMETERS = (
+    "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
+    "logits=, sampling=, plan=, run="
+)
+"""`generate`'s parameters, as its errors list them."""
 
 
 @dataclass(frozen=True)
@@ -106,20 +172,62 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
 def program_weights(
     cfg: ModelConfig, weights: Any, dtype: str, checkpoint: Path | None
 ) -> dict[str, np.ndarray]:
-    """The program's weights from what `generate` was given (see the module docstring)."""
+    """The program's weights in `dtype` from what `generate` was given (the module
+    docstring says what it takes): checked by `_weights_source`, then read."""
+    return _read_weights(cfg, _weights_source(cfg, weights, checkpoint), dtype)
+
+
+def _weights_source(
+    cfg: ModelConfig, weights: Any, checkpoint: Path | None
+) -> Path | Mapping[str, Any]:
+    """Where the weights come from, checked before anything is read: a checkpoint path,
+    or a mapping whose keys are exactly the program's weight names. Nothing is guessed
+    from keys: a mapping with other names (a Hugging Face state dict) is refused, saying
+    how to convert it."""
     if weights is None:
         if checkpoint is None:
             raise GenerationError("weights are needed to run: give weights or a checkpoint path")
-        return weights_from_safetensors(cfg, checkpoint, dtype)
+        return checkpoint
     if isinstance(weights, str | os.PathLike):
-        return weights_from_safetensors(cfg, weights, dtype)
+        return Path(weights)
     if not isinstance(weights, Mapping):
         raise GenerationError(
             f"weights must be a mapping or a checkpoint path, got {type(weights).__name__}"
         )
-    if set(cfg.weight_shapes()) <= set(weights):
-        return {name: np.asarray(weights[name], dtype=dtype) for name in cfg.weight_shapes()}
-    return weights_from_state_dict(cfg, weights, dtype)
+    names = set(cfg.weight_shapes())
+    missing = sorted(names - set(weights))
+    others = sorted(str(k) for k in weights if k not in names)
+    if not missing and not others:
+        return weights
+    if len(missing) == len(names):
+        family = family_of(cfg).name
+        raise GenerationError(
+            f"weights has none of the program's weight names (such as {missing[0]!r}; "
+            f"it has {_few(others)}): a Hugging Face state dict is not taken as it is; "
+            f"convert it with einpage.models.{family}.weights_from_state_dict(cfg, "
+            "state_dict)"
+        )
+    said = [f"missing {_few(missing)}"] if missing else []
+    said += [f"not the program's: {_few(others)}"] if others else []
+    raise GenerationError(
+        "weights must have exactly the program's weight names (cfg.weight_shapes()): "
+        + "; ".join(said)
+    )
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    """Up to `shown` names, and how many more."""
+    text = ", ".join(map(repr, names[:shown]))
+    return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def _read_weights(
+    cfg: ModelConfig, source: Path | Mapping[str, Any], dtype: str
+) -> dict[str, np.ndarray]:
+    """The weights of a checked `source` (`_weights_source`) as arrays of `dtype`."""
+    if isinstance(source, Path):
+        return weights_from_safetensors(cfg, source, dtype)
+    return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}
 
 
 class HostMemoryError(GenerationError):
@@ -170,7 +278,7 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
             f"{format_bytes(available)} ({available} B) is available: "
             + "; ".join(what for _, what in rows)
             + f". Nothing was allocated; try {', '.join(ways)}, or plan without running "
-            "(no --run; run=False)"
+            "(no --run; run=None)"
         )
     return need
 
@@ -181,6 +289,11 @@ def _prompt_ids(
     """The prompt as ids, and the tokenizer used (None for ids)."""
     if prompt is None:
         raise GenerationError("a prompt is needed: token ids [batch, prompt_len] or text")
+    if isinstance(prompt, Mapping):
+        raise GenerationError(
+            "the prompt is a mapping, weights perhaps: generate takes (model, prompt, "
+            "new_tokens, budget) and the weights as weights=..."
+        )
     is_text = isinstance(prompt, str) or (
         isinstance(prompt, Sequence) and bool(prompt) and all(isinstance(p, str) for p in prompt)
     )
@@ -201,61 +314,64 @@ def _prompt_ids(
 
 def generate(
     model: Any,
-    weights: Any = None,
-    prompt: Any = None,
+    prompt: Any,
     new_tokens: int = 16,
     budget: int | str = "100%",
     *,
-    way: str = "unrolled",
-    sampling: Sampling | None = None,
-    seed: int = 0,
+    weights: Any = None,
+    tokenizer: Any = None,
+    batch: int | None = None,
     dtype: str = "float32",
     page_size: int = DEFAULT_PAGE_SIZE,
-    batch: int | None = None,
-    tokenizer: Any = None,
-    run: bool = True,
-    backend: Any = "numpy",
-    mode: str | None = None,
     logits: bool = False,
-    cost_model: str = "h100-pcie5",
-    bucket_pages: int = 1,
-    chunk_steps: int = 1,
-    **plan_options: Any,
+    sampling: Sampling | None = None,
+    plan: Planning = DEFAULT_PLANNING,
+    run: Running | None = DEFAULT_RUNNING,
+    **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
     planned under `budget` (bytes, a size string, or a percentage of the plans' resident
     peak, `"100%"` by default: nothing moves, or of one token's streaming minimum,
     `"50%streaming"`, the same bytes both ways: `read_generation_budget`; `plan.budget`
-    says how it was read) one `way` ("unrolled" or "steps"); greedy unless `sampling` is
-    given (its
-    noise drawn from `seed`); step plans serve buckets of `bucket_pages` pages and
-    chunks of `chunk_steps` steps. With `run=False` it only plans (no weights needed).
-    `plan_options` go to `einpage.compile`. Raises `GenerationError` for bad arguments
-    and `GenerationBudgetError` when the budget is too small (naming the step and task).
+    says how it was read).
+
+    `weights`, `tokenizer`: see the module docstring; `batch`: the sequences of a text
+    prompt (a string is repeated), checked against an ids prompt's rows; `dtype`: the
+    weights' and activations' float type; `page_size`: positions per KV page; `logits`:
+    return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
+    plan only, no weights needed) are the records that say how tokens are drawn, how it
+    is planned and how it runs.
+
+    Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
+    saying where it went), `GenerationBudgetError` when the budget is too small (naming
+    the step and task), and `HostMemoryError` before a run that would not fit in host
+    memory.
     """
+    moved_keywords("generate", moved, MOVED, PARAMETERS)
+    if not isinstance(plan, Planning):
+        hint = f": plan=Planning(way={plan!r})" if isinstance(plan, str) else ""
+        raise GenerationError(f"plan must be a Planning, got {plan!r}{hint}")
+    if isinstance(run, bool):
+        raise GenerationError(
+            f"run must be a Running or None, got {run!r}: run=False is now run=None (plan "
+            "only), run=True the default, run=Running()"
+        )
+    if run is not None and not isinstance(run, Running):
+        raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
     family, cfg, checkpoint = resolve_model(model)
     ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    source = None if run is None else _weights_source(cfg, weights, checkpoint)
     spec = GenerationSpec(
-        family,
-        cfg,
-        ids.shape[0],
-        ids.shape[1],
-        new_tokens,
-        dtype,
-        page_size,
-        sampling,
-        logits,
+        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
     )
-    plan = plan_generation(
-        spec, budget, way, bucket_pages=bucket_pages, chunk_steps=chunk_steps, **plan_options
-    )
-    stats = plan.stats(cost_model)
-    if not run:
-        return Generation(spec, plan, stats)
-    reads = weights is None or isinstance(weights, str | os.PathLike)
-    check_run_memory(plan, backend, "read from the checkpoint" if reads else None)
-    values = program_weights(cfg, weights, spec.dtype, checkpoint)
-    out = plan.run(values, ids, seed=seed, backend=backend, mode=mode)
+    planned = plan_generation(spec, budget, plan)
+    stats = planned.stats()
+    if run is None:
+        return Generation(spec, planned, stats)
+    reads = isinstance(source, Path)
+    check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
+    values = _read_weights(cfg, source, spec.dtype)
+    out = planned.run(values, ids, backend=run.backend, mode=run.mode)
     full = np.concatenate([ids, out.ids], axis=1)
     decoded = None if used is None else text.decode(used, full)
-    return Generation(spec, plan, stats, full, out.ids, out.logits, decoded, out.reports)
+    return Generation(spec, planned, stats, full, out.ids, out.logits, decoded, out.reports)

@@ -31,6 +31,10 @@ at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token
 larger of the prefill's and the last decode step's), the same bytes both ways. Each
 plan's `budget` says which reference point it was read against.
 
+How to plan is one record, `Planning`: the way, the step plans' buckets and chunks, the
+cost model the plans are made and simulated for, and `einpage.compile`'s options. It
+checks itself when made, so `plan_generation` takes it as it is.
+
 `GenerationStats` reports the simulated time on a cost model, tokens/s, and the bytes
 each way moves: weights streamed and KV pages paged (reloaded and offloaded), in total
 and per generated token.
@@ -42,7 +46,8 @@ import gc
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -64,9 +69,9 @@ from einpage.models.generation import (
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
-from einpage_core.errors import InfeasibleBudgetError
+from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
-from memgraph import MemGraph, NodeKind
+from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from taskgraph import dtypes
 from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
@@ -75,6 +80,8 @@ from taskgraph.nodes import Input
 
 __all__ = [
     "WAYS",
+    "Planning",
+    "PLANNING_OPTIONS",
     "GenerationSpec",
     "Transfers",
     "GenerationStats",
@@ -93,10 +100,133 @@ __all__ = [
 WAYS = ("unrolled", "steps")
 """The ways to plan a generation: one unrolled plan, or step plans per length bucket."""
 
+PLANNER_OPTIONS = tuple(f.name for f in fields(memgraph.PlanOptions) if f.name != "cost_model")
+"""The planner's options a `Planning` passes on (`memgraph.PlanOptions`; the cost model
+is a field of the record itself)."""
+
+PLANNING_OPTIONS = (*(k for k in COMPILE_KEYWORDS if k != "budget"), *PLANNER_OPTIONS)
+"""The names `Planning.options` takes: `einpage.compile`'s own keywords but the budget
+(partition, verify, max_blocks, progress), then the planner's."""
+
+DEFAULT_COST_MODEL = "h100-pcie5"
+"""The machine plans are made and simulated for unless a `Planning` names another."""
+
+
+def _positive_int(what: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise GenerationError(f"Planning: {what} must be a positive int, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Planning:
+    """How a generation is planned, checked once when made (`GenerationError` naming the
+    field, the value and what is valid), then trusted by `plan_generation`:
+
+    * `way`: one of `WAYS` – "unrolled" (one plan) or "steps" (a prefill plan and decode
+      plans reused across steps);
+    * `bucket_pages`, `chunk_steps`: step plans serve length buckets of `bucket_pages`
+      pages and chunks of `chunk_steps` consecutive steps (positive ints; the unrolled
+      way has neither);
+    * `cost_model`: the machine (`memgraph.COST_MODELS`) the planner times prefetches
+      for and the stats simulate;
+    * `options`: `einpage.compile`'s keywords (`PLANNING_OPTIONS`: partition, verify,
+      max_blocks, progress, and the planner's – order, eviction, lookahead, ...); the
+      planner's are checked here by `memgraph.PlanOptions`, `einpage.compile` checks its
+      own. Step plans send their outputs to the host (`STEP_OPTIONS`) unless `options`
+      says otherwise.
+
+    >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
+    {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
+    """
+
+    way: str = "unrolled"
+    bucket_pages: int = 1
+    chunk_steps: int = 1
+    cost_model: str | CostModel = DEFAULT_COST_MODEL
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.way not in WAYS:
+            raise GenerationError(f"Planning: way must be one of {WAYS}, got {self.way!r}")
+        _positive_int("bucket_pages", self.bucket_pages)
+        _positive_int("chunk_steps", self.chunk_steps)
+        if not isinstance(self.options, Mapping):
+            raise GenerationError(
+                f"Planning: options must be a mapping of einpage.compile's keywords, got "
+                f"{type(self.options).__name__}"
+            )
+        for name in self.options:
+            if name == "cost_model":
+                raise GenerationError(
+                    "Planning: the cost model is a field of its own: give "
+                    f"Planning(cost_model={self.options[name]!r}), not in options"
+                )
+            if name == "budget":
+                raise GenerationError(
+                    "Planning: the budget is an argument of generate and plan_generation, "
+                    "not an option"
+                )
+            if name not in PLANNING_OPTIONS:
+                raise GenerationError(
+                    f"Planning: options has no {name!r}; it takes {', '.join(PLANNING_OPTIONS)}"
+                )
+        planner = {k: v for k, v in self.options.items() if k in PLANNER_OPTIONS}
+        try:
+            memgraph.PlanOptions(**planner, cost_model=self.cost_model)
+        except EinpageError as err:
+            raise GenerationError(f"Planning: {err}") from err
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def compile_options(self, step_plans: bool | None = None) -> dict[str, Any]:
+        """The keywords every plan's `einpage.compile` gets: `STEP_OPTIONS` when planning
+        step plans (by default when `way` is "steps"), then `options`, then the cost
+        model."""
+        steps = self.way == "steps" if step_plans is None else step_plans
+        return {**(STEP_OPTIONS if steps else {}), **self.options, "cost_model": self.cost_model}
+
+    def planner_options(self, step_plans: bool | None = None) -> memgraph.PlanOptions:
+        """The planner's part of `compile_options`, as `memgraph.PlanOptions`."""
+        chosen = self.compile_options(step_plans)
+        return memgraph.PlanOptions(
+            **{k: v for k, v in chosen.items() if k not in COMPILE_KEYWORDS}
+        )
+
+
+def moved_keywords(
+    call: str, keywords: Mapping[str, Any], homes: Mapping[str, str], takes: str
+) -> None:
+    """`GenerationError` for keywords `call` no longer takes (none: nothing to say): each
+    of `homes` (a keyword of its old signature) says where it went – `homes[name]` is
+    the new spelling, `{v}` standing for the value given –; any other is no keyword of
+    `call`, which `takes` lists."""
+    moved = [f"{n}= is now {homes[n].format(v=repr(v))}" for n, v in keywords.items() if n in homes]
+    unknown = [name for name in keywords if name not in homes]
+    said = []
+    if moved:
+        said.append("its options moved into records: " + "; ".join(moved))
+    if unknown:
+        said.append(f"it has no keyword {', '.join(map(repr, unknown))} (it takes {takes})")
+    if said:
+        raise GenerationError(f"{call}: {'; and '.join(said)}")
+
+
+def planning_homes(argument: str) -> dict[str, str]:
+    """Where the planning keywords of the old `generate`/`plan_generation` went: into the
+    `Planning` given as `argument` ("plan=" for generate, "" for plan_generation's third
+    argument)."""
+    homes = {}
+    for name in ("way", "bucket_pages", "chunk_steps", "cost_model"):
+        homes[name] = f"{argument}Planning({name}={{v}})"
+    for name in PLANNING_OPTIONS:
+        homes[name] = f"{argument}Planning(options={{{{{name!r}: {{v}}}}}})"
+    return homes
+
 
 @dataclass(frozen=True)
 class GenerationSpec:
-    """What a generation plan is for: the model, the shapes and how tokens are chosen."""
+    """What a generation plan is for: the model, the shapes, the KV cache's page size and
+    how tokens are chosen. Checked once, here (`check_generation`: `GenerationError`
+    naming the bad value); `generate` and `plan_generation` take it as it is."""
 
     family: ModelFamily
     cfg: ModelConfig
@@ -132,12 +262,15 @@ class GenerationSpec:
         last (which is chosen, never fed back): prompt_len + new_tokens - 1."""
         return self.prompt_len + self.new_tokens - 1
 
-    def gumbel(self, seed: int) -> np.ndarray | None:
-        """The sampling noise of `seed` [new_tokens, batch, vocab] (None when greedy):
-        standard Gumbel draws in step order, the same for both ways of planning."""
+    def gumbel(self, seed: int | None = None) -> np.ndarray | None:
+        """The sampling noise [new_tokens, batch, vocab] of the sampling's seed, or of
+        `seed` when given (None when greedy): standard Gumbel draws in step order, the
+        same for both ways of planning."""
         if self.sampling is None:
             return None
-        rng = np.random.default_rng(seed)
+        if seed is not None:  # checked as the sampling's own
+            seed = replace(self.sampling, seed=seed).seed
+        rng = np.random.default_rng(self.sampling.seed if seed is None else seed)
         shape = (self.new_tokens, self.batch, self.cfg.vocab_size)
         return rng.gumbel(size=shape).astype(self.dtype)
 
@@ -467,14 +600,22 @@ def _input_bytes(spec: GenerationSpec, tg: TaskGraph) -> int:
 
 class UnrolledPlan:
     """The whole generation as one plan (module docstring). `compiled` is
-    `einpage.compile`'s result; `planning_seconds` includes building the program."""
+    `einpage.compile`'s result; `planning_seconds` includes building the program;
+    `planning` is how it was planned (its cost model is the stats' by default)."""
 
     way = "unrolled"
 
-    def __init__(self, spec: GenerationSpec, compiled: Compiled, planning_seconds: float):
+    def __init__(
+        self,
+        spec: GenerationSpec,
+        compiled: Compiled,
+        planning_seconds: float,
+        planning: Planning | None = None,
+    ):
         self.spec = spec
         self.compiled = compiled
         self.planning_seconds = planning_seconds
+        self.planning = Planning() if planning is None else planning
 
     @property
     def budget(self) -> BudgetReading:
@@ -501,7 +642,9 @@ class UnrolledPlan:
             self.spec, self.compiled.program
         )
 
-    def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
+    def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
+        """What the plan costs on `cost_model` (by default the one it was planned for)."""
+        cost_model = self.planning.cost_model if cost_model is None else cost_model
         return GenerationStats(
             way=self.way,
             tokens=self.spec.tokens,
@@ -519,13 +662,14 @@ class UnrolledPlan:
         weights: Mapping[str, np.ndarray],
         tokens: Any,
         *,
-        seed: int = 0,
+        seed: int | None = None,
         backend: Any = "numpy",
         mode: str | None = None,
         run_seed: int = 0,
     ) -> GenerationOutput:
         """Generate from the prompt `tokens` [batch, prompt_len] with the program's
-        `weights`; `seed` draws the sampling noise, `run_seed` orders a random-mode run."""
+        `weights`; `seed` draws the sampling noise (None: the spec's `Sampling.seed`; a
+        plan can be run again with other noise), `run_seed` orders a random-mode run."""
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         inputs = generation_inputs(
@@ -643,12 +787,14 @@ class StepPlans:
         decoders: Mapping[tuple[int, int], Compiled],
         chunks: list[Chunk],
         planning_seconds: float,
+        planning: Planning | None = None,
     ):
         self.spec = spec
         self.prefill = prefill
         self.decoders = dict(decoders)
         self.chunks = list(chunks)
         self.planning_seconds = planning_seconds
+        self.planning = Planning(way="steps") if planning is None else planning
 
     def __repr__(self) -> str:
         return f"<StepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)}>"
@@ -689,8 +835,10 @@ class StepPlans:
         per_page = head.nbytes // head.shape[-2] * self.spec.page_size
         return 2 * self.spec.cfg.num_layers * per_page
 
-    def stats(self, cost_model: str = "h100-pcie5") -> GenerationStats:
-        """The prefill's cost plus each chunk's, by its plan."""
+    def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
+        """The prefill's cost plus each chunk's, by its plan, on `cost_model` (by default
+        the one it was planned for)."""
+        cost_model = self.planning.cost_model if cost_model is None else cost_model
         seconds = _simulate(self.prefill.plan, cost_model)
         transfers = Transfers.of(self.prefill.plan)
         per_plan = {
@@ -719,7 +867,7 @@ class StepPlans:
         weights: Mapping[str, np.ndarray],
         tokens: Any,
         *,
-        seed: int = 0,
+        seed: int | None = None,
         backend: Any = "numpy",
         mode: str | None = None,
         run_seed: int = 0,
@@ -798,31 +946,30 @@ class StepPlans:
 def plan_generation(
     spec: GenerationSpec,
     budget: int | str,
-    way: str = "unrolled",
-    *,
-    bucket_pages: int = 1,
-    chunk_steps: int = 1,
-    **options: Any,
+    planning: Planning | None = None,
+    **moved: Any,
 ) -> UnrolledPlan | StepPlans:
-    """Plan `spec`'s generation within `budget` one of the `WAYS`: "unrolled" (one plan)
-    or "steps" (a prefill plan and decode plans of `chunk_steps` steps per bucket of
-    `bucket_pages` pages). `options` go to `einpage.compile` (partition, cost_model,
-    eviction, ...). A percentage is read by `read_generation_budget` (the plan's `budget`
-    says how). Raises `GenerationBudgetError` (naming the step and the task) when the
-    budget is too small."""
-    if way not in WAYS:
-        raise GenerationError(f"way must be one of {WAYS}, got {way!r}")
+    """Plan `spec`'s generation within `budget` as `planning` says (default `Planning()`):
+    "unrolled" (one plan) or "steps" (a prefill plan and decode plans of `chunk_steps`
+    steps per bucket of `bucket_pages` pages), each compiled by `einpage.compile` with
+    `planning.compile_options()`. A percentage is read by `read_generation_budget` (the
+    plan's `budget` says how). Raises `GenerationBudgetError` (naming the step and the
+    task) when the budget is too small; `GenerationError` for a keyword of the old
+    signature (way=, chunk_steps=, eviction=, ...), saying where it went."""
+    moved_keywords("plan_generation", moved, planning_homes(""), "spec, budget, planning")
+    if planning is None:
+        planning = Planning()
+    elif not isinstance(planning, Planning):
+        hint = f": Planning(way={planning!r})" if isinstance(planning, str) else ""
+        raise GenerationError(
+            f"plan_generation takes a Planning after the budget, got {planning!r}{hint}"
+        )
     started = time.perf_counter()
-    if way == "unrolled":
+    if planning.way == "unrolled":
         programs = {"unrolled": spec.generation_program()}
         first_step: dict[str, str | None] = {"unrolled": None}
-        plan_options = dict(options)
     else:
-        for what, value in (("bucket_pages", bucket_pages), ("chunk_steps", chunk_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise GenerationError(f"{what} must be a positive int, got {value!r}")
-        plan_options = {**STEP_OPTIONS, **options}
-        chunks = chunks_of(spec, bucket_pages, chunk_steps)
+        chunks = chunks_of(spec, planning.bucket_pages, planning.chunk_steps)
         programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
         first_step = {"prefill": "prefill"}
         keys: dict[str, tuple[int, int]] = {}
@@ -832,21 +979,22 @@ def plan_generation(
                 first_step[chunk.name] = f"step {chunk.first}"
                 keys[chunk.name] = chunk.key
     graphs = {name: program.build() for name, program in programs.items()}
-    reading = read_generation_budget(spec, graphs, budget, options, way)
+    reading = read_generation_budget(spec, graphs, budget, planning)
     seconds = time.perf_counter() - started
+    options = planning.compile_options()
     compiled = {}
     for name, tg in graphs.items():
-        compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], plan_options)
+        compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], options)
         seconds += plan_seconds
-    if way == "unrolled":
-        return UnrolledPlan(spec, compiled["unrolled"], seconds)
+    if planning.way == "unrolled":
+        return UnrolledPlan(spec, compiled["unrolled"], seconds, planning)
     decoders = {key: compiled[name] for name, key in keys.items()}
-    return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds)
+    return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds, planning)
 
 
 STEP_OPTIONS = {"outputs": "host"}
 """Planner options of step plans (what a step outputs goes to the host loop), unless
-the caller gives them."""
+`Planning.options` gives them."""
 
 
 def token_programs(spec: GenerationSpec) -> dict[str, Program]:
@@ -863,11 +1011,7 @@ def token_programs(spec: GenerationSpec) -> dict[str, Program]:
 
 
 def read_generation_budget(
-    spec: GenerationSpec,
-    graphs: Mapping[str, TaskGraph],
-    budget: Any,
-    options: Mapping[str, Any],
-    way: str,
+    spec: GenerationSpec, graphs: Mapping[str, TaskGraph], budget: Any, planning: Planning
 ) -> Any:
     """The budget every plan of the generation shares: bytes or a size string as given;
     a percentage as a `BudgetReading` that names its reference point, one definition for
@@ -882,16 +1026,14 @@ def read_generation_budget(
       the next step, so nothing drops it), nearly its resident peak; this one is the
       same for both ways, whatever `bucket_pages` and `chunk_steps`.
 
-    `graphs` are the plans' programs by name; `options` the caller's planner options
-    (the way's own defaults are added here). Raises `BudgetFormatError` for a malformed
-    percentage."""
+    `graphs` are the plans' programs by name, `planning` how they are planned (its
+    planner options; a streaming minimum is read as step plans are planned). Raises
+    `BudgetFormatError` for a malformed percentage."""
     match = PERCENT.match(budget) if isinstance(budget, str) else None
     if match is None:
         return budget  # bytes, a size string, or malformed: einpage.compile reads it
     streaming = (match.group(2).lower() or "resident") == "streaming"
-    own = {**STEP_OPTIONS, **options} if way == "steps" or streaming else dict(options)
-    planner = {k: v for k, v in own.items() if k not in COMPILE_KEYWORDS}
-    opts = memgraph.PlanOptions.from_keywords(planner, "einpage.compile", COMPILE_KEYWORDS)
+    opts = planning.planner_options(planning.way == "steps" or streaming)
     if streaming:
         candidates = {name: p.build() for name, p in token_programs(spec).items()}
     else:

@@ -1,9 +1,12 @@
 """`einpage.workloads.generate.generate`: from a checkpoint folder with a tokenizer (a small random
 LLaMA saved by `save_pretrained` and a BPE tokenizer trained here on a paragraph: no
-network), from a config and a state dict, sampling reproducibly – and the typed errors
-for bad input."""
+network), from a config and weights converted from a state dict (a state dict as it is
+is refused, saying how to convert it), sampling reproducibly – and the typed errors for
+bad input."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,7 +21,7 @@ from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.decode import Sampling  # noqa: E402
 from einpage.models.errors import CheckpointError, GenerationBudgetError, GenerationError  # noqa: E402
 from einpage.workloads import text  # noqa: E402
-from einpage.workloads.generate import generate  # noqa: E402
+from einpage.workloads.generate import Planning, Running, generate  # noqa: E402
 from einpage_core.errors import InfeasibleBudgetError  # noqa: E402
 
 torch.set_num_threads(1)
@@ -83,9 +86,8 @@ def hf_greedy(model, ids: np.ndarray, new_tokens: int) -> np.ndarray:
 def test_text_in_text_out_from_a_checkpoint_folder(checkpoint, way):
     folder, model, tok = checkpoint
     out = generate(
-        folder, prompt="the planner keeps", new_tokens=5, budget="60KiB", batch=2, way=way,
-        page_size=4,
-    )  # fmt: skip
+        folder, "the planner keeps", 5, "60KiB", batch=2, page_size=4, plan=Planning(way=way)
+    )
     ids = text.encode(tok, "the planner keeps", 2)
     np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 5))
     assert out.text == text.decode(tok, out.ids)
@@ -93,13 +95,34 @@ def test_text_in_text_out_from_a_checkpoint_folder(checkpoint, way):
     assert out.stats.transfers.weight_reload > 0 and out.stats.tokens_per_s > 0
 
 
-def test_config_and_state_dict_and_ids():
+def test_config_and_converted_state_dict_and_ids():
     hf = hf_gpt2("base")
     cfg = gpt2.GPT2Config.from_hf(hf.config)
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 6))
-    out = generate(cfg, hf.state_dict(), ids, 4, "64KiB", page_size=4, mode="random")
+    weights = gpt2.weights_from_state_dict(cfg, hf.state_dict())
+    out = generate(cfg, ids, 4, "64KiB", weights=weights, page_size=4, run=Running(mode="random"))
     np.testing.assert_array_equal(out.ids, hf_greedy(hf, ids, 4))
     assert out.ids.shape == (2, 10) and out.new_ids.shape == (2, 4) and out.text is None
+
+
+def test_a_state_dict_as_it_is_is_refused_saying_how_to_convert_it(monkeypatch):
+    """No guessing the convention from the keys (issue 22): a Hugging Face state dict is
+    refused, before anything is planned, with the call that converts it."""
+    import einpage.workloads.generate as generate_module
+
+    hf = hf_gpt2("base")
+    cfg = gpt2.GPT2Config.from_hf(hf.config)
+    ids = np.zeros((1, 3), np.int64)
+    def never(*args, **kwargs):
+        raise AssertionError("planned before the weights were checked")
+
+    monkeypatch.setattr(generate_module, "plan_generation", never)
+    with pytest.raises(GenerationError) as caught:
+        generate(cfg, prompt=ids, new_tokens=2, budget="64KiB", weights=hf.state_dict())
+    message = str(caught.value)
+    assert "einpage.models.gpt2.weights_from_state_dict(cfg, state_dict)" in message
+    assert "none of the program's weight names" in message
+    assert "'transformer.h.0.attn.c_attn.weight'" in message  # what it has, named
 
 
 def test_sampling_is_reproducible_per_seed_and_the_same_both_ways():
@@ -111,20 +134,21 @@ def test_sampling_is_reproducible_per_seed_and_the_same_both_ways():
 
     def draw(seed, way="unrolled"):
         return generate(
-            cfg, weights, ids, 6, "1MiB", sampling=sampling, seed=seed, way=way, page_size=4
-        ).new_ids
+            cfg, ids, 6, "1MiB", weights=weights, sampling=replace(sampling, seed=seed),
+            plan=Planning(way=way), page_size=4,
+        ).new_ids  # fmt: skip
 
     first = draw(0)
     np.testing.assert_array_equal(first, draw(0))
     np.testing.assert_array_equal(first, draw(0, "steps"))
     assert not np.array_equal(first, draw(1))
-    greedy = generate(cfg, weights, ids, 6, "1MiB", page_size=4).new_ids
+    greedy = generate(cfg, ids, 6, "1MiB", weights=weights, page_size=4).new_ids
     assert not np.array_equal(first, greedy)
 
 
 def test_plan_only_needs_no_weights():
-    out = generate(llama.PRESETS["tiny-gqa"], prompt=np.zeros((2, 9), np.int64), new_tokens=3,
-                   budget="200KiB", run=False, page_size=4, way="steps")  # fmt: skip
+    out = generate(llama.PRESETS["tiny-gqa"], np.zeros((2, 9), np.int64), 3, "200KiB",
+                   page_size=4, plan=Planning(way="steps"), run=None)  # fmt: skip
     assert out.ids is None and sorted(out.plan.decoders) == [(3, 1)]
     assert {"prefill", "decode (pages 3)"} == set(out.plan.plans)
 
@@ -143,19 +167,30 @@ PROMPT = np.zeros((1, 4), np.int64)
         ({"page_size": 0}, "page_size must be a positive int, got 0"),
         ({"prompt": np.array([[1, 256, 3]])}, r"token 256 at prompt \[0, 1\] is outside"),
         ({"prompt": np.array([[-1, 2]])}, "token -1"),
-        ({"way": "sideways"}, "way must be one of"),
         ({"sampling": Sampling(top_k=300)}, "top_k=300 exceeds the vocabulary"),
         ({"prompt": "text"}, "a text prompt needs a tokenizer: give tokenizer="),
         ({"prompt": None}, "a prompt is needed"),
-        ({"run": True}, "weights are needed"),
+        ({"run": Running()}, "weights are needed"),
+    ],
+)
+def test_bad_arguments_raise_generation_errors(kwargs, words):
+    args = {"prompt": PROMPT, "new_tokens": 3, "budget": "1MiB", "run": None, **kwargs}
+    with pytest.raises(GenerationError, match=words):
+        generate(CFG, **args)
+
+
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"way": "sideways"}, "way must be one of"),
         ({"bucket_pages": 0, "way": "steps"}, "bucket_pages must be a positive int"),
         ({"chunk_steps": -1, "way": "steps"}, "chunk_steps must be a positive int"),
     ],
 )
-def test_bad_arguments_raise_generation_errors(kwargs, words):
-    args = {"prompt": PROMPT, "new_tokens": 3, "budget": "1MiB", "run": False, **kwargs}
+def test_bad_planning_raises_generation_errors(fields, words):
+    """The planning arguments are `Planning`'s fields now, checked when it is made."""
     with pytest.raises(GenerationError, match=words):
-        generate(CFG, **args)
+        generate(CFG, PROMPT, 3, "1MiB", plan=Planning(**fields), run=None)
 
 
 @pytest.mark.parametrize("bad", [0, -1.0, float("nan"), True])
@@ -169,13 +204,13 @@ def test_bad_sampling_settings(bad):
 def test_a_prompt_longer_than_the_models_positions():
     cfg = gpt2.PRESETS["tiny"]  # 32 positions
     with pytest.raises(GenerationError, match="needs 33 positions.*32"):
-        generate(cfg, prompt=np.zeros((1, 30), np.int64), new_tokens=4, budget="1MiB", run=False)
+        generate(cfg, np.zeros((1, 30), np.int64), 4, "1MiB", run=None)
 
 
 @pytest.mark.parametrize("way", ["unrolled", "steps"])
 def test_a_budget_below_the_minimum_names_the_step_and_the_task(way):
     with pytest.raises(GenerationBudgetError) as caught:
-        generate(CFG, prompt=PROMPT, new_tokens=3, budget="2KiB", run=False, way=way)
+        generate(CFG, PROMPT, 3, "2KiB", plan=Planning(way=way), run=None)
     err = caught.value
     assert isinstance(err, InfeasibleBudgetError) and err.budget == 2048 and err.needed > 2048
     assert err.step == "prefill" or err.step.startswith("step ")
@@ -218,13 +253,13 @@ def test_a_checkpoint_without_a_tokenizer_says_so(checkpoint, tmp_path, capsys):
     for name in ("config.json", "model.safetensors"):
         shutil.copy(folder / name, tmp_path / name)
     with pytest.raises(GenerationError, match=f"the checkpoint folder '{tmp_path}' has no tok"):
-        generate(tmp_path, prompt="the planner", new_tokens=2, budget="1MiB", run=False)
+        generate(tmp_path, "the planner", 2, "1MiB", run=None)
     argv = ["generate", "--checkpoint", str(tmp_path), "--prompt", "the planner"]
     assert main([*argv, "--budget", "1MiB"]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert f"the checkpoint folder '{tmp_path}' has no tokenizer.json: give --tokenizer" in err
     with pytest.raises(GenerationError, match="needs a tokenizer: give tokenizer=.*or a check"):
-        generate(CFG, prompt="the planner", new_tokens=2, budget="1MiB", run=False)
+        generate(CFG, "the planner", 2, "1MiB", run=None)
 
 
 def test_a_run_beyond_the_host_memory_is_refused_before_it_starts(monkeypatch):
@@ -234,4 +269,4 @@ def test_a_run_beyond_the_host_memory_is_refused_before_it_starts(monkeypatch):
     weights = {n: np.zeros(s, np.float32) for n, s in CFG.weight_shapes().items()}
     monkeypatch.setattr(generate_module, "available_memory", lambda: 1000)
     with pytest.raises(HostMemoryError, match=r"needs about .* and 1000 B \(1000 B\) is avail"):
-        generate(CFG, weights, PROMPT, 3, "1MiB", backend="numpy")
+        generate(CFG, PROMPT, 3, "1MiB", weights=weights, run=Running(backend="numpy"))

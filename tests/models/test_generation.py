@@ -23,7 +23,7 @@ from hf_models import TOLERANCE, hf_gpt2, hf_llama, relative_error  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.models import FAMILIES, gpt2, llama  # noqa: E402
 from einpage.models.generation import generation_inputs  # noqa: E402
-from einpage.workloads.generation import GenerationSpec, plan_generation  # noqa: E402
+from einpage.workloads.generation import GenerationSpec, Planning, plan_generation  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -89,7 +89,7 @@ def test_unrolled_greedy_generation_equals_transformers(family, variant, case):
     spec = spec_of(family, variant, *case)
     weight_bytes = 4 * spec.cfg.num_parameters()
     for budget in BUDGETS:
-        plan = plan_generation(spec, budget, "unrolled")
+        plan = plan_generation(spec, budget, Planning(way="unrolled"))
         moved = plan.stats().transfers
         if moved.kv_offload and moved.kv_reload and moved.weight_reload > weight_bytes:
             break
@@ -101,7 +101,7 @@ def test_unrolled_greedy_generation_equals_transformers(family, variant, case):
 @pytest.mark.parametrize("case", CASES[:2], ids=lambda c: "b{}-p{}-n{}-page{}".format(*c))
 @pytest.mark.parametrize("family, variant", MODELS)
 def test_step_plans_generate_the_same_tokens(family, variant, case):
-    plan = plan_generation(spec_of(family, variant, *case), "40KiB", "steps")
+    plan = plan_generation(spec_of(family, variant, *case), "40KiB", Planning(way="steps"))
     assert len(plan.decoders) >= 2, "the steps should cross a page boundary"
     moved = plan.stats().transfers
     assert moved.kv_reload > 0 and moved.weight_reload > 0
@@ -110,7 +110,9 @@ def test_step_plans_generate_the_same_tokens(family, variant, case):
 
 def test_buckets_of_several_pages_serve_several_lengths():
     case = (2, 7, 5, 2)
-    plan = plan_generation(spec_of("llama", "gqa-tied", *case), "40KiB", "steps", bucket_pages=4)
+    plan = plan_generation(
+        spec_of("llama", "gqa-tied", *case), "40KiB", Planning(way="steps", bucket_pages=4)
+    )
     assert sorted(plan.decoders) == [(4, 1), (8, 1)]  # lengths 7..10: 4 and 5 pages of 2
     check_run(plan, "llama", "gqa-tied", case)
 
@@ -119,7 +121,9 @@ def test_buckets_of_several_pages_serve_several_lengths():
 def test_chunks_of_steps_generate_the_same_tokens(family, variant):
     """Decode plans of 3 steps each (and a shorter last chunk) across page boundaries."""
     case = (2, 5, 8, 2)
-    plan = plan_generation(spec_of(family, variant, *case), "48KiB", "steps", chunk_steps=3)
+    plan = plan_generation(
+        spec_of(family, variant, *case), "48KiB", Planning(way="steps", chunk_steps=3)
+    )
     assert [(c.first, c.steps, c.pages) for c in plan.chunks] == [(1, 3, 3), (4, 3, 4), (7, 1, 6)]
     check_run(plan, family, variant, case)
 
@@ -141,7 +145,7 @@ def test_one_new_token_is_the_prefill_argmax():
     _, _, cfg, weights = model_of(family, variant)
     tokens, want_ids, _ = reference(family, variant, 2, 7, 1)
     for way in ("unrolled", "steps"):
-        plan = plan_generation(spec_of(family, variant, 2, 7, 1, 4), "1MiB", way)
+        plan = plan_generation(spec_of(family, variant, 2, 7, 1, 4), "1MiB", Planning(way=way))
         np.testing.assert_array_equal(plan.run(weights, tokens).ids, want_ids)
 
 
@@ -163,6 +167,7 @@ def test_every_family_builds_generation_and_decode_programs(name):
     }
     tokens = rng.integers(0, cfg.vocab_size, (2, 6))
     ids = [
-        plan_generation(spec, "1MiB", way).run(weights, tokens).ids for way in ("unrolled", "steps")
+        plan_generation(spec, "1MiB", Planning(way=way)).run(weights, tokens).ids
+        for way in ("unrolled", "steps")
     ]
     np.testing.assert_array_equal(ids[0], ids[1])

@@ -14,7 +14,7 @@ import taskgraph
 from einpage.models import FAMILIES
 from einpage.models.decode import Sampling, masked_score
 from einpage.models.generation import generation_inputs
-from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
+from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
 from taskgraph import dtypes
 
 SAMPLINGS = {"greedy": None, "top-k": Sampling(temperature=0.8, top_k=5)}
@@ -57,7 +57,7 @@ def spec_of(family: str, dtype: str, how: str) -> GenerationSpec:
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_every_way_dtype_and_sampling_generates_the_reference_ids(family, way, dtype, how):
     prompt, want = reference_ids(family, dtype, how)
-    plan = plan_generation(spec_of(family, dtype, how), "60%", way)
+    plan = plan_generation(spec_of(family, dtype, how), "60%", Planning(way=way))
     moved = plan.stats().transfers
     assert moved.weight_reload > 0  # the budget makes the plans move weights
     got = plan.run(weights_of(family, dtype), prompt, seed=3, backend="numpy").ids

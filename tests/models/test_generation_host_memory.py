@@ -13,7 +13,7 @@ import pytest
 import runtime
 from einpage.models import gpt2
 from einpage.models.decode import Sampling
-from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
+from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
 
 CFG = gpt2.PRESETS["tiny"]
 SPEC = GenerationSpec(gpt2.FAMILY, CFG, 2, 6, 7, page_size=4, sampling=Sampling(top_k=4))
@@ -27,7 +27,7 @@ def weights() -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("way", WAYS)
 def test_a_run_allocates_at_most_what_host_bytes_says(way):
-    plan = plan_generation(SPEC, "60%", way)
+    plan = plan_generation(SPEC, "60%", Planning(way=way))
     given, prompt = weights(), np.zeros((2, 6), np.int64)
     tracemalloc.start()
     try:
@@ -40,7 +40,7 @@ def test_a_run_allocates_at_most_what_host_bytes_says(way):
 
 
 def test_the_step_loop_frees_each_session_before_the_next(monkeypatch):
-    plan = plan_generation(SPEC, "60%", "steps")
+    plan = plan_generation(SPEC, "60%", Planning(way="steps"))
     assert len(plan.decoders) >= 2
     sessions, alive = [], []
     made = runtime.Session.__init__

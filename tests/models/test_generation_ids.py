@@ -14,7 +14,7 @@ from collections import Counter
 from einpage.models import FAMILIES
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationBudgetError
-from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
+from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
 from memgraph import NodeKind
 from taskgraph.nodes import ArgReduce, Concat, Gather, View
 
@@ -76,7 +76,7 @@ def test_ids_reach_the_next_step_on_the_device_and_leave_only_for_the_output():
             family, family.presets["tiny"], 2, 7, 5, page_size=4, sampling=sampling
         )
         try:
-            plan = plan_generation(spec, budget, way)
+            plan = plan_generation(spec, budget, Planning(way=way))
         except GenerationBudgetError:
             continue
         for compiled in plan.plans.values():

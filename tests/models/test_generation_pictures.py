@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from einpage.models import llama
-from einpage.workloads.generate import generate
+from einpage.workloads.generate import Planning, generate
 from memgraph.render import MEM_STYLES, memgraph_dot
 from taskgraph.facts import is_kv_page
 
@@ -19,8 +19,8 @@ from memgraph.plots import KIND_MEANINGS, TENSOR_KINDS, memory_map  # noqa: E402
 
 @pytest.fixture(scope="module", params=["unrolled", "steps"])
 def plan(request):
-    out = generate(llama.PRESETS["tiny"], prompt=np.zeros((2, 9), np.int64), new_tokens=6,
-                   budget="100KiB", run=False, page_size=4, way=request.param)  # fmt: skip
+    out = generate(llama.PRESETS["tiny"], np.zeros((2, 9), np.int64), 6, "100KiB",
+                   page_size=4, plan=Planning(way=request.param), run=None)  # fmt: skip
     return out.plan
 
 

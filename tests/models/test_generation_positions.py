@@ -12,7 +12,7 @@ import pytest
 from einpage.models import gpt2, mistral
 from einpage.models.errors import GenerationError, UnsupportedConfigError
 from einpage.models.generation import decode_program
-from einpage.workloads.generation import WAYS, GenerationSpec, plan_generation
+from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -41,7 +41,7 @@ def test_mistral_inside_its_window_generates_transformers_tokens(way, page_size)
     weights = mistral.weights_from_state_dict(cfg, hf.state_dict())
     prompt = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 5))
     spec = GenerationSpec(mistral.FAMILY, cfg, 2, 5, 3, page_size=page_size)
-    got = plan_generation(spec, "100%", way).run(weights, prompt).ids
+    got = plan_generation(spec, "100%", Planning(way=way)).run(weights, prompt).ids
     with torch.no_grad():
         want = hf.generate(
             torch.from_numpy(prompt), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
@@ -55,7 +55,7 @@ def test_mistral_beyond_its_window_is_refused_both_ways(way):
     cfg = mistral.PRESETS["tiny"]  # window 256
     spec = GenerationSpec(mistral.FAMILY, cfg, 1, 250, 8, page_size=64)  # 257 positions
     with pytest.raises(UnsupportedConfigError, match="257 positions exceed the sliding window"):
-        plan_generation(spec, "100%", way)
+        plan_generation(spec, "100%", Planning(way=way))
 
 
 def test_mistral_7b_inside_its_window_plans_its_step_programs():
@@ -71,7 +71,7 @@ def test_mistral_7b_inside_its_window_plans_its_step_programs():
 def test_gpt2_beyond_its_positions_is_refused_at_plan_time_both_ways(way):
     spec = GenerationSpec(gpt2.FAMILY, gpt2.PRESETS["tiny"], 1, 30, 8, page_size=4)
     with pytest.raises(GenerationError, match="37 positions, but 'gpt2-tiny' has 32"):
-        plan_generation(spec, "100%", way)
+        plan_generation(spec, "100%", Planning(way=way))
 
 
 def test_gpt2_up_to_its_positions_generates_both_ways_alike():
@@ -84,7 +84,9 @@ def test_gpt2_up_to_its_positions_generates_both_ways_alike():
     }
     prompt = rng.integers(0, cfg.vocab_size, (1, 30))
     spec = GenerationSpec(gpt2.FAMILY, cfg, 1, 30, 3)
-    ids = [plan_generation(spec, "100%", way).run(weights, prompt).ids for way in WAYS]
+    ids = [
+        plan_generation(spec, "100%", Planning(way=way)).run(weights, prompt).ids for way in WAYS
+    ]
     np.testing.assert_array_equal(ids[0], ids[1])
 
 
