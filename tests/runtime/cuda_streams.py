@@ -60,8 +60,8 @@ class StandInStream:
             try:
                 if job is None:
                     return
-                if self.error is None:
-                    job()
+                if self.error is None or getattr(job, "after_failure", False):
+                    job()  # after a failure only events fire: nothing waits forever
             except BaseException as err:  # noqa: BLE001 (reported on synchronize)
                 self.error = err
             finally:
@@ -124,6 +124,7 @@ class StandInEvent:
             self.at = time.perf_counter()
             self.done.set()
 
+        mark.after_failure = True
         stream.submit(mark)
 
     def synchronize(self) -> None:
