@@ -62,6 +62,8 @@ __all__ = [
     "broadcast_operands",
     "WORKSPACE_ALIGNMENT",
     "INT_MAX",
+    "product_seconds",
+    "reduction_seconds",
 ]
 
 Shape = tuple[int, ...]
@@ -69,6 +71,7 @@ Shape = tuple[int, ...]
 CUDA_R = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}
 """cudaDataType_t of each dtype a GEMM reads or writes (CUDA's library_types.h)."""
 GEMM_DTYPES = frozenset(CUDA_R)
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 OP_N, OP_T = 0, 1  # cublasOperation_t
 COMPUTE_32F, COMPUTE_64F = 68, 70  # cublasComputeType_t: float32 accumulation for 16-bit
 INT_MAX = 2**31 - 1
@@ -80,6 +83,14 @@ _COST = PRESETS["h100-pcie5"]
 LAUNCH_SECONDS = _COST.kernel_latency_s
 """Modelled cost of one launch (a GEMM call or a copy kernel): the cost model's latency."""
 DEVICE_BYTES_PER_S = _COST.device_bytes_per_s
+TENSOR_FLOPS = _COST.flops_per_s
+"""A 16-bit GEMM's rate (tensor cores, float32 accumulation): the cost model's."""
+CORE_FLOPS = 50e12
+"""An H100's float32 rate on its CUDA cores (about 51 TFLOP/s): float32 and float64
+GEMMs (no TF32), and the generated kernels, which compute in float32 or float64."""
+CACHE_BYTES_PER_S = 10e12
+"""What a generated reduction kernel reads its operands at, assumed: it has no tiling, so
+each output element reads its K products' operands again, mostly from the caches."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +142,7 @@ class GemmPlan:
     loops: tuple[tuple[int, int, int, int], ...]
     copies: tuple[Copy, ...]
     workspace: int  # bytes
-    seconds: float  # modelled time of the launches and copies (not of the products)
+    seconds: float  # modelled time: launches, copies and the products
 
     @property
     def calls(self) -> int:
@@ -269,20 +280,64 @@ def gemm_plan(
     spec: EinsumSpec, shapes: Sequence[Shape], in_dtype: str, out_dtype: str
 ) -> GemmPlan | None:
     """How the plain einsum `spec` of two C-contiguous operands of `shapes` (both of
-    `in_dtype`) runs as GEMMs writing a C-contiguous output of `out_dtype`, or None when
-    it is not matmul-shaped or cuBLAS cannot take its dtypes.
+    `in_dtype`) runs as GEMMs writing a C-contiguous output of `out_dtype`; None when it
+    is not matmul-shaped, cuBLAS cannot take its dtypes, or a generated reduction kernel
+    (reading the operands in place) is the better choice.
 
-    Of the ways `gemm_plans` finds, the one with the smallest workspace whose modelled
-    time is at most `SLOWER` times the fastest's (ties: the faster, then the fewest
-    products in a batch, i.e. the largest matrices): a workspace costs the plan memory
+    The candidates are the ways `gemm_plans` finds and the reduction kernel, each with
+    its modelled time (`GemmPlan.seconds`; `reduction_seconds`). Chosen: of those whose
+    time is at most `SLOWER` times the fastest's, the one with the smallest workspace;
+    ties go to GEMMs over the reduction kernel (cuBLAS's tiles and tensor cores are
+    what the model under-rates on small problems), then to the faster, then to the
+    fewest products in a batch (the largest matrices). A workspace costs the plan memory
     that could hold tensors, so copies are made only where they save real time (a loop
-    of many small GEMMs), or where nothing reads the operands in place."""
+    of many small GEMMs), or where nothing reads the operands in place and the reduction
+    kernel would be much slower (a long reduced index: it has no tiling)."""
     plans = gemm_plans(spec, shapes, in_dtype, out_dtype)
     if not plans:
         return None
-    fastest = min(plan.seconds for plan in plans)
-    fine = [plan for plan in plans if plan.seconds <= SLOWER * fastest]
-    return min(fine, key=lambda p: (p.workspace, p.seconds, p.call.batch))
+    kernel = reduction_seconds(spec, shapes, in_dtype, out_dtype)
+    fastest = min(kernel, *(plan.seconds for plan in plans))
+    choices = [
+        (plan.workspace, 0, plan.seconds, plan.call.batch, plan)
+        for plan in plans
+        if plan.seconds <= SLOWER * fastest
+    ]
+    if kernel <= SLOWER * fastest:  # None: the reduction kernel, after GEMMs in place
+        choices.append((0, 1, kernel, 0, None))
+    return min(choices, key=lambda choice: choice[:4])[4]
+
+
+def _bytes(spec: EinsumSpec, shapes: Sequence[Shape], in_dtype: str, out_dtype: str) -> int:
+    """Bytes of both operands and the output."""
+    out = math.prod(spec.output_shape(shapes))
+    return sum(math.prod(s) for s in shapes) * ITEMSIZE[in_dtype] + out * ITEMSIZE[out_dtype]
+
+
+def _flops(spec: EinsumSpec, shapes: Sequence[Shape]) -> int:
+    """A multiply and an add per point of the iteration space."""
+    return 2 * math.prod(spec.index_sizes(shapes).values())
+
+
+def product_seconds(spec: EinsumSpec, shapes: Sequence[Shape], in_dtype: str, out_dtype: str):
+    """Modelled time of the GEMMs' arithmetic: tensor cores for 16-bit inputs, CUDA cores
+    otherwise, or the bytes at HBM bandwidth, whichever is longer."""
+    rate = TENSOR_FLOPS if ITEMSIZE[in_dtype] == 2 else CORE_FLOPS
+    moved = _bytes(spec, shapes, in_dtype, out_dtype) / DEVICE_BYTES_PER_S
+    return max(_flops(spec, shapes) / rate, moved)
+
+
+def reduction_seconds(spec: EinsumSpec, shapes: Sequence[Shape], in_dtype: str, out_dtype: str):
+    """Modelled time of the einsum as one generated reduction kernel, reading the operands
+    in place: a launch, and the longest of its arithmetic on CUDA cores, its operands'
+    reads (every output element reads its K products' two operands: `CACHE_BYTES_PER_S`)
+    and its bytes at HBM bandwidth."""
+    sizes = spec.index_sizes(shapes)
+    out = math.prod(spec.output_shape(shapes))
+    k = math.prod(sizes[c] for c in spec.reduced)
+    reads = out * k * 2 * ITEMSIZE[in_dtype] / CACHE_BYTES_PER_S
+    moved = _bytes(spec, shapes, in_dtype, out_dtype) / DEVICE_BYTES_PER_S
+    return LAUNCH_SECONDS + max(_flops(spec, shapes) / CORE_FLOPS, reads, moved)
 
 
 SLOWER = 2.0
@@ -313,7 +368,8 @@ def gemm_plans(
     m = frozenset(c for c in out if c in a and c not in b)
     n = frozenset(c for c in out if c in b and c not in a)
     batch = [c for c in out if c in a and c in b]
-    itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+    itemsize = ITEMSIZE
+    products = product_seconds(spec, shapes, in_dtype, out_dtype)
     terms = {"a": a, "b": b, "out": out}
     plans = []
     for copied, swap in itertools.product(itertools.product((False, True), repeat=3), (0, 1)):
@@ -358,7 +414,7 @@ def gemm_plans(
             offset += -(-nbytes // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
         launches = math.prod(extent for extent, *_ in loops) + len(copies)
         moved = 2 * sum(c.nbytes for c in copies)
-        seconds = launches * LAUNCH_SECONDS + moved / DEVICE_BYTES_PER_S
+        seconds = launches * LAUNCH_SECONDS + moved / DEVICE_BYTES_PER_S + products
         compute = COMPUTE_64F if in_dtype == "float64" else COMPUTE_32F
         call = GemmCall(*fields, a_dtype=in_dtype, c_dtype=out_dtype, compute=compute)
         plans.append(GemmPlan(call, loops, tuple(copies), offset, seconds))

@@ -100,16 +100,39 @@ def test_the_scratch_option_is_retired_with_its_reason():
 def test_a_plan_without_declared_workspaces_is_refused_before_anything_runs():
     from cuda_streams import StandInCupyBackend
 
-    prog = ep.Program("swap")
-    a, b = prog.input("a", (3, 4)), prog.input("b", (3, 4))
-    prog.output(prog.einsum("ij,ji->", a, b.T.reshape(4, 3)), "trace")
+    prog = ep.Program("lookup")
+    table, ids = prog.input("table", (10, 4), role="weight"), prog.input("ids", (3,), "int64")
+    prog.output(ep.exp(prog.gather(table, ids)), "y")
     tg = prog.build()
     needs = declare_workspaces(tg)
-    assert needs.workspace_bytes > 0 and tg.workspace_bytes == 0
+    assert needs.workspace_bytes == GATHER_FLAG and tg.workspace_bytes == 0
     backend = StandInCupyBackend()
-    with pytest.raises(BackendError, match="needs a kernel workspace of 256 B .* declare"):
+    with pytest.raises(BackendError, match="needs a kernel workspace of 16 B .* declare"):
         runtime.Session(memgraph.plan(tg, "64KiB"), backend)
     assert backend.cp.memory.allocations == []  # refused before the arena
+    inputs = make_inputs(tg, 0)
     with runtime.Session(memgraph.plan(needs, "64KiB"), StandInCupyBackend()) as session:
-        got = session.run(make_inputs(tg, 0))
-    np.testing.assert_allclose(got["trace"], taskgraph.evaluate(tg, make_inputs(tg, 0))["trace"])
+        got = session.run(inputs)
+    np.testing.assert_allclose(got["y"], taskgraph.evaluate(tg, inputs)["y"], rtol=1e-6)
+
+
+def test_a_gemm_that_copies_an_operand_runs_in_its_workspace():
+    """The attention output projection `bgrse,gred->bsd` (heads and e not one dimension
+    of the attention output): the operand is copied into the declared workspace, planned
+    at the smallest budget, and the run takes the arena alone."""
+    from cuda_streams import StandInCupyBackend
+
+    prog = ep.Program("wo")
+    a = prog.input("a", (2, 4, 2, 64, 128), "float64")
+    w = prog.input("w", (4, 2, 128, 128), "float64", role="weight")
+    prog.output(prog.einsum("bgrse,gred->bsd", a, w), "y")
+    tg = declare_workspaces(prog.build())
+    assert tg[2].workspace == 1 << 20
+    mg = memgraph.plan(tg, memgraph.min_budget(tg)[0])
+    inputs = make_inputs(tg, 0)
+    backend = StandInCupyBackend(delay=0)
+    with runtime.Session(mg, backend) as session:
+        got = session.run(inputs)
+        assert session.last.counters["gemm_workspace_copies"] == 1
+    np.testing.assert_allclose(got["y"], taskgraph.evaluate(tg, inputs)["y"], rtol=1e-12)
+    assert [what for what, _ in backend.cp.memory.allocations] == ["cuda.Memory"]
