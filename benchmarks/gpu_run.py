@@ -11,8 +11,8 @@ warm-up run and `--repeats` timed runs of a `runtime.Session` with staged weight
 
 * tokens/s (batch × seq over the median run), the simulator's prediction for the same
   plan on `--cost-model` (default "h100-pcie5"), and their ratio;
-* the device peak (arena plus scratch from CuPy's memory pool high-water mark) and,
-  on a GPU, the used memory from `cudaMemGetInfo` after the runs;
+* the device peak (the arena: kernels allocate nothing else, their workspaces are in the
+  plan) and, on a GPU, the used memory from `cudaMemGetInfo` after the runs;
 * bytes moved (offloads + reloads of the plan) and the achieved H2D and D2H rates over
   the time the copy streams were busy in the run's trace, and the overlap of compute
   with copies.
@@ -54,7 +54,8 @@ def random_weights(cfg: llama.LlamaConfig, dtype: str, seed: int = 0) -> dict[st
 def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One row per budget fraction (see the module docstring)."""
     cfg = llama.PRESETS[args.preset]
-    tg = llama.prefill_program(cfg, args.batch, args.seq, args.dtype, "last").build()
+    program = llama.prefill_program(cfg, args.batch, args.seq, args.dtype, "last").build()
+    tg = runtime.declare_workspaces(program)  # what the CuPy kernels need, planned
     weights = random_weights(cfg, args.dtype)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (args.batch, args.seq))
     activations = llama.prefill_inputs(cfg, tokens, None, args.dtype)

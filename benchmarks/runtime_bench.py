@@ -193,7 +193,7 @@ class CopyingNumpyBackend(NumpyBackend):
     """The NumPy backend as it was before `evaluate_task(..., out=)`: each kernel returns a
     new array, which is copied into the output's arena view (for the ablation row)."""
 
-    def compute(self, task, operands, out, stream) -> None:
+    def compute(self, task, operands, out, stream, workspace=None) -> None:
         stream.submit(lambda: np.copyto(out, taskgraph.evaluate_task(task, operands)))
 
 

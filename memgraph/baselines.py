@@ -354,14 +354,29 @@ class _Streamer:
         roots = list(dict.fromkeys(self.root[i] for i in task.inputs))
         if not self.alloc(t, dry):
             return False
+        workspace = self.arena.allocate_low(task.workspace) if task.workspace else None
+        if task.workspace:
+            if workspace is None:
+                if dry:
+                    return False
+                raise _OutOfMemory(t)
+            self.live += workspace.size  # held while the task runs
+            if self.live > self.peak:
+                self.peak, self.peak_weights = self.live, self.live_weights
+                self.peak_task = self.current_task
+            self.live -= workspace.size
         if not dry:
             out = self.res[t]
             reads = [self.res[self.root[i]].region for i in task.inputs]
             writers = [self.res[x].writer for x in roots]
-            out.writer = self.b.apply(t, reads, out.region, deps=[out.alloc, *writers])
+            deps = [out.alloc, *writers, *(workspace.deps if workspace else ())]
+            held = Region(workspace.offset, workspace.size) if workspace else None
+            out.writer = self.b.apply(t, reads, out.region, deps=deps, workspace=held)
             self.last_apply = out.writer
             for x in roots:
                 self.res[x].users.append(out.writer)
+        if workspace is not None:  # released by the apply itself
+            self.arena.free(workspace.offset, None if dry else self.last_apply)
         last_in_segment = self.segments[j].last_use
         for x in roots:
             if _is_host_input(self.tg[x]):

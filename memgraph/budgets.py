@@ -198,8 +198,9 @@ def min_budget(
 ) -> tuple[int, int | None]:
     """The smallest budget any plan needs, and the task that needs it.
 
-    A compute task runs only with its distinct operands (views resolved to their bases)
-    and its output resident at once, each rounded up to `alignment`; the bound is the
+    A compute task runs only with its distinct operands (views resolved to their bases),
+    its output and its kernel's workspace (`Task.workspace`) resident at once, each
+    rounded up to `alignment`; the bound is the
     largest such sum (ties: the first task). A Slice produced by a sliced reload
     (`memgraph.steps.sliced_reloads`; `inputs` is the planner's option) needs only
     itself, and the Concats of an output assembled on the host (`taskgraph.assembly`)
@@ -242,6 +243,7 @@ def _min_budget(tg: TaskGraph, alignment: int, inputs: str) -> tuple[int, int | 
         need = size[task.id]
         if task.id not in sliced:
             need += sum(size[r] for r in {root[i] for i in task.inputs})
+            need += _round_up(task.workspace, alignment)
         if need > best or best_task is None and need >= best:
             best, best_task = need, task.id
     return best, best_task
@@ -387,10 +389,13 @@ def holds_at_once(tg: TaskGraph, task_id: int, alignment: int) -> str:
     roots = dict.fromkeys(tg.storage_root(i) for i in task.inputs)
     operands = ", ".join(f"%{r} ({format_bytes(tg[r].nbytes)})" for r in roots) or "none"
     scope = f" in scope {task.scope!r}" if task.scope else ""
-    return (
-        f"task {task.line()}{scope} needs its operands [{operands}] and its "
-        f"output ({format_bytes(task.nbytes)}) resident at once, each aligned to {alignment} B"
-    )
+    held = f"its operands [{operands}] and its output ({format_bytes(task.nbytes)})"
+    if task.workspace:
+        held = (
+            f"its operands [{operands}], its output ({format_bytes(task.nbytes)}) and its "
+            f"kernel's workspace ({format_bytes(task.workspace)})"
+        )
+    return f"task {task.line()}{scope} needs {held} resident at once, each aligned to {alignment} B"
 
 
 def infeasible_error(
@@ -405,8 +410,10 @@ def infeasible_error(
 
 
 def _everything(tg: TaskGraph, alignment: int) -> int:
-    """An arena holding every tensor of `tg` at once, plus one alignment unit."""
-    return sum(_round_up(t.nbytes, alignment) for t in tg) + alignment
+    """An arena holding every tensor and kernel workspace of `tg` at once, plus one
+    alignment unit."""
+    held = sum(_round_up(t.nbytes, alignment) + _round_up(t.workspace, alignment) for t in tg)
+    return held + alignment
 
 
 def _round_up(nbytes: int, alignment: int) -> int:

@@ -376,6 +376,7 @@ class MemGraphBuilder:
         name: str = "",
         into: int | None = None,
         box: HostBox | None = None,
+        workspace: Region | None = None,
     ) -> int:
         """Append a node and return its id; `deps` are sorted and deduplicated.
 
@@ -390,7 +391,17 @@ class MemGraphBuilder:
         if box is None and kind in (NodeKind.OFFLOAD, NodeKind.RELOAD):
             box = self.host.box(kind, tensor, storage, into)
         node = MemNode(
-            node_id, kind, ordered, tensor, region, storage, tuple(reads), name, into, box
+            node_id,
+            kind,
+            ordered,
+            tensor,
+            region,
+            storage,
+            tuple(reads),
+            name,
+            into,
+            box,
+            workspace,
         )
         self.nodes.append(node)
         return node_id
@@ -410,9 +421,16 @@ class MemGraphBuilder:
         return self.add(NodeKind.INPUT, deps, tensor, region, storage, name=name)
 
     def apply(
-        self, task: int, reads: Iterable[Region], region: Region, deps: Iterable[int] = ()
+        self,
+        task: int,
+        reads: Iterable[Region],
+        region: Region,
+        deps: Iterable[int] = (),
+        workspace: Region | None = None,
     ) -> int:
-        return self.add(NodeKind.APPLY, deps, task, region, reads=reads)
+        """An apply; `workspace` is the region of its kernel's workspace, if it has one
+        (transient: held for this apply only)."""
+        return self.add(NodeKind.APPLY, deps, task, region, reads=reads, workspace=workspace)
 
     def offload(
         self,

@@ -7,6 +7,12 @@ allocation horizon advances as far as free memory and the lookahead target allow
 (`advance_horizon`, `horizon_target`); a step the horizon did not reach is prepared at
 the execution horizon, evicting the best windows (`prepare_evicting`); the apply is
 emitted and what it was the last reader of is freed (`execute`).
+
+A step whose task has a kernel workspace (`Task.workspace`) needs it placed with its
+tensors: it is one more tensor of the step (a `TensorState` of its own, keyed past the
+task ids), placed as they are – but with no alloc node, never a victim (nothing writes
+it), released by the apply itself, which carries its region (`MemNode.workspace`) and
+waits for the frees of the bytes it takes.
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ class HorizonPlanner:
         self.assembly = HostAssembly(tg)
         self.steps: list[Step] = plan_steps(tg, ids, self.root, self.sliced, self.assembly.tasks)
         self.tensors = self.make_tensors()
+        self.workspaces = self.make_workspaces()  # step position -> its workspace
+        self.workspace_deps: dict[int, tuple[int, ...]] = {}  # placed workspace -> its frees
         self.working_set = self.record_uses()  # aligned bytes each step needs at once
         self.output_roots = dict.fromkeys(
             self.root[t] for t in tg.outputs.values() if t not in self.assembly
@@ -127,11 +135,26 @@ class HorizonPlanner:
             if self.root[t.id] == t.id
         }
 
+    def make_workspaces(self) -> dict[int, TensorState]:
+        """A `TensorState` for the workspace of each step whose task declares one, used at
+        that step only; it joins `tensors` under an id past every task's."""
+        round_up = self.alloc.round_up
+        workspaces = {}
+        for position, step in enumerate(self.steps):
+            nbytes = self.tg[step.task].workspace
+            if nbytes and not step.sliced:
+                state = TensorState(len(self.tg) + position, nbytes, round_up(nbytes))
+                state.uses.append(position)
+                workspaces[position] = self.tensors[state.id] = state
+        return workspaces
+
     def record_uses(self) -> list[int]:
         """Record each tensor's uses (step positions); return each step's working set."""
         working_set = []
         for position, step in enumerate(self.steps):
             need = self.tensors[step.task].size
+            if position in self.workspaces:
+                need += self.workspaces[position].size
             for r in step.roots:
                 tensor = self.tensors[r]
                 tensor.uses.append(position)
@@ -282,10 +305,15 @@ class HorizonPlanner:
     # -- preparing a step -----------------------------------------------------------
 
     def missing(self, position: int) -> list[TensorState]:
-        """The tensors step `position` still needs placed: absent operands, then its output."""
+        """The tensors step `position` still needs placed: absent operands, then its output
+        and its workspace (if it has one)."""
         step = self.steps[position]
         needed = [self.tensors[r] for r in step.roots if self.tensors[r].region is None]
-        return [*needed, self.tensors[step.task]]
+        needed.append(self.tensors[step.task])
+        workspace = self.workspaces.get(position)
+        if workspace is not None and workspace.region is None:
+            needed.append(workspace)
+        return needed
 
     def prepare_fitting(self, position: int, ahead: bool) -> bool:
         """Prepare a step using free memory only (all or nothing); False if it does not fit.
@@ -348,7 +376,11 @@ class HorizonPlanner:
         held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
         for tensor in held:
             tensor.pins += 1
-        for tensor in sorted(self.missing(e), key=lambda t: -t.size):
+        workspace = self.workspaces.get(e)
+        tensors = sorted((t for t in self.missing(e) if t is not workspace), key=lambda t: -t.size)
+        if workspace is not None and workspace.region is None:
+            tensors.append(workspace)  # last: a failure leaves no workspace to undo
+        for tensor in tensors:
             block = self.fit(tensor) or self.make_room(tensor.size)
             if block is None:
                 for pinned in held:
@@ -384,7 +416,8 @@ class HorizonPlanner:
         return True
 
     def unprepare(self, e: int) -> None:
-        """Undo a failed preparation of step e: free its output if allocated, unwritten."""
+        """Undo a failed preparation of step e: free its output if allocated, unwritten.
+        (Its workspace is placed last, so it is not placed when preparing fails.)"""
         output = self.tensors[self.steps[e].task]
         if output.region is not None:
             self.release(output)
@@ -470,6 +503,24 @@ class HorizonPlanner:
 
     # -- node emission --------------------------------------------------------------
 
+    def bind_workspace(self, workspace: TensorState, block: Block) -> None:
+        """Hold `block` as a step's workspace: no node yet (its apply will carry the region
+        and wait for the frees of its bytes); resident, so the victim search sees the bytes
+        taken, but never a victim (nothing writes it)."""
+        workspace.region = Region(block.offset, block.size)
+        self.workspace_deps[workspace.id] = block.deps
+        self.residents.add(workspace)
+        self.high_water = max(self.high_water, workspace.region.end)
+
+    def release_workspace(self, workspace: TensorState, apply: int) -> None:
+        """The apply `apply` has ended with its workspace: its bytes are free, released by
+        that apply (later allocations there wait for it)."""
+        self.frees += 1
+        self.alloc.free(workspace.region.offset, freed_by=apply)
+        self.residents.remove(workspace)
+        workspace.region = None
+        del self.workspace_deps[workspace.id]
+
     def bind(self, tensor: TensorState, block: Block) -> Region:
         """Emit the alloc node of `block` for `tensor` and record the residency."""
         region = Region(block.offset, block.size)
@@ -480,9 +531,13 @@ class HorizonPlanner:
         return region
 
     def place(self, tensor: TensorState, block: Block, position: int, ahead: bool) -> None:
-        """Allocate `tensor` at `block`; reload it unless it is step `position`'s output."""
+        """Allocate `tensor` at `block`; reload it unless it is step `position`'s output or
+        workspace."""
         if tensor.id == self.steps[position].task:
             self.bind(tensor, block)
+            return
+        if tensor is self.workspaces.get(position):
+            self.bind_workspace(tensor, block)
             return
         self.reload(tensor, block)
         tensor.last_use = position
@@ -511,7 +566,16 @@ class HorizonPlanner:
             self.counts.sliced_reloads += 1
         else:
             deps = [out.alloc, *(t.writer for t in operands)]
-            node = self.builder.apply(step.task, [t.region for t in operands], out.region, deps)
+            workspace = self.workspaces.get(e)
+            region = None
+            if workspace is not None:
+                deps.extend(self.workspace_deps[workspace.id])
+                region = workspace.region
+            node = self.builder.apply(
+                step.task, [t.region for t in operands], out.region, deps, workspace=region
+            )
+            if workspace is not None:
+                self.release_workspace(workspace, node)
         out.writer, out.last_use = node, e
         self.clock = self.seconds_before(e + 1)
         self.residents.touch(out)

@@ -8,7 +8,11 @@ Node kinds (`NodeKind`), and the fields each one uses:
 * `alloc`   – `region` of the device arena is reserved for `tensor`.
 * `apply`   – task `tensor` is computed: it reads `reads` (one device region per
               task operand, in the task's operand order; a view operand reads its
-              base's region) and writes `region`.
+              base's region) and writes `region`. When the task's kernel needs a
+              workspace (`Task.workspace`), `workspace` is its region: *transient*,
+              allocated for this apply only and released when it ends, so nothing
+              else may hold those bytes while it runs, and whatever takes them later
+              waits for the apply (as for the free of a tensor).
 * `offload` – `tensor`'s data is copied from device `region` to host `storage`. When
               `into` is set, it is a *sliced offload*: `storage` is the host array of
               task `into`, a program output that a tree of output Concats rebuilds from
@@ -231,6 +235,7 @@ FIELDS: dict[str, str] = {
     "name": "a name",
     "into": "an output assembly",
     "box": "a host box",
+    "workspace": "a workspace region",
 }
 """The optional fields of a `MemNode`, each with what it is (for messages)."""
 
@@ -241,6 +246,7 @@ _USE = {
     "name": "name a program input or output ('name')",
     "into": "fill an output assembly ('into')",
     "box": "copy a box of host storage ('box')",
+    "workspace": "hold a kernel's workspace ('workspace')",
 }
 
 _ONE_PLACE = ("storage", "region")  # an input or output is on the host or on the device
@@ -251,7 +257,9 @@ NODE_FIELDS: dict[NodeKind, KindFields] = {
     ),
     NodeKind.ALLOC: KindFields(required=("region",), template="alloc {tensor} {region}"),
     NodeKind.APPLY: KindFields(
-        required=("region", "reads"), template="apply {tensor} ({reads}) -> {region}"
+        required=("region", "reads"),
+        optional=("workspace",),
+        template="apply {tensor} ({reads}) -> {region}{workspace}",
     ),
     NodeKind.OFFLOAD: KindFields(
         required=("region", "storage"),
@@ -299,6 +307,7 @@ class MemNode:
     name: str = ""
     into: int | None = None  # a sliced offload: the output assembly `storage` belongs to
     box: HostBox | None = None  # a sliced offload or reload: the box of `storage` it copies
+    workspace: Region | None = None  # an apply: its kernel's transient workspace region
 
     @property
     def stream(self) -> str:
@@ -323,6 +332,7 @@ class MemNode:
             "name": self.name or None,
             "into": self.into,
             "box": self.box,
+            "workspace": self.workspace,
         }
         return frozenset(f for f, value in values.items() if value is not None)
 
@@ -351,6 +361,7 @@ class MemNode:
             "where": host if self.storage is not None else str(self.region),
             "reads": ", ".join(str(r) for r in self.reads),
             "into": f" into %{self.into}" if self.into is not None else "",
+            "workspace": f" + workspace {self.workspace}" if self.workspace is not None else "",
         }
         return NODE_FIELDS[self.kind].template.format(**parts)
 

@@ -2,7 +2,8 @@
 
 * `memory_map(mg)`: arena offset against plan step, one rectangle per residency of a
   tensor (alloc to free), coloured by kind (weight, activation, output; the legend
-  says what each colour is), with offloads, reloads and drops marked, the budget
+  says what each colour is), kernels' workspaces hatched over their applies, with
+  offloads, reloads and drops marked, the budget
   drawn and the largest residencies numbered and named beside the legend. It shows fragmentation
   and eviction at a glance. Residencies, drops and live bytes come from the one
   residency analysis (`memgraph.residency`, `MemGraph.residencies`).
@@ -34,7 +35,7 @@ from einpage_core.optional import require
 from einpage_core.units import format_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
-from memgraph.residency import Residency, residencies
+from memgraph.residency import Residency, Workspace, residencies
 from memgraph.trace import (
     StreamEvent,
     lane_name,
@@ -61,6 +62,8 @@ __all__ = [
     "stream_timeline",
     "TENSOR_KINDS",
     "KIND_MEANINGS",
+    "WORKSPACE_COLOR",
+    "WORKSPACE_MEANING",
     "SHADES_NOTE",
     "LABELS",
     "residency_label",
@@ -85,6 +88,10 @@ KIND_MEANINGS: dict[str, str] = {
     "kv": "kv: a page of the KV cache",
 }
 """What each colour of the memory map stands for (its legend entries)."""
+
+WORKSPACE_COLOR = "#bab0ac"
+WORKSPACE_MEANING = "workspace: a kernel's, held during its apply"
+"""How the memory map draws kernels' workspaces (`MemNode.workspace`), and its legend."""
 
 SHADES_NOTE = "shades of a colour only tell neighbours apart"
 """The legend's title: the shades within one kind carry no meaning."""
@@ -166,6 +173,10 @@ def live_bytes(
             at.append(end[stay.free])
             delta.append(-stay.region.size)
             order.append(stay.free)
+    for workspace in mg.residencies.workspaces:  # held from its apply's start to its end
+        at.extend((start[workspace.apply], end[workspace.apply]))
+        delta.extend((workspace.region.size, -workspace.region.size))
+        order.extend((workspace.apply, workspace.apply))
     first, last = float(start[0]), float(end.max())
     if not at:
         return np.array([first, last]), np.zeros(2)
@@ -282,12 +293,16 @@ def memory_map(
     xlabel, xscale = _x_axis(mg, x, times)
     scale = _Scale(start, end, plan_end, xscale, yscale)
     _rectangles(ax, stays, scale)
+    workspaces = mg.residencies.workspaces
+    _workspace_rectangles(ax, workspaces, scale)
 
     handles: list[Any] = [
         Patch(facecolor=shades[0], label=KIND_MEANINGS.get(kind, kind))
         for kind, shades in TENSOR_KINDS.items()
         if any(r.kind == kind for r in stays)
     ]
+    if workspaces:
+        handles.append(Patch(facecolor=WORKSPACE_COLOR, hatch="////", label=WORKSPACE_MEANING))
     if transfers:
         handles += _transfer_markers(ax, stays, scale)
     ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2, zorder=3)
@@ -435,6 +450,34 @@ def _rectangles(ax: Axes, stays: list[Residency], scale: _Scale) -> None:
                 zorder=2,
             )
         )
+
+
+def _workspace_rectangles(ax: Axes, workspaces: Sequence[Workspace], scale: _Scale) -> None:
+    """Each kernel workspace as a hatched rectangle over its apply (gid `workspaces`)."""
+    if not workspaces:
+        return
+    PolyCollection = require("matplotlib.collections", extra="viz").PolyCollection
+
+    x0 = np.array([scale.start[w.apply] for w in workspaces], dtype=float) / scale.xscale
+    x1 = np.array([scale.end[w.apply] for w in workspaces], dtype=float) / scale.xscale
+    y0 = np.array([w.region.offset for w in workspaces], dtype=float) / scale.yscale
+    y1 = np.array([w.region.end for w in workspaces], dtype=float) / scale.yscale
+    verts = np.stack(
+        [np.stack([x0, y0], 1), np.stack([x0, y1], 1), np.stack([x1, y1], 1),
+         np.stack([x1, y0], 1)],
+        axis=1,
+    )  # fmt: skip
+    ax.add_collection(
+        PolyCollection(
+            verts,
+            facecolors=WORKSPACE_COLOR,
+            edgecolors="#79706e",
+            hatch="////",
+            linewidths=0.4,
+            gid="workspaces",
+            zorder=2,
+        )
+    )
 
 
 def _transfer_markers(ax: Axes, stays: list[Residency], scale: _Scale) -> list[Any]:

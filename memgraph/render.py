@@ -180,6 +180,8 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     }.get(kind, host or region)
     if where:
         lines.append(Line(where, "mono"))
+    if node.workspace is not None:  # a kernel's workspace, held during the apply
+        lines.append(Line(f"workspace {node.workspace}", "mono"))
     return lines
 
 

@@ -12,7 +12,9 @@ says for each
   copy already existed, e.g. a weight), "freed" (freed after its last use, never
   needed again on the device), or "resident" (still on the device at the end);
 
-and the bytes allocated after every node (`live_bytes`), from which the peak. The
+and the bytes allocated after every node (`live_bytes`), from which the peak. A kernel's
+workspace (an apply's `workspace` region) is no residency: it is held while its apply
+runs, so it counts in that apply's live bytes only, and is listed in `workspaces`. The
 plan's statistics (`MemGraph.stats`), the plots (`memgraph.plots`) and the
 verifier's budget check read it from here: drops are detected in this one place.
 
@@ -50,7 +52,15 @@ from taskgraph.nodes import Input
 if TYPE_CHECKING:
     from memgraph.graph import MemGraph
 
-__all__ = ["Residency", "Residencies", "analyze", "residencies", "ARRIVALS", "DEPARTURES"]
+__all__ = [
+    "Residency",
+    "Residencies",
+    "Workspace",
+    "analyze",
+    "residencies",
+    "ARRIVALS",
+    "DEPARTURES",
+]
 
 ARRIVALS = ("computed", "reloaded", "input", "unwritten")
 """How a residency's data got onto the device (see the module docstring)."""
@@ -103,13 +113,25 @@ class Residency:
         return self.role
 
 
+@dataclass(frozen=True, slots=True)
+class Workspace:
+    """The workspace `region` of apply node `apply` (of task `tensor`): held while that
+    apply runs, and only then."""
+
+    apply: int
+    tensor: int
+    region: Region
+
+
 @dataclass(frozen=True, eq=False)
 class Residencies:
-    """Every residency of a plan, in order of their allocs, and the bytes allocated after
-    each node (`live_bytes[i]`, after node i)."""
+    """Every residency of a plan, in order of their allocs, the bytes allocated after
+    each node (`live_bytes[i]`, after node i; at an apply with a workspace, during it:
+    the workspace included), and the kernels' workspaces, in order."""
 
     stays: tuple[Residency, ...]
     live_bytes: tuple[int, ...]
+    workspaces: tuple[Workspace, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -118,8 +140,9 @@ class Residencies:
 
     @property
     def high_water(self) -> int:
-        """The highest arena offset any residency reaches."""
-        return max((s.region.end for s in self.stays), default=0)
+        """The highest arena offset any residency or workspace reaches."""
+        ends = [s.region.end for s in self.stays] + [w.region.end for w in self.workspaces]
+        return max(ends, default=0)
 
     def dropped(self) -> list[Residency]:
         """The residencies that ended in a drop."""
@@ -167,6 +190,7 @@ def analyze(mg: MemGraph) -> Residencies:
     open_: dict[int, _Open] = {}
     done: list[Residency] = []
     live: list[int] = []
+    workspaces: list[Workspace] = []
     level = 0
 
     def close(tensor: int, stay: _Open, free: int | None) -> Residency:
@@ -207,7 +231,11 @@ def analyze(mg: MemGraph) -> Residencies:
                 level -= node.region.size
         elif kind is NodeKind.APPLY:
             _note_reads(mg, node, open_)
-        live.append(level)
+        if kind is NodeKind.APPLY and node.workspace is not None:  # held during the apply
+            workspaces.append(Workspace(node.id, node.tensor, node.workspace))
+            live.append(level + node.workspace.size)
+        else:
+            live.append(level)
         stay = open_.get(node.tensor)
         if stay is None or node.region is None or node.region != stay.region:
             continue
@@ -219,7 +247,7 @@ def analyze(mg: MemGraph) -> Residencies:
             stay.readers.append(node.id)
     done.extend(close(tensor, stay, None) for tensor, stay in open_.items())
     done.sort(key=lambda s: s.alloc)
-    return Residencies(tuple(done), tuple(live))
+    return Residencies(tuple(done), tuple(live), tuple(workspaces))
 
 
 def _note_reads(mg: MemGraph, node: MemNode, open_: dict[int, _Open]) -> None:

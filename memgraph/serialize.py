@@ -40,7 +40,9 @@ for apply; `name` for input and output; `into` (a task id) for a sliced offload 
 an output assembled on the host; `box` for a sliced offload or reload: the box of the
 storage's array it copies, one start and one size per axis of the storage (its shape
 and dtype are the storage's); an offload or reload without `box` copies its whole
-storage. Keys a kind does not use are omitted.
+storage; `workspace` (a region) for an apply whose task has a kernel workspace
+(`Task.workspace`): transient, held for that apply only (absent otherwise, so plans
+without workspaces are written as before). Keys a kind does not use are omitted.
 
 Version 1 documents (before `storages` and `box`) are still read: their storages and
 boxes are worked out from the nodes and the TaskGraph, as the builder does.
@@ -129,7 +131,7 @@ def _node_to_dict(node: MemNode) -> dict[str, Any]:
         if name not in present or name not in spec.allowed:
             continue
         value = getattr(node, name)
-        if name == "region":
+        if name in ("region", "workspace"):
             data[name] = [value.offset, value.size]
         elif name == "reads":
             data[name] = [[r.offset, r.size] for r in value]
@@ -233,6 +235,7 @@ _FIELD_TEXT: dict[str, Callable[[Any, Quoted], str]] = {
     "box": lambda box, quoted: (
         f'{{"starts": {int_list(box.starts)}, "sizes": {int_list(box.sizes)}}}'
     ),
+    "workspace": lambda region, quoted: _region_text(region),
 }
 """Each optional node field's value as JSON text, as `_node_to_dict` puts it."""
 
@@ -243,6 +246,7 @@ _UNSET: dict[str, Any] = {
     "name": "",
     "into": None,
     "box": None,
+    "workspace": None,
 }
 """Each optional field's value when a node does not set it (`MemNode.fields_set`)."""
 
@@ -404,6 +408,9 @@ def _node(
     if "box" in entry:
         held = storages.get(storage) if storages is not None and storage is not None else None
         box = _box(entry["box"], f"{path}.box", held)
+    workspace = None
+    if "workspace" in entry:
+        workspace = _region(entry["workspace"], f"{path}.workspace")
     return MemNode(
         position,
         kind,
@@ -415,6 +422,7 @@ def _node(
         name,
         into,
         box,
+        workspace,
     )
 
 
@@ -615,5 +623,10 @@ def _quick_node(
         if not (_quick_ints(starts, 0) and _quick_ints(sizes, 1)):
             return None
         box = HostBox(held.shape, held.dtype, tuple(starts), tuple(sizes))
+    workspace = None
+    if "workspace" in entry:
+        workspace = _quick_region(entry["workspace"], regions)
+        if workspace is None:
+            return None
     deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
-    return MemNode(position, kind, deps, tensor, region, storage, reads, name, into, box)
+    return MemNode(position, kind, deps, tensor, region, storage, reads, name, into, box, workspace)

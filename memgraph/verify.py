@@ -21,6 +21,11 @@ residencies and host storages, and checks:
   exactly once (a Slice read straight from an input may instead be produced, any
   number of times, by a *sliced reload* of its box from the input's storage) and every
   program output is produced;
+* workspaces: an apply holds a workspace region exactly when its task declares one
+  (`Task.workspace`), at least that large, aligned, inside the arena; it overlaps no
+  live region, comes after the latest free of every byte it takes, counts (with
+  everything live) against the budget while the apply runs, and is released by the
+  apply: a later alloc of those bytes comes after the apply (as after a free);
 * host assembly: a *sliced offload* (`into` set) copies a tensor that is exactly one
   leaf of the tree of output Concats rooted at `into` (Concats whose `Block` kind is
   "output", nested) into that leaf's box of the root's host storage; each leaf is
@@ -250,7 +255,10 @@ class _Verifier:
         if self.views[node.tensor]:
             raise self.fail(f"%{node.tensor} is a view; nodes name the viewed base tensor")
         budget = self.mg.budget
-        for region in (node.region, *node.reads) if node.reads else (node.region,):
+        regions = (node.region, *node.reads) if node.reads else (node.region,)
+        if node.workspace is not None:
+            regions = (*regions, node.workspace)
+        for region in regions:
             if region is None:
                 continue
             if region.offset < 0 or region.size <= 0 or region.offset + region.size > budget:
@@ -270,6 +278,7 @@ class _Verifier:
             not node.name,
             node.into is None,
             node.box is None,
+            node.workspace is None,
         )
         if key not in self.field_problems:
             self.field_problems[key] = node.field_problem()
@@ -394,7 +403,45 @@ class _Verifier:
             self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
         self.write(node.tensor, node.region, "apply writes")
+        self.hold_workspace(node, task)
         self.applied.add(node.tensor)
+
+    def hold_workspace(self, node: MemNode, task: Task) -> None:
+        """The apply's workspace: there exactly when its task declares one, as large,
+        aligned, on bytes nothing holds, after their latest free, within the budget with
+        everything live; then released by the apply itself (later allocs wait for it)."""
+        region, declared = node.workspace, task.workspace
+        if region is None:
+            if declared:
+                raise self.fail(
+                    f"task %{task.id} needs a workspace of {declared} bytes, but its apply "
+                    f"holds none"
+                )
+            return
+        if not declared:
+            raise self.fail(f"holds a workspace {region}, but task %{task.id} declares none")
+        if region.size < declared:
+            raise self.fail(
+                f"workspace of {region.size} bytes is smaller than task %{task.id}'s "
+                f"({declared} bytes)"
+            )
+        if region.offset % self.mg.alignment:
+            raise self.fail(
+                f"workspace offset {region.offset:#x} is not aligned to {self.mg.alignment}"
+            )
+        hit = self.regions.overlapping(region)
+        if hit is not None:
+            other, held = hit
+            raise self.fail(f"workspace {region} overlaps %{other} at {held}")
+        for free_node in self.freed.overlapping(region):
+            self.after(free_node, "the free of bytes its workspace takes, at n{}", free_node)
+        live = self.live_bytes[node.id]
+        self.peak = max(self.peak, live)
+        if live > self.mg.budget:
+            raise self.fail(
+                f"{live} bytes live with its workspace exceed the budget of {self.mg.budget}"
+            )
+        self.freed.record(region, node.id)
 
     def on_offload(self, node: MemNode) -> None:
         residency = self.resident(node.tensor, node.region, "offloaded %{}", node.tensor)

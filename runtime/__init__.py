@@ -7,6 +7,8 @@ the order of a mode (`runtime.schedule`): sequential, streams (threaded on the C
 or random. Runs can record a timing trace in Chrome's format (`runtime.trace`).
 Backends copy boxes of host arrays with one strided primitive (`Backend.copy_box`,
 `runtime.boxcopy`); `register_backend(name, factory)` adds a backend by name.
+`declare_workspaces(tg)` states the device memory each GPU kernel needs besides its
+operands and output, for the planner to place (`runtime.workspace`).
 """
 
 from runtime.backend import (
@@ -31,6 +33,7 @@ from runtime.session import (
     verified,
 )
 from runtime.trace import Trace
+from runtime.workspace import declare_workspaces, kernel_workspace
 
 __all__ = [
     "HostBudgetError",
@@ -54,4 +57,6 @@ __all__ = [
     "cupy_usable",
     "random_order",
     "verified",
+    "declare_workspaces",
+    "kernel_workspace",
 ]

@@ -15,13 +15,16 @@ primitives are:
             of `device`'s shape) and a contiguous device array, in either direction
             ("h2d", "d2h"), so that a sliced copy never needs a contiguous host copy
             of its box (`copy_to_device` and `copy_to_host` are its whole-array
-            cases); `compute(task, operands, out, stream)` (one task's kernel,
-            writing `out`) and `fill_bytes(view, value, stream)` (poisoning freed
-            memory);
-* a run:    `running()`, a context manager around issuing and synchronizing one run
-            (the CuPy backend installs its scratch allocator there and reports
-            errors that kernels flagged on the device), and `memory_report()`;
-            `clock` says what a trace's times are measured with ("wall", "cuda").
+            cases); `compute(task, operands, out, stream, workspace)` (one task's
+            kernel, writing `out`; `workspace` is the uint8 view of the region its
+            plan gives the kernel's workspace, or None) and `fill_bytes(view, value,
+            stream)` (poisoning freed memory);
+* a run:    `check_plan(mg)` (refuse a plan the backend cannot run as planned, before
+            anything is allocated), `running()`, a context manager around issuing and
+            synchronizing one run (the CuPy backend refuses every allocation of
+            CuPy's there, and reports errors that kernels flagged on the device), and
+            `memory_report()`; `clock` says what a trace's times are measured with
+            ("wall", "cuda").
 
 Work primitives only *issue* work; it is done once the stream is synchronized or an
 event recorded after it has completed.
@@ -110,6 +113,8 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     OPTIONS: ClassVar[tuple[str, ...]] = ()
     """Keyword options the constructor accepts (`runtime.run(..., **options)` passes them)."""
+    RETIRED: ClassVar[Mapping[str, str]] = {}
+    """Options it once accepted, each with why it is gone (`get_backend` says so)."""
     default_mode: ClassVar[str] = "sequential"
     host_staging: ClassVar[bool] = False
     """Whether device inputs and outputs pass through host staging buffers (pinned memory
@@ -164,8 +169,15 @@ class Backend(abc.ABC):
         self.copy_box(host, (0,) * host.ndim, src, "d2h", stream)
 
     @abc.abstractmethod
-    def compute(self, task: Task, operands: Sequence[Any], out: Any, stream: Stream) -> None:
-        """Issue `task`'s kernel reading the operand views and writing the view `out`."""
+    def compute(
+        self, task: Task, operands: Sequence[Any], out: Any, stream: Stream, workspace: Any = None
+    ) -> None:
+        """Issue `task`'s kernel reading the operand views and writing the view `out`;
+        `workspace` is the uint8 view of its kernel's workspace region (None: none)."""
+
+    def check_plan(self, mg: Any) -> None:  # noqa: B027  (optional hook)
+        """Raise a typed error when this backend cannot run the MemGraph `mg` as planned
+        (e.g. a kernel needing more workspace than the plan gives its task)."""
 
     @abc.abstractmethod
     def fill_bytes(self, view: Any, value: int, stream: Stream) -> None:
@@ -276,6 +288,9 @@ def get_backend(name: str | Backend = "auto", **options: Any) -> Backend:
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise BackendError(f"backend {name!r}: its factory gave {cls!r}, not a Backend subclass")
     accepted = getattr(cls, "OPTIONS", ())
+    retired = getattr(cls, "RETIRED", {})
+    for option in sorted(set(options) & set(retired)):
+        raise BackendError(f"backend {name!r} has no option {option!r} any more: {retired[option]}")
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         valid = ", ".join(accepted) or "none"

@@ -41,6 +41,11 @@ __all__ = [
 WORK_CTYPE = {"float16": "float", "float32": "float", "float64": "double"}
 """The C type a task of each float dtype is computed in."""
 
+INT_WORK_CTYPE = {"int8": "double", "uint8": "double", "int32": "double", "int64": "double"}
+"""The C type a task of each integer dtype is computed in: double, as the reference
+evaluator's joins compute integers with float constants (`labels / 16.0`), the result
+converted to the integer type (truncated toward zero, as NumPy's `astype`)."""
+
 PREAMBLE = r"""
 template <typename T> __device__ __forceinline__ T ep_max(T a, T b) {
   return (a > b || a != a) ? a : b;
@@ -134,16 +139,19 @@ def join_to_c(expr: Expr, work: str, operand: str = "in{}") -> str:
 
 
 def supports(in_dtypes: Sequence[str], out_dtype: str) -> bool:
-    """Whether generated kernels handle these dtypes (float tasks of float operands)."""
-    return out_dtype in WORK_CTYPE and all(d in WORK_CTYPE for d in in_dtypes)
+    """Whether generated kernels handle these dtypes: float and integer tasks of float or
+    integer operands (int8/int4 weights' casts, the integer arithmetic of labels)."""
+    known = WORK_CTYPE.keys() | INT_WORK_CTYPE.keys()
+    return out_dtype in known and all(d in known for d in in_dtypes)
 
 
 def _work_type(in_dtypes: Sequence[str], out_dtype: str) -> str:
     if not supports(in_dtypes, out_dtype):
         raise UnsupportedError(
-            f"generated kernels handle float dtypes only, got {list(in_dtypes)} -> {out_dtype}"
+            f"generated kernels compute float and integer dtypes, got {list(in_dtypes)} -> "
+            f"{out_dtype}"
         )
-    return WORK_CTYPE[out_dtype]
+    return WORK_CTYPE.get(out_dtype) or INT_WORK_CTYPE[out_dtype]
 
 
 def _name(kind: str, *parts: str) -> str:

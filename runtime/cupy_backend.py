@@ -14,16 +14,21 @@
   host copy of a box is staged.
 * Streams are non-blocking CUDA streams (compute, h2d, d2h); every cross-stream
   dependency is a `cupy.cuda.Event` recorded on one stream and waited on by another.
-* Kernels write into arena views: matmul-shaped contractions through cuBLAS
-  (`cupy.matmul(..., out=view)` after free reshapes), joins and aggregations through
-  `cupy.ElementwiseKernel` / `cupy.ReductionKernel` generated from the join's
-  expression tree (`runtime.cuda_codegen`) and cached per distinct expression, and
-  the rest through counted fallbacks (`cupy.einsum` into a temporary, then a copy).
-* Temporary device memory kernels need comes from a private CuPy memory pool capped
-  at `scratch` bytes (default 256 MiB); a run reports the true peak as the arena
-  plus the pool's high-water mark (bytes the pool held from the device), so
-  peak <= budget + scratch. cuBLAS's own workspace and the CUDA context are outside
-  both (as for any CUDA program).
+* Kernels write into arena views, and use no device memory outside the plan: matmul-
+  shaped contractions are cuBLAS GEMMs (`gemmStridedBatchedEx`, float32 accumulation
+  for 16-bit dtypes) reading the operands and writing the output where they are, with
+  leading dimensions and batch strides (`runtime.contraction`); what no GEMM can read in
+  place is copied into the task's workspace, a region of the arena the plan gives its
+  apply (`runtime.workspace`). Joins and aggregations are `cupy.ElementwiseKernel` /
+  `cupy.ReductionKernel` generated from the join's expression tree
+  (`runtime.cuda_codegen`), cached per distinct expression, reading strided broadcast
+  views in place; copies, concatenation, argmax/argmin and the k-th largest value are
+  generated kernels writing the output; a gather's error flag lives in its workspace.
+* While a run issues work, CuPy's allocator refuses every request (`BackendError`
+  naming the task): a CuPy call that would allocate a temporary is a bug, not memory
+  taken behind the plan's back. What remains outside the arena is CUDA's own: the
+  context, and cuBLAS's workspace (4 MiB a handle, 32 MiB on Hopper), as for any CUDA
+  program.
 
 Nothing here imports CuPy at module import time; creating a `CupyBackend` does, and
 raises `BackendUnavailableError` with an install hint when CuPy or a GPU is missing.
@@ -39,12 +44,20 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from einpage_core.errors import BackendError, BackendUnavailableError, InputError
-from einpage_core.units import format_bytes, parse_bytes
+from einpage_core.errors import BackendError, BackendUnavailableError, InputError, UnsupportedError
+from einpage_core.units import format_bytes
 from runtime import cuda_codegen
 from runtime.backend import Backend, Event, Stream
 from runtime.boxcopy import BoxRuns, issue_box_copy
-from runtime.contraction import broadcast_operands, evaluate_einsum, matmul_into, matmul_plan
+from runtime.contraction import (
+    COMPUTE_32F,
+    COMPUTE_64F,
+    CUDA_R,
+    GemmCall,
+    broadcast_operands,
+    run_gemm,
+)
+from runtime.workspace import GATHER_FLAG, einsum_gemm, kernel_workspace
 from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
@@ -62,7 +75,15 @@ from taskgraph.nodes import (
     View,
 )
 
-__all__ = ["CupyBackend", "CupyKernels", "import_cupy", "evaluate_on_gpu", "INSTALL_HINT"]
+__all__ = [
+    "CupyBackend",
+    "CupyKernels",
+    "CublasGemm",
+    "import_cupy",
+    "evaluate_on_gpu",
+    "INSTALL_HINT",
+    "RETIRED_OPTIONS",
+]
 
 INSTALL_HINT = (
     "install CuPy for your CUDA version: pip install 'einpage[gpu]' (CUDA 12.x, "
@@ -162,33 +183,178 @@ _SCATTER_ADD = (
     "einpage_scatter_add",
 )
 
+_COPY = ("T x", "T y", "y = x;", "einpage_copy")
+"""A strided copy: any view in, any view out (transposes, slices, a concatenation's parts)."""
+
+RADIX_PREAMBLE = r"""
+__device__ __forceinline__ unsigned int ep_key(float v) {
+  const unsigned int b = __float_as_uint(v);
+  if (v != v) return 0xffffffffu;
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float ep_unkey(unsigned int k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+__device__ __forceinline__ unsigned long long ep_key(double v) {
+  const unsigned long long b = (unsigned long long)__double_as_longlong(v);
+  if (v != v) return 0xffffffffffffffffull;
+  return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
+}
+__device__ __forceinline__ double ep_unkey(unsigned long long k) {
+  return __longlong_as_double((long long)((k & 0x8000000000000000ull)
+                                          ? (k & 0x7fffffffffffffffull) : ~k));
+}
+"""
+"""Order-preserving unsigned keys of floats (NaN the largest, as NumPy sorts it), for the
+k-th largest value's radix select."""
+
+_WORK = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
+"""The type a last-axis kernel compares values in (16-bit floats widened exactly)."""
+
+
+def argreduce_kernel(agg: str, dtype: str) -> tuple[str, str, str, str]:
+    """An ElementwiseKernel over the rows: the index of the largest (`argmax`) or smallest
+    value along the last axis, the first one on ties, the first NaN if any (NumPy's
+    answers), one thread a row reading its n values in place."""
+    work = _WORK.get(dtype, "T")
+    better = ">" if agg == "argmax" else "<"
+    operation = (
+        f"const ptrdiff_t base = (ptrdiff_t)i * n; {work} best = ({work})x[base];"
+        " long long at = 0; bool nan = best != best;"
+        " for (ptrdiff_t j = 1; j < n && !nan; ++j) {"
+        f" const {work} v = ({work})x[base + j];"
+        f" if (v != v) {{ at = j; nan = true; }} else if (v {better} best) {{ best = v; at = j; }}"
+        " }"
+        " out = at;"
+    )
+    name = f"einpage_{agg}_{'T' if work == 'T' else work}"
+    return ("raw T x, int64 n", "int64 out", operation, name)
+
+
+def kth_largest_kernel(dtype: str) -> tuple[str, str, str, str]:
+    """An ElementwiseKernel over the rows: the k-th largest value along the last axis
+    (`at` = n - k smaller ones before it: NumPy's `partition(x, at)[..., at]`), found
+    by a radix select on order-preserving keys (8 bits a pass, a 256-bin histogram of
+    the row each), one thread a row reading its values in place: exact, deterministic,
+    no memory but the thread's own."""
+    work = _WORK.get(dtype)
+    if work is None:
+        raise UnsupportedError(f"the k-th largest value of {dtype} values has no CUDA kernel")
+    key, top = ("unsigned int", 24) if work == "float" else ("unsigned long long", 56)
+    operation = (
+        f"const ptrdiff_t base = (ptrdiff_t)i * n; {key} prefix = 0, mask = 0;"
+        " long long rank = at;"
+        f" for (int shift = {top}; shift >= 0; shift -= 8) {{"
+        " unsigned int count[256];"
+        " for (int d = 0; d < 256; ++d) count[d] = 0u;"
+        " for (ptrdiff_t j = 0; j < n; ++j) {"
+        f" const {key} key = ep_key(({work})x[base + j]);"
+        " if ((key & mask) == prefix) ++count[(unsigned int)(key >> shift) & 255u];"
+        " }"
+        " unsigned int d = 0u;"
+        " while (rank >= (long long)count[d]) { rank -= count[d]; ++d; }"
+        f" prefix |= (({key})d) << shift; mask |= (({key})255u) << shift;"
+        " }"
+        f" out = (T)ep_unkey(prefix);"
+    )
+    return ("raw T x, int64 n, int64 at", "T out", operation, f"einpage_kth_largest_{work}")
+
+
+GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+
+
+class CublasGemm:
+    """`runtime.contraction.GemmCall`s as `cublasGemmStridedBatchedEx` through CuPy's
+    bindings, on the current stream (CuPy sets the handle's stream to it), reading and
+    writing device arrays at element offsets; alpha 1 and beta 0 in the compute type, on
+    the host."""
+
+    def __init__(self, cp: Any):
+        self.cp = cp
+        self.scalars = {  # alpha, beta in each compute type
+            COMPUTE_32F: np.array([1.0, 0.0], dtype=np.float32),
+            COMPUTE_64F: np.array([1.0, 0.0], dtype=np.float64),
+        }
+
+    def __call__(
+        self, call: GemmCall, a: Any, a_offset: int, b: Any, b_offset: int, c: Any, c_offset: int
+    ) -> None:
+        cuda = self.cp.cuda
+        scalars = self.scalars[call.compute]
+        alpha = scalars.ctypes.data
+        beta = alpha + scalars.itemsize
+        cuda.cublas.gemmStridedBatchedEx(
+            cuda.device.get_cublas_handle(),
+            call.transa,
+            call.transb,
+            call.m,
+            call.n,
+            call.k,
+            alpha,
+            _address(a, a_offset),
+            CUDA_R[call.a_dtype],
+            call.lda,
+            call.stride_a,
+            _address(b, b_offset),
+            CUDA_R[call.a_dtype],
+            call.ldb,
+            call.stride_b,
+            beta,
+            _address(c, c_offset),
+            CUDA_R[call.c_dtype],
+            call.ldc,
+            call.stride_c,
+            call.batch,
+            call.compute,
+            GEMM_DEFAULT,
+        )
+
+
+def _address(array: Any, offset: int) -> int:
+    """The device address of element `offset` of a contiguous device array."""
+    return array.data.ptr + offset * array.itemsize
+
 
 class CupyKernels:
     """One task's kernel into an output view, by op kind; counts which path each took.
 
     `HANDLERS` holds the method of each op kind (an `OpTable`: complete at import).
     Generated kernels are built once per distinct (expression, dtypes) and cached;
-    CuPy compiles each once per device and caches the binary on disk.
+    CuPy compiles each once per device and caches the binary on disk. `gemm` issues
+    cuBLAS GEMMs (`CublasGemm`; a CPU stand-in in the tests). `current` is the task whose
+    kernel is being issued (the backend's allocator names it).
     """
 
-    def __init__(self, cp: Any):
+    def __init__(self, cp: Any, gemm: Callable[..., None] | None = None):
         self.cp = cp
+        self.gemm = gemm if gemm is not None else CublasGemm(cp)
         self.counters: Counter[str] = Counter()
-        self.flags: list[tuple[Task, Any]] = []
+        self.flags: list[tuple[Task, np.ndarray]] = []
+        self.current: Task | None = None
         self._elementwise: dict[cuda_codegen.ElementwiseSource, Any] = {}
         self._reduction: dict[cuda_codegen.ReductionSource, Any] = {}
         self._fixed: dict[str, Any] = {}
 
-    def run(self, task: Task, operands: Sequence[Any], out: Any) -> None:
-        """Issue `task`'s kernel on the current stream, writing `out`."""
-        self.HANDLERS.of(task.op)(self, task, operands, out)
+    def run(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
+        """Issue `task`'s kernel on the current stream, writing `out`; `workspace` is the
+        uint8 device array of its workspace (None when it has none)."""
+        self.current = task
+        needed = kernel_workspace(task, [(a.shape, a.dtype.name) for a in operands])
+        held = 0 if workspace is None else workspace.size
+        if held < needed:
+            raise BackendError(
+                f"task {task.line()} needs a kernel workspace of {needed} bytes but was given "
+                f"{held}: its plan was made from a TaskGraph whose workspaces were not "
+                "declared; plan runtime.declare_workspaces(tg) (einpage.compile does)"
+            )
+        self.HANDLERS.of(task.op)(self, task, operands, out, workspace)
 
     # -- cached kernels --
 
-    def _fixed_kernel(self, spec: tuple[str, str, str, str]) -> Any:
+    def _fixed_kernel(self, spec: tuple[str, ...], preamble: str = "") -> Any:
         kernel = self._fixed.get(spec[3])
         if kernel is None:
-            kernel = self._fixed[spec[3]] = self.cp.ElementwiseKernel(*spec)
+            kernel = self._fixed[spec[3]] = self.cp.ElementwiseKernel(*spec, preamble=preamble)
         return kernel
 
     def elementwise_kernel(self, source: cuda_codegen.ElementwiseSource) -> Any:
@@ -219,29 +385,28 @@ class CupyKernels:
             )
         return kernel
 
+    def copy(self, source: Any, target: Any) -> None:
+        """Copy the (strided) device array `source` into the view `target` (a kernel)."""
+        self._fixed_kernel(_COPY)(source, target)
+        self.counters["copy"] += 1
+
     # -- op kinds --
 
-    def einsum(self, task: Task, operands: Sequence[Any], out: Any) -> None:
-        cp = self.cp
+    def einsum(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: Einsum = task.op  # type: ignore[assignment]
         spec = op.spec
-        same_dtype = all(a.dtype == out.dtype for a in operands)
-        if op.is_plain and len(operands) == 2 and same_dtype:
-            plan = matmul_plan(spec, [a.shape for a in operands])
-            if plan is not None:
-                in_place = matmul_into(cp, plan, operands[0], operands[1], out)
-                self.counters["cublas" if in_place else "cublas_via_temporary"] += 1
-                return
-            if spec.reduced:  # an index reduced from one operand: not one matmul
-                work = compute_dtype(task.dtype)
-                out[...] = cp.einsum(str(spec), *(a.astype(work, copy=False) for a in operands))
-                self.counters["einsum_fallback"] += 1
-                return
+        gemm = einsum_gemm(task, [(a.shape, a.dtype.name) for a in operands])
+        if gemm is not None:
+            run_gemm(gemm, operands[0], operands[1], out, workspace, self.gemm, self.copy)
+            self.counters["cublas"] += gemm.calls
+            self.counters["gemm_workspace_copies"] += len(gemm.copies)
+            return
         in_dtypes = [a.dtype.name for a in operands]
         if not cuda_codegen.supports(in_dtypes, task.dtype):
-            out[...] = evaluate_einsum(cp, task, operands)
-            self.counters["generic_fallback"] += 1
-            return
+            raise UnsupportedError(
+                f"task {task.line()}: no CUDA kernel computes {', '.join(in_dtypes)} -> "
+                f"{task.dtype} on the cupy backend; run it with backend='numpy'"
+            )
         views = broadcast_operands(spec, operands)
         if spec.reduced:
             source = cuda_codegen.reduction_source(op.join_expr, op.agg, in_dtypes, task.dtype)
@@ -253,7 +418,7 @@ class CupyKernels:
             self.elementwise_kernel(source)(*views, out)
             self.counters["elementwise_kernel"] += 1
 
-    def fill(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def fill(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: Fill = task.op  # type: ignore[assignment]
         self.counters["fill"] += 1
         if op.pattern == "full":
@@ -264,30 +429,50 @@ class CupyKernels:
         kernel = self._fixed_kernel(_CAUSAL_FILL)
         kernel(float(op.value), origin[-2], origin[-1], rows, cols, out)
 
-    def gather(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def gather(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        """Rows of the table into `out`; an id out of range sets the flag (in the task's
+        workspace), which is copied to the host right away and read after the run (on a
+        GPU, a copy into pageable memory returns once done: the host waits for the gather
+        here, which the flag's check needs anyway)."""
+        cp = self.cp
         table, ids = operands
         row = math.prod(table.shape[1:])
-        flag = self.cp.zeros(2, dtype=self.cp.int64)
+        flag = workspace[:GATHER_FLAG].view(np.int64)
+        flag.fill(0)
         self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], out, flag)
-        self.flags.append((task, flag))
+        seen = np.zeros(2, dtype=np.int64)
+        runtime = cp.cuda.runtime
+        runtime.memcpyAsync(
+            seen.ctypes.data,
+            flag.data.ptr,
+            GATHER_FLAG,
+            runtime.memcpyDeviceToHost,
+            cp.cuda.get_current_stream().ptr,
+        )
+        self.flags.append((task, seen))
         self.counters["gather"] += 1
 
-    def slice(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def slice(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: Slice = task.op  # type: ignore[assignment]
         box = tuple(slice(s, s + n) for s, n in zip(op.starts, task.shape, strict=True))
-        out[...] = operands[0][box]
-        self.counters["copy"] += 1
+        self.copy(operands[0][box], out)
 
-    def concat(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def concat(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        """Each operand copied into its slice of `out` (CuPy's concatenate would allocate an
+        array of pointers on the device)."""
         op: Concat = task.op  # type: ignore[assignment]
-        self.cp.concatenate(list(operands), axis=op.axis, out=out)
+        axis = op.axis % len(task.shape)
+        start = 0
+        for operand in operands:
+            size = operand.shape[axis]
+            self.copy(operand, out[(slice(None),) * axis + (slice(start, start + size),)])
+            start += size
         self.counters["concat"] += 1
 
-    def view(self, task: Task, operands: Sequence[Any], out: Any) -> None:
-        out[...] = operands[0].reshape(task.shape)
-        self.counters["copy"] += 1
+    def view(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        self.copy(operands[0].reshape(task.shape), out)
 
-    def scatter_add(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def scatter_add(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: ScatterAdd = task.op  # type: ignore[assignment]
         src, ids = operands
         work = compute_dtype(task.dtype)  # float16 sums in float32, as the reference does
@@ -300,19 +485,22 @@ class CupyKernels:
             out[...] = acc
         self.counters["scatter_add"] += 1
 
-    def argreduce(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def argreduce(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: ArgReduce = task.op  # type: ignore[assignment]
-        pick = self.cp.argmax if op.agg == "argmax" else self.cp.argmin
-        out[...] = pick(operands[0], axis=-1)
+        (values,) = operands
+        kernel = self._fixed_kernel(argreduce_kernel(op.agg, values.dtype.name))
+        kernel(values, values.shape[-1], out)
         self.counters["argreduce"] += 1
 
-    def kth_largest(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def kth_largest(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: KthLargest = task.op  # type: ignore[assignment]
-        at = operands[0].shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
-        out[...] = self.cp.partition(operands[0], at, axis=-1)[..., at]
+        (values,) = operands
+        n = values.shape[-1]
+        kernel = self._fixed_kernel(kth_largest_kernel(values.dtype.name), RADIX_PREAMBLE)
+        kernel(values, n, n - op.k, out)  # the k-th largest is the (n-k)-th smallest
         self.counters["kth_largest"] += 1
 
-    HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
+    HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any, Any], None]]]
     HANDLERS = OpTable(
         "CuPy kernels",
         {
@@ -332,25 +520,33 @@ class CupyKernels:
     def check_flags(self) -> None:
         """After a run has finished: raise `InputError` for a gather that saw a bad id."""
         flags, self.flags = self.flags, []
-        for task, flag in flags:
-            seen, bad = (int(x) for x in self.cp.asnumpy(flag))
-            if seen:
+        for task, seen in flags:
+            flagged, bad = (int(x) for x in seen)
+            if flagged:
                 raise InputError(f"gather %{task.id}: id {bad} is out of range for its table")
 
 
 # -- the backend ------------------------------------------------------------------
 
 
+RETIRED_OPTIONS = {
+    "scratch": "kernels no longer use device memory outside the plan: a task whose kernel "
+    "needs a workspace declares it before planning (runtime.declare_workspaces, which "
+    "einpage.compile runs), and the plan holds it within the budget; drop the option "
+    "(raise the budget if a plan needs more)",
+}
+"""Options the CuPy backend once took, with why they are gone (a `BackendError` says it)."""
+
+
 class CupyBackend(Backend):
     """Plans executed with CuPy on a CUDA GPU (see the module docstring).
 
-    Options: `scratch` (bytes or a size string, default "256MiB"): the most device
-    memory kernels may use beyond the arena for temporaries; `device`: the CUDA
-    device id (default: the current device).
+    Option: `device`, the CUDA device id (default: the current device).
     """
 
     name = "cupy"
-    OPTIONS = ("scratch", "device")
+    OPTIONS = ("device",)
+    RETIRED = RETIRED_OPTIONS
     default_mode = "streams"
     host_staging = True
     clock = "cuda"
@@ -360,21 +556,31 @@ class CupyBackend(Backend):
         "the program in float16 (load the checkpoint with dtype='float16')",
     }
 
-    def __init__(self, scratch: int | str = "256MiB", device: int | None = None):
+    def __init__(self, device: int | None = None):
         cp = import_cupy()
         self.cp = cp
-        self.scratch_limit = parse_bytes(scratch)
-        if self.scratch_limit <= 0:
-            raise BackendError(f"scratch must be a positive size, got {scratch!r}")
         self.device = cp.cuda.Device(cp.cuda.runtime.getDevice() if device is None else device)
-        with self.device:
-            self.pool = cp.cuda.MemoryPool()
-            self.pool.set_limit(size=self.scratch_limit)
         self.kernels = CupyKernels(cp)
-        self._scratch_peak = 0
 
     def __repr__(self) -> str:
-        return f"<CupyBackend device={self.device.id} scratch={format_bytes(self.scratch_limit)}>"
+        return f"<CupyBackend device={self.device.id}>"
+
+    def check_plan(self, mg: Any) -> None:
+        """`BackendError` naming the first task whose kernel needs more workspace than its
+        plan holds (a plan of a TaskGraph whose workspaces were not declared), before
+        anything is allocated."""
+        tg = mg.taskgraph
+        for task in tg:
+            if not task.is_compute:
+                continue
+            needed = kernel_workspace(task, [(tg[i].shape, tg[i].dtype) for i in task.inputs])
+            if needed > task.workspace:
+                raise BackendError(
+                    f"task {task.line()} needs a kernel workspace of {format_bytes(needed)} "
+                    f"({needed} bytes) on the cupy backend, but its plan holds "
+                    f"{task.workspace} bytes: plan runtime.declare_workspaces(tg) instead of "
+                    "tg (einpage.compile declares them), so that the budget covers it"
+                )
 
     def allocate_arena(self, nbytes: int) -> Any:
         cp = self.cp
@@ -429,50 +635,45 @@ class CupyBackend(Backend):
             self.cp.cuda.runtime, runs, host.ctypes.data, device.data.ptr, direction, cuda.ptr
         )
 
-    def compute(self, task: Task, operands: Sequence[Any], out: Any, stream: Stream) -> None:
+    def compute(
+        self, task: Task, operands: Sequence[Any], out: Any, stream: Stream, workspace: Any = None
+    ) -> None:
         with stream.cuda:  # type: ignore[attr-defined]
-            self.kernels.run(task, operands, out)
+            self.kernels.run(task, operands, out, workspace)
 
     def fill_bytes(self, view: Any, value: int, stream: Stream) -> None:
         with stream.cuda:  # type: ignore[attr-defined]
             view.fill(value)
 
-    def _malloc(self, size: int) -> Any:
-        try:
-            memory = self.pool.malloc(size)
-        except self.cp.cuda.memory.OutOfMemoryError:
-            raise BackendError(
-                f"a kernel needs {format_bytes(size)} of temporary device memory beyond the "
-                f"arena, but the scratch area of {format_bytes(self.scratch_limit)} has "
-                f"{format_bytes(self.pool.total_bytes())} in use: raise scratch= (e.g. "
-                "runtime.run(..., scratch='1GiB')) or partition the program"
-            ) from None
-        self._scratch_peak = max(self._scratch_peak, self.pool.total_bytes())
-        return memory
+    def _refuse(self, size: int) -> Any:
+        """CuPy's allocator while a run issues work: every request is an error naming the
+        task, for nothing may take device memory behind the plan's back."""
+        task = self.kernels.current
+        where = f"task {task.line()}" if task is not None else "the run"
+        raise BackendError(
+            f"{where} asked CuPy for {format_bytes(size)} ({size} bytes) of device memory "
+            "outside the plan; every kernel must use the arena alone (its operands, its "
+            "output and its declared workspace): this is a bug of the cupy backend"
+        )
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        self._scratch_peak = self.pool.total_bytes()
         self.kernels.counters.clear()
         self.kernels.flags.clear()
-        with self.device, self.cp.cuda.using_allocator(self._malloc):
+        self.kernels.current = None
+        with self.device, self.cp.cuda.using_allocator(self._refuse):
             yield
-            self.kernels.check_flags()
+        self.kernels.current = None
+        self.kernels.check_flags()
 
     def memory_report(self, arena_bytes: int) -> dict[str, Any]:
-        return {
-            "arena_bytes": arena_bytes,
-            "scratch_peak_bytes": self._scratch_peak,
-            "scratch_limit": self.scratch_limit,
-            "device_peak_bytes": arena_bytes + self._scratch_peak,
-        }
+        """The arena is all the device memory a run takes (kernels allocate nothing):
+        `device_peak_bytes` is its size. CUDA's context and cuBLAS's workspace are not
+        counted."""
+        return {"arena_bytes": arena_bytes, "device_peak_bytes": arena_bytes}
 
     def counters(self) -> dict[str, int]:
         return dict(self.kernels.counters)
-
-    def close(self) -> None:
-        with self.device:
-            self.pool.free_all_blocks()
 
 
 def box_runs(host: np.ndarray, starts: Sequence[int], device: Any) -> BoxRuns:
@@ -492,8 +693,8 @@ def evaluate_on_gpu(
     tg: TaskGraph, inputs: Mapping[str, Any], kernels: CupyKernels | None = None
 ) -> dict[str, np.ndarray]:
     """Plain CuPy execution without a plan (the benchmark's baseline): every input uploaded
-    first, every task its own allocation, the same kernels as the backend (`kernels`, whose
-    `cp` may be any module with CuPy's interface)."""
+    first, every task its own allocation (and its kernel's workspace), the same kernels as
+    the backend (`kernels`, whose `cp` may be any module with CuPy's interface)."""
     kernels = kernels or CupyKernels(import_cupy())
     cp = kernels.cp
     tg.check_inputs(inputs)
@@ -505,7 +706,11 @@ def evaluate_on_gpu(
             values[task.id] = values[task.inputs[0]].reshape(task.shape)
         else:
             out = cp.empty(task.shape, dtype=task.dtype)
-            kernels.run(task, [values[i] for i in task.inputs], out)
+            operands = [values[i] for i in task.inputs]
+            size = kernel_workspace(task, [(a.shape, a.dtype.name) for a in operands])
+            workspace = cp.empty(size, dtype=np.uint8) if size else None
+            kernels.run(task, operands, out, workspace)
             values[task.id] = out
-    kernels.check_flags()  # copies the flags to the host: waits for the kernels
+    cp.cuda.get_current_stream().synchronize()  # the gather flags' copies have landed
+    kernels.check_flags()
     return {name: cp.asnumpy(values[i]) for name, i in tg.outputs.items()}

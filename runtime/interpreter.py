@@ -216,13 +216,21 @@ class Interpreter:
         """Nothing to do: the plan chose the region; dependencies order its reuse."""
 
     def apply(self, node: MemNode, stream: Stream | None) -> None:
+        """The task's kernel, on its operands' regions into its own; with the workspace
+        region of the apply, if it has one (poisoned first when poisoning: a kernel may
+        expect nothing of it)."""
         task = self.tg[node.tensor]
         operands = [
             self.device_view(region, operand)
             for operand, region in zip(task.inputs, node.reads, strict=True)
         ]
         out = self.device_view(node.region, node.tensor)
-        self.backend.compute(task, operands, out, stream)
+        workspace = None
+        if node.workspace is not None:
+            workspace = self.byte_view(node.workspace)
+            if self.poison:
+                self.backend.fill_bytes(workspace, POISON_BYTE, stream)
+        self.backend.compute(task, operands, out, stream, workspace)
 
     def offload(self, node: MemNode, stream: Stream | None) -> None:
         """Copy the region to the node's box of its storage (all of it when no box)."""

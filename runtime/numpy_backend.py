@@ -261,8 +261,15 @@ class NumpyBackend(Backend):
         stream.submit(work)  # type: ignore[attr-defined]
 
     def compute(
-        self, task: Task, operands: Sequence[np.ndarray], out: np.ndarray, stream: Stream
+        self,
+        task: Task,
+        operands: Sequence[np.ndarray],
+        out: np.ndarray,
+        stream: Stream,
+        workspace: np.ndarray | None = None,
     ) -> None:
+        """The reference kernel into `out`. The workspace a plan gives a task (for the CuPy
+        kernels) is not needed here; the interpreter poisons it when poisoning."""
         stream.submit(functools.partial(evaluate_task, task, operands, out=out))  # type: ignore[attr-defined]
 
     def fill_bytes(self, view: np.ndarray, value: int, stream: Stream) -> None:

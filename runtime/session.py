@@ -263,6 +263,7 @@ class Session:
         if not isinstance(backend, Backend):  # made here: the session owns it
             acquired.callback(self.backend.close)
         refuse_unsupported(self.mg, self.backend)
+        self.backend.check_plan(self.mg)
 
     def _plan_memory(self, mode: str | None, poison: bool | None, host_budget: Any) -> None:
         """The mode, the schedule and the host layout; refuses a plan needing more host

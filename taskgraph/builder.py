@@ -15,7 +15,21 @@ from taskgraph.facts import Fact, checked_facts
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Op, Operand, Shape, Task
 
-__all__ = ["GraphBuilder"]
+__all__ = ["GraphBuilder", "check_workspace"]
+
+
+def check_workspace(workspace: object, task_id: int, op: Op) -> None:
+    """`GraphError` unless `workspace` is a number of bytes (an int >= 0) that task
+    `task_id` of `op` may have: only a task the device computes has a kernel."""
+    if isinstance(workspace, bool) or not isinstance(workspace, int) or workspace < 0:
+        raise GraphError(
+            f"task %{task_id} ({op.kind}): a workspace is a number of bytes >= 0, got {workspace!r}"
+        )
+    if workspace and not op.is_compute:
+        raise GraphError(
+            f"task %{task_id} ({op.kind}) is not computed by the device, so it has no kernel "
+            f"and no workspace (got {workspace} bytes)"
+        )
 
 
 class GraphBuilder:
@@ -46,13 +60,15 @@ class GraphBuilder:
         scope: str = "",
         label: str = "",
         facts: Iterable[Fact] = (),
+        workspace: int = 0,
     ) -> int:
         """Append `op` applied to the tasks `inputs`; returns the new task's id.
 
         `shape`/`dtype` are required for ops that cannot infer them (input, fill,
         view, slice) and, when given for the others, must match what is inferred.
         `facts` (`taskgraph.facts`) say what the tensor is; a fact may name only earlier
-        tasks.
+        tasks. `workspace` is the bytes of device memory its kernel needs besides its
+        operands and output (`Task.workspace`; only a compute task can have one).
         """
         task_id = len(self.tasks)
         for i in inputs:
@@ -79,8 +95,19 @@ class GraphBuilder:
             )
         flops = op.flops(operands, out_shape)
         stated = checked_facts(facts, task_id, self._is_input) if facts else ()
+        check_workspace(workspace, task_id, op)
         task = Task(
-            task_id, op, tuple(inputs), out_shape, out_dtype, flops, scope, label, None, stated
+            task_id,
+            op,
+            tuple(inputs),
+            out_shape,
+            out_dtype,
+            flops,
+            scope,
+            label,
+            None,
+            stated,
+            workspace,
         )
         self.tasks.append(task)
         self._is_input.append(isinstance(op, Input))

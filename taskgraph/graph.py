@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage_core.errors import InputError
+from einpage_core.errors import GraphError, InputError
 from einpage_core.units import format_bytes, format_count
 from taskgraph import dtypes
 from taskgraph.nodes import Input, Task, is_input_slice
@@ -85,6 +85,32 @@ class TaskGraph:
         task = self.tasks[task_id]
         source = self.tasks[task.inputs[0]].op if task.inputs else None
         return is_input_slice(task.op, source)
+
+    def with_workspaces(self, sizes: Mapping[int, int]) -> TaskGraph:
+        """This graph with the workspaces `sizes` (task id -> bytes, `Task.workspace`) on
+        those tasks, the others unchanged; the graph itself when nothing changes (so a pass
+        that declares workspaces twice makes one graph). Checked as `GraphBuilder` checks
+        them: bytes >= 0, on tasks the device computes."""
+        from taskgraph.builder import check_workspace  # the builder imports this module
+
+        tasks = list(self.tasks)
+        for task_id, nbytes in sizes.items():
+            if isinstance(task_id, bool) or not isinstance(task_id, int):
+                raise GraphError(f"workspaces are given by task id, got {task_id!r}")
+            if not 0 <= task_id < len(tasks):
+                raise GraphError(f"a workspace for %{task_id}, which is not a task of the graph")
+            task = tasks[task_id]
+            check_workspace(nbytes, task_id, task.op)
+            if task.workspace != nbytes:
+                tasks[task_id] = replace(task, workspace=nbytes)
+        if all(new is old for new, old in zip(tasks, self.tasks, strict=True)):
+            return self
+        return TaskGraph(tuple(tasks), self.outputs, self.name)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """The largest workspace of any task (0: no kernel needs one)."""
+        return max((t.workspace for t in self.tasks), default=0)
 
     @property
     def total_flops(self) -> int:
@@ -246,4 +272,3 @@ def _converted(name: str, value: np.ndarray, dtype: str) -> np.ndarray:
             f"build the program in a wider dtype"
         )
     return result
-

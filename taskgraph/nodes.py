@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 from einpage_core.errors import DTypeError, GraphError, ShapeError, SpecError
+from einpage_core.units import format_bytes
 from taskgraph import dtypes
 from taskgraph.blocks import BLOCK_KINDS, Block
 from taskgraph.einsum import EinsumSpec
@@ -662,7 +663,11 @@ class Task:
     was built in (e.g. `"layers.3.attn"`), `label` a short human hint (e.g. `"q"`).
     `block` is the task's provenance when partitioning made it (None otherwise).
     `facts` say what the tensor is (`taskgraph.facts`: a KV page, the gradient of a
-    weight, ...), as data: names, labels and scopes are for people.
+    weight, ...), as data: names, labels and scopes are for people. `workspace` is the
+    device memory, in bytes, that the task's kernel needs besides its operands and its
+    output (0: none), as the runtime declares it before planning
+    (`runtime.declare_workspaces`); a plan gives it a region of the task's apply,
+    transient: allocated for the apply only.
     """
 
     id: int
@@ -675,6 +680,7 @@ class Task:
     label: str = ""
     block: Block | None = None
     facts: tuple[Fact, ...] = ()
+    workspace: int = 0
 
     @property
     def kind(self) -> str:
@@ -703,7 +709,8 @@ class Task:
     def line(self) -> str:
         """One readable line: `%7 : f16[8,32,64,64] = einsum["bhqe,bhke->bhqk"](%5, %6)`,
         followed by the block in braces when there is one: `{block %3[0:8, 0:11, 0:64, 0:64]}`,
-        and the facts in brackets when there are some: `[gradient(of=%2)]`."""
+        the facts in brackets when there are some: `[gradient(of=%2)]`, and the kernel's
+        workspace when it has one: `(workspace 2.0 MiB)`."""
         args = ", ".join(f"%{i}" for i in self.inputs)
         call = f"({args})" if self.inputs or self.kind not in ("input", "fill") else ""
         text = f"%{self.id} : {self.type_str} = {self.op.describe()}{call}"
@@ -711,6 +718,8 @@ class Task:
             text += f"  {{{self.block.describe()}}}"
         if self.facts:
             text += f"  [{', '.join(fact.describe() for fact in self.facts)}]"
+        if self.workspace:
+            text += f"  (workspace {format_bytes(self.workspace)})"
         return text
 
     def __repr__(self) -> str:

@@ -47,6 +47,13 @@ Kinds and fields: kv_page {layer, part ("k" or "v"), page (int or null)}; kv_ent
 state}; master_weight {of}; softmax {}; log_sum_exp {}. `of` is the id of an earlier
 task (an input for update, optimizer_state and master_weight).
 
+A task whose kernel needs device memory besides its operands and output has the key
+`"workspace"` (last; absent when 0, so files written before workspaces existed load
+and write back byte for byte): its bytes (`Task.workspace`, declared by
+`runtime.declare_workspaces`), an integer >= 0, only on a task the device computes::
+
+    "workspace": 4096
+
 Loading rebuilds the graph through `GraphBuilder`, so a hand-edited file gets the
 same checks as a program (shapes recomputed, join expressions re-parsed by the safe
 parser); any problem raises `SerializationError` naming the JSON path.
@@ -65,6 +72,7 @@ import gc
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import combinations
 from typing import Any
 
 from einpage_core.errors import EinpageError, SerializationError
@@ -89,7 +97,7 @@ __all__ = [
 FORMAT = "einpage.taskgraph"
 VERSION = 1
 _TASK_KEYS = {"id", "op", "inputs", "shape", "dtype", "scope", "label", "attrs"}
-_OPTIONAL_TASK_KEYS = {"block", "facts"}
+_OPTIONAL_TASK_KEYS = {"block", "facts", "workspace"}
 
 ENCODER = json.JSONEncoder(allow_nan=False)
 """What `json.dumps(value, allow_nan=False)` uses, made once: `ENCODER.encode(value)` is
@@ -156,6 +164,8 @@ def _task_to_dict(t: Task) -> dict[str, Any]:
         entry["block"] = t.block.attributes()
     if t.facts:
         entry["facts"] = [fact.attributes() for fact in t.facts]
+    if t.workspace:
+        entry["workspace"] = t.workspace
     return entry
 
 
@@ -221,6 +231,8 @@ def _task_text(t: Task, quoted: Quoted) -> str:
         text += f', "block": {ENCODER.encode(t.block.attributes())}'
     if t.facts:
         text += f', "facts": {ENCODER.encode([fact.attributes() for fact in t.facts])}'
+    if t.workspace:
+        text += f', "workspace": {t.workspace}'
     return text + "}"
 
 
@@ -290,6 +302,7 @@ def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
                 entry["scope"],
                 entry["label"],
                 _facts_from_entry(entry, path, position),
+                _workspace_from_entry(entry, path, position),
             )
         except SerializationError:
             raise
@@ -316,11 +329,10 @@ def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
     return TaskGraph(with_blocks(builder.tasks, blocks), builder.outputs, name)
 
 
-_TASK_KEY_SETS = (
-    _TASK_KEYS,
-    _TASK_KEYS | {"block"},
-    _TASK_KEYS | {"facts"},
-    _TASK_KEYS | _OPTIONAL_TASK_KEYS,
+_TASK_KEY_SETS = tuple(
+    _TASK_KEYS | set(optional)
+    for n in range(len(_OPTIONAL_TASK_KEYS) + 1)
+    for optional in combinations(sorted(_OPTIONAL_TASK_KEYS), n)
 )
 
 
@@ -411,6 +423,21 @@ def _facts_from_entry(entry: dict[str, Any], path: str, position: int) -> tuple[
         except (TypeError, ValueError) as err:
             raise SerializationError(f"{where}[{number}]: invalid fact: {err}") from None
     return tuple(facts)
+
+
+def _workspace_from_entry(entry: dict[str, Any], path: str, position: int) -> int:
+    """The workspace bytes of a task document (0 when it has no "workspace" key);
+    `SerializationError` unless they are an integer >= 0 (the builder checks that the
+    task is one the device computes)."""
+    if "workspace" not in entry:
+        return 0
+    value = entry["workspace"]
+    _expect(
+        _is_int(value) and value >= 0,
+        f"{path}.tasks[{position}].workspace",
+        f"expected a number of bytes (an integer >= 0), got {value!r}",
+    )
+    return value
 
 
 def _block_from_entry(entry: dict[str, Any], path: str, position: int) -> Block | None:

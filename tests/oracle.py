@@ -24,7 +24,7 @@ Structure (S):
 * S1 a node's `id` is its position, and its `deps` are earlier nodes.
 * S2 a node's `tensor` is a task of the TaskGraph and not a view (a view has no bytes
   of its own: nodes name the task it views, its *base*).
-* S3 every device region a node names (`region`, `reads`) lies inside the arena
+* S3 every device region a node names (`region`, `reads`, `workspace`) lies inside the arena
   `[0, budget)` and has at least one byte; an input or output is on the host
   (`storage`) or on the device (`region`), not both.
 * S4 an alloc's offset is a multiple of the plan's alignment, and its region holds at
@@ -47,6 +47,13 @@ bytes; reads do not.
 * D4 a free releases exactly a region allocated to its tensor, and happens after its
   alloc, its write and every read of its bytes.
 * D5 the bytes held at once never exceed the budget (the peak is reported).
+* D6 a kernel's workspace (an apply's `workspace` region) is there exactly when the
+  task's document declares one (`"workspace"`: bytes), at least that many bytes, at an
+  offset that is a multiple of the alignment. It is held for the apply alone: its bytes
+  are all free when the apply starts, the apply happens after the free that released
+  each of them last, the bytes held during the apply (D5) count it, and when the apply
+  ends its bytes are free again, released by the apply -- so whatever takes them next
+  happens after it (D1).
 
 Together these make the changes of each byte a chain under happens-before (alloc,
 write, free, alloc, ...: each after the one before it), with every read between the
@@ -167,6 +174,7 @@ class _Task:
     nbytes: int
     is_view: bool  # its bytes are those of the task it views (its operand 0)
     computed: bool  # the device computes it (an apply, or what stands for one)
+    workspace: int  # bytes its kernel needs while it runs (0: none)
 
     def describe(self) -> str:
         return f"%{self.id} ({self.kind} {self.dtype}[{','.join(map(str, self.shape))}])"
@@ -189,6 +197,7 @@ def _read_tasks(doc: dict) -> list[_Task]:
                 math.prod(shape) * DTYPE_TABLE[dtype].itemsize,
                 op.aliases_input,
                 op.is_compute,
+                entry.get("workspace", 0),
             )
         )
     return tasks
@@ -337,6 +346,7 @@ class _Replay:
         if self.tasks[tensor].is_view:
             raise self.broken("S2", f"names the view %{tensor}, which holds no bytes")
         regions = [node["region"]] if "region" in node else []  # S3
+        regions += [node["workspace"]] if "workspace" in node else []
         for offset, size in regions + list(node.get("reads", ())):
             if offset < 0 or size < 1 or offset + size > self.budget:
                 raise self.broken("S3", f"region [{offset}, +{size}) is not inside the arena")
@@ -454,7 +464,36 @@ class _Replay:
         for operand, region in zip(task.inputs, reads, strict=True):
             self.read(self.base(operand), region)
         self.write(task.id, node["region"])
+        self.use_workspace(task)
         self.computed.add(task.id)
+
+    def use_workspace(self, task: _Task) -> None:
+        """The apply holds its kernel's workspace while it runs, then frees it (D6)."""
+        region = self.node.get("workspace")
+        if region is None:
+            if task.workspace:
+                raise self.broken("D6", f"{task.describe()} needs a workspace; none is held")
+            return
+        offset, size = region
+        if not task.workspace:
+            raise self.broken("D6", f"holds a workspace, but {task.describe()} needs none")
+        if size < task.workspace or offset % self.alignment:
+            raise self.broken(
+                "D6",
+                f"workspace [{offset}, +{size}) is not {task.workspace} aligned bytes for "
+                f"{task.describe()}",
+            )
+        for state in self.arena.states_in(offset, size):
+            if isinstance(state, _Held):
+                raise self.broken(
+                    "D6", f"its workspace takes bytes %{state.tensor} holds ({state.region})"
+                )
+            self.after(state.released_by, "D6", "which released bytes of its workspace")
+        held = self.held_bytes + size  # D5, while the apply runs
+        self.peak = max(self.peak, held)
+        if held > self.budget:
+            raise self.broken("D5", f"{held} bytes held with its workspace exceed {self.budget}")
+        self.arena.set(offset, size, _Free(self.node["id"]))
 
     def on_output(self) -> None:
         node, name = self.node, self.node.get("name", "")

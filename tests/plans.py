@@ -1,7 +1,8 @@
 """A tiny, obviously-correct plan maker for tests of the verifier and the runtime.
 
 It is not the planner: it walks tasks in program order, allocates first-fit from
-freed regions (else at the top of the arena), optionally offloads chosen tensors
+freed regions (else at the top of the arena) – a task's kernel workspace too, held for
+its apply and then free again, released by it –, optionally offloads chosen tensors
 right after they are produced and reloads them before each use, and drops
 host-resident inputs after each use. Every dependency it adds is required by a rule
 of the verifier (none is implied by another), which the tests rely on.
@@ -69,10 +70,11 @@ class _ReferencePlanner:
         for t in tg.outputs.values():
             self.uses[self.root[t]] += 1
 
-    def allocate(self, tensor: int) -> tuple[int, Region]:
-        """An alloc node for `tensor`: the first freed region that fits, else the top."""
+    def take(self, nbytes: int) -> tuple[Region, list[int]]:
+        """A region of `nbytes` (aligned): the first freed region that fits, with the node
+        that released it, else the top (no node to wait for)."""
         alignment = self.alignment
-        size = -(-max(self.tg[tensor].nbytes, 1) // alignment) * alignment
+        size = -(-max(nbytes, 1) // alignment) * alignment
         if self.reuse:
             for k, (region, freed_by) in enumerate(self.free_list):
                 if region.size >= size:
@@ -80,11 +82,15 @@ class _ReferencePlanner:
                     if region.size > size:
                         rest = Region(region.offset + size, region.size - size)
                         self.free_list.insert(k, (rest, freed_by))
-                    chosen = Region(region.offset, size)
-                    return self.b.alloc(tensor, chosen, deps=[freed_by]), chosen
+                    return Region(region.offset, size), [freed_by]
         chosen = Region(self.top, size)
         self.top += size
-        return self.b.alloc(tensor, chosen), chosen
+        return chosen, []
+
+    def allocate(self, tensor: int) -> tuple[int, Region]:
+        """An alloc node for `tensor`, in the region `take` finds."""
+        chosen, deps = self.take(self.tg[tensor].nbytes)
+        return self.b.alloc(tensor, chosen, deps=deps), chosen
 
     def release(self, tensor: int) -> None:
         r = self.resident.pop(tensor)
@@ -123,12 +129,16 @@ class _ReferencePlanner:
     def apply(self, task: Task, offload: bool) -> None:
         operands = [self.ensure(self.root[i]) for i in task.inputs]
         alloc, region = self.allocate(task.id)
+        workspace, freed = self.take(task.workspace) if task.workspace else (None, [])
         node = self.b.apply(
             task.id,
             [o.region for o in operands],
             region,
-            deps=[alloc, *(o.writer for o in operands)],
+            deps=[alloc, *(o.writer for o in operands), *freed],
+            workspace=workspace,
         )
+        if workspace is not None:  # free again once the apply ends
+            self.free_list.append((workspace, node))
         for o in operands:
             o.users.append(node)
         self.resident[task.id] = _Resident(alloc, region, node)

@@ -20,6 +20,7 @@ import taskgraph
 from einpage_core.errors import UnsupportedError
 from runtime.cupy_backend import CupyKernels
 from runtime.numpy_backend import ImmediateStream, NumpyBackend
+from runtime.workspace import kernel_workspace
 from taskgraph import OP_KINDS, Fill, Input, TaskGraph
 from taskgraph.dispatch import OpTable
 from taskgraph.evaluate import REFERENCE_KERNELS, evaluate_task
@@ -146,12 +147,15 @@ def test_cupy_kernels_on_the_cpu_stand_in(kind):
     cpu_cuda = _cpu_cuda()
     if cpu_cuda.CXX is None:
         pytest.skip("no host C++ compiler (g++) for the CuPy stand-in's kernels")
-    kernels = CupyKernels(cpu_cuda.fake_cupy())
+    cp = cpu_cuda.fake_cupy()
+    kernels = CupyKernels(cp)
     operands = operands_of(task)
-    out = np.empty(task.shape, task.dtype)
-    kernels.run(task, operands, out)
+    out = cp.empty(task.shape, task.dtype)
+    on_device = [cp.asarray(a) for a in operands]
+    size = kernel_workspace(task, [(a.shape, a.dtype.name) for a in operands])
+    kernels.run(task, on_device, out, cp.empty(size, np.uint8) if size else None)
     kernels.check_flags()
-    np.testing.assert_allclose(out, evaluate_task(task, operands), rtol=1e-6)
+    np.testing.assert_allclose(cp.asnumpy(out), evaluate_task(task, operands), rtol=1e-6)
 
 
 def test_partition_rules_split_every_kind():

@@ -15,6 +15,7 @@ import pytest
 import einpage as ep
 import einpage.pipeline.compiler as pipeline_module
 import memgraph
+import runtime
 from einpage.cli.presets import load_program
 from einpage.errors import InfeasibleBudgetError, InputError, PlanError
 from einpage.pipeline import (
@@ -232,3 +233,27 @@ def test_compiled_repr_and_rows():
         f"{tasks} -> {len(compiled.graph)} tasks, block limit 50.0 KiB"
     )
     assert "assembled on the host" in rows["plan"]  # y's blocks go straight to the host
+
+
+def test_compile_declares_the_kernels_workspaces_on_every_graph_it_plans():
+    """The program, and each partition of it (blocks are new tasks), carry the workspace
+    each GPU kernel needs (`runtime.declare_workspaces`), and the plan holds them."""
+    prog = ep.Program("ws")
+    x = prog.input("x", (64, 96))
+    ids = prog.input("ids", (32,), "int64")
+    table = prog.input("table", (100, 64), role="weight")
+    h = prog.gather(table, ids)  # a gather's flag: 16 bytes of workspace
+    y = prog.einsum("ij,jk->", h, x)  # cuBLAS reads both in place: no workspace
+    prog.output(y + prog.einsum("ij,ji->", x, prog.einsum("ij->ji", x)), "y")
+    tg = prog.build()
+    assert tg.workspace_bytes == 0
+    for budget in ("1MiB", "40KiB"):
+        compiled = ep.compile(tg, budget)
+        graph = compiled.graph
+        assert compiled.program is tg
+        assert runtime.declare_workspaces(graph) is graph  # every task's is what it needs
+        assert graph.workspace_bytes > 0
+        held = {n.tensor: n.workspace for n in compiled.plan.nodes if n.workspace is not None}
+        assert held and all(graph[t].workspace <= r.size for t, r in held.items())
+        assert {t.id for t in graph if t.workspace} == set(held)
+    assert compiled.block_limit is not None  # the second budget partitioned it

@@ -22,6 +22,11 @@ Partitioning (`partition=`):
 * `"off"`: never partition (an infeasible budget raises `memgraph.plan`'s error);
 * a block limit (bytes or a size string, `"64MiB"`): partition at that limit.
 
+Each graph planned carries its kernels' workspaces (`runtime.declare_workspaces`: the
+device memory a GPU kernel needs besides its operands and output, as a task's
+`workspace`), declared on the program and again on each partition – blocks are new tasks
+– so that budgets, the smallest one and the plan all count them.
+
 A split program output is rebuilt by Concats of kind "output", the one exception to
 the block limit; it is assembled on the host when nothing else reads its blocks
 (`memgraph.host_assembly`). Otherwise a Concat rebuilds it on the device, holding its
@@ -71,6 +76,7 @@ from einpage_core.progress import ProgressCallback, ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
 from memgraph.budgets import BudgetReading, min_budget, read_budget
+from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION
 
@@ -272,6 +278,7 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     when even partitioning cannot fit), `BudgetFormatError`, `PlanError`.
     """
     tg = _taskgraph(source)
+    declared = declare_workspaces(tg)
     opts = PlanOptions.from_keywords(options, "einpage.compile", COMPILE_KEYWORDS)
     mode = partition_mode(partition)
     if max_blocks is not None and (
@@ -282,8 +289,8 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     timings: dict[str, float] = {}
     with _timed(timings, "reading the budget"):
         report.stage("reading the budget", 1)
-        reading = read_budget(tg, budget, opts)
-        budgets = Budgets(tg, opts, max_blocks)
+        reading = read_budget(declared, budget, opts)
+        budgets = Budgets(declared, opts, max_blocks)
     with _timed(timings, "partitioning"):
         report.stage("partitioning", 1)
         graph, chosen = _choose_graph(budgets, reading, mode)

@@ -14,6 +14,7 @@ from einpage_core.host import available_memory
 from einpage_core.units import format_bytes, format_exact
 from memgraph import PlanOptions
 from memgraph.budgets import BudgetReading, min_budget
+from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
 from taskgraph.partition import (
     TooManyTasksError,
@@ -64,7 +65,8 @@ class Trial:
 
 
 class Budgets:
-    """What `compile` knows of one program under one set of options, each figure
+    """What `compile` knows of one program (its kernels' workspaces declared: see
+    `einpage.pipeline.compiler`) under one set of options, each figure
     computed once per compile: the smallest budget unsplit (`min_budget`, and its task),
     the finest block, the cap on tasks (`task_cap`), and each automatic partition tried,
     by block limit. For any budget it tells whether compiling succeeds (`why_not`), and
@@ -130,7 +132,8 @@ class Budgets:
                 if cap is not None and self.estimate(limit) > cap:
                     raise TooManyTasksError(self.tg.name, limit, cap, self.estimate(limit), why)
                 stop = None if cap is None else 2 * cap
-                graph = partition_graph(self.tg, limit, alignment=self.alignment, max_tasks=stop)
+                parted = partition_graph(self.tg, limit, alignment=self.alignment, max_tasks=stop)
+                graph = declare_workspaces(parted)  # blocks are new tasks
             except TooManyTasksError as err:
                 self._trials[limit, cap] = Trial(limit, None, refused=err)
             else:
@@ -228,7 +231,7 @@ def check_block_count(
     stopped while making them); its `needed` is the smallest budget above `budget` that
     stays under the cap and compiles. `why` says why the cap is what it is (empty:
     `max_blocks` as given)."""
-    budgets = Budgets(tg, PlanOptions(alignment=alignment), max_blocks)
+    budgets = Budgets(declare_workspaces(tg), PlanOptions(alignment=alignment), max_blocks)
     budgets.cap = (max_blocks, why)  # as given, whatever the host's memory says
     usable = budget // alignment * alignment
     if usable >= budgets.needed or usable < budgets.finest[0]:
@@ -241,12 +244,14 @@ def check_block_count(
 def explicit_partition(tg: TaskGraph, limit: int, alignment: int = 256) -> TaskGraph:
     """`taskgraph.partition` at a block limit the user chose (no `max_blocks` cap: the
     limit says what is wanted), refused before any block is made when it would make more
-    tasks than the host memory available can plan (`task_cap`)."""
+    tasks than the host memory available can plan (`task_cap`); with its kernels'
+    workspaces declared (blocks are new tasks)."""
     cap, why = task_cap(None)
     try:
-        return partition_graph(tg, limit, alignment=alignment, max_tasks=cap)
+        parted = partition_graph(tg, limit, alignment=alignment, max_tasks=cap)
     except TooManyTasksError as err:
         raise err.because(why) from None
+    return declare_workspaces(parted)
 
 
 def task_cap(max_blocks: int | None) -> tuple[int | None, str]:

@@ -48,7 +48,7 @@ def assert_equal_to_the_evaluator(tg, plan, inputs, mode):
 @pytest.mark.parametrize("mode", ["streams", "random"])
 def test_a_planned_mixed_precision_training_step_runs_on_the_gpu(mode):
     tg = training_graph(llama.PRESETS["tiny"], 2, 16, OPT, "float16")
-    smallest, _ = memgraph.min_budget(tg)
+    smallest, _ = memgraph.min_budget(runtime.declare_workspaces(tg))
     plan = ep.compile(tg, smallest, outputs="host").plan
     inputs = random_inputs(tg, 0)
     assert inputs["step"].dtype.name == "int64" and inputs["step"] >= 1

@@ -7,7 +7,9 @@ and on each one-edit mutation of them: a deleted dependency, a shifted region or
 a wrong storage, a dropped node (an offload, a reload, a free, ...), a smaller budget,
 a shifted box, a swapped pair of nodes, a node moved up to just after its last
 dependency, a node naming another tensor of the same size, a read of another live
-tensor's region, a region grown or shrunk by a step. Accepted by both, with the same
+tensor's region, a region grown or shrunk by a step, and for kernels' workspaces one
+shifted, dropped, shrunk, put on another apply or onto a region its apply uses.
+Accepted by both, with the same
 peak; or rejected by both at the same node: each reports the first node, in insertion
 order, that breaks one of its rules, and their rules are meant to be equivalent (the
 oracle's docstring states them). Messages differ.
@@ -128,6 +130,11 @@ MUTATIONS = (
     "other tensor",
     "read another region",
     "resize region",
+    "shift workspace",
+    "drop workspace",
+    "shrink workspace",
+    "move workspace",
+    "workspace on a region",
 )
 
 
@@ -219,7 +226,40 @@ def mutate(mg: MemGraph, how: str, draw) -> MemGraph | None:
         step = draw(st.sampled_from([-mg.alignment, mg.alignment]), label="step")
         region = Region(node.region.offset, max(1, node.region.size + step))
         return replaced(mg, node.id, region=region)
+    if how.endswith("workspace") or how == "workspace on a region":
+        return mutate_workspace(mg, how, pick, draw)
     raise AssertionError(how)
+
+
+def mutate_workspace(mg: MemGraph, how: str, pick, draw) -> MemGraph | None:
+    """The workspace mutations of `mutate` (None when the plan has no workspace)."""
+    node = pick(n for n in mg.nodes if n.workspace is not None)
+    if node is None:
+        return None
+    region = node.workspace
+    if how == "shift workspace":
+        step = draw(st.sampled_from([-mg.alignment, mg.alignment, 1, -region.offset]))
+        return replaced(mg, node.id, workspace=Region(max(0, region.offset + step), region.size))
+    if how == "drop workspace":
+        return replaced(mg, node.id, workspace=None)
+    if how == "shrink workspace":
+        return replaced(mg, node.id, workspace=Region(region.offset, max(1, region.size // 2)))
+    if how == "move workspace":  # onto another apply, which declares none or its own
+        other = pick(n for n in mg.nodes if n.kind is NodeKind.APPLY and n.id != node.id)
+        if other is None:
+            return None
+        return replaced(replaced(mg, node.id, workspace=None), other.id, workspace=region)
+    regions = [node.region, *node.reads]
+    return replaced(mg, node.id, workspace=draw(st.sampled_from(regions), label="region"))
+
+
+@st.composite
+def with_workspaces(draw, tg):
+    """`tg` with random kernel workspaces (0 to 3 KiB) on some of its compute tasks."""
+    computed = [t.id for t in tg if t.is_compute]
+    chosen = draw(st.lists(st.sampled_from(computed), unique=True)) if computed else []
+    sizes = {t: draw(st.integers(1, 3072), label=f"workspace of %{t}") for t in chosen}
+    return tg.with_workspaces(sizes)
 
 
 def check_mutations(mg: MemGraph, data) -> None:
@@ -232,6 +272,23 @@ def check_mutations(mg: MemGraph, data) -> None:
 
 
 # -- plans ----------------------------------------------------------------------------
+
+
+@given(tg=einsum_programs(), data=st.data())
+def test_same_verdict_on_mutated_plans_with_workspaces(tg, data):
+    tg = data.draw(with_workspaces(tg), label="workspaces")
+    alignment = data.draw(st.sampled_from([16, 256]), label="alignment")
+    low, _ = min_budget(tg, alignment)
+    high = streaming_minimum(tg, alignment=alignment)
+    budget = data.draw(st.integers(low, max(low, high)), label="budget")
+    order = data.draw(st.sampled_from(["program", "memory"]), label="order")
+    mg = plan(tg, budget, alignment=alignment, order=order)
+    assert all(
+        (n.workspace is not None) == bool(tg[n.tensor].workspace)
+        for n in mg.nodes
+        if n.kind is NodeKind.APPLY
+    )
+    check_mutations(mg, data)
 
 
 @given(tg=einsum_programs(), data=st.data())

@@ -5,11 +5,14 @@ stand-in `cp` module: NumPy for the library calls (matmuls, copies, argmax, ...)
 for `ElementwiseKernel` / `ReductionKernel`, recorders that describe each call's
 arguments as CuPy would (dtype, ndim after merging contiguous dimensions, contiguity,
 32-bit indexing) and render the source CuPy compiles (`cupy_source`). Kernel
-outputs are left as they are (zeros): only the sources matter here.
+outputs are left as they are (zeros): only the sources matter here. cuBLAS GEMMs are
+not compiled by CuPy: they are skipped (the copies a GEMM makes in its workspace are
+generated kernels, recorded).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import cupy_source
@@ -88,11 +91,23 @@ def recording_cupy(sources: set[str]) -> Any:
         def __getattr__(self, name: str) -> Any:
             return getattr(np, name)
 
+    class DeviceArray(np.ndarray):
+        @property
+        def data(self) -> Any:  # CuPy's: `.data.ptr` is the address
+            return SimpleNamespace(ptr=self.ctypes.data)
+
+    stream = SimpleNamespace(ptr=0, synchronize=lambda: None)
     cp = RecordingCupy()
     cp.ElementwiseKernel = ElementwiseKernel
     cp.ReductionKernel = ReductionKernel
-    cp.empty = np.zeros  # kernels leave outputs alone: keep them defined
+    # kernels leave outputs alone: keep them defined
+    cp.empty = lambda shape, dtype=np.float64: np.zeros(shape, dtype).view(DeviceArray)
+    cp.asarray = lambda host: np.array(host).view(DeviceArray)
     cp.asnumpy = np.asarray
+    cp.cuda = SimpleNamespace(  # a gather's flag copy; GEMMs are cuBLAS's, not compiled here
+        runtime=SimpleNamespace(memcpyAsync=lambda *args: None, memcpyDeviceToHost=2),
+        get_current_stream=lambda: stream,
+    )
     return cp
 
 
@@ -102,5 +117,6 @@ def kernel_sources(tg: TaskGraph) -> set[str]:
     inputs = {
         t.op.name: np.zeros(t.shape, dtype=t.dtype) for t in tg.tasks if isinstance(t.op, Input)
     }
-    evaluate_on_gpu(tg, inputs, CupyKernels(recording_cupy(sources)))
+    kernels = CupyKernels(recording_cupy(sources), gemm=lambda *call: None)
+    evaluate_on_gpu(tg, inputs, kernels)
     return sources

@@ -4,9 +4,10 @@
 events, box copies and kernels – over `standin_cupy()`, which mimics the CuPy API it
 calls, asynchronously as a GPU does:
 
-* device memory is one NumPy byte buffer per `cuda.Memory`; `MemoryPointer` does
-  pointer arithmetic; `ndarray(shape, dtype, memptr)` is a NumPy view there (whose
-  `.data.ptr` is its address, as a CuPy array's);
+* device memory is `cpu_cuda.fake_cupy`'s, counted (`cp.memory`: the arena, and any
+  array a CuPy call would make, refused during a run): one NumPy byte buffer per
+  `cuda.Memory`; `MemoryPointer` does pointer arithmetic; `ndarray(shape, dtype,
+  memptr)` is a NumPy view there (whose `.data.ptr` is its address, as a CuPy array's);
 * `cuda.Stream(non_blocking=True)` is a worker thread with a queue; `Event.record`
   enqueues a marker, `Stream.wait_event` makes the worker wait for it, `synchronize`
   waits for the queue; `cuda.PinnedMemory` is host memory whose allocations are
@@ -24,7 +25,6 @@ integer kernels (the `cpu_cuda` kernels have no float16).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import itertools
 import queue
@@ -33,52 +33,18 @@ import threading
 import time
 from types import SimpleNamespace
 
-import numpy as np
 from cpu_cuda import fake_cupy
 
 from runtime.cupy_backend import CupyBackend, CupyKernels
 
 
-class DeviceArray(np.ndarray):
-    """A NumPy array in stand-in device memory; `.data.ptr` is its address (as CuPy's)."""
-
-    @property
-    def data(self):  # noqa: D102 (CuPy's attribute)
-        return SimpleNamespace(ptr=self.ctypes.data)
-
-
-class Memory:
-    """`cupy.cuda.Memory`: `size` bytes of stand-in device memory."""
-
-    def __init__(self, size: int):
-        self.buffer = np.zeros(size, dtype=np.uint8)
-        self.ptr = self.buffer.ctypes.data
-        self.size = size
-
-
-class MemoryPointer:
-    """`cupy.cuda.MemoryPointer`: a memory and a byte offset; `+ n` moves it."""
-
-    def __init__(self, mem: Memory, offset: int):
-        self.mem, self.offset = mem, offset
-        self.ptr = mem.ptr + offset
-
-    def __add__(self, n: int) -> MemoryPointer:
-        return MemoryPointer(self.mem, self.offset + n)
-
-
-def ndarray(shape, dtype, memptr: MemoryPointer) -> DeviceArray:
-    dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
-    flat = memptr.mem.buffer[memptr.offset : memptr.offset + count * dtype.itemsize]
-    return flat.view(dtype).reshape(shape).view(DeviceArray)
-
-
 class StandInStream:
-    """`cupy.cuda.Stream(non_blocking=True)`: work runs in order on a worker thread."""
+    """`cupy.cuda.Stream(non_blocking=True)`: work runs in order on a worker thread.
+    `with stream:` makes it the thread's current stream (`current_stream()`), as CuPy's."""
 
     _ptrs = itertools.count(0x1000, 0x10)
     by_ptr: dict[int, StandInStream] = {}
+    current = threading.local()
 
     def __init__(self, non_blocking: bool = True):
         self.ptr = next(self._ptrs)
@@ -94,14 +60,19 @@ class StandInStream:
             try:
                 if job is None:
                     return
-                if self.error is None:
-                    job()
+                if self.error is None or getattr(job, "after_failure", False):
+                    job()  # after a failure only events fire: nothing waits forever
             except BaseException as err:  # noqa: BLE001 (reported on synchronize)
                 self.error = err
             finally:
                 self.queue.task_done()
 
     def submit(self, job) -> None:
+        """Queue `job`; issued from this stream's own work (a kernel's launch issuing a copy
+        on its stream), it runs now: next in the stream's order, as on a GPU."""
+        if threading.current_thread() is self.worker:
+            job()
+            return
         self.queue.put(job)
 
     def wait_event(self, event: StandInEvent) -> None:
@@ -114,9 +85,28 @@ class StandInStream:
             raise err
 
     def __enter__(self):
+        self.previous = getattr(self.current, "stream", None)
+        self.current.stream = self
         return self
 
     def __exit__(self, *exc) -> None:
+        self.current.stream = self.previous
+
+
+def current_stream():
+    """`cupy.cuda.get_current_stream()`: the stream of the innermost `with`, else the
+    null stream (ptr 0), whose work runs when it is issued."""
+    stream = getattr(StandInStream.current, "stream", None)
+    return stream if stream is not None else _NullStream()
+
+
+class _NullStream:
+    ptr = 0
+
+    def submit(self, job) -> None:
+        job()
+
+    def synchronize(self) -> None:
         return None
 
 
@@ -134,6 +124,7 @@ class StandInEvent:
             self.at = time.perf_counter()
             self.done.set()
 
+        mark.after_failure = True
         stream.submit(mark)
 
     def synchronize(self) -> None:
@@ -158,7 +149,8 @@ class StandInRuntime:
             time.sleep(pause)
             copy()
 
-        StandInStream.by_ptr[stream_ptr].submit(job)
+        stream = StandInStream.by_ptr.get(stream_ptr) if stream_ptr else _NullStream()
+        stream.submit(job)
 
     def memcpyAsync(self, dst, src, size, kind, stream):  # noqa: N802 (CuPy's name)
         self._later(stream, lambda: ctypes.memmove(dst, src, size))
@@ -174,27 +166,10 @@ class StandInRuntime:
         return 0
 
 
-class MemoryPool:
-    """`cupy.cuda.MemoryPool` as the backend uses it (scratch accounting)."""
-
-    def set_limit(self, size: int) -> None:
-        self.limit = size
-
-    def malloc(self, size: int) -> Memory:
-        return Memory(size)
-
-    def total_bytes(self) -> int:
-        return 0
-
-    def free_all_blocks(self) -> None:
-        return None
-
-
 def standin_cupy(delay: float = 2e-3, seed: int = 0) -> SimpleNamespace:
     """CuPy's API as `CupyBackend` uses it (see the module docstring). `cp.pinned`
     lists the sizes of the pinned allocations made."""
     cp = fake_cupy()
-    cp.ndarray = ndarray
     cp.pinned = []
 
     class PinnedMemory:
@@ -202,23 +177,14 @@ def standin_cupy(delay: float = 2e-3, seed: int = 0) -> SimpleNamespace:
             cp.pinned.append(size)
             self.buffer = bytearray(size)
 
-    @contextlib.contextmanager
-    def using_allocator(_allocator):
-        yield
-
-    cp.cuda = SimpleNamespace(
-        Memory=Memory,
-        MemoryPointer=MemoryPointer,
-        MemoryPool=MemoryPool,
-        PinnedMemory=PinnedMemory,
-        PinnedMemoryPointer=lambda mem, offset: memoryview(mem.buffer)[offset:],
-        Stream=StandInStream,
-        Event=StandInEvent,
-        runtime=StandInRuntime(delay, seed),
-        memory=SimpleNamespace(OutOfMemoryError=MemoryError),
-        using_allocator=using_allocator,
-        get_elapsed_time=lambda a, b: 1e3 * ((b.at or 0.0) - (a.at or 0.0)),
-    )
+    cuda = cp.cuda
+    cuda.PinnedMemory = PinnedMemory
+    cuda.PinnedMemoryPointer = lambda mem, offset: memoryview(mem.buffer)[offset:]
+    cuda.Stream = StandInStream
+    cuda.Event = StandInEvent
+    cuda.runtime = StandInRuntime(delay, seed)
+    cuda.get_current_stream = current_stream
+    cuda.get_elapsed_time = lambda a, b: 1e3 * ((b.at or 0.0) - (a.at or 0.0))
     cp.cuda.runtime.CUDARuntimeError = RuntimeError
     return cp
 
@@ -239,16 +205,15 @@ class StandInCupyBackend(CupyBackend):
 
     name = "cupy-standin"
 
-    def __init__(self, delay: float = 2e-3, seed: int = 0, scratch: int = 1 << 30):
+    def __init__(self, delay: float = 2e-3, seed: int = 0):
         self.cp = standin_cupy(delay, seed)
-        self.scratch_limit = scratch
         self.device = _Device()
-        self.pool = MemoryPool()
         self.kernels = CupyKernels(self.cp)
-        self._scratch_peak = 0
 
-    def compute(self, task, operands, out, stream) -> None:
-        stream.cuda.submit(lambda: CupyBackend.compute(self, task, operands, out, stream))
+    def compute(self, task, operands, out, stream, workspace=None) -> None:
+        stream.cuda.submit(
+            lambda: CupyBackend.compute(self, task, operands, out, stream, workspace)
+        )
 
     def fill_bytes(self, view, value, stream) -> None:
         stream.cuda.submit(lambda: CupyBackend.fill_bytes(self, view, value, stream))

@@ -42,6 +42,7 @@ def run_standin(mg, inputs, delay, seed):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(einsum_programs(dtypes=("float32", "float64")), st.integers(0, 2), st.integers(0, 99))
 def test_random_programs_under_random_delays_equal_the_reference(tg, which, seed):
+    tg = runtime.declare_workspaces(tg)
     inputs = make_inputs(tg, seed)
     want = taskgraph.evaluate(tg, inputs)
     options = budgets(tg)
@@ -52,7 +53,7 @@ def test_random_programs_under_random_delays_equal_the_reference(tg, which, seed
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_block_at_its_tightest_budget_equals_the_reference(seed):
-    tg = block_program(layers=2)
+    tg = runtime.declare_workspaces(block_program(layers=2))
     inputs = make_inputs(tg, seed)
     mg = memgraph.plan(tg, budgets(tg)[0])
     assert mg.stats.offload_bytes + mg.stats.reload_bytes > 0
@@ -65,7 +66,7 @@ def test_a_block_at_its_tightest_budget_equals_the_reference(seed):
 def test_dropping_an_event_wait_gives_a_wrong_answer(monkeypatch):
     """Skip the compute stream's waits for reloads (h2d events): kernels then read
     arena bytes before the copies land, and the outputs differ from the reference."""
-    tg = block_program(layers=2)
+    tg = runtime.declare_workspaces(block_program(layers=2))
     inputs = make_inputs(tg, 0)
     want = taskgraph.evaluate(tg, inputs)
     mg = memgraph.plan(tg, budgets(tg)[0])

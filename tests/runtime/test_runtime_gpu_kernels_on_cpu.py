@@ -4,7 +4,9 @@
   expressions, compiled with g++ (device spellings mapped to host C++), agree with
   the reference evaluator on random join trees; with nvcc (when installed) the
   device code compiles for a real GPU target.
-* `runtime.contraction`: matmul-shaped einsums written through `matmul` with NumPy.
+* `runtime.contraction`: matmul-shaped einsums as GEMM plans (strided, batched, in place
+  where cuBLAS can read the layouts, else through a workspace), run as cuBLAS would run
+  them (`fake_cublas`).
 * `CupyKernels` over `cpu_cuda.fake_cupy()` (NumPy plus g++-compiled Elementwise/
   ReductionKernels): every task of random programs equals the reference.
 """
@@ -18,6 +20,7 @@ import subprocess
 import numpy as np
 import pytest
 from cpu_cuda import CXX, fake_cupy
+from fake_cublas import strided_gemm
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_cases import assert_outputs_match, block_program, einsum_programs, make_inputs
@@ -26,10 +29,9 @@ from strategies import einsum_cases, join_trees
 import einpage as ep
 import taskgraph
 from runtime import cuda_codegen
-from runtime.contraction import evaluate_einsum, matmul_into, matmul_plan
+from runtime.contraction import gemm_plan, gemm_plans, run_gemm
 from runtime.cupy_backend import CupyKernels, evaluate_on_gpu
 from taskgraph.einsum import EinsumSpec, normalize
-from taskgraph.evaluate import evaluate_task
 from taskgraph.expr import FUNCTIONS, Call, Var, parse
 
 needs_cxx = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)")
@@ -62,7 +64,8 @@ def test_generated_sources():
     # Same expression and dtypes: the same source (so the same cached kernel).
     again = cuda_codegen.elementwise_source(parse("exp(a - b) / c", 3), ["float32"] * 3, "float32")
     assert again == src and hash(again) == hash(src)
-    assert not cuda_codegen.supports(["int64"], "int64")
+    assert cuda_codegen.supports(["int64"], "int64") and cuda_codegen.supports(["uint8"], "float32")
+    assert not cuda_codegen.supports(["bool"], "float32")
 
 
 def _harness(sources: list[tuple[str, str]], work: str) -> str:
@@ -150,68 +153,95 @@ def test_generated_device_code_compiles_with_nvcc(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
-# -- matmul layouts ---------------------------------------------------------------
+# -- GEMM layouts ------------------------------------------------------------------
+
+
+def copy_into(source, target):
+    target[...] = source
+
+
+def run_plan(plan, spec, shapes, dtype="float64", seed=0):
+    """The plan's GEMMs (`fake_cublas.strided_gemm`, as strict as cuBLAS) on random
+    operands, against `numpy.einsum`."""
+    rng = np.random.default_rng(seed)
+    a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
+    out = np.full(EinsumSpec.parse(spec).output_shape(shapes), np.nan, dtype)
+    workspace = np.full(plan.workspace, 0xFF, np.uint8)  # poisoned: nothing may be assumed
+    run_gemm(plan, a, b, out, workspace, strided_gemm, copy_into)
+    np.testing.assert_allclose(out, np.einsum(spec, a, b), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize(
-    ("spec", "shapes", "swap", "in_place"),
+    ("spec", "shapes", "expected"),
     [
-        ("mk,kn->mn", [(3, 4), (4, 5)], False, True),
-        ("mk,kn->nm", [(3, 4), (4, 5)], True, True),
-        ("bqd,bkd->bqk", [(2, 3, 4), (2, 5, 4)], False, True),
-        ("hqk,khe->qhe", [(2, 3, 3), (3, 2, 4)], False, False),
-        ("bmk,bkn->mbn", [(2, 3, 4), (2, 4, 5)], False, False),
-        ("ik,k->i", [(3, 4), (4,)], False, True),
-        ("k,k->", [(4,), (4,)], False, True),
+        ("mk,kn->mn", [(3, 4), (4, 5)], (0, 1)),
+        ("mk,kn->nm", [(3, 4), (4, 5)], (0, 1)),
+        ("bqd,bkd->bqk", [(2, 3, 4), (2, 5, 4)], (0, 1)),
+        ("hqk,khe->qhe", [(2, 3, 3), (3, 2, 4)], (0, 1)),  # a permuted output, in place
+        ("bmk,bkn->mbn", [(2, 3, 4), (2, 4, 5)], (0, 1)),
+        ("bsd,gred->bgrse", [(2, 16, 64), (2, 4, 8, 64)], (0, 2)),  # LLaMA's q/k/v
+        ("bhqk,bhke->bqhe", [(2, 3, 4, 5), (2, 3, 5, 8)], (0, 2)),  # attention's values
+        ("ik,k->i", [(3, 4), (4,)], (0, 1)),
+        ("k,k->", [(4,), (4,)], (0, 1)),
+        ("bk,bk->b", [(3, 4), (3, 4)], (0, 1)),
+        # The attention output's heads (g, r) and e are not one dimension of it: copied.
+        ("bgrse,gred->bsd", [(2, 4, 2, 64, 128), (4, 2, 128, 128)], (1 << 20, 1)),
+        # Short reductions whose GEMMs would need copies: a generated reduction kernel.
+        ("bgrse,gred->bsd", [(1, 4, 2, 16, 64), (4, 2, 64, 64)], None),
+        ("ij,ji->", [(3, 4), (4, 3)], None),
+        ("ikb,kjb->ijb", [(3, 4, 5), (4, 6, 5)], None),
     ],
 )
-def test_matmul_plans(spec, shapes, swap, in_place):
-    parsed = EinsumSpec.parse(spec)
-    plan = matmul_plan(parsed, shapes)
-    assert plan is not None and plan.swap == swap
-    rng = np.random.default_rng(0)
-    a, b = (rng.standard_normal(s) for s in shapes)
-    out = np.empty(parsed.output_shape(shapes))
-    assert matmul_into(np, plan, a, b, out) == in_place
-    np.testing.assert_allclose(out, np.einsum(spec, a, b), rtol=1e-12, atol=1e-12)
+def test_gemm_plans(spec, shapes, expected):
+    plan = gemm_plan(EinsumSpec.parse(spec), shapes, "float64", "float64")
+    assert (plan and (plan.workspace, plan.calls)) == expected
+    for candidate in gemm_plans(EinsumSpec.parse(spec), shapes, "float64", "float64"):
+        run_plan(candidate, spec, shapes)
+
+
+def test_llama_qkv_projection_at_7b_scale_needs_no_workspace():
+    """`bsd,gred->bgrse` at LLaMA-7B batch 32 x 8192: the old path went through a 2 GiB
+    temporary; the GEMMs write the permuted output in place (32 calls over b, each a
+    batch of 32 heads of 8192 x 128 x 4096)."""
+    plan = gemm_plan(
+        EinsumSpec.parse("bsd,gred->bgrse"), [(32, 8192, 4096), (32, 1, 128, 4096)],
+        "float16", "float16",
+    )  # fmt: skip
+    call = plan.call
+    assert plan.workspace == 0 and plan.calls == 32 and call.batch == 32
+    assert (call.m, call.n, call.k, call.c_dtype) == (128, 8192, 4096, "float16")
 
 
 @pytest.mark.parametrize("spec", ["ij,jk->k", "ij,j->ij", "ij,kl->ijkl", "i->i", "ij,ij,ij->"])
 def test_not_matmul_shaped(spec):
     parsed = EinsumSpec.parse(spec)
     shapes = [tuple(3 for _ in term) for term in parsed.inputs]
-    assert matmul_plan(parsed, shapes) is None
+    assert gemm_plan(parsed, shapes, "float32", "float32") is None
+
+
+def test_gemm_dtypes():
+    spec = EinsumSpec.parse("mk,kn->mn")
+    shapes = [(3, 4), (4, 5)]
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
+        assert gemm_plan(spec, shapes, dtype, dtype).call.c_dtype == dtype
+    assert gemm_plan(spec, shapes, "float16", "float32").call.compute == 68  # float32 sums
+    assert gemm_plan(spec, shapes, "float64", "float64").call.compute == 70
+    assert gemm_plan(spec, shapes, "int64", "int64") is None
+    assert gemm_plan(spec, shapes, "float32", "float16") is None
 
 
 @given(case=einsum_cases(max_operands=2, dtypes=("float64",)), seed=st.integers(0, 99))
-def test_matmul_plans_of_random_pairs(case, seed):
+def test_every_gemm_plan_of_random_pairs_computes_the_einsum(case, seed):
+    """Each way of running a random matmul-shaped einsum (every choice of copies and of
+    rows), run as cuBLAS would run it, equals `numpy.einsum`; the chosen one is among them."""
     if len(case.shapes) != 2:
         return
     parsed = normalize(case.spec, case.shapes).spec
-    plan = matmul_plan(parsed, case.shapes)
-    if plan is None:
-        return
-    rng = np.random.default_rng(seed)
-    a, b = (rng.standard_normal(s) for s in case.shapes)
-    out = np.empty(parsed.output_shape(case.shapes))
-    matmul_into(np, plan, a, b, out)
-    np.testing.assert_allclose(out, np.einsum(str(parsed), a, b), rtol=1e-10, atol=1e-10)
-
-
-@given(tg=einsum_programs(dtypes=("float32", "float64")), seed=st.integers(0, 99))
-def test_generic_einsum_path_matches_evaluate_task(tg, seed):
-    values = make_inputs(tg, seed)
-    arrays = {tg.inputs[n]: v for n, v in values.items()}
-    for task in tg:
-        if task.kind == "input":
-            continue
-        operands = [arrays[i] for i in task.inputs]
-        want = evaluate_task(task, operands)
-        if task.kind == "einsum":
-            with np.errstate(all="ignore"):
-                got = evaluate_einsum(np, task, operands)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
-        arrays[task.id] = want
+    plans = gemm_plans(parsed, case.shapes, "float64", "float64")
+    chosen = gemm_plan(parsed, case.shapes, "float64", "float64")
+    assert (chosen is None) == (not plans) and (chosen is None or chosen in plans)
+    for plan in plans:
+        run_plan(plan, str(parsed), case.shapes, seed=seed)
 
 
 # -- the kernel layer on the CPU stand-in -----------------------------------------
@@ -239,7 +269,7 @@ def test_cupy_kernels_on_cpu_run_a_transformer_block():
     used = set(kernels.counters)
     assert {"cublas", "elementwise_kernel", "reduction_kernel", "gather", "fill"} <= used
     assert {"copy", "concat"} <= used
-    assert kernels.counters["einsum_fallback"] == 0
+    assert kernels.counters["gemm_workspace_copies"] == 0
 
 
 @needs_cxx
