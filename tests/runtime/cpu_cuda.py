@@ -5,12 +5,21 @@ CUDA C they are given with the host C++ compiler (g++) and run it over NumPy arr
 wrapped in the same loop templates CuPy generates (`out = ...` per element; for a
 reduction `_s = REDUCE(_s, static_cast<_type_reduce>(map_expr))` from
 `_type_reduce(identity)`, then `POST_MAP(_s)`). Device-only spellings are mapped to
-host C++ (`__device__`, `__int_as_float`, ...). Only float32/float64/int dtypes:
-CuPy's `float16` class has no host equivalent here.
+host C++ (`__device__`, `__int_as_float`, ...).
+
+Every dtype of `taskgraph.dtypes` runs, under the C names CuPy 14 gives them: `float16`
+and `bfloat16` are host classes shaped like CuPy's (`cupy/float16.cuh`,
+`cupy/bfloat16.cuh`): built implicitly from `float` with round-to-nearest-even,
+explicitly from other numbers (a `double` goes to a bfloat16 through `float`, as
+CuPy's class and `ml_dtypes` do; to a float16 directly, as CUDA's `__half` and NumPy
+do), read back as `float`, assigned from anything they can be built from.
 
 Parameters are declared as CuPy declares them: inputs `const` (raw inputs are
 `const T*`), so a kernel that writes an input fails to compile here as it does under
-NVRTC. It lets the CuPy backend's kernel dispatch and the generated code run on a
+NVRTC. An elementwise kernel's threads run in a shuffled order (a GPU promises none),
+so a kernel whose result depends on the order its threads run in – float atomics –
+gives a different answer here than in index order. `size=` launches a kernel over raw
+arrays only. It lets the CuPy backend's kernel dispatch and the generated code run on a
 machine without a GPU; it says nothing about CUDA streams, memory or cuBLAS.
 """
 
@@ -28,10 +37,14 @@ import numpy as np
 
 CXX = shutil.which("g++") or shutil.which("c++")
 
-_CTYPE = {"float32": "float", "float64": "double", "int32": "int", "int64": "long long",
-          "uint8": "unsigned char", "bool": "bool"}  # fmt: skip
+_CTYPE = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float", "float64": "double",
+          "int8": "signed char", "uint8": "unsigned char", "int16": "short",
+          "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
+          "int64": "long long", "uint64": "unsigned long long", "bool": "bool"}  # fmt: skip
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
            "int64": ctypes.c_int64}  # fmt: skip
+_ORDER = np.random.default_rng(20240923)
+"""Shuffles the order of an elementwise kernel's threads (fixed seed: reproducible runs)."""
 
 _HEADER = r"""
 #include <cmath>
@@ -45,6 +58,47 @@ static inline double __longlong_as_double(unsigned long long x) {
   double d; memcpy(&d, &x, 8); return d;
 }
 template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; return old; }
+
+static inline unsigned short ep_float_to_bf16(float f) {  // round to nearest even
+  unsigned int u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+struct bfloat16 {  // cupy/bfloat16.cuh's interface
+  unsigned short bits_;
+  bfloat16() : bits_(0) {}
+  bfloat16(float v) : bits_(ep_float_to_bf16(v)) {}
+  explicit bfloat16(double v) : bfloat16(float(v)) {}
+  explicit bfloat16(bool v) : bfloat16(float(v)) {}
+  explicit bfloat16(int v) : bfloat16(float(v)) {}
+  explicit bfloat16(unsigned int v) : bfloat16(float(v)) {}
+  explicit bfloat16(long long v) : bfloat16(float(v)) {}
+  explicit bfloat16(unsigned long long v) : bfloat16(float(v)) {}
+  operator float() const {
+    unsigned int u = (unsigned int)bits_ << 16; float f; memcpy(&f, &u, 4); return f;
+  }
+  bfloat16& operator=(const bfloat16&) = default;
+  template <typename T> bfloat16& operator=(const T& rhs) {
+    *this = static_cast<bfloat16>(rhs); return *this;
+  }
+};
+struct float16 {  // cupy/float16.cuh's interface, over the compiler's IEEE half
+  _Float16 data_;
+  float16() : data_(0) {}
+  float16(float v) : data_((_Float16)v) {}
+  explicit float16(double v) : data_((_Float16)v) {}
+  explicit float16(bool v) : data_((_Float16)float(v)) {}
+  explicit float16(int v) : data_((_Float16)v) {}
+  explicit float16(unsigned int v) : data_((_Float16)v) {}
+  explicit float16(long long v) : data_((_Float16)v) {}
+  explicit float16(unsigned long long v) : data_((_Float16)v) {}
+  operator float() const { return (float)data_; }
+  float16& operator=(const float16&) = default;
+  template <typename T> float16& operator=(const T& rhs) {
+    *this = static_cast<float16>(rhs); return *this;
+  }
+};
 """
 
 _BUILD_DIR = tempfile.mkdtemp(prefix="einpage-cpu-cuda-")
@@ -105,12 +159,17 @@ class ElementwiseKernel:
         self.name = name
         self.preamble = preamble
 
-    def __call__(self, *args):
-        args = list(args)
+    def __call__(self, *args, size=None):
+        args = [_device(a) for a in args]
         bound = _bind(self.params, args)
         arrays = [a for (raw, _, _), a in zip(self.params, args, strict=True)
                   if not raw and isinstance(a, np.ndarray)]  # fmt: skip
-        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        if arrays:
+            shape = np.broadcast_shapes(*(a.shape for a in arrays))
+        elif size is not None:  # only raw arrays: the launch says how many threads
+            shape = (size,)
+        else:
+            raise TypeError(f"{self.name}: a kernel of raw arrays only needs size=")
         decls, loop, call = [], [], []
         outputs = []
         for position, ((raw, type_name, name), arg) in enumerate(
@@ -140,12 +199,14 @@ class ElementwiseKernel:
         typedefs = "".join(f"typedef {_CTYPE[d]} {t};\n" for t, d in bound.items())
         source = (
             f"{_HEADER}{self.preamble}\n{typedefs}"
-            f'extern "C" void run(ptrdiff_t n, {", ".join(decls)}) {{\n'
-            f"  for (ptrdiff_t i = 0; i < n; ++i) {{\n    {' '.join(loop)}\n"
-            f"    {self.operation}\n  }}\n}}\n"
+            f'extern "C" void run(ptrdiff_t _n, const long long* _order, {", ".join(decls)}) {{\n'
+            f"  for (ptrdiff_t _t = 0; _t < _n; ++_t) {{\n    const ptrdiff_t i = _order[_t];\n"
+            f"    {' '.join(loop)}\n    {self.operation}\n  }}\n}}\n"
         )
         lib = _compile(source)
-        lib.run(ctypes.c_ssize_t(int(np.prod(shape))), *(_pointer(c) for c in call))
+        count = int(np.prod(shape))
+        order = _ORDER.permutation(count).astype(np.int64)
+        lib.run(ctypes.c_ssize_t(count), _pointer(order), *(_pointer(c) for c in call))
         for target, data in outputs:
             target[...] = data.reshape(target.shape) if data.shape != target.shape else data
 
@@ -161,6 +222,7 @@ class ReductionKernel:
         self.preamble = preamble
 
     def __call__(self, *args, axis, out):
+        args = tuple(_device(a) for a in args)
         bound = _bind(self.inputs + self.outputs, [*args, out])
         shape = np.broadcast_shapes(*(a.shape for a in args))
         axes = tuple(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,)))
@@ -198,6 +260,13 @@ class ReductionKernel:
         out[...] = result.reshape(out.shape)
 
 
+def _device(value):
+    """A NumPy scalar as the 0-d array it stands for: indexing a 0-d array with `()`
+    gives a scalar in NumPy and a 0-d array in CuPy; the backend passes scalar parameters
+    as Python numbers."""
+    return np.asarray(value) if isinstance(value, np.generic) else value
+
+
 def _pointer(value):
     if isinstance(value, np.ndarray):
         return value.ctypes.data_as(ctypes.c_void_p)
@@ -219,6 +288,7 @@ def fake_cupy() -> SimpleNamespace:
         empty=np.empty,
         zeros=np.zeros,
         int64=np.int64,
+        uint8=np.uint8,
         sum=np.sum,
         max=np.max,
         min=np.min,
