@@ -17,8 +17,13 @@
 * Kernels write into arena views: matmul-shaped contractions through cuBLAS
   (`cupy.matmul(..., out=view)` after free reshapes), joins and aggregations through
   `cupy.ElementwiseKernel` / `cupy.ReductionKernel` generated from the join's
-  expression tree (`runtime.cuda_codegen`) and cached per distinct expression, and
-  the rest through counted fallbacks (`cupy.einsum` into a temporary, then a copy).
+  expression tree (`runtime.cuda_codegen`) and cached per distinct expression – casts
+  of integer weights and bfloat16 tensors included –, and the other op kinds through
+  the fixed kernels of `runtime.cuda_codegen` (fills, copies for slices, views and
+  concatenations, gathers, a deterministic scatter-add without atomics).
+* bfloat16 tensors are `ml_dtypes.bfloat16` arrays, which CuPy 14 supports (its
+  `bfloat16` kernel type, `cupy/bfloat16.cuh`, needs NumPy 2.1.2 or later); kernels
+  read them as float and round once when storing, as the NumPy backend does.
 * Temporary device memory kernels need comes from a private CuPy memory pool capped
   at `scratch` bytes (default 256 MiB); a run reports the true peak as the arena
   plus the pool's high-water mark (bytes the pool held from the device), so
@@ -138,37 +143,16 @@ class CupyStream(Stream):
 
 # -- kernels ----------------------------------------------------------------------
 
-_CAUSAL_FILL = (
-    "float64 value, int64 row0, int64 col0, int64 rows, int64 cols",
-    "T out",
-    "const ptrdiff_t c = i % cols; const ptrdiff_t r = (i / cols) % rows;"
-    " out = (col0 + c > row0 + r) ? (T)value : (T)0;",
-    "einpage_causal_fill",
-)
-_GATHER = (  # the flag is an output: CuPy declares every input const
-    "raw T table, raw I ids, int64 row, int64 rows",
-    "T out, raw int64 flag",
-    "const long long id = (long long)ids[i / row];"
-    " if (id < 0 || id >= rows) { flag[0] = 1; flag[1] = id; out = (T)0; }"
-    " else { out = table[id * row + i % row]; }",
-    "einpage_gather",
-)
-
-_SCATTER_ADD = (
-    "T src, raw I ids, int64 row, int64 start, int64 rows",
-    "raw T out",
-    "const long long r = (long long)ids[i / row] - start;"
-    " if (r >= 0 && r < rows) { atomicAdd(&out[r * row + i % row], src); }",
-    "einpage_scatter_add",
-)
-
 
 class CupyKernels:
     """One task's kernel into an output view, by op kind; counts which path each took.
 
     `HANDLERS` holds the method of each op kind (an `OpTable`: complete at import).
-    Generated kernels are built once per distinct (expression, dtypes) and cached;
-    CuPy compiles each once per device and caches the binary on disk.
+    Every kernel is a `runtime.cuda_codegen` source, built into a CuPy kernel once per
+    distinct source and cached; CuPy compiles each once per device and dtype binding and
+    caches the binary on disk. `workspace` is the device bytes the plan set aside for the
+    task (a `uint8` array of at least the declared size, or None), for the kernels that
+    declare one (the scatter-add: `cuda_codegen.scatter_add_workspace`).
     """
 
     def __init__(self, cp: Any):
@@ -177,19 +161,12 @@ class CupyKernels:
         self.flags: list[tuple[Task, Any]] = []
         self._elementwise: dict[cuda_codegen.ElementwiseSource, Any] = {}
         self._reduction: dict[cuda_codegen.ReductionSource, Any] = {}
-        self._fixed: dict[str, Any] = {}
 
-    def run(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def run(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         """Issue `task`'s kernel on the current stream, writing `out`."""
-        self.HANDLERS.of(task.op)(self, task, operands, out)
+        self.HANDLERS.of(task.op)(self, task, operands, out, workspace)
 
     # -- cached kernels --
-
-    def _fixed_kernel(self, spec: tuple[str, str, str, str]) -> Any:
-        kernel = self._fixed.get(spec[3])
-        if kernel is None:
-            kernel = self._fixed[spec[3]] = self.cp.ElementwiseKernel(*spec)
-        return kernel
 
     def elementwise_kernel(self, source: cuda_codegen.ElementwiseSource) -> Any:
         kernel = self._elementwise.get(source)
@@ -219,9 +196,13 @@ class CupyKernels:
             )
         return kernel
 
+    def copy(self, src: Any, dst: Any) -> None:
+        """`dst[...] = src` (same shape and dtype; either may be a strided view)."""
+        self.elementwise_kernel(cuda_codegen.COPY.source)(src, dst)
+
     # -- op kinds --
 
-    def einsum(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def einsum(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         cp = self.cp
         op: Einsum = task.op  # type: ignore[assignment]
         spec = op.spec
@@ -253,66 +234,89 @@ class CupyKernels:
             self.elementwise_kernel(source)(*views, out)
             self.counters["elementwise_kernel"] += 1
 
-    def fill(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def fill(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         op: Fill = task.op  # type: ignore[assignment]
-        self.counters["fill"] += 1
+        kernel = self.elementwise_kernel(cuda_codegen.fill_source(task.dtype, op.pattern))
         if op.pattern == "full":
-            out.fill(op.value)
-            return
-        origin = op.origin or (0,) * len(task.shape)
-        rows, cols = task.shape[-2], task.shape[-1]
-        kernel = self._fixed_kernel(_CAUSAL_FILL)
-        kernel(float(op.value), origin[-2], origin[-1], rows, cols, out)
+            kernel(float(op.value), out)
+        else:
+            origin = op.origin or (0,) * len(task.shape)
+            rows, cols = task.shape[-2], task.shape[-1]
+            kernel(float(op.value), origin[-2], origin[-1], rows, cols, out)
+        self.counters["fill"] += 1
 
-    def gather(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def gather(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         table, ids = operands
         row = math.prod(table.shape[1:])
         flag = self.cp.zeros(2, dtype=self.cp.int64)
-        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], out, flag)
+        kernel = self.elementwise_kernel(cuda_codegen.GATHER.source)
+        kernel(table, ids, row, table.shape[0], out, flag)
         self.flags.append((task, flag))
         self.counters["gather"] += 1
 
-    def slice(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def slice(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         op: Slice = task.op  # type: ignore[assignment]
         box = tuple(slice(s, s + n) for s, n in zip(op.starts, task.shape, strict=True))
-        out[...] = operands[0][box]
+        self.copy(operands[0][box], out)
         self.counters["copy"] += 1
 
-    def concat(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def concat(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
+        """One copy per operand into its slice of `out` along the axis (no pointer table
+        or temporary, as `cupy.concatenate` would make)."""
         op: Concat = task.op  # type: ignore[assignment]
-        self.cp.concatenate(list(operands), axis=op.axis, out=out)
+        axis = op.axis % len(task.shape)
+        start = 0
+        for part in operands:
+            end = start + part.shape[axis]
+            self.copy(part, out[(slice(None),) * axis + (slice(start, end),)])
+            start = end
         self.counters["concat"] += 1
 
-    def view(self, task: Task, operands: Sequence[Any], out: Any) -> None:
-        out[...] = operands[0].reshape(task.shape)
+    def view(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
+        self.copy(operands[0].reshape(task.shape), out)
         self.counters["copy"] += 1
 
-    def scatter_add(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def scatter_add(
+        self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None
+    ) -> None:
+        """Deterministic, without atomics: the ids' sort keys (`cuda_codegen.SCATTER_KEYS`)
+        sorted in the workspace by a bitonic sort, then each output element sums its
+        row's sources in position order (`cuda_codegen.scatter_sum_source`). Without a
+        workspace from the plan, the keys' bytes are allocated here."""
         op: ScatterAdd = task.op  # type: ignore[assignment]
         src, ids = operands
-        work = compute_dtype(task.dtype)  # float16 sums in float32, as the reference does
-        acc = out if out.dtype.name == work else self.cp.zeros(out.shape, dtype=work)
-        acc.fill(0)
-        row = math.prod(task.shape[1:])
-        kernel = self._fixed_kernel(_SCATTER_ADD)
-        kernel(src.astype(work, copy=False), ids, row, op.start, task.shape[0], acc)
-        if acc is not out:
-            out[...] = acc
+        nbytes = cuda_codegen.scatter_add_workspace(task, [src.shape, ids.shape])
+        if workspace is None:
+            workspace = self.cp.empty(nbytes, dtype=self.cp.uint8)
+        size = nbytes // 8
+        keys = workspace[:nbytes].view(self.cp.int64)
+        if size:
+            make_keys = self.elementwise_kernel(cuda_codegen.SCATTER_KEYS.source)
+            make_keys(ids, ids.size, op.start, task.shape[0], keys, size=size)
+            step = self.elementwise_kernel(cuda_codegen.BITONIC_STEP.source)
+            for k, j in cuda_codegen.bitonic_steps(size):
+                step(k, j, keys, size=size)
+        source = cuda_codegen.scatter_sum_source(task.dtype, src.dtype.name)
+        self.elementwise_kernel(source)(src, keys, size, math.prod(task.shape[1:]), out)
         self.counters["scatter_add"] += 1
 
-    def argreduce(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def argreduce(
+        self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None
+    ) -> None:
         op: ArgReduce = task.op  # type: ignore[assignment]
         pick = self.cp.argmax if op.agg == "argmax" else self.cp.argmin
         out[...] = pick(operands[0], axis=-1)
         self.counters["argreduce"] += 1
 
-    def kth_largest(self, task: Task, operands: Sequence[Any], out: Any) -> None:
+    def kth_largest(
+        self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None
+    ) -> None:
         op: KthLargest = task.op  # type: ignore[assignment]
         at = operands[0].shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
         out[...] = self.cp.partition(operands[0], at, axis=-1)[..., at]
         self.counters["kth_largest"] += 1
 
-    HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any], None]]]
+    HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any, Any], None]]]
     HANDLERS = OpTable(
         "CuPy kernels",
         {
@@ -341,6 +345,24 @@ class CupyKernels:
 # -- the backend ------------------------------------------------------------------
 
 
+def _unsupported_dtypes(numpy_version: str) -> dict[str, str]:
+    """What this backend refuses with NumPy `numpy_version`: nothing from NumPy 2.1.2
+    on; before it, bfloat16 (CuPy 14 gives `ml_dtypes.bfloat16` arrays a kernel type
+    only from NumPy 2.1.2 on: `cupy._core._scalar`).
+
+    >>> _unsupported_dtypes("2.4.0"), sorted(_unsupported_dtypes("1.26.4"))
+    ({}, ['bfloat16'])
+    """
+    if np.lib.NumpyVersion(numpy_version) >= "2.1.2":
+        return {}
+    return {
+        "bfloat16": f"CuPy 14 runs bfloat16 (ml_dtypes') arrays only with NumPy 2.1.2 or later, "
+        f"and NumPy {numpy_version} is installed: upgrade NumPy, or run it with "
+        "backend='numpy', or build the program in float16 (load the checkpoint with "
+        "dtype='float16')"
+    }
+
+
 class CupyBackend(Backend):
     """Plans executed with CuPy on a CUDA GPU (see the module docstring).
 
@@ -354,11 +376,7 @@ class CupyBackend(Backend):
     default_mode = "streams"
     host_staging = True
     clock = "cuda"
-    unsupported_dtypes = {
-        "bfloat16": "CuPy has no bfloat16 dtype, and this backend has neither raw 16-bit "
-        "bfloat16 kernels nor a cuBLAS bf16 GEMM; run it with backend='numpy', or build "
-        "the program in float16 (load the checkpoint with dtype='float16')",
-    }
+    unsupported_dtypes = _unsupported_dtypes(np.__version__)
 
     def __init__(self, scratch: int | str = "256MiB", device: int | None = None):
         cp = import_cupy()

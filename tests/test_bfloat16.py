@@ -276,7 +276,14 @@ def test_a_backend_without_bfloat16_refuses_the_plan_before_allocating():
     assert allocated
 
 
-def test_the_cupy_backend_declares_bfloat16_unsupported():
-    from runtime.cupy_backend import CupyBackend
+def test_the_cupy_backend_runs_bfloat16_with_numpy_2_1_2_or_later():
+    """CuPy 14 gives `ml_dtypes.bfloat16` arrays a kernel type (`bfloat16`, from
+    `cupy/bfloat16.cuh`) from NumPy 2.1.2 on: the backend refuses bfloat16 only before."""
+    from runtime.cupy_backend import CupyBackend, _unsupported_dtypes
 
-    assert "CuPy has no bfloat16" in CupyBackend.unsupported_dtypes["bfloat16"]
+    assert np.lib.NumpyVersion(np.__version__) >= "2.1.2"
+    assert CupyBackend.unsupported_dtypes == {}
+    old = _unsupported_dtypes("2.0.2")
+    assert list(old) == ["bfloat16"] and "NumPy 2.1.2 or later" in old["bfloat16"]
+    assert "NumPy 2.0.2 is installed" in old["bfloat16"] and "backend='numpy'" in old["bfloat16"]
+

@@ -43,7 +43,7 @@ def recording_cupy(sources: set[str]) -> Any:
                 out_params, False
             )
 
-        def __call__(self, *args):
+        def __call__(self, *args, size=None):
             arrays = [a for p, a in zip(self.params, args, strict=True)
                       if not p.raw and isinstance(a, np.ndarray)]  # fmt: skip
             merge = all(a.flags.c_contiguous and a.strides != () for a in arrays) and (
