@@ -287,3 +287,28 @@ def test_the_cupy_backend_runs_bfloat16_with_numpy_2_1_2_or_later():
     assert list(old) == ["bfloat16"] and "NumPy 2.1.2 or later" in old["bfloat16"]
     assert "NumPy 2.0.2 is installed" in old["bfloat16"] and "backend='numpy'" in old["bfloat16"]
 
+
+def test_auto_never_picks_a_backend_that_would_refuse_the_plan(monkeypatch):
+    """On a GPU machine "auto" means CuPy, unless CuPy would refuse a dtype of the plan:
+    then it means NumPy, which runs every dtype (a fake GPU backend refusing bfloat16)."""
+    from runtime import backend as backends
+    from runtime.numpy_backend import NumpyBackend
+
+    class RefusesBfloat16(NumpyBackend):
+        name = "fake-gpu"
+        unsupported_dtypes = {"bfloat16": "no bfloat16 kernels here"}
+
+    monkeypatch.setattr(backends, "cupy_usable", lambda: True)
+    monkeypatch.setitem(backends.BACKENDS, "cupy", lambda: RefusesBfloat16)
+    assert backends.auto_backend({"float32", "int64"}) == "cupy"
+    assert backends.auto_backend({"bfloat16", "int64"}) == "numpy"
+    narrow = memgraph.plan(small_program(), "1GiB")
+    with runtime.Session(narrow, "auto") as session:
+        assert session.backend.name == "numpy"
+        got = session.run(small_inputs(3))
+    want = taskgraph.evaluate(narrow.taskgraph, small_inputs(3))
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+    wide = memgraph.plan(small_program("float32"), "1GiB")
+    with runtime.Session(wide, "auto") as session:
+        assert session.backend.name == "fake-gpu"
