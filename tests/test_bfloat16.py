@@ -297,6 +297,7 @@ def test_auto_never_picks_a_backend_that_would_refuse_the_plan(monkeypatch):
     class RefusesBfloat16(NumpyBackend):
         name = "fake-gpu"
         unsupported_dtypes = {"bfloat16": "no bfloat16 kernels here"}
+        arena_on_host = False  # as a GPU's: its host memory needs differ from NumPy's
 
     monkeypatch.setattr(backends, "cupy_usable", lambda: True)
     monkeypatch.setitem(backends.BACKENDS, "cupy", lambda: RefusesBfloat16)
@@ -312,3 +313,13 @@ def test_auto_never_picks_a_backend_that_would_refuse_the_plan(monkeypatch):
     wide = memgraph.plan(small_program("float32"), "1GiB")
     with runtime.Session(wide, "auto") as session:
         assert session.backend.name == "fake-gpu"
+    # a generation's host-memory check counts for the backend the run will choose
+    from einpage.models import FAMILIES
+    from einpage.workloads.generate import check_run_memory
+    from einpage.workloads.generation import GenerationSpec, plan_generation
+
+    llama = FAMILIES["llama"]
+    for dtype, chosen in (("bfloat16", "numpy"), ("float32", RefusesBfloat16())):
+        spec = GenerationSpec(llama, llama.presets["tiny"], 1, 4, 2, dtype, 4, None)
+        plan = plan_generation(spec, "100%", "unrolled")
+        assert check_run_memory(plan, "auto", None) == check_run_memory(plan, chosen, None)
