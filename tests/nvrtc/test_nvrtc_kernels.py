@@ -303,8 +303,9 @@ def test_the_grammar_compiles_under_every_aggregation(agg):
 
 def test_every_catalogued_kernel_compiles_for_every_dtype():
     """The fixed kernels under every binding of their placeholders, the fills in every
-    float dtype and the scatter-sums in every dtype; the copy with strided arrays too (slices read strided
-    views, concatenations write them; every other kernel's arrays are whole tensors)."""
+    float dtype and the scatter-sums in every dtype; the copy with strided arrays too
+    (slices read strided views, concatenations write them; every other kernel's arrays
+    are whole tensors)."""
     entries = list(cuda_codegen.catalog())
     names = {source.name for source, _ in entries}
     assert {fixed.source.name for fixed in cuda_codegen.FIXED} <= names

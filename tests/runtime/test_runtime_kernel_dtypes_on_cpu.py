@@ -2,23 +2,12 @@
 (`cpu_cuda`: the kernels' CUDA C compiled with g++, bfloat16 and float16 as host classes
 shaped like CuPy 14's), against the NumPy backend's kernels (`taskgraph.evaluate_task`).
 
-What is compared, task by task, each task given the same operands (the reference
-evaluator's values):
-
-* **bit for bit** (NaNs equal whatever their payload), every task both backends compute
-  by the same sequence of correctly rounded operations in the task's compute dtype
-  (float32 for bfloat16 and float16), rounded once into its dtype: fills, copies
-  (slices, views, concatenations), gathers, the scatter-add (in `numpy.add.at`'s order),
-  argmax/argmin and k-th largest, casts between any two dtypes (the int8 weights and
-  int4 nibbles of quantized models to bfloat16 included), every task with an integer
-  result, and joins of `+ - * /`, comparisons, `sqrt`, `rsqrt`, `abs`, `floor`, `max`,
-  `min`, `where`, `relu` – elementwise or under a max/min aggregation;
-* **within one rounding** of the task's dtype at its magnitude, plus float32 noise at
-  the task's scale, the rest: sums and products over reduced indices (float32 sums in
-  another order: cuBLAS's or NumPy's BLAS for a matmul, NumPy's pairwise sums against
-  the kernel's loop) and `exp`, `log`, `tanh`, `**`, `sigmoid`, `silu`, `gelu` (NumPy's
-  own float32 implementations against the host's libm here, CUDA's on a GPU: float32
-  values an ulp apart can round to neighbouring bfloat16 values).
+Each task is given the same operands (the reference evaluator's values) and held to
+the standard `dtype_checks` states: bit for bit where both backends compute it by the
+same correctly rounded operations and round once (casts, fills, copies, gathers, the
+scatter-add, integer results, joins of + - * / sqrt abs max min where ...), within one
+rounding of its dtype where the float32 value may differ (sums in another order, exp,
+log, tanh, ...).
 
 On LLaMA tiny in bfloat16 – prefill, int4 and int8 weights, generation with top-k
 sampling, a training step – every task but one matmul element is equal bit for bit
@@ -34,6 +23,8 @@ import numpy as np
 import pytest
 from cpu_cuda import CXX, fake_cupy
 from cuda_streams import StandInCupyBackend
+from dtype_checks import bits, differing, within_one_rounding
+from dtype_checks import compare_every_task as compare_tasks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from runtime_cases import einsum_programs, make_inputs
@@ -52,92 +43,14 @@ from einpage.workloads.training import training_graph
 from runtime import cuda_codegen
 from runtime.cupy_backend import CupyKernels
 from taskgraph import TaskGraph, dtypes
-from taskgraph.evaluate import evaluate_task
-from taskgraph.expr import BinOp, Call, Const, Var
-from taskgraph.nodes import Einsum, Input, ScatterAdd
+from taskgraph.nodes import ScatterAdd
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)")
 
-EXACT_FUNCTIONS = frozenset({"neg", "abs", "floor", "max", "min", "where", "relu", "sqrt", "rsqrt"})
-"""Join functions whose float32 result is correctly rounded on both sides."""
-EXACT_OPERATORS = frozenset({"+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!="})
-
-
-def exactly_rounded(expr) -> bool:
-    if isinstance(expr, Var | Const):
-        return True
-    if isinstance(expr, Call):
-        return expr.fn in EXACT_FUNCTIONS and all(exactly_rounded(a) for a in expr.args)
-    assert isinstance(expr, BinOp)
-    return expr.op in EXACT_OPERATORS and exactly_rounded(expr.left) and exactly_rounded(expr.right)
-
-
-def compared_bit_for_bit(task) -> bool:
-    """Whether the module docstring says `task` is equal bit for bit."""
-    if not isinstance(task.op, Einsum) or not dtypes.is_float(task.dtype):
-        return True
-    op = task.op
-    if op.spec.reduced and op.agg not in ("max", "min"):
-        return False
-    return exactly_rounded(op.join_expr)
-
-
-def bits(array: np.ndarray) -> np.ndarray:
-    return array.view(f"u{array.itemsize}") if dtypes.is_float_array(array.dtype) else array
-
-
-def differing(got: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Where `got` and `want` differ in their bits (NaNs count as equal)."""
-    assert got.shape == want.shape and got.dtype == want.dtype
-    different = bits(got) != bits(want)
-    if dtypes.is_float_array(want.dtype):
-        different &= ~(np.isnan(got.astype(np.float64)) & np.isnan(want.astype(np.float64)))
-    return different
-
-
-def within_one_rounding(got: np.ndarray, want: np.ndarray) -> bool:
-    """|got - want| <= one rounding of the dtype at the larger magnitude, plus float32
-    noise (2**-20) at the task's scale; infinities and NaNs where the other has them."""
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    same = (g == w) | (np.isnan(g) & np.isnan(w))
-    finite = np.isfinite(g) & np.isfinite(w)
-    if not (same | finite).all():
-        return False
-    eps = float(dtypes.finfo(want.dtype).eps)
-    scale = float(np.abs(w[np.isfinite(w)]).max(initial=0.0))
-    bound = eps * np.maximum(np.abs(g), np.abs(w)) + 2.0**-20 * scale
-    return bool((same | (np.abs(g - w) <= bound)).all())
-
 
 def compare_every_task(tg: TaskGraph, inputs) -> dict[str, int]:
-    """Run every task of `tg` on the stand-in's kernels and with the NumPy backend's, from
-    the same operands; assert the module docstring's comparison; count how many tasks
-    were compared bit for bit and how many differed within one rounding."""
-    kernels = CupyKernels(fake_cupy())
-    values: dict[int, np.ndarray] = {}
-    counts = {"bit for bit": 0, "one rounding": 0, "equal anyway": 0}
-    for task in tg.tasks:
-        if isinstance(task.op, Input):
-            values[task.id] = np.asarray(inputs[task.op.name])
-            continue
-        operands = [values[i] for i in task.inputs]
-        with np.errstate(all="ignore"):
-            want = evaluate_task(task, operands)
-            got = np.empty(task.shape, dtypes.numpy_dtype(task.dtype))
-            kernels.run(task, operands, got)
-        values[task.id] = want
-        if compared_bit_for_bit(task):
-            bad = differing(got, want)
-            assert not bad.any(), f"{task.line()}: {bad.sum()} of {bad.size} elements differ"
-            counts["bit for bit"] += 1
-        elif differing(got, want).any():
-            assert within_one_rounding(got, want), task.line()
-            counts["one rounding"] += 1
-        else:
-            counts["equal anyway"] += 1
-    kernels.check_flags()
-    assert "generic_fallback" not in kernels.counters, kernels.counters  # every dtype runs
-    return counts
+    """`dtype_checks.compare_every_task` on the stand-in's kernels."""
+    return compare_tasks(tg, inputs, CupyKernels(fake_cupy()))
 
 
 TINY = llama.PRESETS["tiny"]
