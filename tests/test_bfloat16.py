@@ -323,3 +323,24 @@ def test_auto_never_picks_a_backend_that_would_refuse_the_plan(monkeypatch):
         spec = GenerationSpec(llama, llama.presets["tiny"], 1, 4, 2, dtype, 4, None)
         plan = plan_generation(spec, "100%", "unrolled")
         assert check_run_memory(plan, "auto", None) == check_run_memory(plan, chosen, None)
+
+
+def test_the_evaluator_selects_in_bfloat16_as_in_float32():
+    """ml_dtypes' bfloat16 sort does not order NaNs (`np.sort` leaves [3, nan, 1] as is),
+    so the k-th largest of a row with a NaN was whatever its partition left there; the
+    evaluator selects among the values widened to float32 (exactly), where NaNs sort last
+    as NumPy's floats do, and rounds nothing: the result is one of the row's values."""
+    rows = np.array([[3, np.nan, 1, 5, 2, np.nan, 4], [0.5, -2, 7, 7, 1, 0, -1]])
+    prog = ep.Program("select")
+    x = prog.input("x", rows.shape, "bfloat16")
+    for k in (1, 2, 3, 7):
+        prog.output(ep.kth_largest(x, k), f"top{k}")
+    prog.output(ep.argmax(x), "argmax")
+    prog.output(ep.argmin(x), "argmin")
+    got = taskgraph.evaluate(prog.build(), {"x": rows.astype(ml_dtypes.bfloat16)})
+    wide = rows.astype(np.float32)
+    for k in (1, 2, 3, 7):
+        want = np.partition(wide, 7 - k, axis=-1)[:, 7 - k]
+        np.testing.assert_array_equal(got[f"top{k}"].astype(np.float32), want)
+    np.testing.assert_array_equal(got["argmax"], np.argmax(wide, axis=-1))
+    np.testing.assert_array_equal(got["argmin"], np.argmin(wide, axis=-1))
