@@ -81,8 +81,12 @@ __all__ = [
     "scatter_sum_source",
     "scatter_add_workspace",
     "bitonic_steps",
+    "argreduce_source",
+    "kth_largest_sources",
+    "KthLargestSources",
     "supports",
     "catalog",
+    "reduction_catalog",
 ]
 
 C_TYPES = {
@@ -373,7 +377,8 @@ class ElementwiseSource:
 class ReductionSource:
     """Arguments of `cupy.ReductionKernel(in_params, out_params, map_expr, reduce_expr,
     post_map_expr, identity, name, reduce_type=..., preamble=...)`; call it with the
-    operands broadcast over the iteration space, `axis=` the reduced axes, `out=`."""
+    operands broadcast over the iteration space, `axis=` the reduced axes, `out=`
+    (`scalars`: the parameters passed as scalars)."""
 
     in_params: str
     out_params: str
@@ -384,6 +389,7 @@ class ReductionSource:
     name: str
     reduce_type: str
     preamble: str = PREAMBLE
+    scalars: tuple[str, ...] = ()
 
 
 @functools.cache
@@ -619,14 +625,149 @@ def bitonic_steps(size: int) -> Iterator[tuple[int, int]]:
         k *= 2
 
 
+# -- argmax, argmin and the k-th largest ------------------------------------------------
+
+ARG_AGGS = ("argmax", "argmin")
+
+_ARG_PREAMBLE = r"""
+template <typename W> struct ep_arg {
+  W value;
+  long long index;
+  __device__ ep_arg() : value(0), index(-1) {}
+  __device__ ep_arg(W v, long long i) : value(v), index(i) {}
+};
+template <typename W> __device__ __forceinline__ ep_arg<W> ep_arg_pick(
+    const ep_arg<W> &a, const ep_arg<W> &b, bool largest) {
+  if (a.index < 0) return b;
+  if (b.index < 0) return a;
+  const bool a_nan = a.value != a.value, b_nan = b.value != b.value;
+  if (a_nan || b_nan) {
+    if (a_nan && b_nan) return a.index < b.index ? a : b;
+    return a_nan ? a : b;
+  }
+  if (a.value != b.value) return ((a.value > b.value) == largest) ? a : b;
+  return a.index < b.index ? a : b;
+}
+"""
+
+
+@functools.cache
+def argreduce_source(dtype: str, agg: str) -> ReductionSource:
+    """`argmax`/`argmin` over the last axis into int64, as NumPy's: the first position of
+    the largest (smallest) value, or of the first NaN. The reduction's pairs (value,
+    position) are ordered totally – NaN first, then by value, ties by position – so any
+    order of reducing them gives that one position: deterministic, and no temporary (it
+    writes the output, as `cupy.argmax` would not: it allocates its result, and CuPy 14
+    has no bfloat16 loop for it).
+
+    >>> argreduce_source("bfloat16", "argmax").map_expr
+    'ep_arg<float>(((float)x), (long long)_J)'
+    """
+    if agg not in ARG_AGGS:
+        raise UnsupportedError(f"argreduce {agg!r} has no kernel; known: {', '.join(ARG_AGGS)}")
+    work = _work(dtype) if dtypes.is_float(dtype) else C_TYPES[dtype]
+    return ReductionSource(
+        in_params=f"{dtype} x",
+        out_params="int64 out",
+        map_expr=f"ep_arg<{work}>((({work})x), (long long)_J)",
+        reduce_expr=f"ep_arg_pick(a, b, {'true' if agg == 'argmax' else 'false'})",
+        post_map_expr="out = a.index",
+        identity="",
+        name=f"einpage_{agg}_{dtype}",
+        reduce_type=f"ep_arg<{work}>",
+        preamble=_ARG_PREAMBLE,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KthLargestSources:
+    """The kernels of a k-th largest of `dtype` by radix selection, most significant bit
+    first, on keys that order like the values (`ep_key`: NaN largest, as `np.partition`
+    sorts it; -0 as +0), kept in the output itself viewed as `key_dtype`: `zero` clears
+    the keys; `count`, once per bit (`bits`, the bit values from the top), counts the
+    row's elements whose key is at least the prefix with that bit set and keeps the bit
+    when at least k are; `unkey` turns the k-th largest key back into its value."""
+
+    key_dtype: str
+    zero: ElementwiseSource
+    count: ReductionSource
+    unkey: ElementwiseSource
+    bits: tuple[int, ...]
+
+
+def _key_preambles(dtype: str, key: str) -> tuple[str, str]:
+    """`ep_key(x)` and `ep_unkey(k)` for `dtype`, its keys of unsigned type `key` (apart:
+    a kernel of keys only has no declaration of a float16 or bfloat16 `x`)."""
+    width = 8 * dtypes.itemsize(dtype)
+    k = C_TYPES[key]
+    sign = f"(({k})1 << {width - 1})"
+    if dtypes.is_float(dtype):
+        value = "((float)x)" if dtype in ("float16", "bfloat16") else "x"
+        raw = {"float16": "x.to_bits()", "bfloat16": "x.to_bits()",
+               "float32": "__float_as_uint(x)",
+               "float64": "__double_as_longlong(x)"}[dtype]  # fmt: skip
+        to_key = (
+            f"  if ({value} != {value}) return ({k})~({k})0;\n"
+            f"  const {k} u = ({value} == 0) ? ({k})0 : ({k}){raw};\n"
+            f"  return (u & {sign}) ? ({k})~u : ({k})(u | {sign});\n"
+        )
+        from_key = f"  return (k & {sign}) ? ({k})(k & ~{sign}) : ({k})~k;\n"
+    elif np.iinfo(dtype).min < 0:
+        to_key = f"  return ({k})(({k})x ^ {sign});\n"
+        from_key = f"  return ({k})(k ^ {sign});\n"
+    else:
+        to_key = f"  return ({k})x;\n"
+        from_key = "  return k;\n"
+    return (
+        f"__device__ __forceinline__ {k} ep_key(const {C_TYPES[dtype]} &x) {{\n{to_key}}}\n",
+        f"__device__ __forceinline__ {k} ep_unkey({k} k) {{\n{from_key}}}\n",
+    )
+
+
+@functools.cache
+def kth_largest_sources(dtype: str) -> KthLargestSources:
+    """The kernels of `KthLargest` in `dtype` (see `KthLargestSources`): no temporary,
+    deterministic, exact; `8 * itemsize` passes over the operand.
+
+    >>> kth_largest_sources("bfloat16").bits[:2], kth_largest_sources("bfloat16").key_dtype
+    ((32768, 16384), 'uint16')
+    """
+    width = 8 * dtypes.itemsize(dtype)
+    key = f"uint{width}"
+    k = C_TYPES[key]
+    to_key, from_key = _key_preambles(dtype, key)
+    prefix = f"(_i < rows ? _raw_out[_i] : ({k})0)"  # CuPy's names: the output, its index
+    return KthLargestSources(
+        key_dtype=key,
+        zero=ElementwiseSource("", f"{key} out", f"out = ({k})0;", f"einpage_zero_{key}", ""),
+        count=ReductionSource(
+            in_params=f"{dtype} x, int64 k, int64 rows, {key} bit",
+            out_params=f"{key} out",
+            map_expr=f"(ep_key(x) >= ({k})({prefix} | bit)) ? 1LL : 0LL",
+            reduce_expr="a + b",
+            post_map_expr=f"out = (a >= k) ? ({k})(out | bit) : out",
+            identity="0",
+            name=f"einpage_kth_count_{dtype}",
+            reduce_type="long long",
+            preamble=to_key,
+            scalars=("k", "rows", "bit"),
+        ),
+        unkey=ElementwiseSource(
+            "", f"{key} out", "out = ep_unkey(out);", f"einpage_kth_unkey_{dtype}", from_key
+        ),
+        bits=tuple(1 << b for b in range(width - 1, -1, -1)),
+    )
+
+
 FIXED = (COPY, GATHER, SCATTER_KEYS, BITONIC_STEP)
 """Every fixed kernel the backend launches."""
 
 
 def catalog() -> Iterator[tuple[ElementwiseSource, dict[str, str]]]:
-    """Every kernel the backend can launch that does not come from a join: each fixed
-    kernel with each binding of its placeholders, each fill and scatter-sum per dtype
-    (with its placeholder bindings; the join kernels are generated per expression)."""
+    """Every elementwise kernel the backend can launch that does not come from a join:
+    each fixed kernel with each binding of its placeholders, each fill, scatter-sum and
+    k-th largest step per dtype (`reduction_catalog` has the reductions; join kernels
+    are generated per expression)."""
     for fixed in FIXED:
         names = [name for name, _ in fixed.placeholders]
         domains = [domain for _, domain in fixed.placeholders]
@@ -637,6 +778,18 @@ def catalog() -> Iterator[tuple[ElementwiseSource, dict[str, str]]]:
             yield fill_source(dtype, pattern), {}
     for dtype in dtypes.DTYPES:
         yield scatter_sum_source(dtype, dtype), {"S": dtype}
+        kth = kth_largest_sources(dtype)
+        yield kth.zero, {}
+        yield kth.unkey, {}
+
+
+def reduction_catalog() -> Iterator[ReductionSource]:
+    """Every reduction kernel the backend can launch that does not come from a join:
+    argmax and argmin, and the k-th largest's counting pass, per dtype."""
+    for dtype in dtypes.DTYPES:
+        for agg in ARG_AGGS:
+            yield argreduce_source(dtype, agg)
+        yield kth_largest_sources(dtype).count
 
 
 def _product(domains: Sequence[tuple[str, ...]]) -> Iterator[tuple[str, ...]]:

@@ -20,7 +20,8 @@
   expression tree (`runtime.cuda_codegen`) and cached per distinct expression – casts
   of integer weights and bfloat16 tensors included –, and the other op kinds through
   the fixed kernels of `runtime.cuda_codegen` (fills, copies for slices, views and
-  concatenations, gathers, a deterministic scatter-add without atomics).
+  concatenations, gathers, a deterministic scatter-add without atomics, argmax/argmin
+  and the k-th largest as reductions writing their output).
 * bfloat16 tensors are `ml_dtypes.bfloat16` arrays, which CuPy 14 supports (its
   `bfloat16` kernel type, `cupy/bfloat16.cuh`, needs NumPy 2.1.2 or later); kernels
   read them as float and round once when storing, as the NumPy backend does.
@@ -303,17 +304,26 @@ class CupyKernels:
     def argreduce(
         self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None
     ) -> None:
+        """NumPy's argmax/argmin over the last axis, by a reduction of (value, position)
+        pairs (`cuda_codegen.argreduce_source`) writing `out`: any dtype, deterministic."""
         op: ArgReduce = task.op  # type: ignore[assignment]
-        pick = self.cp.argmax if op.agg == "argmax" else self.cp.argmin
-        out[...] = pick(operands[0], axis=-1)
+        source = cuda_codegen.argreduce_source(operands[0].dtype.name, op.agg)
+        self.reduction_kernel(source)(operands[0], axis=-1, out=out)
         self.counters["argreduce"] += 1
 
     def kth_largest(
         self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None
     ) -> None:
+        """The k-th largest over the last axis by radix selection on keys kept in `out`
+        (`cuda_codegen.kth_largest_sources`): one counting pass per bit, no temporary."""
         op: KthLargest = task.op  # type: ignore[assignment]
-        at = operands[0].shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
-        out[...] = self.cp.partition(operands[0], at, axis=-1)[..., at]
+        kernels = cuda_codegen.kth_largest_sources(task.dtype)
+        keys = out.view(kernels.key_dtype)
+        self.elementwise_kernel(kernels.zero)(keys)
+        count = self.reduction_kernel(kernels.count)
+        for bit in kernels.bits:
+            count(operands[0], op.k, out.size, bit, axis=-1, out=keys)
+        self.elementwise_kernel(kernels.unkey)(keys)
         self.counters["kth_largest"] += 1
 
     HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any, Any], None]]]

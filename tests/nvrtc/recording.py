@@ -69,7 +69,7 @@ def recording_cupy(sources: set[str]) -> Any:
             )
 
         def __call__(self, *args, axis, out):
-            shape = np.broadcast_shapes(*(a.shape for a in args))
+            shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, np.ndarray)))
             axes = axis if isinstance(axis, tuple) else (axis,)
             described = [_arg(a, p, False) for p, a in zip(self.params, [*args, out], strict=True)]
             (in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name,

@@ -42,7 +42,8 @@ _CTYPE = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float", "flo
           "uint16": "unsigned short", "int32": "int", "uint32": "unsigned int",
           "int64": "long long", "uint64": "unsigned long long", "bool": "bool"}  # fmt: skip
 _CTYPES = {"float32": ctypes.c_float, "float64": ctypes.c_double, "int32": ctypes.c_int32,
-           "int64": ctypes.c_int64}  # fmt: skip
+           "int64": ctypes.c_int64, "uint8": ctypes.c_uint8, "uint16": ctypes.c_uint16,
+           "uint32": ctypes.c_uint32, "uint64": ctypes.c_uint64}  # fmt: skip
 _ORDER = np.random.default_rng(20240923)
 """Shuffles the order of an elementwise kernel's threads (fixed seed: reproducible runs)."""
 
@@ -57,6 +58,8 @@ static inline float __int_as_float(unsigned int x) { float f; memcpy(&f, &x, 4);
 static inline double __longlong_as_double(unsigned long long x) {
   double d; memcpy(&d, &x, 8); return d;
 }
+static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
+static inline long long __double_as_longlong(double x) { long long u; memcpy(&u, &x, 8); return u; }
 template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p += v; return old; }
 
 static inline unsigned short ep_float_to_bf16(float f) {  // round to nearest even
@@ -78,6 +81,7 @@ struct bfloat16 {  // cupy/bfloat16.cuh's interface
   operator float() const {
     unsigned int u = (unsigned int)bits_ << 16; float f; memcpy(&f, &u, 4); return f;
   }
+  unsigned short to_bits() const { return bits_; }
   bfloat16& operator=(const bfloat16&) = default;
   template <typename T> bfloat16& operator=(const T& rhs) {
     *this = static_cast<bfloat16>(rhs); return *this;
@@ -94,6 +98,7 @@ struct float16 {  // cupy/float16.cuh's interface, over the compiler's IEEE half
   explicit float16(long long v) : data_((_Float16)v) {}
   explicit float16(unsigned long long v) : data_((_Float16)v) {}
   operator float() const { return (float)data_; }
+  unsigned short to_bits() const { unsigned short u; memcpy(&u, &data_, 2); return u; }
   float16& operator=(const float16&) = default;
   template <typename T> float16& operator=(const T& rhs) {
     *this = static_cast<float16>(rhs); return *this;
@@ -224,7 +229,7 @@ class ReductionKernel:
     def __call__(self, *args, axis, out):
         args = tuple(_device(a) for a in args)
         bound = _bind(self.inputs + self.outputs, [*args, out])
-        shape = np.broadcast_shapes(*(a.shape for a in args))
+        shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, np.ndarray)))
         axes = tuple(a % len(shape) for a in (axis if isinstance(axis, tuple) else (axis,)))
         kept = [d for d in range(len(shape)) if d not in axes]
         out_size = int(np.prod([shape[d] for d in kept]))
@@ -232,13 +237,17 @@ class ReductionKernel:
         call, decls, loads = [], [], []
         for (_, type_name, name), arg in zip(self.inputs, args, strict=True):
             ctype = _ctype(type_name, bound)
+            if not isinstance(arg, np.ndarray):  # a scalar: a parameter of the kernel, as CuPy's
+                decls.append(f"{ctype} {name}")
+                call.append(_CTYPES[_dtype(type_name, bound)](arg))
+                continue
             full = np.broadcast_to(arg, shape).transpose(kept + list(axes))
             call.append(np.ascontiguousarray(full).reshape(out_size, red_size))
             decls.append(f"const {ctype}* {name}_p")
             loads.append(f"const {ctype} {name} = {name}_p[o * R + r];")
         (_, out_type, out_name), = self.outputs  # fmt: skip
         out_ctype = _ctype(out_type, bound)
-        result = np.empty(out_size, dtype=_dtype(out_type, bound))
+        result = np.ascontiguousarray(out, dtype=_dtype(out_type, bound)).reshape(out_size).copy()
         typedefs = "".join(f"typedef {_CTYPE[d]} {t};\n" for t, d in bound.items())
         source = (
             f"{_HEADER}{self.preamble}\n{typedefs}"
@@ -246,13 +255,14 @@ class ReductionKernel:
             f"#define POST_MAP(a) ({self.post_map_expr})\n"
             f"typedef {self.reduce_type or out_ctype} _type_reduce;\n"
             f'extern "C" void run(ptrdiff_t O, ptrdiff_t R, {", ".join(decls)}, '
-            f"{out_ctype}* out_p) {{\n"
-            f"  for (ptrdiff_t o = 0; o < O; ++o) {{\n"
+            f"{out_ctype}* _raw_{out_name}) {{\n"
+            f"  for (ptrdiff_t o = 0; o < O; ++o) {{\n    const ptrdiff_t _i = o;\n"
             f"    _type_reduce _s = _type_reduce({self.identity});\n"
-            f"    for (ptrdiff_t r = 0; r < R; ++r) {{\n      {' '.join(loads)}\n"
+            f"    for (ptrdiff_t r = 0; r < R; ++r) {{\n      const ptrdiff_t _J = r;\n"
+            f"      {' '.join(loads)}\n"
             f"      _type_reduce _a = static_cast<_type_reduce>({self.map_expr});\n"
             f"      _s = REDUCE(_s, _a);\n    }}\n"
-            f"    {out_ctype}& {out_name} = out_p[o];\n    POST_MAP(_s);\n  }}\n}}\n"
+            f"    {out_ctype}& {out_name} = _raw_{out_name}[o];\n    POST_MAP(_s);\n  }}\n}}\n"
         )
         lib = _compile(source)
         lib.run(ctypes.c_ssize_t(out_size), ctypes.c_ssize_t(red_size),
@@ -271,6 +281,29 @@ def _pointer(value):
     if isinstance(value, np.ndarray):
         return value.ctypes.data_as(ctypes.c_void_p)
     return value
+
+
+def _as_cupy_14(reduction):
+    """NumPy's `argmax`/`argmin`, refusing bfloat16 as CuPy 14.2's do (their loops cover
+    bool, the integers, float16/32/64 and the complex types: `_routines_statistics.pyx`)."""
+
+    def call(a, axis=None, **kwargs):
+        if np.asarray(a).dtype.name == "bfloat16":
+            raise TypeError(f"Wrong type ({a.dtype}) of arguments for cupy_{reduction.__name__}")
+        return reduction(a, axis=axis, **kwargs)
+
+    return call
+
+
+def _partition_as_cupy_14(a, kth, axis=-1):
+    """`np.partition`, refusing bfloat16 where CuPy 14.2 sorts the whole array with thrust
+    (rows shorter than 32, or a kth that rounds up to 1024 or more), which has no bfloat16:
+    "Sorting arrays with dtype 'bfloat16' is not supported"."""
+    length = np.asarray(a).shape[axis]
+    max_k = max(32, 1 << int(kth).bit_length())
+    if np.asarray(a).dtype.name == "bfloat16" and (length < 32 or max_k >= 1024):
+        raise NotImplementedError("Sorting arrays with dtype 'bfloat16' is not supported")
+    return np.partition(a, kth, axis=axis)
 
 
 def fake_cupy() -> SimpleNamespace:
@@ -301,9 +334,9 @@ def fake_cupy() -> SimpleNamespace:
         tanh=np.tanh,
         abs=np.abs,
         where=np.where,
-        argmax=np.argmax,
-        argmin=np.argmin,
-        partition=np.partition,
+        argmax=_as_cupy_14(np.argmax),
+        argmin=_as_cupy_14(np.argmin),
+        partition=_partition_as_cupy_14,
     )
 
 

@@ -193,6 +193,51 @@ def test_slices_views_and_concatenations_are_copy_kernels_in_any_dtype():
         compare_every_task(tg, inputs)
 
 
+# -- argmax, argmin and the k-th largest ---------------------------------------------------
+
+
+def selection_rows(dtype: str, n: int = 40) -> np.ndarray:
+    """Rows to select from: random, with a repeated maximum and minimum (NumPy takes the
+    first), and for floats NaNs (the first NaN wins argmax and argmin; NaNs sort last),
+    infinities, -0 and +0, one row all NaN."""
+    rng = np.random.default_rng(6)
+    if not dtypes.is_float(dtype):
+        info = np.iinfo(dtype)
+        rows = rng.integers(info.min, info.max, (5, n), endpoint=True)
+        rows[1, [3, 9]] = info.max
+        rows[1, [4, 20]] = info.min
+        rows[2] = 7
+        return rows.astype(dtype)
+    rows = rng.standard_normal((7, n)) * 100
+    rows[1, [3, 9]] = rows[1].max() + 1
+    rows[1, [4, 20]] = rows[1].min() - 1
+    rows[2, 11], rows[2, 30] = np.nan, np.nan
+    rows[3, [0, 5]] = [-np.inf, np.inf]
+    rows[4, :] = 0.0
+    rows[4, ::3] = -0.0
+    rows[5, :] = np.nan
+    rows[6, 17] = np.nan
+    with np.errstate(all="ignore"):
+        return rows.astype(dtypes.numpy_dtype(dtype))
+
+
+@pytest.mark.parametrize("dtype", dtypes.DTYPES)
+def test_argmax_argmin_and_the_kth_largest_equal_numpys_in_every_dtype(dtype):
+    """Generated reductions, bit for bit NumPy's, where CuPy 14's own `argmax`/`argmin`
+    have no bfloat16 loop and its `partition` sorts with thrust, which has no bfloat16
+    (the stand-in refuses them as CuPy does), and both allocate their results."""
+    x = selection_rows(dtype)
+    prog = ep.Program("select")
+    t = prog.input("x", x.shape, dtype)
+    prog.output(ep.argmax(t), "argmax")
+    prog.output(ep.argmin(t), "argmin")
+    for k in (1, 2, 7, x.shape[1] - 1, x.shape[1]):
+        prog.output(ep.kth_largest(t, k), f"top{k}")
+    prog.output(ep.kth_largest(t[0], 3), "one row")
+    counts = compare_every_task(prog.build(), {"x": x})
+    assert counts["bit for bit"] == 10  # the row (a slice, a view), 2 arg-reductions, 6 selections
+
+
 # -- the scatter-add --------------------------------------------------------------------
 
 
