@@ -212,18 +212,19 @@ def render_elementwise(source, binding=None, strided=False) -> str:
     )  # fmt: skip
 
 
-def render_reduction(source, in_dtypes, out_dtype) -> str:
+def render_reduction(source, in_dtypes, out_dtype, out_ndim=1) -> str:
     """CuPy's source for the reduction `source` of strided 2-d operands (scalars where
-    `source.scalars` says) into a 1-d output."""
+    `source.scalars` says) into an output of `out_ndim` dimensions (0: one row)."""
     params = cupy_source.parse_params(source.in_params, True)
+    array = cupy_source.Arg  # a strided 2-d operand, or one contiguous row
     args = [
-        cupy_source.Arg(d) if p.name in source.scalars else cupy_source.Arg(d, 2, False)
+        array(d) if p.name in source.scalars else array(d, 2, False) if out_ndim else array(d, 1)
         for p, d in zip(params, in_dtypes, strict=True)
-    ] + [cupy_source.Arg(out_dtype, 1)]
+    ] + [cupy_source.Arg(out_dtype, out_ndim)]
     return cupy_source.reduction_code(
         source.in_params, source.out_params, source.map_expr, source.reduce_expr,
         source.post_map_expr, source.identity, source.name, args, source.reduce_type,
-        source.preamble,
+        source.preamble, in_ndim=2 if out_ndim else 1, out_ndim=out_ndim,
     )  # fmt: skip
 
 
@@ -340,8 +341,11 @@ def test_every_catalogued_reduction_compiles_for_every_dtype():
     for source in cuda_codegen.reduction_catalog():
         params = cupy_source.parse_params(source.in_params, True)
         outputs = cupy_source.parse_params(source.out_params, False)
-        sources.add(render_reduction(source, [p.type for p in params], outputs[0].type))
-    assert len(sources) == 3 * len(dtypes.DTYPES)
+        for out_ndim in (1, 0):  # rows, or one row (`_raw_out[_i]` of a 0-d output)
+            sources.add(
+                render_reduction(source, [p.type for p in params], outputs[0].type, out_ndim)
+            )
+    assert len(sources) == 2 * 3 * len(dtypes.DTYPES)
     failures = compile_all(sources)
     assert not failures, f"{len(failures)} failed:\n" + "\n".join(failures[:2])
 
