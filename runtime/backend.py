@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -56,6 +56,8 @@ __all__ = [
     "get_backend",
     "register_backend",
     "cupy_usable",
+    "AUTO_ORDER",
+    "auto_backend",
 ]
 
 
@@ -270,8 +272,34 @@ def cupy_usable() -> bool:
         return False
 
 
-def get_backend(name: str | Backend = "auto", **options: Any) -> Backend:
-    """A backend by name: "numpy", "cupy", or "auto" (CuPy when a GPU is usable, else NumPy).
+AUTO_ORDER = ("cupy", "numpy")
+"""The backends "auto" considers, in order of preference."""
+
+
+def _usable(name: str) -> bool:
+    """Whether backend `name` can run here at all (CuPy: installed, and a GPU seen)."""
+    return cupy_usable() if name == "cupy" else True
+
+
+def auto_backend(dtypes: Iterable[str] = ()) -> str:
+    """The backend "auto" stands for, for a plan holding tensors of `dtypes`: the first of
+    `AUTO_ORDER` that is usable here and refuses none of them (`unsupported_dtypes`), so
+    "auto" never picks a backend that would refuse the plan; NumPy runs every dtype."""
+    needed = set(dtypes)
+    for name in AUTO_ORDER:
+        if not _usable(name):
+            continue
+        cls = BACKENDS[name]()
+        if not needed & set(getattr(cls, "unsupported_dtypes", {})):
+            return name
+    return "numpy"
+
+
+def get_backend(
+    name: str | Backend = "auto", *, dtypes: Iterable[str] = (), **options: Any
+) -> Backend:
+    """A backend by name: "numpy", "cupy", or "auto" (`auto_backend(dtypes)`: CuPy when a
+    GPU is usable and CuPy runs every dtype in `dtypes` – the plan's –, else NumPy).
 
     A `Backend` instance is returned as is (then `options` must be empty).
     """
@@ -283,7 +311,7 @@ def get_backend(name: str | Backend = "auto", **options: Any) -> Backend:
     if name not in names:
         raise BackendError(f"unknown backend {name!r}; valid: {', '.join(repr(n) for n in names)}")
     if name == "auto":
-        name = "cupy" if cupy_usable() else "numpy"
+        name = auto_backend(dtypes)
     cls = BACKENDS[name]()
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
         raise BackendError(f"backend {name!r}: its factory gave {cls!r}, not a Backend subclass")

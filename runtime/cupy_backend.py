@@ -22,8 +22,14 @@
   apply (`runtime.workspace`). Joins and aggregations are `cupy.ElementwiseKernel` /
   `cupy.ReductionKernel` generated from the join's expression tree
   (`runtime.cuda_codegen`), cached per distinct expression, reading strided broadcast
-  views in place; copies, concatenation, argmax/argmin and the k-th largest value are
-  generated kernels writing the output; a gather's error flag lives in its workspace.
+  views in place – casts of integer weights and bfloat16 tensors included. The other op
+  kinds are the fixed kernels of `runtime.cuda_codegen`: fills, copies for slices, views
+  and concatenations, gathers (the error flag in the task's workspace), a deterministic
+  scatter-add without atomics (its sort keys in the workspace), argmax/argmin and the
+  k-th largest as reductions writing their output.
+* bfloat16 tensors are `ml_dtypes.bfloat16` arrays, which CuPy 14 supports (its
+  `bfloat16` kernel type, `cupy/bfloat16.cuh`, needs NumPy 2.1.2 or later); kernels
+  read them as float and round once when storing, as the NumPy backend does.
 * While a run issues work, CuPy's allocator refuses every request (`BackendError`
   naming the task): a CuPy call that would allocate a temporary is a bug, not memory
   taken behind the plan's back. What remains outside the arena is CUDA's own: the
@@ -59,7 +65,6 @@ from runtime.contraction import (
 )
 from runtime.workspace import GATHER_FLAG, einsum_gemm, kernel_workspace
 from taskgraph.dispatch import OpTable
-from taskgraph.evaluate import compute_dtype
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
     ArgReduce,
@@ -159,107 +164,6 @@ class CupyStream(Stream):
 
 # -- kernels ----------------------------------------------------------------------
 
-_CAUSAL_FILL = (
-    "float64 value, int64 row0, int64 col0, int64 rows, int64 cols",
-    "T out",
-    "const ptrdiff_t c = i % cols; const ptrdiff_t r = (i / cols) % rows;"
-    " out = (col0 + c > row0 + r) ? (T)value : (T)0;",
-    "einpage_causal_fill",
-)
-_GATHER = (  # the flag is an output: CuPy declares every input const
-    "raw T table, raw I ids, int64 row, int64 rows",
-    "T out, raw int64 flag",
-    "const long long id = (long long)ids[i / row];"
-    " if (id < 0 || id >= rows) { flag[0] = 1; flag[1] = id; out = (T)0; }"
-    " else { out = table[id * row + i % row]; }",
-    "einpage_gather",
-)
-
-_SCATTER_ADD = (
-    "T src, raw I ids, int64 row, int64 start, int64 rows",
-    "raw T out",
-    "const long long r = (long long)ids[i / row] - start;"
-    " if (r >= 0 && r < rows) { atomicAdd(&out[r * row + i % row], src); }",
-    "einpage_scatter_add",
-)
-
-_COPY = ("T x", "T y", "y = x;", "einpage_copy")
-"""A strided copy: any view in, any view out (transposes, slices, a concatenation's parts)."""
-
-RADIX_PREAMBLE = r"""
-__device__ __forceinline__ unsigned int ep_key(float v) {
-  const unsigned int b = __float_as_uint(v);
-  if (v != v) return 0xffffffffu;
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float ep_unkey(unsigned int k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
-}
-__device__ __forceinline__ unsigned long long ep_key(double v) {
-  const unsigned long long b = (unsigned long long)__double_as_longlong(v);
-  if (v != v) return 0xffffffffffffffffull;
-  return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
-}
-__device__ __forceinline__ double ep_unkey(unsigned long long k) {
-  return __longlong_as_double((long long)((k & 0x8000000000000000ull)
-                                          ? (k & 0x7fffffffffffffffull) : ~k));
-}
-"""
-"""Order-preserving unsigned keys of floats (NaN the largest, as NumPy sorts it), for the
-k-th largest value's radix select."""
-
-_WORK = {"float16": "float", "bfloat16": "float", "float32": "float", "float64": "double"}
-"""The type a last-axis kernel compares values in (16-bit floats widened exactly)."""
-
-
-def argreduce_kernel(agg: str, dtype: str) -> tuple[str, str, str, str]:
-    """An ElementwiseKernel over the rows: the index of the largest (`argmax`) or smallest
-    value along the last axis, the first one on ties, the first NaN if any (NumPy's
-    answers), one thread a row reading its n values in place."""
-    work = _WORK.get(dtype, "T")
-    better = ">" if agg == "argmax" else "<"
-    operation = (
-        f"const ptrdiff_t base = (ptrdiff_t)i * n; {work} best = ({work})x[base];"
-        " long long at = 0; bool nan = best != best;"
-        " for (ptrdiff_t j = 1; j < n && !nan; ++j) {"
-        f" const {work} v = ({work})x[base + j];"
-        f" if (v != v) {{ at = j; nan = true; }} else if (v {better} best) {{ best = v; at = j; }}"
-        " }"
-        " out = at;"
-    )
-    name = f"einpage_{agg}_{'T' if work == 'T' else work}"
-    return ("raw T x, int64 n", "int64 out", operation, name)
-
-
-def kth_largest_kernel(dtype: str) -> tuple[str, str, str, str]:
-    """An ElementwiseKernel over the rows: the k-th largest value along the last axis
-    (`at` = n - k smaller ones before it: NumPy's `partition(x, at)[..., at]`), found
-    by a radix select on order-preserving keys (8 bits a pass, a 256-bin histogram of
-    the row each), one thread a row reading its values in place: exact, deterministic,
-    no memory but the thread's own."""
-    work = _WORK.get(dtype)
-    if work is None:
-        raise UnsupportedError(f"the k-th largest value of {dtype} values has no CUDA kernel")
-    key, top = ("unsigned int", 24) if work == "float" else ("unsigned long long", 56)
-    operation = (
-        f"const ptrdiff_t base = (ptrdiff_t)i * n; {key} prefix = 0, mask = 0;"
-        " long long rank = at;"
-        f" for (int shift = {top}; shift >= 0; shift -= 8) {{"
-        " unsigned int count[256];"
-        " for (int d = 0; d < 256; ++d) count[d] = 0u;"
-        " for (ptrdiff_t j = 0; j < n; ++j) {"
-        f" const {key} key = ep_key(({work})x[base + j]);"
-        " if ((key & mask) == prefix) ++count[(unsigned int)(key >> shift) & 255u];"
-        " }"
-        " unsigned int d = 0u;"
-        " while (rank >= (long long)count[d]) { rank -= count[d]; ++d; }"
-        f" prefix |= (({key})d) << shift; mask |= (({key})255u) << shift;"
-        " }"
-        f" out = (T)ep_unkey(prefix);"
-    )
-    return ("raw T x, int64 n, int64 at", "T out", operation, f"einpage_kth_largest_{work}")
-
-
 GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 
 
@@ -333,7 +237,6 @@ class CupyKernels:
         self.current: Task | None = None
         self._elementwise: dict[cuda_codegen.ElementwiseSource, Any] = {}
         self._reduction: dict[cuda_codegen.ReductionSource, Any] = {}
-        self._fixed: dict[str, Any] = {}
 
     def run(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any = None) -> None:
         """Issue `task`'s kernel on the current stream, writing `out`; `workspace` is the
@@ -350,12 +253,6 @@ class CupyKernels:
         self.HANDLERS.of(task.op)(self, task, operands, out, workspace)
 
     # -- cached kernels --
-
-    def _fixed_kernel(self, spec: tuple[str, ...], preamble: str = "") -> Any:
-        kernel = self._fixed.get(spec[3])
-        if kernel is None:
-            kernel = self._fixed[spec[3]] = self.cp.ElementwiseKernel(*spec, preamble=preamble)
-        return kernel
 
     def elementwise_kernel(self, source: cuda_codegen.ElementwiseSource) -> Any:
         kernel = self._elementwise.get(source)
@@ -387,7 +284,7 @@ class CupyKernels:
 
     def copy(self, source: Any, target: Any) -> None:
         """Copy the (strided) device array `source` into the view `target` (a kernel)."""
-        self._fixed_kernel(_COPY)(source, target)
+        self.elementwise_kernel(cuda_codegen.COPY.source)(source, target)
         self.counters["copy"] += 1
 
     # -- op kinds --
@@ -420,14 +317,14 @@ class CupyKernels:
 
     def fill(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         op: Fill = task.op  # type: ignore[assignment]
-        self.counters["fill"] += 1
+        kernel = self.elementwise_kernel(cuda_codegen.fill_source(task.dtype, op.pattern))
         if op.pattern == "full":
-            out.fill(op.value)
-            return
-        origin = op.origin or (0,) * len(task.shape)
-        rows, cols = task.shape[-2], task.shape[-1]
-        kernel = self._fixed_kernel(_CAUSAL_FILL)
-        kernel(float(op.value), origin[-2], origin[-1], rows, cols, out)
+            kernel(float(op.value), out)
+        else:
+            origin = op.origin or (0,) * len(task.shape)
+            rows, cols = task.shape[-2], task.shape[-1]
+            kernel(float(op.value), origin[-2], origin[-1], rows, cols, out)
+        self.counters["fill"] += 1
 
     def gather(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
         """Rows of the table into `out`; an id out of range sets the flag (in the task's
@@ -439,7 +336,7 @@ class CupyKernels:
         row = math.prod(table.shape[1:])
         flag = workspace[:GATHER_FLAG].view(np.int64)
         flag.fill(0)
-        self._fixed_kernel(_GATHER)(table, ids, row, table.shape[0], out, flag)
+        self.elementwise_kernel(cuda_codegen.GATHER.source)(table, ids, row, table.shape[0], out, flag)
         seen = np.zeros(2, dtype=np.int64)
         runtime = cp.cuda.runtime
         runtime.memcpyAsync(
@@ -473,31 +370,47 @@ class CupyKernels:
         self.copy(operands[0].reshape(task.shape), out)
 
     def scatter_add(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        """Deterministic, without atomics: the ids' sort keys (`cuda_codegen.SCATTER_KEYS`)
+        sorted in the task's workspace (`cuda_codegen.scatter_add_workspace` bytes) by a
+        bitonic sort, then each output element sums its row's sources in position order
+        (`cuda_codegen.scatter_sum_source`), as numpy.add.at does."""
         op: ScatterAdd = task.op  # type: ignore[assignment]
         src, ids = operands
-        work = compute_dtype(task.dtype)  # float16 sums in float32, as the reference does
-        acc = out if out.dtype.name == work else self.cp.zeros(out.shape, dtype=work)
-        acc.fill(0)
-        row = math.prod(task.shape[1:])
-        kernel = self._fixed_kernel(_SCATTER_ADD)
-        kernel(src.astype(work, copy=False), ids, row, op.start, task.shape[0], acc)
-        if acc is not out:
-            out[...] = acc
+        nbytes = cuda_codegen.scatter_add_workspace(task, [src.shape, ids.shape])
+        size = nbytes // 8
+        if not size:  # no ids: every row is zero
+            self.elementwise_kernel(cuda_codegen.fill_source(task.dtype, "full"))(0.0, out)
+            self.counters["scatter_add"] += 1
+            return
+        keys = workspace[:nbytes].view(np.int64)
+        make_keys = self.elementwise_kernel(cuda_codegen.SCATTER_KEYS.source)
+        make_keys(ids, ids.size, op.start, task.shape[0], keys, size=size)
+        step = self.elementwise_kernel(cuda_codegen.BITONIC_STEP.source)
+        for k, j in cuda_codegen.bitonic_steps(size):
+            step(k, j, keys, size=size)
+        source = cuda_codegen.scatter_sum_source(task.dtype, src.dtype.name)
+        self.elementwise_kernel(source)(src, keys, size, math.prod(task.shape[1:]), out)
         self.counters["scatter_add"] += 1
 
     def argreduce(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        """NumPy's argmax/argmin over the last axis, by a reduction of (value, position)
+        pairs (`cuda_codegen.argreduce_source`) writing `out`: any dtype, deterministic."""
         op: ArgReduce = task.op  # type: ignore[assignment]
-        (values,) = operands
-        kernel = self._fixed_kernel(argreduce_kernel(op.agg, values.dtype.name))
-        kernel(values, values.shape[-1], out)
+        source = cuda_codegen.argreduce_source(operands[0].dtype.name, op.agg)
+        self.reduction_kernel(source)(operands[0], axis=-1, out=out)
         self.counters["argreduce"] += 1
 
     def kth_largest(self, task: Task, operands: Sequence[Any], out: Any, workspace: Any) -> None:
+        """The k-th largest over the last axis by radix selection on keys kept in `out`
+        (`cuda_codegen.kth_largest_sources`): one counting pass per bit, no temporary."""
         op: KthLargest = task.op  # type: ignore[assignment]
-        (values,) = operands
-        n = values.shape[-1]
-        kernel = self._fixed_kernel(kth_largest_kernel(values.dtype.name), RADIX_PREAMBLE)
-        kernel(values, n, n - op.k, out)  # the k-th largest is the (n-k)-th smallest
+        kernels = cuda_codegen.kth_largest_sources(task.dtype)
+        keys = out.view(kernels.key_dtype)
+        self.elementwise_kernel(kernels.zero)(keys)
+        count = self.reduction_kernel(kernels.count)
+        for bit in kernels.bits:
+            count(operands[0], op.k, out.size, bit, axis=-1, out=keys)
+        self.elementwise_kernel(kernels.unkey)(keys)
         self.counters["kth_largest"] += 1
 
     HANDLERS: ClassVar[OpTable[Callable[[CupyKernels, Task, Sequence[Any], Any, Any], None]]]
@@ -538,6 +451,24 @@ RETIRED_OPTIONS = {
 """Options the CuPy backend once took, with why they are gone (a `BackendError` says it)."""
 
 
+def _unsupported_dtypes(numpy_version: str) -> dict[str, str]:
+    """What this backend refuses with NumPy `numpy_version`: nothing from NumPy 2.1.2
+    on; before it, bfloat16 (CuPy 14 gives `ml_dtypes.bfloat16` arrays a kernel type
+    only from NumPy 2.1.2 on: `cupy._core._scalar`).
+
+    >>> _unsupported_dtypes("2.4.0"), sorted(_unsupported_dtypes("1.26.4"))
+    ({}, ['bfloat16'])
+    """
+    if np.lib.NumpyVersion(numpy_version) >= "2.1.2":
+        return {}
+    return {
+        "bfloat16": f"CuPy 14 runs bfloat16 (ml_dtypes') arrays only with NumPy 2.1.2 or later, "
+        f"and NumPy {numpy_version} is installed: upgrade NumPy, or run it with "
+        "backend='numpy', or build the program in float16 (load the checkpoint with "
+        "dtype='float16')"
+    }
+
+
 class CupyBackend(Backend):
     """Plans executed with CuPy on a CUDA GPU (see the module docstring).
 
@@ -550,11 +481,7 @@ class CupyBackend(Backend):
     default_mode = "streams"
     host_staging = True
     clock = "cuda"
-    unsupported_dtypes = {
-        "bfloat16": "CuPy has no bfloat16 dtype, and this backend has neither raw 16-bit "
-        "bfloat16 kernels nor a cuBLAS bf16 GEMM; run it with backend='numpy', or build "
-        "the program in float16 (load the checkpoint with dtype='float16')",
-    }
+    unsupported_dtypes = _unsupported_dtypes(np.__version__)
 
     def __init__(self, device: int | None = None):
         cp = import_cupy()

@@ -259,7 +259,8 @@ class Session:
     ) -> None:
         """The backend, closed on release when the session made it; refuses a plan holding
         a dtype the backend cannot run."""
-        self.backend = get_backend(backend, **options)
+        dtypes = {task.dtype for task in self.tg.tasks}  # "auto" picks one that runs them
+        self.backend = get_backend(backend, dtypes=dtypes, **options)
         if not isinstance(backend, Backend):  # made here: the session owns it
             acquired.callback(self.backend.close)
         refuse_unsupported(self.mg, self.backend)

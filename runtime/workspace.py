@@ -5,7 +5,8 @@ read their operands and write their output where they are, generated elementwise
 reduction kernels reading strided views in place) or a *workspace*: bytes it uses while
 it runs – operands a GEMM cannot read in place, copied transposed; a gather's error flag
 – whose size is a pure function of the task (op, shapes, dtypes), computed here, once,
-by the functions the CuPy kernels use to lay them out (`einsum_gemm`, `GATHER_FLAG`).
+by the functions the CuPy kernels use to lay them out (`einsum_gemm`, `GATHER_FLAG`,
+`cuda_codegen.scatter_add_workspace`: the scatter-add's sort keys).
 
 `declare_workspaces(tg)` writes them on the TaskGraph (`Task.workspace`); the planner
 then gives each such task's apply a transient region (`MemNode.workspace`), the verifier
@@ -28,6 +29,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+from runtime import cuda_codegen
 from runtime.contraction import GemmPlan, gemm_plan
 from taskgraph.dispatch import OpTable
 from taskgraph.einsum import EinsumSpec
@@ -89,6 +91,10 @@ def _none(task: Task, operands: Operands) -> int:
     return 0
 
 
+def _scatter_add(task: Task, operands: Operands) -> int:
+    return cuda_codegen.scatter_add_workspace(task, [shape for shape, _ in operands])
+
+
 WORKSPACES: OpTable[Callable[[Task, Operands], int]] = OpTable(
     "kernel workspaces",
     {
@@ -98,7 +104,7 @@ WORKSPACES: OpTable[Callable[[Task, Operands], int]] = OpTable(
         Slice: _none,
         Concat: _none,
         View: _none,
-        ScatterAdd: _none,
+        ScatterAdd: _scatter_add,
         ArgReduce: _none,
         KthLargest: _none,
     },

@@ -247,7 +247,10 @@ def _argreduce(
 ) -> np.ndarray:
     op: ArgReduce = task.op  # type: ignore[assignment]
     pick = np.argmax if op.agg == "argmax" else np.argmin
-    return pick(np.asarray(operands[0]), axis=-1).astype(np.int64, copy=False)
+    values = np.asarray(operands[0])
+    if dtypes.is_float_array(values.dtype):  # exact; ml_dtypes' bfloat16 orders no NaN
+        values = values.astype(dtypes.compute_dtype(dtypes.canonical(values.dtype)), copy=False)
+    return pick(values, axis=-1).astype(np.int64, copy=False)
 
 
 def _kth_largest(
@@ -255,6 +258,8 @@ def _kth_largest(
 ) -> np.ndarray:
     op: KthLargest = task.op  # type: ignore[assignment]
     values = np.asarray(operands[0])
+    if dtypes.is_float_array(values.dtype):  # exact, NaNs last: ml_dtypes' bfloat16 sort
+        values = values.astype(work, copy=False)  # leaves NaNs anywhere ([3, nan, 1] as is)
     at = values.shape[-1] - op.k  # the k-th largest is the (n-k)-th smallest
     return np.partition(values, at, axis=-1)[..., at]
 

@@ -276,7 +276,71 @@ def test_a_backend_without_bfloat16_refuses_the_plan_before_allocating():
     assert allocated
 
 
-def test_the_cupy_backend_declares_bfloat16_unsupported():
-    from runtime.cupy_backend import CupyBackend
+def test_the_cupy_backend_runs_bfloat16_with_numpy_2_1_2_or_later():
+    """CuPy 14 gives `ml_dtypes.bfloat16` arrays a kernel type (`bfloat16`, from
+    `cupy/bfloat16.cuh`) from NumPy 2.1.2 on: the backend refuses bfloat16 only before."""
+    from runtime.cupy_backend import CupyBackend, _unsupported_dtypes
 
-    assert "CuPy has no bfloat16" in CupyBackend.unsupported_dtypes["bfloat16"]
+    assert np.lib.NumpyVersion(np.__version__) >= "2.1.2"
+    assert CupyBackend.unsupported_dtypes == {}
+    old = _unsupported_dtypes("2.0.2")
+    assert list(old) == ["bfloat16"] and "NumPy 2.1.2 or later" in old["bfloat16"]
+    assert "NumPy 2.0.2 is installed" in old["bfloat16"] and "backend='numpy'" in old["bfloat16"]
+
+
+def test_auto_never_picks_a_backend_that_would_refuse_the_plan(monkeypatch):
+    """On a GPU machine "auto" means CuPy, unless CuPy would refuse a dtype of the plan:
+    then it means NumPy, which runs every dtype (a fake GPU backend refusing bfloat16)."""
+    from runtime import backend as backends
+    from runtime.numpy_backend import NumpyBackend
+
+    class RefusesBfloat16(NumpyBackend):
+        name = "fake-gpu"
+        unsupported_dtypes = {"bfloat16": "no bfloat16 kernels here"}
+        arena_on_host = False  # as a GPU's: its host memory needs differ from NumPy's
+
+    monkeypatch.setattr(backends, "cupy_usable", lambda: True)
+    monkeypatch.setitem(backends.BACKENDS, "cupy", lambda: RefusesBfloat16)
+    assert backends.auto_backend({"float32", "int64"}) == "cupy"
+    assert backends.auto_backend({"bfloat16", "int64"}) == "numpy"
+    narrow = memgraph.plan(small_program(), "1GiB")
+    with runtime.Session(narrow, "auto") as session:
+        assert session.backend.name == "numpy"
+        got = session.run(small_inputs(3))
+    want = taskgraph.evaluate(narrow.taskgraph, small_inputs(3))
+    for name, value in want.items():
+        np.testing.assert_array_equal(got[name], value)
+    wide = memgraph.plan(small_program("float32"), "1GiB")
+    with runtime.Session(wide, "auto") as session:
+        assert session.backend.name == "fake-gpu"
+    # a generation's host-memory check counts for the backend the run will choose
+    from einpage.models import FAMILIES
+    from einpage.workloads.generate import check_run_memory
+    from einpage.workloads.generation import GenerationSpec, Planning, plan_generation
+
+    llama = FAMILIES["llama"]
+    for dtype, chosen in (("bfloat16", "numpy"), ("float32", RefusesBfloat16())):
+        spec = GenerationSpec(llama, llama.presets["tiny"], 1, 4, 2, dtype, 4, None)
+        plan = plan_generation(spec, "100%", Planning(way="unrolled"))
+        assert check_run_memory(plan, "auto", None) == check_run_memory(plan, chosen, None)
+
+
+def test_the_evaluator_selects_in_bfloat16_as_in_float32():
+    """ml_dtypes' bfloat16 sort does not order NaNs (`np.sort` leaves [3, nan, 1] as is),
+    so the k-th largest of a row with a NaN was whatever its partition left there; the
+    evaluator selects among the values widened to float32 (exactly), where NaNs sort last
+    as NumPy's floats do, and rounds nothing: the result is one of the row's values."""
+    rows = np.array([[3, np.nan, 1, 5, 2, np.nan, 4], [0.5, -2, 7, 7, 1, 0, -1]])
+    prog = ep.Program("select")
+    x = prog.input("x", rows.shape, "bfloat16")
+    for k in (1, 2, 3, 7):
+        prog.output(ep.kth_largest(x, k), f"top{k}")
+    prog.output(ep.argmax(x), "argmax")
+    prog.output(ep.argmin(x), "argmin")
+    got = taskgraph.evaluate(prog.build(), {"x": rows.astype(ml_dtypes.bfloat16)})
+    wide = rows.astype(np.float32)
+    for k in (1, 2, 3, 7):
+        want = np.partition(wide, 7 - k, axis=-1)[:, 7 - k]
+        np.testing.assert_array_equal(got[f"top{k}"].astype(np.float32), want)
+    np.testing.assert_array_equal(got["argmax"], np.argmax(wide, axis=-1))
+    np.testing.assert_array_equal(got["argmin"], np.argmin(wide, axis=-1))

@@ -249,7 +249,7 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
     at a time in float32 at most, then cast), "checkpoint" (read, one tensor at a time
     converted), or None (the caller holds them already)."""
     spec = plan.spec
-    chosen = runtime.get_backend(backend)
+    chosen = runtime.get_backend(backend, dtypes={spec.dtype})  # as the run will choose
     rows = []
     if weights is not None:
         held = weight_bytes(spec.cfg, spec.dtype)

@@ -6,8 +6,7 @@ differently from NumPy, and a float32 AdamW moment inherits the float16 gradient
 rounding). Inputs are random, drawn in
 each input's stated domain (`einpage.cli.presets.random_inputs`), so none is NaN.
 
-Skipped cleanly without CuPy or a usable GPU. (bfloat16 steps take the same path, but
-this backend refuses bfloat16 tensors: `runtime.session.refuse_unsupported`.)
+Skipped cleanly without CuPy or a usable GPU. (bfloat16 steps: `test_gpu_bfloat16.py`.)
 """
 
 from __future__ import annotations

@@ -1,83 +1,59 @@
-"""The CUDA C source CuPy compiles for an `ElementwiseKernel` or a `ReductionKernel` call.
+"""The CUDA C source CuPy compiles for an `ElementwiseKernel` or a `ReductionKernel` call,
+made by CuPy's own code generator, without a GPU.
 
 CuPy builds a kernel's source only when it is first called on a device, so a machine
-without a GPU never sees it. This module renders the same source from the kernel's
-definition and a description of its arguments, following CuPy's templates
-(`cupy/_core/_kernel.pyx` and `_reduction.pyx`, CuPy 13-14):
+without a GPU never sees it – but the functions that write the source are plain
+functions of descriptions of the call, and they run without a device:
 
-* every *input* parameter is declared `const` – `const CArray<T, ndim, c_contiguous,
-  index_32_bits> name` for a raw array (CuPy 14's four-parameter `CArray`),
-  `const T &name = _raw_name[_ind.get()];` for an element, `const T name` for a
-  scalar – unless written `_non_const`; outputs are not;
-* single-letter type placeholders become `typedef`s; float16 pulls in
-  `cupy/float16.cuh`; CuPy's own headers (`cupy/complex.cuh`, `carray.cuh`,
-  `atomics.cuh`, `math_constants.h`) come first, as `compile_with_cache` prepends them;
-* elementwise: one `CUPY_FOR` loop over a `CIndexer`; reduction: the shared-memory
-  block reduction with `REDUCE`/`POST_MAP` macros, `_type_reduce`, `IndexT` and a
-  `const int _block_stride`, block size 512.
+* `cupy._core._kernel._get_elementwise_kernel_code(arginfos, type_map, params,
+  operation, name, preamble)` for an `ElementwiseKernel`;
+* `cupy._core._reduction._ReductionKernel_get_cached_function_code(nin, nout, params,
+  arginfos, type_map, name, block_size, reduce_type, identity, map_expr, reduce_expr,
+  post_map_expr, preamble, options)` for a `ReductionKernel`.
 
-What it does not model: the dimension merging CuPy applies to C-contiguous arrays
-(`reduce_dims`: we pass the ndim the arrays have after it, which for contiguous
-operands is 1) and kernel-name mangling. Neither changes whether a kernel compiles.
-The tests beside it (`recording`, `test_nvrtc_kernels`) compile these sources with
-NVRTC for sm_80 and sm_90 without a GPU.
+This module makes their arguments as `ElementwiseKernel.__call__` and
+`ReductionKernel._call` make them from real arrays (each argument's `_ArgInfo`: dtype,
+ndim after CuPy merges contiguous dimensions, contiguity, 32-bit indexing; the type map
+from `_decide_params_type`; the reduction's `IndexT` and block size), calls them, and
+puts CuPy's headers first, as `compile_with_cache` does. So the source is CuPy's own:
+inputs `const`, the type declarations a dtype needs (`#include "cupy/float16.cuh"`,
+`"cupy/bfloat16.cuh"`, which includes `cuda_bf16.h`), the typedefs, the loop or the
+block reduction – of the CuPy the `nvrtc` extra installs (the same 14.x as the `gpu`
+extras). `nvrtc_tool` compiles it with the options CuPy passes.
 
-It lives with those tests, not in `runtime`: the CuPy backend compiles its kernels
-through CuPy's `ElementwiseKernel`/`ReductionKernel`, never through this copy of
-CuPy's private templates, which is a model of what CuPy would generate (to be kept in
-step with the CuPy versions the `gpu` and `nvrtc` extras allow).
+It lives with the tests, not in `runtime`: it reaches into CuPy's private functions,
+which only a test may depend on (the version the extras pin).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from string import Template
 
-__all__ = [
-    "Arg",
-    "Param",
-    "parse_params",
-    "elementwise_code",
-    "reduction_code",
-    "CUPY_HEADERS",
-    "REDUCTION_BLOCK_SIZE",
-]
+import numpy as np
 
-CUPY_HEADERS = (
-    "#include <cupy/complex.cuh>\n"
-    "#include <cupy/carray.cuh>\n"
-    "#include <cupy/atomics.cuh>\n"
-    "#include <cupy/math_constants.h>\n"
-)
-"""What CuPy's `compile_with_cache` puts before every kernel's source."""
+import taskgraph  # noqa: F401  (registers ml_dtypes' bfloat16 with NumPy)
 
-REDUCTION_BLOCK_SIZE = 512
-"""CuPy's default reduction block size on CUDA."""
-
-_C_TYPE = {
-    "bool": "bool",
-    "int8": "signed char",
-    "uint8": "unsigned char",
-    "int16": "short",
-    "uint16": "unsigned short",
-    "int32": "int",
-    "uint32": "unsigned int",
-    "int64": "long long",
-    "uint64": "unsigned long long",
-    "float16": "float16",
-    "float32": "float",
-    "float64": "double",
-}
-"""C names of the dtypes CuPy's kernels take (`cupy._core._scalar.get_typename`)."""
+__all__ = ["Arg", "Param", "parse_params", "elementwise_code", "reduction_code", "cupy_headers"]
 
 
-def c_type(dtype: str) -> str:
-    """The C type CuPy names `dtype` by; `KeyError` names the dtypes it knows."""
+def _cupy():
+    """CuPy's code-generation internals (an `ImportError` naming them when absent)."""
     try:
-        return _C_TYPE[dtype]
-    except KeyError:
-        raise KeyError(f"no CuPy C type for {dtype!r}; known: {sorted(_C_TYPE)}") from None
+        import cupy
+        from cupy._core import _carray, _kernel, _reduction, _scalar, core
+    except ImportError as err:  # pragma: no cover (the nvrtc extra installs CuPy)
+        raise ImportError(f"the NVRTC tier renders kernels with CuPy's generator: {err}") from err
+    return cupy, _carray, _kernel, _reduction, _scalar, core
+
+
+def cupy_headers() -> str:
+    """What CuPy's `compile_with_cache` puts before every kernel's source."""
+    *_, core = _cupy()
+    return "".join(f"#include <{header}>\n" for header in core._cupy_header_list)
+
+
+_ARG_NDARRAY, _ARG_INDEXER, _ARG_SCALAR = 1, 2, 3  # CuPy's _ArgKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,21 +67,17 @@ class Param:
 
 
 def parse_params(text: str, is_const: bool) -> list[Param]:
-    """The parameters of an `in_params` (`is_const=True`) or `out_params` string."""
+    """The parameters of an `in_params` (`is_const=True`) or `out_params` string, read as
+    CuPy's `ParameterInfo` reads them."""
+    _, _, kernel, *_ = _cupy()
     params = []
     for part in filter(None, (p.strip() for p in text.split(","))):
-        words = part.split()
-        if len(words) < 2:
-            raise ValueError(f"kernel parameter {part!r}: expected '[raw] TYPE NAME'")
-        raw, const = False, is_const
-        for word in words[:-2]:
-            if word == "raw":
-                raw = True
-            elif word == "_non_const":
-                const = False
-            else:
-                raise ValueError(f"kernel parameter {part!r}: unknown keyword {word!r}")
-        params.append(Param(words[-1], words[-2], raw, const))
+        try:
+            info = kernel.ParameterInfo(part, is_const)
+        except Exception as err:  # CuPy raises a bare Exception for a syntax error
+            raise ValueError(f"kernel parameter {part!r}: {err}") from None
+        params.append(Param(info.name, info.ctype if info.dtype is None else str(info.dtype),
+                            info.raw, info.is_const))  # fmt: skip
     return params
 
 
@@ -119,45 +91,30 @@ class Arg:
     c_contiguous: bool = True
     index_32_bits: bool = True
 
-    def c_type(self) -> str:
-        if self.ndim is None:
-            return c_type(self.dtype)
-        return (
-            f"CArray<{c_type(self.dtype)}, {self.ndim}, {int(self.c_contiguous)}, "
-            f"{int(self.index_32_bits)}>"
-        )
+
+def _arginfo(arg: Arg, scalar_dtype: np.dtype | None = None):
+    cupy, _, kernel, _, scalar, _ = _cupy()
+    if arg.ndim is None:  # CuPy casts the scalar to its parameter's type first
+        dtype = scalar_dtype if scalar_dtype is not None else np.dtype(arg.dtype)
+        return kernel._ArgInfo(_ARG_SCALAR, scalar.CScalar, dtype, 0, True, True)
+    return kernel._ArgInfo(
+        _ARG_NDARRAY, cupy.ndarray, np.dtype(arg.dtype), arg.ndim, arg.c_contiguous,
+        arg.index_32_bits,
+    )  # fmt: skip
 
 
-def _bind(params: Sequence[Param], args: Sequence[Arg]) -> dict[str, str]:
-    """Placeholder types (`T`, `I`) -> the dtype of the first argument declared with them."""
-    bound: dict[str, str] = {}
-    for param, arg in zip(params, args, strict=True):
-        if len(param.type) == 1 and param.type not in bound:
-            bound[param.type] = arg.dtype
-    return bound
+def _indexer(ndim: int):
+    _, carray, kernel, *_ = _cupy()
+    return kernel._ArgInfo(_ARG_INDEXER, carray.Indexer, None, ndim, True, True)
 
 
-def _element_type(param: Param, bound: dict[str, str]) -> str:
-    return param.type if len(param.type) == 1 else c_type(param.type)
-
-
-def _prologue(bound: dict[str, str], args: Sequence[Arg], extra: Sequence[tuple[str, str]] = ()):
-    """Headers, the float16 declaration when needed and the typedefs (sorted, as CuPy's
-    `_TypeMap`)."""
-    dtypes = {a.dtype for a in args} | set(bound.values())
-    decls = "#include <cupy/float16.cuh>\n" if "float16" in dtypes else ""
-    pairs = sorted([(t, c_type(d)) for t, d in bound.items()] + list(extra))
-    typedefs = "".join(f"typedef {ctype} {name};\n" for name, ctype in pairs)
-    return CUPY_HEADERS + decls + typedefs
-
-
-def _signature(params: Sequence[Param], args: Sequence[Arg]) -> list[str]:
-    out = []
-    for param, arg in zip(params, args, strict=True):
-        ctype = arg.c_type()
-        name = param.name if param.raw or arg.ndim is None else "_raw_" + param.name
-        out.append(f"{'const ' if param.is_const else ''}{ctype} {name}")
-    return out
+def _types(in_params: str, out_params: str, args: Sequence[Arg], n_in: int):
+    """CuPy's `_decide_params_type` for these arguments: (in types, out types, type map)."""
+    cupy, *_ = _cupy()
+    probe = cupy.ElementwiseKernel(in_params, out_params, ";", "einpage_probe")
+    in_types = tuple(None if a.ndim is None else np.dtype(a.dtype) for a in args[:n_in])
+    out_types = tuple(np.dtype(a.dtype) for a in args[n_in:])
+    return probe._decide_params_type(in_types, out_types)
 
 
 def elementwise_code(
@@ -170,20 +127,18 @@ def elementwise_code(
     indexer_ndim: int = 1,
 ) -> str:
     """The source CuPy compiles for `ElementwiseKernel(in_params, out_params, operation,
-    name, preamble=preamble)` called with `args` (inputs then outputs)."""
-    params = parse_params(in_params, True) + parse_params(out_params, False)
-    bound = _bind(params, args)
-    loads = []
-    for param, arg in zip(params, args, strict=True):
-        if not param.raw and arg.ndim is not None:
-            element = _element_type(param, bound)
-            const = "const " if param.is_const else ""
-            loads.append(f"{const}{element} &{param.name} = _raw_{param.name}[_ind.get()];")
-    signature = ", ".join([*_signature(params, args), f"CIndexer<{indexer_ndim}, 1> _ind"])
-    body = "\n".join([*loads, operation])
-    return _prologue(bound, args) + Template(_ELEMENTWISE).substitute(
-        preamble=preamble, name=name, params=signature, operation=body
-    )
+    name, preamble=preamble)` called with `args` (inputs then outputs), whose indexer has
+    `indexer_ndim` dimensions (after CuPy's merging)."""
+    cupy, _, kernel, *_ = _cupy()
+    definition = cupy.ElementwiseKernel(in_params, out_params, operation, name, preamble=preamble)
+    n_in = definition.nin
+    in_types, _, type_map = _types(in_params, out_params, args, n_in)
+    infos = [_arginfo(a, in_types[i] if i < n_in else None) for i, a in enumerate(args)]
+    code = kernel._get_elementwise_kernel_code(
+        (*infos, _indexer(indexer_ndim)), type_map, definition.params, definition.operation,
+        definition.name, definition.preamble,
+    )  # fmt: skip
+    return cupy_headers() + code
 
 
 def reduction_code(
@@ -199,106 +154,33 @@ def reduction_code(
     preamble: str = "",
     in_ndim: int = 2,
     out_ndim: int = 1,
+    in_size: int = 1 << 16,
+    out_size: int = 1 << 8,
 ) -> str:
     """The source CuPy compiles for `ReductionKernel(in_params, out_params, map_expr,
     reduce_expr, post_map_expr, identity, name, reduce_type, preamble=preamble)` called
-    with `args` (inputs then the output)."""
-    params = parse_params(in_params, True) + parse_params(out_params, False)
-    bound = _bind(params, args)
-    n_in = len(parse_params(in_params, True))
-    inputs = [
-        f"const {_element_type(p, bound)} {p.name} = _raw_{p.name}[_in_ind.get()];"
-        if p.is_const
-        else f"{_element_type(p, bound)}& {p.name} = _raw_{p.name}[_in_ind.get()];"
-        for p, a in zip(params[:n_in], args[:n_in], strict=True)
-        if not p.raw and a.ndim is not None
-    ]
-    outputs = [
-        f"{_element_type(p, bound)} &{p.name} = _raw_{p.name}[_out_ind.get()];"
-        for p, a in zip(params[n_in:], args[n_in:], strict=True)
-        if not p.raw and a.ndim is not None and not p.is_const
-    ]
-    signature = ", ".join(
-        [*_signature(params, args), f"CIndexer<{in_ndim}, 1> _in_ind",
-         f"CIndexer<{out_ndim}, 1> _out_ind", "const int _block_stride"]
+    with `args` (inputs then the output), reducing `in_size` elements (`in_ndim`
+    dimensions) to `out_size` (`out_ndim`)."""
+    cupy, _, kernel, reduction, scalar, _ = _cupy()
+    definition = cupy.ReductionKernel(
+        in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name,
+        reduce_type=reduce_type, preamble=preamble,
     )  # fmt: skip
-    if reduce_type is None:
-        reduce_type = _element_type(params[n_in], bound)
-    return _prologue(bound, args, [("IndexT", "int")]) + Template(_REDUCTION).substitute(
-        preamble=preamble,
-        reduce_expr=reduce_expr,
-        post_map_expr=post_map_expr,
-        reduce_type=reduce_type,
-        name=name,
-        params=signature,
-        block_size=REDUCTION_BLOCK_SIZE,
-        identity=identity,
-        input_expr="\n".join(inputs),
-        pre_map_expr=map_expr,
-        output_expr="\n".join(outputs),
+    n_in = definition.nin
+    in_types, _, type_map = _types(in_params, out_params, args, n_in)
+    index = "int64" if in_size // max(out_size, 1) > 0x7FFFFFFF else "int32"
+    type_map = kernel._TypeMap(type_map._pairs + (("IndexT", index),))
+    block_size, block_stride, _ = reduction._get_block_specs(in_size, out_size, 1, -1)
+    infos = (
+        *(_arginfo(a, in_types[i] if i < n_in else None) for i, a in enumerate(args)),
+        _indexer(in_ndim),
+        _indexer(out_ndim),
+        kernel._ArgInfo(_ARG_SCALAR, scalar.CScalar, np.dtype("int32"), 0, True, True),
     )
-
-
-_ELEMENTWISE = """
-${preamble}
-extern "C" __global__ void ${name}(${params}) {
-  ;
-  #pragma unroll 1
-  CUPY_FOR(i, _ind.size()) {
-    _ind.set(i);
-    ${operation};
-  }
-  ;
-}
-"""
-
-_REDUCTION = """
-${preamble}
-#define REDUCE(a, b) (${reduce_expr})
-#define POST_MAP(a) (${post_map_expr})
-#define _REDUCE(_offset) if (_tid < _offset) { \\
-  _type_reduce _a = _sdata[_tid], _b = _sdata[(_tid + _offset)]; \\
-  _sdata[_tid] = REDUCE(_a, _b); \\
-}
-
-typedef ${reduce_type} _type_reduce;
-extern "C" __global__ void ${name}(${params}) {
-  __shared__ char _sdata_raw[${block_size} * sizeof(_type_reduce)];
-  _type_reduce *_sdata = reinterpret_cast<_type_reduce*>(_sdata_raw);
-  unsigned int _tid = threadIdx.x;
-  IndexT _J_offset = _tid >> __popc(_block_stride - 1);
-  ptrdiff_t _j_offset = (ptrdiff_t)_J_offset * _out_ind.size();
-  IndexT _J_stride = ${block_size} >> __popc(_block_stride - 1);
-  ptrdiff_t _j_stride = (ptrdiff_t)_J_stride * _out_ind.size();
-  for (ptrdiff_t _i_base = (ptrdiff_t)blockIdx.x * _block_stride;
-       _i_base < _out_ind.size();
-       _i_base += (ptrdiff_t)gridDim.x * _block_stride) {
-    _type_reduce _s = _type_reduce(${identity});
-    ptrdiff_t _i = _i_base + (_tid & (_block_stride - 1));
-    IndexT _J = _J_offset;
-    for (ptrdiff_t _j = _i + _j_offset; _j < _in_ind.size();
-         _j += _j_stride, _J += _J_stride) {
-      _in_ind.set(_j);
-      ${input_expr}
-      _type_reduce _a = static_cast<_type_reduce>(${pre_map_expr});
-      _s = REDUCE(_s, _a);
-    }
-    _sdata[_tid] = _s;
-    __syncthreads();
-    for (unsigned int _block = ${block_size} / 2; _block >= _block_stride; _block >>= 1) {
-      if (_tid < _block) {
-        _REDUCE(_block);
-      }
-      __syncthreads();
-    }
-    if (_tid < _block_stride) {
-      _s = _sdata[_tid];
-    }
-    if (_tid < _block_stride && _i < _out_ind.size()) {
-      _out_ind.set(static_cast<ptrdiff_t>(_i));
-      ${output_expr}
-      POST_MAP(_s);
-    }
-  }
-}
-"""
+    code = reduction._ReductionKernel_get_cached_function_code(
+        definition.nin, definition.nout, definition._params, infos, type_map, definition.name,
+        block_size, definition.reduce_type, definition.identity, definition.map_expr,
+        definition.reduce_expr, definition.post_map_expr, definition.preamble,
+        definition.options,
+    )  # fmt: skip
+    return cupy_headers() + code

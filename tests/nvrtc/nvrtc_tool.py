@@ -1,10 +1,11 @@
-"""NVRTC without a GPU: compile CUDA C for a target architecture (tests only).
+"""NVRTC without a GPU: compile CUDA C for a target architecture as CuPy would (tests only).
 
 The `nvidia-cuda-nvrtc-cu12` wheel holds NVRTC (a library: no driver, no device), CuPy
 (`cupy-cuda12x`) its kernel headers and the CCCL headers they include, and
-`nvidia-cuda-runtime-cu12` the CUDA headers (`cuda_fp16.h`). `compile_errors(source,
-arch)` compiles with the include paths CuPy passes and returns NVRTC's log, or None
-when the source compiles. `missing()` says what is not installed (None when all is).
+`nvidia-cuda-runtime-cu12` the CUDA headers (`cuda_fp16.h`, and `cuda_bf16.h`, which
+CuPy's `cupy/bfloat16.cuh` includes). `compile_errors(source, arch)` compiles with the
+options CuPy passes (`cupy_options`) and returns NVRTC's log, or None when the source
+compiles. `missing()` says what is not installed (None when all is).
 """
 
 from __future__ import annotations
@@ -40,24 +41,32 @@ def _package_dir(module: str) -> str:
     return list(spec.submodule_search_locations)[0]
 
 
-def include_options() -> list[str]:
-    """`-I` options: CuPy's headers, the CCCL it bundles, the CUDA runtime headers."""
-    cupy_include = os.path.join(_package_dir("cupy"), "_core", "include")
-    cccl = os.path.join(cupy_include, "cupy", "_cccl")
-    cuda = os.path.join(_package_dir("nvidia.cuda_runtime"), "include")
-    dirs = [cupy_include, f"{cccl}/libcudacxx", f"{cccl}/thrust", f"{cccl}/cub", cuda]
-    return [f"-I{d}" for d in dirs]
+def cuda_include_dir() -> str:
+    """The CUDA runtime headers of the `nvidia-cuda-runtime-cu12` wheel."""
+    return os.path.join(_package_dir("nvidia.cuda_runtime"), "include")
+
+
+def cupy_options(arch: str) -> list[str]:
+    """The options CuPy 14's `compile_with_cache` gives NVRTC for a kernel on a device of
+    architecture `arch` ("sm_80"): `assemble_cupy_compiler_options` (the CCCL it bundles,
+    C++17, its headers, the CUDA headers), `-ftz=true`, `-arch=sm_XX` (CuPy compiles
+    cubins where NVRTC can) and `--device-as-default-execution-space`."""
+    from cupy._core import core
+
+    options = list(core.assemble_cupy_compiler_options(()))
+    if not any(o == f"-I{cuda_include_dir()}" for o in options):
+        options.append(f"-I{cuda_include_dir()}")
+    return [*options, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space"]
 
 
 def compile_errors(source: str, arch: str) -> str | None:
-    """NVRTC's log when `source` does not compile for `arch` ("compute_80"), else None."""
+    """NVRTC's log when `source` does not compile for `arch` ("sm_80"), else None."""
     from cupy_backends.cuda.libs import nvrtc
 
     program = nvrtc.createProgram(source, "einpage_kernel.cu", [], [])
     try:
-        options = [f"-arch={arch}", *include_options(), "--std=c++17"]
         try:
-            nvrtc.compileProgram(program, options)
+            nvrtc.compileProgram(program, cupy_options(arch))
         except nvrtc.NVRTCError:
             return nvrtc.getProgramLog(program)
         return None

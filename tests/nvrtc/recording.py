@@ -46,7 +46,7 @@ def recording_cupy(sources: set[str]) -> Any:
                 out_params, False
             )
 
-        def __call__(self, *args):
+        def __call__(self, *args, size=None):
             arrays = [a for p, a in zip(self.params, args, strict=True)
                       if not p.raw and isinstance(a, np.ndarray)]  # fmt: skip
             merge = all(a.flags.c_contiguous and a.strides != () for a in arrays) and (
@@ -72,7 +72,7 @@ def recording_cupy(sources: set[str]) -> Any:
             )
 
         def __call__(self, *args, axis, out):
-            shape = np.broadcast_shapes(*(a.shape for a in args))
+            shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, np.ndarray)))
             axes = axis if isinstance(axis, tuple) else (axis,)
             described = [_arg(a, p, False) for p, a in zip(self.params, [*args, out], strict=True)]
             (in_params, out_params, map_expr, reduce_expr, post_map_expr, identity, name,

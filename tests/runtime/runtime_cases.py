@@ -24,7 +24,7 @@ import taskgraph
 from memgraph import MemGraph
 from memgraph.eviction import POLICIES
 from memgraph.planner import OUTPUTS
-from taskgraph import TaskGraph
+from taskgraph import TaskGraph, dtypes
 from taskgraph.nodes import Gather
 
 PlanMaker = Callable[[TaskGraph], st.SearchStrategy[MemGraph]]
@@ -154,7 +154,7 @@ def make_inputs(tg: TaskGraph, seed: int) -> dict[str, np.ndarray]:
     arrays = {}
     for name, task_id in tg.inputs.items():
         task = tg[task_id]
-        if task.dtype.startswith("float"):
+        if dtypes.is_float(task.dtype):  # bfloat16 too
             arrays[name] = rng.standard_normal(task.shape).astype(task.dtype)
             continue
         rows = [

@@ -28,7 +28,7 @@ from einpage.errors import BackendError
 from einpage.models import gpt2, llama, qwen2
 from einpage.program.optim import AdamW
 from einpage.program.quantize import Quantization, quantize_weights
-from einpage.workloads.generate import generate
+from einpage.workloads.generate import Planning, Running, generate
 from einpage.workloads.training import training_graph, training_inputs
 from runtime import cupy_backend
 from runtime.interpreter import arena_bytes
@@ -117,10 +117,11 @@ def test_generation_allocates_within_its_budgets(way):
     cfg = llama.PRESETS["tiny"]
     weights = random_weights(cfg)
     prompt = RNG.integers(0, cfg.vocab_size, (2, 5))
-    options = {"way": way, "page_size": 4, "chunk_steps": 2} if way == "steps" else {}
-    want = generate(cfg, weights, prompt, 4, "60%", **options)
+    chunks = {"chunk_steps": 2} if way == "steps" else {}
+    options = {"plan": Planning(way=way, **chunks), "weights": weights, "page_size": 4}
+    want = generate(cfg, prompt, 4, "60%", **options)
     backend = StandInCupyBackend(delay=2e-4)
-    got = generate(cfg, weights, prompt, 4, "60%", backend=backend, **options)
+    got = generate(cfg, prompt, 4, "60%", run=Running(backend=backend), **options)
     np.testing.assert_array_equal(got.ids, want.ids)
     compiled = got.plan.plans.values() if isinstance(got.plan.plans, dict) else got.plan.plans
     plans = [c.plan for c in compiled]

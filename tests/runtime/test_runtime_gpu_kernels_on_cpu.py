@@ -42,7 +42,7 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)")
 def test_every_join_function_has_a_cuda_translation():
     for name, fn in FUNCTIONS.items():
         expr = Call(name, tuple(Var(i) for i in range(fn.arity)))
-        text = cuda_codegen.join_to_c(expr, "float")
+        text = cuda_codegen.join_to_c(expr, "float32")
         assert "in0" in text and name not in ("max", "min") or "ep_" in text
 
 
@@ -64,8 +64,9 @@ def test_generated_sources():
     # Same expression and dtypes: the same source (so the same cached kernel).
     again = cuda_codegen.elementwise_source(parse("exp(a - b) / c", 3), ["float32"] * 3, "float32")
     assert again == src and hash(again) == hash(src)
-    assert cuda_codegen.supports(["int64"], "int64") and cuda_codegen.supports(["uint8"], "float32")
-    assert not cuda_codegen.supports(["bool"], "float32")
+    assert cuda_codegen.supports(["int64"], "int64")
+    assert cuda_codegen.supports(["uint8"], "bfloat16")
+    assert not cuda_codegen.supports(["bfloat16"], "int64")
 
 
 def _harness(sources: list[tuple[str, str]], work: str) -> str:
@@ -90,7 +91,7 @@ def test_generated_joins_match_the_reference_when_compiled(trees, tmp_path_facto
     for work, dtype, tol in (("double", "float64", 1e-9), ("float", "float32", 2e-4)):
         exprs = [parse(source, 3) for source, _ in trees]
         sources = [
-            (s, cuda_codegen.join_to_c(e, work)) for (s, _), e in zip(trees, exprs, strict=True)
+            (s, cuda_codegen.join_to_c(e, dtype)) for (s, _), e in zip(trees, exprs, strict=True)
         ]
         folder = tmp_path_factory.mktemp("joins")
         (folder / "j.cpp").write_text(_harness(sources, work))
@@ -131,8 +132,8 @@ def test_generated_device_code_compiles_with_nvcc(tmp_path):
     for n, source in enumerate(exprs):
         for work in ("float", "double"):
             expr = parse(source, 3)
-            body = cuda_codegen.join_to_c(expr, work)
             dtype = "float64" if work == "double" else "float32"
+            body = cuda_codegen.join_to_c(expr, dtype)
             agg = ["sum", "max", "min", "prod"][n % 4]
             red = cuda_codegen.reduction_source(expr, agg, [dtype] * 3, dtype)
             kernels.append(
