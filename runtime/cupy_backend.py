@@ -336,7 +336,8 @@ class CupyKernels:
         row = math.prod(table.shape[1:])
         flag = workspace[:GATHER_FLAG].view(np.int64)
         flag.fill(0)
-        self.elementwise_kernel(cuda_codegen.GATHER.source)(table, ids, row, table.shape[0], out, flag)
+        gather = self.elementwise_kernel(cuda_codegen.GATHER.source)
+        gather(table, ids, row, table.shape[0], out, flag)
         seen = np.zeros(2, dtype=np.int64)
         runtime = cp.cuda.runtime
         runtime.memcpyAsync(
