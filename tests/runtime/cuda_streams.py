@@ -96,7 +96,9 @@ class Memory:
     """`cupy.cuda.Memory`: `size` bytes of stand-in device memory."""
 
     def __init__(self, size: int):
-        self.buffer = np.zeros(size, dtype=np.uint8)
+        raw = np.zeros(size + 256, dtype=np.uint8)  # cudaMalloc's addresses: 256-aligned
+        start = -raw.ctypes.data % 256
+        self.buffer = raw[start : start + size]
         self.ptr = self.buffer.ctypes.data
         self.size = size
 
