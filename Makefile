@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo notebooks test test-gpu lint dot clean
+.PHONY: demo notebooks test test-gpu gpu-venv lint dot clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,16 +44,30 @@ test: $(VENV)/.dev dot lint
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
 
-# GPU tests only (they skip cleanly without CuPy or a GPU). CuPy is installed for the
-# CUDA major version of the NVIDIA driver (from nvidia-smi; the test extras' CUDA 12
-# CuPy, there for the NVRTC tier, makes way for CUDA 13's); without a driver it is not.
-test-gpu: $(VENV)/.dev
+# GPU tests only (they skip cleanly without CuPy or a GPU). A Python that imports CuPy
+# already runs them as it is, with nothing installed (a GPU machine may have no
+# network): .venv's if it has CuPy, else $(PYTHON) (`make test-gpu PYTHON=python3.12`),
+# with the repository on PYTHONPATH. Otherwise .venv gets CuPy for the CUDA major
+# version of the NVIDIA driver (from nvidia-smi; the test extras' CUDA 12 CuPy, there
+# for the NVRTC tier, makes way for CUDA 13's); without a driver it is not installed.
+test-gpu:
+	@export PYTHONPATH="$(CURDIR)"; py=; \
+	for candidate in $(BIN)/python $(PYTHON); do \
+	  if command -v $$candidate >/dev/null 2>&1 && $$candidate -c "import cupy" 2>/dev/null; then \
+	    py=$$candidate; break; fi; \
+	done; \
+	if [ -z "$$py" ]; then $(MAKE) --no-print-directory gpu-venv || exit $$?; py=$(BIN)/python; \
+	else echo "GPU tests with $$py (CuPy $$($$py -c 'import cupy; print(cupy.__version__)'); nothing installed)"; fi; \
+	$$py -m pytest tests/gpu -rs; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "no GPU test ran: no usable GPU here (see the skip reasons)"; exit 0; fi; \
+	exit $$rc
+
+gpu-venv: $(VENV)/.dev
 	@cuda=$$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1); \
 	if [ -z "$$cuda" ]; then echo "no NVIDIA driver found: the GPU tests will skip"; \
 	elif [ "$$cuda" -ge 13 ]; then $(BIN)/python -m pip uninstall --quiet -y cupy-cuda12x; \
 	  $(BIN)/python -m pip install --quiet -e '.[gpu-cuda13]'; \
 	else $(BIN)/python -m pip install --quiet -e '.[gpu]'; fi
-	$(BIN)/python -m pytest tests/gpu -rs
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .ruff_cache

@@ -13,7 +13,10 @@ Rules
 -----
 * Every request is rounded up to a multiple of `alignment` (256 bytes by default) and
   every block starts at a multiple of it; the usable arena is the given size rounded
-  down to the alignment (`Allocator.size`).
+  down to the alignment (`Allocator.size`). The alignment is a power of two no smaller
+  than the largest dtype's size (`MIN_ALIGNMENT`, 8 bytes): then every tensor starts
+  at a multiple of its own element size, which a GPU needs (a float32 load from an
+  address that is not a multiple of 4 faults; NumPy would not notice).
 * Zero-byte (and negative) requests are rejected with an `AllocationError`: the
   planner never allocates an empty tensor, so asking for one is a bug upstream, and
   silently handing out a 256-byte block would hide it.
@@ -55,9 +58,12 @@ from sortedcontainers import SortedList
 
 from einpage_core.errors import AllocationError
 from einpage_core.units import format_bytes, parse_bytes
+from taskgraph.dtypes import TABLE as DTYPE_TABLE
 
 __all__ = [
     "DEFAULT_ALIGNMENT",
+    "MIN_ALIGNMENT",
+    "alignment_problem",
     "Allocator",
     "Block",
     "Checkpoint",
@@ -66,6 +72,27 @@ __all__ = [
 ]
 
 DEFAULT_ALIGNMENT = 256
+"""Arena alignment unless asked otherwise (cudaMalloc's, and cuBLAS's preference)."""
+
+MIN_ALIGNMENT = max(d.bits for d in DTYPE_TABLE.values()) // 8
+"""The smallest alignment accepted: the size of the largest dtype (8 bytes), so that an
+offset aligned to it is a multiple of every tensor's element size."""
+
+
+def alignment_problem(alignment: Any) -> str | None:
+    """What is wrong with `alignment` as an arena alignment, or None: it must be an int,
+    a power of two, and at least `MIN_ALIGNMENT` (the largest dtype's size).
+
+    >>> alignment_problem(256) is None, alignment_problem(12)
+    (True, 'alignment must be a power of two >= 8 (the largest dtype size), got 12')
+    """
+    rule = f"a power of two >= {MIN_ALIGNMENT} (the largest dtype size)"
+    if isinstance(alignment, bool) or not isinstance(alignment, int):
+        return f"alignment must be {rule}, got {alignment!r}"
+    if alignment < MIN_ALIGNMENT or alignment & (alignment - 1):
+        return f"alignment must be {rule}, got {alignment}"
+    return None
+
 
 _SERIALS = itertools.count(1)
 
@@ -143,7 +170,7 @@ class Allocator:
     """A simulated device arena of `size` bytes: aligned blocks, coalescing, provenance.
 
     Parameters: `size` (bytes, or a string like `"16MiB"`; rounded down to the
-    alignment) and `alignment` (bytes, default 256).
+    alignment) and `alignment` (bytes, default 256: a power of two >= `MIN_ALIGNMENT`).
 
     State: free blocks (`Interval`s by offset, offsets by block end, and sorted indexes
     of offsets and of `(size, offset)`), provenance pieces tiling the free memory
@@ -152,9 +179,9 @@ class Allocator:
     """
 
     def __init__(self, size: int | str, alignment: int = DEFAULT_ALIGNMENT) -> None:
-        alignment = _check_int(alignment, "alignment")
-        if alignment <= 0:
-            raise AllocationError(f"alignment must be positive, got {alignment}")
+        problem = alignment_problem(alignment)
+        if problem is not None:
+            raise AllocationError(problem)
         requested = parse_bytes(size)
         usable = requested // alignment * alignment
         if usable == 0:

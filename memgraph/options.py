@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from einpage_core.errors import PlanError
-from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.allocator import DEFAULT_ALIGNMENT, alignment_problem
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.eviction import get_policy
 from memgraph.orders import get_order
@@ -57,10 +57,9 @@ class PlanOptions:
             raise PlanError(
                 f"lookahead_seconds must be 'auto', None or seconds >= 0, got {seconds!r}"
             )
-        if isinstance(self.alignment, bool) or not isinstance(self.alignment, int):
-            raise PlanError(f"alignment must be a positive int, got {self.alignment!r}")
-        if self.alignment <= 0:
-            raise PlanError(f"alignment must be a positive int, got {self.alignment}")
+        problem = alignment_problem(self.alignment)
+        if problem is not None:
+            raise PlanError(problem)
         if self.outputs not in OUTPUTS:
             raise PlanError(f"outputs must be one of {OUTPUTS}, got {self.outputs!r}")
         if self.inputs not in INPUTS:

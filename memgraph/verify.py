@@ -5,7 +5,9 @@ residencies and host storages, and checks:
 
 * structure: ids are positions, dependencies point to earlier nodes, each kind sets
   the fields `memgraph.nodes.NODE_FIELDS` declares for it and no others, regions are
-  aligned and inside the budget;
+  inside the budget, and each region's offset is a multiple of the plan's alignment
+  and of the element size of every tensor seen there (the tensor allocated, and each
+  operand an apply reads, a view in its own dtype): a GPU faults on a misaligned load;
 * host storages: every storage a node names is in the plan's table
   (`MemGraph.storages`) and holds what is copied into it: an input's or an offloaded
   tensor's shape, dtype and bytes, or for an output assembled on the host the
@@ -86,6 +88,7 @@ from memgraph.graph import MemGraph
 from memgraph.happens_before import waits_for
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.verify_ranges import LatestFrees, LiveRegions, WrittenBoxes
+from taskgraph import dtypes
 from taskgraph.nodes import Concat, Input, Slice, Task
 
 __all__ = ["verify", "VerifyReport"]
@@ -363,6 +366,7 @@ class _Verifier:
         region, tensor = node.region, node.tensor
         if region.offset % self.mg.alignment:
             raise self.fail(f"offset {region.offset:#x} is not aligned to {self.mg.alignment}")
+        self.element_aligned(region, tensor)
         if region.size < self.tg[tensor].nbytes:
             raise self.fail(
                 f"region of {region.size} bytes is smaller than %{tensor} "
@@ -383,6 +387,16 @@ class _Verifier:
         if live > self.mg.budget:
             raise self.fail(f"{live} bytes live exceed the budget of {self.mg.budget}")
 
+    def element_aligned(self, region: Region, tensor: int) -> None:
+        """Task `tensor` seen at `region` starts at a multiple of its element size."""
+        task = self.tg[tensor]
+        size = dtypes.itemsize(task.dtype)
+        if region.offset % size:
+            raise self.fail(
+                f"%{tensor} ({task.dtype}) at offset {region.offset:#x}, which is not a "
+                f"multiple of its element size ({size} B): a GPU faults on such a load"
+            )
+
     def on_apply(self, node: MemNode) -> None:
         task = self.tg[node.tensor]
         if isinstance(task.op, Input):
@@ -400,6 +414,7 @@ class _Verifier:
             base = self.roots[operand]
             what = "operand %{}" if base == operand else "operand %{} (a view of %{})"
             residency = self.resident(base, region, what, operand, base)
+            self.element_aligned(region, operand)
             self.after(residency.writer, "the write of %{}", base)
             residency.users.append(node.id)
         self.write(node.tensor, node.region, "apply writes")

@@ -1,7 +1,9 @@
 """runtime: executing MemGraphs on a NumPy arena (CPU) or a CuPy arena (GPU).
 
 `run(mg, inputs, backend=...)` executes a plan once; a `Session` keeps the arena,
-host storage and staged inputs (weights) alive across runs. One backend-neutral
+host storage and staged inputs (weights) alive across runs – of one plan, or of several
+that share them (a generation's step plans: one arena, one host buffer, the weights
+staged once; `runtime.hostmem`, `pinned_bytes(plans)`). One backend-neutral
 interpreter (`runtime.interpreter`) issues every node on a backend's streams, in
 the order of a mode (`runtime.schedule`): sequential, streams (threaded on the CPU)
 or random. Runs can record a timing trace in Chrome's format (`runtime.trace`).
@@ -22,9 +24,12 @@ from runtime.backend import (
     get_backend,
     register_backend,
 )
+from runtime.hostmem import SharedHost
 from runtime.interpreter import HostLayout, Interpreter
 from runtime.schedule import MODES, Schedule, random_order
 from runtime.session import (
+    SYNC_VARIABLE,
+    ContextLostError,
     HostBudgetError,
     RunReport,
     Session,
@@ -37,6 +42,9 @@ from runtime.workspace import declare_workspaces, kernel_workspace
 
 __all__ = [
     "HostBudgetError",
+    "ContextLostError",
+    "SYNC_VARIABLE",
+    "SharedHost",
     "pinned_bytes",
     "run",
     "Session",

@@ -19,12 +19,17 @@ primitives are:
             kernel, writing `out`; `workspace` is the uint8 view of the region its
             plan gives the kernel's workspace, or None) and `fill_bytes(view, value,
             stream)` (poisoning freed memory);
+* host:     `register_host(pointer, nbytes, read_only)` / `unregister_host(pointer)`:
+            page-lock memory the caller holds, in place, so that transfers read it
+            asynchronously without a staged copy (CuPy: `cudaHostRegister`; a backend
+            that does not returns False, and sets no `in_place_min`);
 * a run:    `check_plan(mg)` (refuse a plan the backend cannot run as planned, before
             anything is allocated), `running()`, a context manager around issuing and
             synchronizing one run (the CuPy backend refuses every allocation of
             CuPy's there, and reports errors that kernels flagged on the device), and
             `memory_report()`; `clock` says what a trace's times are measured with
-            ("wall", "cuda").
+            ("wall", "cuda"); `lost_context(error)` says whether an error means the
+            device can run nothing more (a sticky CUDA error) and why.
 
 Work primitives only *issue* work; it is done once the stream is synchronized or an
 event recorded after it has completed.
@@ -130,6 +135,10 @@ class Backend(abc.ABC):
     clock: ClassVar[str] = "wall"
     """What its events' times are measured with: "wall" (the host's clock) or "cuda"
     (CUDA events); a run's `Trace` says it."""
+    in_place_min: ClassVar[int | None] = None
+    """On a staging backend that can `register_host`: weights of at least this many bytes
+    are read where the caller holds them (registered in place) instead of being copied
+    into a staging slot (`runtime.hostmem`); None: every input is copied."""
 
     @abc.abstractmethod
     def allocate_arena(self, nbytes: int) -> Any: ...
@@ -184,6 +193,21 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def fill_bytes(self, view: Any, value: int, stream: Stream) -> None:
         """Set every byte of the (uint8) view to `value`."""
+
+    def register_host(self, pointer: int, nbytes: int, read_only: bool) -> bool:
+        """Page-lock the `nbytes` of host memory at `pointer` (whole pages) in place, so
+        that copies from it are asynchronous; `read_only` when the memory cannot be
+        written (a read-only memory map). Returns whether it was done: this backend
+        does not (it reads host memory wherever it is)."""
+        return False
+
+    def unregister_host(self, pointer: int) -> None:  # noqa: B027  (optional hook)
+        """Undo `register_host` of the memory at `pointer`."""
+
+    def lost_context(self, error: BaseException) -> str | None:
+        """Why the device can run nothing more after `error` (a sticky CUDA error: the
+        context is lost), or None when it can."""
+        return None
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:

@@ -5,8 +5,11 @@
   tensors are `cupy.ndarray` views of it at their planned offsets (`memptr=arena +
   offset`).
 * Host memory is one pinned (page-locked) buffer allocated up front and carved into
-  the plan's host storages and the staging slots of device-side inputs and outputs,
-  so every transfer is an asynchronous copy and nothing is pinned per transfer. A
+  the plans' host storages and the staging slots of device-side inputs and outputs
+  (`runtime.hostmem`), so every transfer is an asynchronous copy and nothing is pinned
+  per transfer. Weights of at least `in_place_min` bytes (1 MiB) are not copied into
+  it: their pages are registered where the caller holds them (`cudaHostRegister`,
+  read-only for a read-only memory map) and unregistered when the session closes. A
   copy moves a box of a host array (`copy_box`: all of it, the rows of a sliced
   weight, the box of a block in an output assembled on the host) straight between
   its place in the pinned buffer and the arena, as contiguous runs or 2D copies
@@ -442,6 +445,23 @@ class CupyKernels:
 
 # -- the backend ------------------------------------------------------------------
 
+HOST_REGISTER_DEFAULT = 0  # cudaHostRegisterDefault
+HOST_REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the device only reads it
+
+STICKY_ERRORS = {
+    700: "cudaErrorIllegalAddress (an illegal memory access)",
+    714: "cudaErrorHardwareStackError",
+    715: "cudaErrorIllegalInstruction",
+    716: "cudaErrorMisalignedAddress (a misaligned load or store)",
+    717: "cudaErrorInvalidAddressSpace",
+    718: "cudaErrorInvalidPc",
+    719: "cudaErrorLaunchFailure (a kernel faulted)",
+    710: "cudaErrorAssert (a device-side assert)",
+    214: "cudaErrorECCUncorrectable",
+}
+"""CUDA errors that lose the context (the runtime's and the driver's codes agree):
+after one, every CUDA call in the process fails with it, and the device must be reset."""
+
 
 RETIRED_OPTIONS = {
     "scratch": "kernels no longer use device memory outside the plan: a task whose kernel "
@@ -539,6 +559,37 @@ class CupyBackend(Backend):
                 ) from None
             pointer = cp.cuda.PinnedMemoryPointer(memory, 0)
             return np.ndarray((max(nbytes, 1),), dtype=np.uint8, buffer=pointer)[:nbytes]
+
+    in_place_min = 1 << 20
+    """Weights of at least 1 MiB are registered where they are rather than copied: below
+    that a copy costs less than a registration (a driver call that locks whole pages)."""
+
+    def register_host(self, pointer: int, nbytes: int, read_only: bool) -> bool:
+        """`cudaHostRegister` of the pages at `pointer` (read-only for memory that cannot
+        be written); False when the driver refuses (the session then copies)."""
+        runtime = self.cp.cuda.runtime
+        flags = HOST_REGISTER_READ_ONLY if read_only else HOST_REGISTER_DEFAULT
+        with self.device:
+            try:
+                runtime.hostRegister(pointer, nbytes, flags)
+            except runtime.CUDARuntimeError as err:
+                if self.lost_context(err) is not None:
+                    raise
+                return False
+        return True
+
+    def unregister_host(self, pointer: int) -> None:
+        with self.device:
+            self.cp.cuda.runtime.hostUnregister(pointer)
+
+    def lost_context(self, error: BaseException) -> str | None:
+        """A sticky CUDA error – an illegal address, a kernel fault, a failed launch –
+        after which every call in this process fails; read from the error's status
+        (CuPy's runtime and driver errors carry the CUDA error code)."""
+        status = getattr(error, "status", None)
+        if not isinstance(status, int) or status not in STICKY_ERRORS:
+            return None
+        return f"CUDA error {status}, {STICKY_ERRORS[status]}"
 
     def view(self, arena: Any, offset: int, shape: tuple[int, ...], dtype: str) -> Any:
         return self.cp.ndarray(shape, dtype=dtype, memptr=arena + offset)

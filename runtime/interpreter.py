@@ -6,10 +6,11 @@ method named after the node's kind (`input`, `alloc`, `apply`, `offload`, `reloa
 the stream they are given; which stream, in which order and after which events is
 the schedule's business (`runtime.schedule`, `runtime.session`).
 
-Host memory is one buffer laid out by `HostLayout`: a slot per host storage of the
-plan (`MemGraph.storages`: offloaded tensors, host-resident inputs, outputs assembled
-on the host), and, on backends that stage transfers (pinned memory on a GPU), a slot
-per device-side input and output.
+Host memory is one buffer laid out by `HostLayout` (`runtime.hostmem`): a slot per host
+storage of the plan (`MemGraph.storages`: offloaded tensors, host-resident inputs,
+outputs assembled on the host), and, on backends that stage transfers (pinned memory on
+a GPU), a slot per device-side input and output; an input storage the layout calls
+`aliased` is read from the array the session bound to it (`bind_host`).
 
 An offload or reload copies what its node says and nothing else: its `box` of the
 storage (a sliced copy), or else the whole storage, with the backend's one strided
@@ -19,9 +20,7 @@ memory and the arena. The interpreter reads no TaskGraph to find a box.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ from einpage_core.errors import BackendError
 from memgraph.graph import MemGraph
 from memgraph.nodes import HostBox, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
+from runtime.hostmem import HOST_ALIGNMENT, HostLayout, HostSlot
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT", "arena_bytes"]
 
@@ -37,79 +37,12 @@ POISON_BYTE = 0xFF
 """Freed (and never written) memory is filled with this byte when poisoning: every
 float dtype reads it as NaN and every int dtype as -1."""
 
-HOST_ALIGNMENT = 256
-
 
 def arena_bytes(mg: MemGraph) -> int:
     """The device bytes a run of `mg` allocates for its arena: up to the end of the highest
     region the plan uses (`PlanStats.high_water`), never more than the budget – a plan
     at "60GiB" that uses 3 MiB allocates 3 MiB."""
     return min(mg.budget, max(1, mg.stats.high_water))
-
-
-@dataclass(frozen=True, slots=True)
-class HostSlot:
-    """Bytes `[offset, offset + nbytes)` of the host buffer, holding `shape` of `dtype`."""
-
-    offset: int
-    shape: tuple[int, ...]
-    dtype: str
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * np.dtype(self.dtype).itemsize
-
-    def of(self, buffer: np.ndarray) -> np.ndarray:
-        """This slot of `buffer` as an array."""
-        return buffer[self.offset : self.offset + self.nbytes].view(self.dtype).reshape(self.shape)
-
-
-@dataclass(frozen=True)
-class HostLayout:
-    """Where each host storage (and staging buffer) lives in the one host buffer.
-
-    Storage slots have the shape and dtype of the plan's storage table. On backends
-    without staging (NumPy), a storage of a program input that no offload writes is not
-    in the buffer: it is `aliased` to the caller's array, which transfers only read.
-    """
-
-    storages: dict[int, HostSlot]
-    inputs: dict[str, HostSlot]  # staging for device-side inputs (staging backends only)
-    outputs: dict[str, HostSlot]  # staging for device-side outputs (staging backends only)
-    nbytes: int
-    aliased: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, mg: MemGraph, staging: bool) -> HostLayout:
-        tg = mg.taskgraph
-        top = 0
-
-        def place(shape: tuple[int, ...], dtype: str) -> HostSlot:
-            nonlocal top
-            slot = HostSlot(top, shape, dtype)
-            top += -(-max(slot.nbytes, 1) // HOST_ALIGNMENT) * HOST_ALIGNMENT
-            return slot
-
-        aliased: set[int] = set()
-        if not staging:
-            offloaded = {n.storage for n in mg.nodes if n.kind is NodeKind.OFFLOAD}
-            aliased = {
-                sid for sid, s in mg.storages.items() if s.kind == "input" and sid not in offloaded
-            }
-        storages = {
-            sid: place(s.shape, s.dtype) for sid, s in mg.storages.items() if sid not in aliased
-        }
-        inputs: dict[str, HostSlot] = {}
-        outputs: dict[str, HostSlot] = {}
-        if staging:
-            for node in mg.nodes:
-                if node.kind is NodeKind.INPUT and node.region is not None:
-                    task = tg[node.tensor]
-                    inputs[node.name] = place(task.shape, task.dtype)
-                elif node.kind is NodeKind.OUTPUT and node.region is not None:
-                    task = tg[tg.outputs[node.name]]
-                    outputs[node.name] = place(task.shape, task.dtype)
-        return cls(storages, inputs, outputs, top, frozenset(aliased))
 
 
 class Interpreter:
@@ -141,8 +74,10 @@ class Interpreter:
         self.results: dict[str, np.ndarray] = {}
         self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
-        self._handlers: dict[NodeKind, Callable[[MemNode, Stream | None], None]] = {
-            kind: getattr(self, kind.value) for kind in NodeKind
+        # The class's functions, not bound methods: a dict of methods bound to `self` would
+        # be a reference cycle, keeping the arena's views alive until a collection.
+        self._handlers: dict[NodeKind, Callable[[Interpreter, MemNode, Stream | None], None]] = {
+            kind: getattr(type(self), kind.value) for kind in NodeKind
         }
 
     def __repr__(self) -> str:
@@ -203,7 +138,7 @@ class Interpreter:
 
     def issue(self, node: MemNode, stream: Stream | None) -> None:
         """Issue `node`'s work on `stream` (None for bookkeeping nodes)."""
-        self._handlers[node.kind](node, stream)
+        self._handlers[node.kind](self, node, stream)
 
     def input(self, node: MemNode, stream: Stream | None) -> None:
         """A device-side input is copied from its host array; a host-side input is already

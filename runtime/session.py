@@ -1,14 +1,22 @@
 """Running plans: `run` for one call, `Session` to keep the arena and staged inputs alive.
 
-A `Session` verifies its MemGraph (once per plan: `MemGraph.verified` remembers the
-verdict on the plan), allocates the device arena (the bytes the plan uses, at most its
-budget: `runtime.interpreter.arena_bytes`) and one host buffer for every host storage,
-and creates the streams of its mode. `stage(weights)` places inputs once; each
-`run(activations)` then places only the inputs it is given, issues every node in the
-mode's order, synchronizes, and returns the outputs as fresh host NumPy arrays.
+A `Session` holds one plan or several that run one at a time (a generation's prefill
+and decode plans). It verifies each MemGraph (once per plan: `MemGraph.verified`
+remembers the verdict on the plan), allocates the device arena once (the bytes the
+largest plan uses, at most its budget: `runtime.interpreter.arena_bytes`) and one host
+buffer for all of them (`runtime.hostmem`), and creates the streams of its mode.
+`stage(weights)` places inputs once, for every plan; each `run(activations, plan=key)`
+then places only the inputs it is given, issues every node of that plan in the mode's
+order, synchronizes, and returns the outputs as fresh host NumPy arrays.
 `session.last` is a `RunReport` (timings, the trace when asked for, memory and kernel
-counters). Closing it (or leaving its `with` block) stops the streams, drops the
-buffers and closes a backend it made.
+counters). Closing it (or leaving its `with` block) stops the streams, unregisters
+host memory read in place, drops the buffers and closes a backend it made.
+
+Errors name the node they happened at. A kernel on a GPU runs after it is issued, so
+its failure surfaces at a later call: in debug mode (`debug=True`, `EINPAGE_SYNC=1`,
+`einpage run --sync`) the session synchronizes after each node, and the error names
+the node that failed, its line; otherwise a sticky CUDA error (the device context is
+lost) raises `ContextLostError` listing the nodes in flight.
 
 `run` makes a session per call and closes it before returning: nothing of a run
 outlives it, in this module or elsewhere. Fresh buffers cost their first-touch page
@@ -21,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,11 +51,21 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import node_event
 from memgraph.verify import VerifyReport
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
-from runtime.interpreter import POISON_BYTE, HostLayout, Interpreter, arena_bytes
+from runtime.hostmem import HomeKey, HostLayout, HostSlot, Registrations, SharedHost, aligned
+from runtime.interpreter import POISON_BYTE, Interpreter, arena_bytes
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
 from runtime.trace import Trace
 
-__all__ = ["run", "Session", "RunReport", "verified"]
+__all__ = [
+    "run",
+    "Session",
+    "RunReport",
+    "verified",
+    "pinned_bytes",
+    "HostBudgetError",
+    "ContextLostError",
+    "SYNC_VARIABLE",
+]
 
 PLAN_FIRST = " (a plan: einpage.compile(program, budget).plan, or MemGraph.from_json)"
 """What a run takes, said when given something else (a TaskGraph, a file name)."""
@@ -69,9 +87,14 @@ class RunReport:
     """What one run did.
 
     `seconds` is the wall-clock time from placing the inputs to having the outputs on
-    the host. `memory` (bytes): `arena_bytes`, `host_bytes`, `device_peak_bytes` (the
-    arena plus any other device memory the run allocated, on CuPy from its memory
-    pool's high-water mark) and, on CuPy, `scratch_peak_bytes` and `scratch_limit`.
+    the host. `memory` (bytes): `arena_bytes` (what this plan uses of the arena),
+    `arena_allocated_bytes` (the session's arena: its largest plan's), `device_peak_bytes`
+    (the arena plus any other device memory the run allocated, on CuPy from its memory
+    pool's high-water mark), on CuPy `scratch_peak_bytes` and `scratch_limit`; and the
+    host memory: `host_bytes` (allocated: the session's buffer and any pinned copies of
+    weights that could not be read in place), `host_in_place_bytes` (the inputs read
+    where the caller holds them, as `pinned_bytes` counts them) and
+    `host_registered_bytes` (the whole pages registered for them).
     `counters` says how kernels ran (e.g. `cublas`, `einsum_fallback`).
     """
 
@@ -153,89 +176,173 @@ class HostBudgetError(BackendError):
     """The plan needs more host (pinned) memory than the session's `host_budget`."""
 
 
-def pinned_bytes(mg: MemGraph) -> int:
-    """The bytes of host memory a staging backend (CuPy: page-locked memory) allocates
-    for `mg`, once per session: every host storage of the plan (`mg.host_bytes`, each
-    rounded up to the host alignment) plus a staging slot for each device-side input
-    and output. Nothing else is pinned: sliced reloads and host-assembled outputs copy
-    boxes of these slots."""
-    return HostLayout.of(mg, True).nbytes
+class ContextLostError(BackendError):
+    """The device can run nothing more: a sticky CUDA error (an illegal address, a
+    kernel fault) lost the context. `in_flight` are the nodes that were issued since the
+    last completed synchronization, among which is the one that faulted."""
+
+    def __init__(self, message: str, in_flight: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.in_flight = in_flight
+
+
+SYNC_VARIABLE = "EINPAGE_SYNC"
+"""The environment variable that turns on the synchronous debug mode of every session
+(`Session(..., debug=True)`): "1", "true", "yes" or "on"."""
+
+
+def _debug_from_environment() -> bool:
+    return os.environ.get(SYNC_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+Plans = MemGraph | Mapping[Any, MemGraph] | Sequence[MemGraph]
+"""What a session holds: one plan, plans by key, or a list of plans (keyed 0, 1, ...)."""
+
+
+def _keyed(plans: Any, where: str) -> dict[Any, MemGraph]:
+    """`plans` by key: a single plan's key is 0, a list's its positions."""
+    if isinstance(plans, MemGraph):
+        return {0: plans}
+    if isinstance(plans, Mapping):
+        keyed = dict(plans)
+    elif isinstance(plans, Sequence) and not isinstance(plans, str | bytes):
+        keyed = dict(enumerate(plans))
+    else:
+        expect_graph(plans, MemGraph, where, PLAN_FIRST)
+        raise AssertionError("unreachable")  # expect_graph raised
+    if not keyed:
+        raise BackendError(f"{where} needs at least one plan, got none")
+    for plan in keyed.values():
+        expect_graph(plan, MemGraph, where, PLAN_FIRST)
+    return keyed
+
+
+def pinned_bytes(plans: Plans) -> int:
+    """The bytes of host memory a staging backend (CuPy: page-locked memory) pins for
+    a session over `plans` (one plan, or all the plans of a generation), once: a home
+    for every input (a host storage the plan reloads from, or the staging slot of a
+    device-side input; plans that read the same input share it), and the largest plan's
+    scratch (its offloaded tensors, outputs assembled on the host and the staging slots
+    of device-side outputs), each rounded up to 256 B. Nothing else is pinned: sliced
+    reloads and host-assembled outputs copy boxes of these slots.
+
+    On CuPy a large weight's home is the caller's array, registered in place
+    (`runtime.hostmem`): its bytes are pinned where the caller holds them, not
+    allocated; the figure counts them either way."""
+    keyed = _keyed(plans, "runtime.pinned_bytes")
+    return SharedHost.of(list(keyed.values()), True, None).promise
 
 
 def check_host_budget(
-    layout: HostLayout, host_budget: int | str | None, backend: Backend, arena: int = 0
+    shared: SharedHost, host_budget: int | str | None, backend: Backend, arena: int = 0
 ) -> None:
-    """`HostBudgetError` when `layout` needs more than `host_budget` bytes – or, without
-    one, when it and an `arena` of host memory (NumPy's) need more than the host memory
-    available now (`einpage_core.host.available_memory`), before anything is allocated."""
+    """`HostBudgetError` when the session's host memory (`shared.promise`) is more than
+    `host_budget` bytes – or, without one, when it and an `arena` of host memory
+    (NumPy's) need more than the host memory available now
+    (`einpage_core.host.available_memory`), before anything is allocated."""
+    host = shared.promise
     if host_budget is None:
         available = available_memory()
-        need = layout.nbytes + (arena if backend.arena_on_host else 0)
+        need = host + (arena if backend.arena_on_host else 0)
         if available is not None and need > available:
             raise HostBudgetError(
                 f"the plan needs {format_bytes(need)} ({need} bytes) of host memory – "
-                f"{format_bytes(layout.nbytes)} of host storage"
+                f"{format_bytes(host)} of host storage"
                 + (f" and a {format_bytes(arena)} arena" if backend.arena_on_host else "")
                 + f" – and {format_bytes(available)} is available: "
                 + (
                     "the NumPy backend's arena is host memory as large as the plan's device "
                     "memory, so plan with a smaller budget, or free memory"
-                    if backend.arena_on_host and arena > layout.nbytes
+                    if backend.arena_on_host and arena > host
                     else "free memory, or plan with a larger budget (fewer offloads)"
                 )
             )
         return
     limit = parse_bytes(host_budget)
-    if layout.nbytes > limit:
+    if host > limit:
         kind = "pinned host" if backend.host_staging else "host"
+        homes = len(shared.homes)
+        scratch = max(len(p.storages) + len(p.outputs) for p in shared.plans)
         raise HostBudgetError(
-            f"the plan needs {format_bytes(layout.nbytes)} ({layout.nbytes} bytes) of {kind} "
-            f"memory, over the host budget of {format_bytes(limit)} ({limit} bytes): "
-            f"{len(layout.storages)} host storages, {len(layout.inputs)} staged inputs, "
-            f"{len(layout.outputs)} staged outputs; raise host_budget, or plan with a "
-            "larger device budget (fewer offloads)"
+            f"the plan needs {format_bytes(host)} ({host} bytes) of {kind} memory, over the "
+            f"host budget of {format_bytes(limit)} ({limit} bytes): {homes} inputs' homes "
+            f"({len(shared.in_place)} read in place) and up to {scratch} host storages and "
+            "staged outputs of a run; raise host_budget, or plan with a larger device budget "
+            "(fewer offloads)"
         )
 
 
+@dataclass
+class _Plan:
+    """One plan of a session, ready to run: its schedule in the session's mode, its view
+    of the host buffer, its interpreter, and what `stage` and `run` look up."""
+
+    key: Any
+    mg: MemGraph
+    schedule: Schedule
+    layout: HostLayout
+    interpreter: Interpreter | None = None
+    input_nodes: dict[str, MemNode] = field(default_factory=dict)
+    output_nodes: dict[str, MemNode] = field(default_factory=dict)
+    scratch: list[int] = field(default_factory=list)  # storages poisoned before a run
+
+    @property
+    def tg(self) -> Any:
+        return self.mg.taskgraph
+
+
 class Session:
-    """A MemGraph ready to run many times on one backend (see the module docstring).
+    """Plans ready to run many times on one backend (see the module docstring).
+
+    `plans` is one MemGraph, or several – by key (a mapping) or by position (a list) –
+    that run one at a time in one arena (as large as the largest plan's) and one host
+    buffer (`runtime.hostmem`: every input's home once, the largest plan's scratch),
+    with inputs staged once for all of them: a generation's prefill and decode plans.
+    `run(inputs, plan=key)` runs one (default: the first).
 
     Parameters: `backend` ("auto", "numpy", "cupy" or a `Backend`), `mode`
     ("sequential", "streams" a.k.a. "threaded", "random"; default: the backend's),
     `poison` (fill freed and unwritten memory with 0xFF bytes so that a missing
     dependency reads NaNs; default: on in random mode), `unsafe_skip_verify` (run
     without `memgraph.verify`; for tests that break plans on purpose), `host_budget`
-    (bytes or a size string: the most host memory the session may allocate – pinned
-    memory on a GPU, `pinned_bytes(mg)` – refused up front with `HostBudgetError` when
-    the plan needs more), and backend options (NumPy: `timeout`; CuPy: `scratch`,
-    `device`).
+    (bytes or a size string: the most host memory the session may pin –
+    `pinned_bytes(plans)` – refused up front with `HostBudgetError` when the plans need
+    more), `debug` (synchronize after each node, so that a failure names the node that
+    failed, its line; default: on when the environment sets `EINPAGE_SYNC=1`), and
+    backend options (NumPy: `timeout`; CuPy: `scratch`, `device`).
 
-    Setting up takes a few steps (`_check_plan`, `_open_backend`, `_plan_memory`,
+    Setting up takes a few steps (`_check_plans`, `_open_backend`, `_plan_memory`,
     `_allocate`, `_open_streams`, `_start`), each registering the release of what it
     acquired on one `ExitStack`: when a step fails, what the earlier ones acquired is
-    released before the error propagates, and `close()` releases the same way.
+    released before the error propagates, and `close()` releases the same way – every
+    buffer, staged input and registration is dropped then, not when the session is
+    collected.
 
     >>> with Session(mg, "numpy") as s:                          # doctest: +SKIP
     ...     s.stage({"w": w})
     ...     ys = [s.run({"x": x})["y"] for x in batches]
+    >>> with Session({"prefill": p, "decode": d}, "cupy") as s:   # doctest: +SKIP
+    ...     s.stage(weights)                                     # once, for both plans
+    ...     first = s.run(prompt, plan="prefill")
+    ...     step = s.run(step_inputs, plan="decode")
     """
 
     def __init__(
         self,
-        mg: MemGraph,
+        plans: Plans,
         backend: str | Backend = "auto",
         *,
         mode: str | None = None,
         poison: bool | None = None,
         unsafe_skip_verify: bool = False,
         host_budget: int | str | None = None,
+        debug: bool | None = None,
         **options: Any,
     ):
         self._closed = True  # until every step below succeeded: close() has nothing to do
-        expect_graph(mg, MemGraph, "runtime.Session", PLAN_FIRST)
-        self.mg = mg
-        self.tg = mg.taskgraph
-        self._check_plan(unsafe_skip_verify)
+        self.plans = _keyed(plans, "runtime.Session")
+        self.debug = _debug_from_environment() if debug is None else bool(debug)
+        self._check_plans(unsafe_skip_verify)
         with contextlib.ExitStack() as acquired:
             self._open_backend(backend, options, acquired)
             self._plan_memory(mode, poison, host_budget)
@@ -245,14 +352,37 @@ class Session:
             self._release = acquired.pop_all()  # on success, close() releases it all
         self._closed = False
 
+    # -- the plan of the last run (the first, before any) --------------------------
+
+    @property
+    def mg(self) -> MemGraph:
+        return self._current.mg
+
+    @property
+    def tg(self) -> Any:
+        return self._current.tg
+
+    @property
+    def schedule(self) -> Schedule:
+        return self._current.schedule
+
+    @property
+    def layout(self) -> HostLayout:
+        return self._current.layout
+
+    @property
+    def interpreter(self) -> Interpreter | None:
+        return self._current.interpreter
+
     # -- setting up (in this order; see the class docstring) ----------------------
 
-    def _check_plan(self, unsafe_skip_verify: bool) -> None:
-        """The plan passes `memgraph.verify` (or, unverified, its dependencies point back)."""
-        if unsafe_skip_verify:
-            check_dependencies(self.mg)
-        else:
-            verified(self.mg)
+    def _check_plans(self, unsafe_skip_verify: bool) -> None:
+        """Each plan passes `memgraph.verify` (or, unverified, its dependencies point back)."""
+        for mg in self.plans.values():
+            if unsafe_skip_verify:
+                check_dependencies(mg)
+            else:
+                verified(mg)
 
     def _open_backend(
         self, backend: str | Backend, options: dict[str, Any], acquired: contextlib.ExitStack
@@ -263,69 +393,107 @@ class Session:
         self.backend = get_backend(backend, dtypes=dtypes, **options)
         if not isinstance(backend, Backend):  # made here: the session owns it
             acquired.callback(self.backend.close)
-        refuse_unsupported(self.mg, self.backend)
-        self.backend.check_plan(self.mg)
+        for mg in self.plans.values():
+            refuse_unsupported(mg, self.backend)
+            self.backend.check_plan(mg)
 
     def _plan_memory(self, mode: str | None, poison: bool | None, host_budget: Any) -> None:
-        """The mode, the schedule and the host layout; refuses a plan needing more host
-        memory than `host_budget` (or than is available) before anything is allocated."""
+        """The mode, each plan's schedule and the host layout; refuses plans needing more
+        host memory than `host_budget` (or than is available) before anything is
+        allocated."""
         self.mode = resolve_mode(mode, self.backend.default_mode)
         self.poison = self.mode == "random" if poison is None else bool(poison)
-        self.schedule = Schedule.build(self.mg, self.mode, self.poison)
-        self.layout = HostLayout.of(self.mg, self.backend.host_staging)
-        check_host_budget(self.layout, host_budget, self.backend, arena_bytes(self.mg))
+        staging = self.backend.host_staging
+        in_place = self.backend.in_place_min if staging else None
+        mgs = list(self.plans.values())
+        self.host_layout = SharedHost.of(mgs, staging, in_place)
+        self._plans = {
+            key: _Plan(key, mg, Schedule.build(mg, self.mode, self.poison), layout)
+            for (key, mg), layout in zip(self.plans.items(), self.host_layout.plans, strict=True)
+        }
+        self._current = next(iter(self._plans.values()))
+        self.arena_nbytes = max(arena_bytes(mg) for mg in mgs)
+        check_host_budget(self.host_layout, host_budget, self.backend, self.arena_nbytes)
 
     def _allocate(self, acquired: contextlib.ExitStack) -> None:
-        """The arena and the host buffer, dropped on release (the interpreter with them)."""
+        """The arena and the host buffer (once, for every plan), and the registrations of
+        inputs read in place; all dropped on release (the interpreters with them)."""
         self.arena: Any = None
         self.host: np.ndarray | None = None
-        self.interpreter: Interpreter | None = None
+        self._copies: list[np.ndarray] = []  # pinned copies of inputs not read in place
+        self._staged: dict[HomeKey, np.ndarray] = {}
+        self._registrations = Registrations(self.backend)
         acquired.callback(self._drop_buffers)
-        self.arena = self.backend.allocate_arena(arena_bytes(self.mg))
-        self.host = self.backend.allocate_host(self.layout.nbytes)
+        acquired.callback(self._registrations.close)  # before the buffers are dropped
+        self.arena = self.backend.allocate_arena(self.arena_nbytes)
+        self.host = self.backend.allocate_host(self.host_layout.nbytes)
         if self.poison:
             self.host.fill(POISON_BYTE)
 
     def _drop_buffers(self) -> None:
-        self.interpreter = None
+        """Drop every reference to device and host memory: the interpreters (their views,
+        the arrays bound to their storages), the staged inputs and the copies."""
+        for plan in self._plans.values():
+            plan.interpreter = None
+        self._staged.clear()
+        self._copies.clear()
         self.arena = self.host = None
 
     def _open_streams(self, acquired: contextlib.ExitStack) -> None:
-        """One stream per stream of the schedule, each closed on release."""
+        """One stream per stream of the schedules, each closed on release."""
         concurrent = self.mode == "streams"
         self.streams: dict[str, Stream] = {}
-        for name in self.schedule.streams:
-            stream = self.backend.stream(name, concurrent)
-            acquired.callback(stream.close)
-            self.streams[name] = stream
+        for plan in self._plans.values():
+            for name in plan.schedule.streams:
+                if name in self.streams:
+                    continue
+                stream = self.backend.stream(name, concurrent)
+                acquired.callback(stream.close)
+                self.streams[name] = stream
 
     def _start(self) -> None:
-        """The interpreter over the buffers, and what `stage` and `run` look up."""
-        self.interpreter = Interpreter(
-            self.mg, self.backend, self.arena, self.host, self.layout, self.poison
-        )
-        self._input_nodes = {n.name: n for n in self.mg.nodes if n.kind is NodeKind.INPUT}
-        self._output_nodes = {n.name: n for n in self.mg.nodes if n.kind is NodeKind.OUTPUT}
-        input_storages = {n.storage for n in self._input_nodes.values()}
-        self._scratch_storages = sorted(set(self.layout.storages) - input_storages)
-        self._staged: dict[str, Any] = {}
+        """An interpreter per plan over the buffers, and what `stage` and `run` look up."""
+        self._uses: dict[HomeKey, list[tuple[_Plan, MemNode]]] = {}
+        self._keys_of: dict[str, dict[HomeKey, _Plan]] = {}  # input name -> homes
+        for plan in self._plans.values():
+            plan.interpreter = Interpreter(
+                plan.mg, self.backend, self.arena, self.host, plan.layout, self.poison
+            )
+            nodes = plan.mg.nodes
+            plan.input_nodes = {n.name: n for n in nodes if n.kind is NodeKind.INPUT}
+            plan.output_nodes = {n.name: n for n in nodes if n.kind is NodeKind.OUTPUT}
+            homes = {n.storage for n in plan.input_nodes.values()}
+            plan.scratch = sorted(set(plan.layout.storages) - homes)
+            for name, node in plan.input_nodes.items():
+                key = plan.layout.homes[name]
+                self._uses.setdefault(key, []).append((plan, node))
+                self._keys_of.setdefault(name, {}).setdefault(key, plan)
+        self._in_flight: list[MemNode] = []
+        self._lost: ContextLostError | None = None
         self.last: RunReport | None = None
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"staged={sorted(self._staged)}"
+        state = "closed" if self._closed else f"staged={self.staged}"
+        plans = "" if len(self._plans) == 1 else f" plans={len(self._plans)}"
         return (
-            f"<Session {self.tg.name!r} backend={self.backend.name} mode={self.mode} "
+            f"<Session {self.tg.name!r}{plans} backend={self.backend.name} mode={self.mode} "
             f"budget={format_bytes(self.mg.budget)} {state}>"
         )
 
     # -- lifetime ----------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the streams, drop the arena and host memory, and close the backend if the
-        session made it (what a failed set-up releases, in the same way)."""
+        """Stop the streams, unregister host memory read in place, drop the arena and host
+        memory, and close the backend if the session made it (what a failed set-up
+        releases, in the same way). After a lost device context what fails to release
+        is ignored: nothing can be released on that device any more."""
         if self._closed:
             return
         self._closed = True
+        if self._lost is not None:
+            with contextlib.suppress(Exception):
+                self._release.close()
+            return
         self._release.close()
 
     def __enter__(self) -> Session:
@@ -341,47 +509,118 @@ class Session:
     def _check_open(self) -> None:
         if self._closed:
             raise BackendError("this Session is closed")
+        if self._lost is not None:
+            raise BackendError(
+                f"this Session cannot run: its device context was lost in an earlier run "
+                f"({self._lost.args[0].splitlines()[0]})"
+            )
+
+    def _plan(self, key: Any) -> _Plan:
+        if key is None:
+            return next(iter(self._plans.values()))
+        plan = self._plans.get(key)
+        if plan is None:
+            known = ", ".join(repr(k) for k in self._plans)
+            raise InputError(f"this Session has no plan {key!r}; its plans: {known}")
+        return plan
 
     # -- inputs ------------------------------------------------------------------
 
     def stage(self, arrays: Mapping[str, Any]) -> None:
-        """Place inputs (typically weights) once; later runs use them unless given again.
+        """Place inputs (typically weights) once, for every plan that reads them; later
+        runs use them unless given again.
 
-        The data is copied: changing the arrays afterwards does not change the session.
+        The arrays are read where they are (NumPy; on CuPy, large weights registered in
+        place, `runtime.hostmem`) or copied into their homes in the host buffer: do not
+        change an array while it is staged (stage it again after changing it). With
+        several plans, an input whose shape differs between plans (a rotary table for
+        another number of positions) goes to the plans whose shape it has.
         """
         self._check_open()
-        arrays = _conform_partial(self.mg, arrays)
+        if not isinstance(arrays, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of name to array, got {type(arrays).__name__}"
+            )
+        _reject_device_arrays(arrays)
+        given: dict[Any, dict[str, Any]] = {}  # plan key -> the arrays checked against it
+        wanted: list[tuple[HomeKey, Any, str]] = []
         for name, value in arrays.items():
-            self._staged[name] = self._place(name, value, persist=True)
+            for key, plan in self._homes_for(name, value).items():
+                given.setdefault(plan.key, {})[name] = value
+                wanted.append((key, plan.key, name))
+        conformed = {k: _conform_partial(self._plans[k].mg, a) for k, a in given.items()}
+        values = {key: conformed[plan][name] for key, plan, name in wanted}
+        self._staged.update(self._place(values))
+
+    def _homes_for(self, name: str, value: Any) -> dict[HomeKey, _Plan]:
+        """The homes of input `name` that `value` is for: its only one, or those of its
+        shape; `InputError` for a name no plan has, or a shape none takes."""
+        homes = self._keys_of.get(name)
+        if homes is None:
+            known = ", ".join(repr(n) for n in self._keys_of)
+            raise InputError(f"unknown input(s) {name!r}; inputs are {known}")
+        if len(homes) == 1:
+            return homes  # `_conform_partial` says what is wrong with the value, if anything
+        shape = tuple(np.shape(value))
+        fitting = {key: plan for key, plan in homes.items() if key[1] == shape}
+        if not fitting:
+            shapes = ", ".join(f"{list(key[1])} (plan {plan.key!r})" for key, plan in homes.items())
+            raise InputError(f"input {name!r} has shape {list(shape)}; the plans take {shapes}")
+        return fitting
 
     @property
     def staged(self) -> tuple[str, ...]:
         """Names of the staged inputs."""
-        return tuple(self._staged)
+        return tuple(dict.fromkeys(key[0] for key in self._staged))
 
-    def _place(self, name: str, value: Any, persist: bool) -> Any:
-        """Put input `name` where its input node expects it; return what now holds it."""
-        node = self._input_nodes.get(name)
-        if node is None:  # an unverified plan that never reads this input
-            return np.asarray(value)
-        interp = self.interpreter
-        if node.storage in self.layout.aliased:  # read in place: no copy unless kept
-            held = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
-            held = held.reshape(self.mg.storages[node.storage].shape)  # 0-d stays 0-d
-            interp.bind_host(node.storage, held)
-            return held
-        if node.storage is not None:
-            slot = interp.host_view(node.storage)
-            np.copyto(slot, value)
-            return slot
-        if self.backend.host_staging:
-            slot = self.layout.inputs[name].of(self.host)
-            np.copyto(slot, value)
-            interp.sources[name] = slot
-            return slot
-        source = np.array(value, order="C", copy=True) if persist else np.ascontiguousarray(value)
-        interp.sources[name] = source
-        return source
+    def _place(self, values: Mapping[HomeKey, Any]) -> dict[HomeKey, np.ndarray]:
+        """Put each value in its home and point every plan that reads the home at it;
+        return what now holds each. Homes in the host buffer get a copy; a weight read in
+        place is registered where it is (or, when that cannot be done, copied into pinned
+        memory allocated now); on NumPy, an input without a home is read where it is."""
+        layout = self.host_layout
+        placed: dict[HomeKey, np.ndarray] = {}
+        in_place = {}
+        for key, value in values.items():
+            array = np.asarray(value).reshape(key[1])  # 0-d stays 0-d
+            if key in layout.in_place:
+                in_place[key] = np.ascontiguousarray(array)
+                continue
+            slot = layout.homes.get(key)
+            if slot is None:
+                placed[key] = np.ascontiguousarray(array)
+            else:
+                placed[key] = home = slot.of(self.host)
+                np.copyto(home, array)
+        if in_place:
+            read = self._registrations.place(in_place)
+            placed.update({key: in_place[key] for key in read})
+            placed.update(self._copy_pinned({k: v for k, v in in_place.items() if k not in read}))
+        for key, array in placed.items():
+            for plan, node in self._uses.get(key, ()):
+                interp = plan.interpreter
+                if node.storage is None:
+                    interp.sources[node.name] = array
+                elif node.storage in plan.layout.aliased:
+                    interp.bind_host(
+                        node.storage, array.reshape(plan.mg.storages[node.storage].shape)
+                    )
+        return placed
+
+    def _copy_pinned(self, arrays: Mapping[HomeKey, np.ndarray]) -> dict[HomeKey, np.ndarray]:
+        """Copies of `arrays` in one pinned allocation, kept until the session closes."""
+        if not arrays:
+            return {}
+        total = sum(aligned(a.nbytes) for a in arrays.values())
+        block = self.backend.allocate_host(total)
+        self._copies.append(block)
+        copies, offset = {}, 0
+        for key, array in arrays.items():
+            slot = HostSlot(offset, key[1], key[2])
+            copies[key] = copy = slot.of(block)
+            np.copyto(copy, array)
+            offset += aligned(slot.nbytes)
+        return copies
 
     # -- running -----------------------------------------------------------------
 
@@ -389,11 +628,13 @@ class Session:
         self,
         inputs: Mapping[str, Any] | None = None,
         *,
+        plan: Any = None,
         seed: int = 0,
         trace: bool = False,
         progress: Tick | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run the plan on `inputs` (plus the staged ones); return the outputs on the host.
+        """Run a plan (`plan`: its key; default the first) on `inputs` (plus the staged
+        ones); return the outputs on the host.
 
         An input given here that was staged replaces the staged value (for later runs
         too). `seed` orders the random mode; `trace=True` records a timing trace
@@ -401,82 +642,100 @@ class Session:
         about a hundred times, and `(nodes, nodes)` once every stream is done.
         """
         self._check_open()
+        chosen = self._plan(plan)
         inputs = {} if inputs is None else inputs
         if not isinstance(inputs, Mapping):
             raise InputError(
                 f"inputs must be a mapping of name to array, got {type(inputs).__name__}"
             )
         _reject_device_arrays(inputs)
-        conformed = self.tg.conform_inputs({**self._staged, **inputs})
-        inputs = {name: conformed[name] for name in inputs}
+        homes = chosen.layout.homes
+        staged = {name: self._staged[k] for name, k in homes.items() if k in self._staged}
+        conformed = chosen.tg.conform_inputs({**staged, **inputs})
         started = time.perf_counter()
-        for name, value in inputs.items():
-            placed = self._place(name, value, persist=name in self._staged)
-            if name in self._staged:
-                self._staged[name] = placed
-        self.interpreter.results = self._result_buffers()
-        timing = self._execute(seed, trace, progress)
-        outputs = self._collect()
+        placed = self._place({homes[name]: conformed[name] for name in inputs})
+        self._staged.update({key: a for key, a in placed.items() if key in self._staged})
+        self._current = chosen
+        chosen.interpreter.results = self._result_buffers(chosen)
+        timing = self._execute(chosen, seed, trace, progress)
+        outputs = self._collect(chosen)
         seconds = time.perf_counter() - started
-        arena = self.interpreter.arena_bytes
-        memory = {**self.backend.memory_report(arena), "host_bytes": self.layout.nbytes}
         self.last = RunReport(
             backend=self.backend.name,
             mode=self.mode,
             seconds=seconds,
-            nodes=len(self.mg.nodes),
+            nodes=len(chosen.mg.nodes),
             seed=seed if self.mode == "random" else None,
             trace=timing,
-            memory=memory,
+            memory=self._memory(chosen),
             counters=self.backend.counters(),
         )
         return outputs
 
-    def _result_buffers(self) -> dict[str, np.ndarray]:
+    def _memory(self, plan: _Plan) -> dict[str, int]:
+        """The run's memory report: the backend's (device), and the host memory – the
+        buffer and the pinned copies (`host_bytes`), the inputs read in place
+        (`host_in_place_bytes`, counted as `pinned_bytes` counts them) and the pages
+        registered for them (`host_registered_bytes`)."""
+        in_place = {key for key in self._registrations.placed if key in self.host_layout.in_place}
+        return {
+            **self.backend.memory_report(plan.interpreter.arena_bytes),
+            "arena_bytes": plan.interpreter.arena_bytes,
+            "arena_allocated_bytes": self.arena_nbytes,
+            "host_bytes": self.host_layout.nbytes + sum(c.nbytes for c in self._copies),
+            "host_in_place_bytes": sum(self.host_layout.in_place[key] for key in in_place),
+            "host_registered_bytes": self._registrations.registered_bytes,
+        }
+
+    def _result_buffers(self, plan: _Plan) -> dict[str, np.ndarray]:
         buffers = {}
-        for name, node in self._output_nodes.items():
+        for name, node in plan.output_nodes.items():
             if node.region is None:
                 continue
             if self.backend.host_staging:
-                buffers[name] = self.layout.outputs[name].of(self.host)
+                buffers[name] = plan.layout.outputs[name].of(self.host)
             else:
-                task = self.tg[self.tg.outputs[name]]
+                task = plan.tg[plan.tg.outputs[name]]
                 buffers[name] = np.empty(task.shape, dtype=task.dtype)
         return buffers
 
-    def _collect(self) -> dict[str, np.ndarray]:
+    def _collect(self, plan: _Plan) -> dict[str, np.ndarray]:
         outputs = {}
-        results = self.interpreter.results
-        for name, task_id in self.tg.outputs.items():
-            node = self._output_nodes.get(name)
-            task = self.tg[task_id]
+        tg, interp = plan.tg, plan.interpreter
+        for name, task_id in tg.outputs.items():
+            node = plan.output_nodes.get(name)
+            task = tg[task_id]
             if node is None:
                 raise BackendError(f"the plan never produces output {name!r}")
             if node.storage is not None:
-                value = self.interpreter.host_view(node.storage).reshape(task.shape)
+                value = interp.host_view(node.storage).reshape(task.shape)
                 outputs[name] = np.array(value, copy=True)
             elif self.backend.host_staging:
-                outputs[name] = np.array(results[name], copy=True)
+                outputs[name] = np.array(interp.results[name], copy=True)
             else:
-                outputs[name] = results[name]
+                outputs[name] = interp.results[name]
         return outputs
 
-    def _execute(self, seed: int, tracing: bool, progress: Tick | None = None) -> Trace | None:
+    def _execute(
+        self, plan: _Plan, seed: int, tracing: bool, progress: Tick | None = None
+    ) -> Trace | None:
         """Issue every node in the mode's order, synchronize, and raise the first failure."""
         timing: list[tuple[MemNode, str, Event, Event]] | None = [] if tracing else None
         origin: Event | None = None
         failure: BaseException | None = None
+        total = len(plan.mg.nodes)
+        self._in_flight = []
         with self.backend.running():
             try:
                 if self.poison:
-                    self._poison_scratch()
+                    self._poison_scratch(plan)
                 if self.poison or tracing:
-                    origin = self._barrier()
-                tick = _every(progress, len(self.mg.nodes))
-                if self.schedule.mode == "random":
-                    self._issue_random(seed, timing, tick)
+                    origin = self._barrier(plan)
+                tick = _every(progress, total)
+                if plan.schedule.mode == "random":
+                    self._issue_random(plan, seed, timing, tick)
                 else:
-                    self._issue_in_order(timing, tick)
+                    self._issue_in_order(plan, timing, tick)
             except BaseException as err:
                 failure = err
             for stream in self.streams.values():  # drain every stream, even after a failure
@@ -485,40 +744,64 @@ class Session:
                 except BaseException as err:
                     failure = failure or err
             if failure is not None:
-                raise _public_error(failure) from (
+                raise self._failed(failure) from (
                     failure.error if isinstance(failure, NodeFailure) else failure
                 )
+            self._in_flight = []
         if progress is not None:
-            progress(len(self.mg.nodes), len(self.mg.nodes))
+            progress(total, total)
         if timing is None:
             return None
-        return self._trace(timing, origin)
+        return self._trace(plan, timing, origin)
 
-    def _poison_scratch(self) -> None:
-        stream = self.streams[self.schedule.streams[0]]
+    def _failed(self, failure: BaseException) -> BaseException:
+        """The error to raise for `failure`; a lost device context is remembered (the
+        session refuses later runs) and named with the nodes that were in flight."""
+        error = failure.error if isinstance(failure, NodeFailure) else failure
+        lost = self.backend.lost_context(error)
+        public = _public_error(failure, lost, tuple(self._in_flight), self.debug)
+        if isinstance(public, ContextLostError):
+            self._lost = public
+        return public
+
+    def _poison_scratch(self, plan: _Plan) -> None:
+        stream = self.streams[plan.schedule.streams[0]]
         stream.context = "poisoning the arena"
-        whole = self.backend.view(self.arena, 0, (self.interpreter.arena_bytes,), "uint8")
+        whole = self.backend.view(self.arena, 0, (plan.interpreter.arena_bytes,), "uint8")
         self.backend.fill_bytes(whole, POISON_BYTE, stream)
-        for storage in self._scratch_storages:
-            slot = self.layout.storages[storage]
+        for storage in plan.scratch:
+            slot = plan.layout.storages[storage]
             self.host[slot.offset : slot.offset + slot.nbytes] = POISON_BYTE
 
-    def _barrier(self) -> Event:
+    def _barrier(self, plan: _Plan) -> Event:
         """An event on the first stream that every other stream waits for: the poisoning
         is done before any node's work, and the trace's times are measured from it."""
-        first, *others = self.schedule.streams
+        first, *others = plan.schedule.streams
         origin = self.streams[first].record(timing=True)
         for name in others:
             self.streams[name].wait(origin)
         return origin
 
-    def _issue_in_order(self, timing: list | None, tick: Callable[[int], None]) -> None:
-        schedule, streams, issue = self.schedule, self.streams, self.interpreter.issue
+    def _settle(self, node: MemNode, name: str, stream: Stream) -> None:
+        """Debug mode: wait for `node`'s work, so that a failure is raised at it."""
+        try:
+            stream.synchronize()
+        except NodeFailure:
+            raise
+        except Exception as err:
+            raise NodeFailure(err, node, name) from err
+        self._in_flight.clear()
+
+    def _issue_in_order(
+        self, plan: _Plan, timing: list | None, tick: Callable[[int], None]
+    ) -> None:
+        schedule, streams, issue = plan.schedule, self.streams, plan.interpreter.issue
         stream_of, waits, recorded = schedule.stream_of, schedule.waits, schedule.recorded
         events: dict[int, Event] = {}
+        in_flight, debug = self._in_flight, self.debug
         node = None
         try:
-            for node in self.mg.nodes:
+            for node in plan.mg.nodes:
                 tick(node.id)
                 name = stream_of[node.id]
                 if name is None:
@@ -530,24 +813,30 @@ class Session:
                 stream.context = node
                 if timing is None:
                     issue(node, stream)
+                    in_flight.append(node)
                     if node.id in recorded:
                         events[node.id] = stream.record()
                 else:
                     start = stream.record(timing=True)
                     issue(node, stream)
+                    in_flight.append(node)
                     end = events[node.id] = stream.record(timing=True)
                     timing.append((node, name, start, end))
+                if debug:
+                    self._settle(node, name, stream)
         except NodeFailure:
             raise
         except Exception as err:
             raise NodeFailure(err, node, stream_of[node.id] or "host") from err
 
-    def _issue_random(self, seed: int, timing: list | None, tick: Callable[[int], None]) -> None:
-        streams, issue, stream_of = self.streams, self.interpreter.issue, self.schedule.stream_of
-        nodes = self.mg.nodes
+    def _issue_random(
+        self, plan: _Plan, seed: int, timing: list | None, tick: Callable[[int], None]
+    ) -> None:
+        streams, issue, stream_of = self.streams, plan.interpreter.issue, plan.schedule.stream_of
+        nodes = plan.mg.nodes
         node = None
         try:
-            for issued, node_id in enumerate(random_order(self.mg, seed)):
+            for issued, node_id in enumerate(random_order(plan.mg, seed)):
                 tick(issued)
                 node = nodes[node_id]
                 name = stream_of[node_id]
@@ -558,24 +847,26 @@ class Session:
                 stream.context = node
                 start = stream.record(timing=True) if timing is not None else None
                 issue(node, stream)
+                self._in_flight.append(node)
                 if timing is not None:
                     timing.append((node, name, start, stream.record(timing=True)))
-                stream.synchronize()
+                self._settle(node, name, stream)  # each node done before the next starts
         except NodeFailure:
             raise
         except Exception as err:
             where = stream_of[node.id] if node is not None else None
             raise NodeFailure(err, node, where or "host") from err
 
-    def _trace(self, timing: list[tuple[MemNode, str, Event, Event]], origin: Event) -> Trace:
+    def _trace(
+        self, plan: _Plan, timing: list[tuple[MemNode, str, Event, Event]], origin: Event
+    ) -> Trace:
+        mg = plan.mg
         spans = [  # named as the simulator names them (`memgraph.trace.node_event`)
-            node_event(self.mg, node, name, start.seconds_since(origin), end.seconds_since(origin))
+            node_event(mg, node, name, start.seconds_since(origin), end.seconds_since(origin))
             for node, name, start, end in timing
         ]
-        title = f"einpage {self.tg.name} ({self.backend.name}, {self.mode})"
-        return Trace(
-            spans, clock=self.backend.clock, title=title, metadata={"budget": self.mg.budget}
-        )
+        title = f"einpage {mg.taskgraph.name} ({self.backend.name}, {self.mode})"
+        return Trace(spans, clock=self.backend.clock, title=title, metadata={"budget": mg.budget})
 
 
 def _every(progress: Tick | None, total: int) -> Callable[[int], None]:
@@ -591,19 +882,64 @@ def _every(progress: Tick | None, total: int) -> Callable[[int], None]:
     return tick
 
 
-def _public_error(failure: BaseException) -> BaseException:
+IN_FLIGHT_SHOWN = 8
+"""How many of the nodes in flight a lost-context error lists (the latest ones)."""
+
+
+def _public_error(
+    failure: BaseException,
+    lost: str | None = None,
+    in_flight: tuple[MemNode, ...] = (),
+    debug: bool = False,
+) -> BaseException:
     """The error a user sees for a failure during a run: einpage errors pass through (with a
-    note naming the node), anything else becomes a `BackendError` naming the node."""
+    note naming the node), anything else becomes a `BackendError` naming the node – in
+    debug mode with the node's whole line. When the backend says the device context is
+    `lost` (a sticky CUDA error), a `ContextLostError`: that the device can run nothing
+    more, where the error surfaced, and – outside debug mode, where it surfaced at the
+    node that failed – the nodes `in_flight`, one of which faulted."""
     if not isinstance(failure, NodeFailure):
+        if lost is not None:
+            return _context_lost(lost, f"surfaced ({type(failure).__name__}: {failure})", in_flight)
         if isinstance(failure, EinpageError) or not isinstance(failure, Exception):
             return failure
         return BackendError(f"the run failed: {type(failure).__name__}: {failure}")
     error, node = failure.error, failure.context
-    where = f"n{node.id} ({node.describe()})" if isinstance(node, MemNode) else str(node)
+    if isinstance(node, MemNode):
+        where = node.line() if debug else f"n{node.id} ({node.describe()})"
+    else:
+        where = str(node)
+    if lost is not None:
+        said = f"{type(error).__name__}: {error}"
+        if debug:  # synchronized after every node: this node is the one that faulted
+            return ContextLostError(
+                f"{where} failed on stream {failure.stream!r} and lost the device context "
+                f"({lost}: {said}); nothing more can run on this device in this process",
+                (node.id,) if isinstance(node, MemNode) else (),
+            )
+        return _context_lost(
+            lost, f"surfaced at {where} on stream {failure.stream!r} ({said})", in_flight
+        )
     if isinstance(error, EinpageError):
         return _naming(error, f"while running {where} on stream {failure.stream!r}")
     return BackendError(
         f"{where} failed on stream {failure.stream!r}: {type(error).__name__}: {error}"
+    )
+
+
+def _context_lost(lost: str, surfaced: str, in_flight: tuple[MemNode, ...]) -> ContextLostError:
+    """A lost context outside debug mode: the error surfaces at a later call than the
+    fault, so the message lists the nodes in flight rather than blaming one."""
+    shown = in_flight[-IN_FLIGHT_SHOWN:]
+    listed = "; ".join(f"n{n.id} ({n.describe()})" for n in shown)
+    more = f" (the last {len(shown)} of {len(in_flight)})" if len(in_flight) > len(shown) else ""
+    return ContextLostError(
+        f"the device context is lost ({lost}): the error {surfaced}, which is not "
+        f"necessarily where it happened. Nodes in flight – issued since the last completed "
+        f"synchronization – {len(in_flight)}{more}: {listed or 'none'}. Run again with "
+        f"debug=True (EINPAGE_SYNC=1, or einpage run --sync) to synchronize after each node "
+        "and name the one that fails; nothing more can run on this device in this process",
+        tuple(n.id for n in in_flight),
     )
 
 

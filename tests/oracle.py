@@ -29,6 +29,10 @@ Structure (S):
   (`storage`) or on the device (`region`), not both.
 * S4 an alloc's offset is a multiple of the plan's alignment, and its region holds at
   least its tensor's bytes.
+* S5 a tensor's bytes start at a multiple of its element size (its dtype's bytes per
+  element), wherever a node sees them: the tensor an alloc places, and every operand
+  an apply reads (a view as its own dtype says). A GPU load of a float32 from an
+  address that is not a multiple of 4 faults, whatever the plan's alignment says.
 
 Device bytes (D). The oracle replays the nodes in insertion order over a map of the
 arena that says, for every byte, whether it is free (and which free released it last)
@@ -362,6 +366,7 @@ class _Replay:
             raise self.broken("S4", f"offset {offset} is not a multiple of {self.alignment}")
         if size < self.tasks[tensor].nbytes:
             raise self.broken("S4", f"{size} bytes cannot hold {self.tasks[tensor].describe()}")
+        self.at_element_boundary(tensor, offset)  # S5
         if tensor in self.region_of:  # D1
             raise self.broken("D1", f"%{tensor} already has region {self.region_of[tensor]}")
         for state in self.arena.states_in(offset, size):
@@ -452,6 +457,15 @@ class _Replay:
         else:
             self.write(task.id, node["region"])
 
+    def at_element_boundary(self, tensor: int, offset: int) -> None:
+        """S5: task `tensor`, seen at `offset`, starts at a multiple of its element size."""
+        task = self.tasks[tensor]
+        element = DTYPE_TABLE[task.dtype].bits // 8
+        if offset % element:
+            raise self.broken(
+                "S5", f"{task.describe()} at offset {offset}, not a multiple of {element}"
+            )
+
     def on_apply(self) -> None:
         node, task = self.node, self.tasks[self.node["tensor"]]
         if task.kind == "input":  # P2
@@ -463,6 +477,7 @@ class _Replay:
             raise self.broken("P2", f"reads {len(reads)} regions for {len(task.inputs)} operands")
         for operand, region in zip(task.inputs, reads, strict=True):
             self.read(self.base(operand), region)
+            self.at_element_boundary(operand, region[0])  # S5
         self.write(task.id, node["region"])
         self.use_workspace(task)
         self.computed.add(task.id)

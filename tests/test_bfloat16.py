@@ -202,8 +202,9 @@ def test_a_fused_join_rounds_once_where_torch_rounds_per_op():
 def test_plans_count_two_bytes_and_run_exactly_as_the_reference():
     tg = small_program()
     wide = small_program("float32")
-    for alignment in (1, 16):
+    for alignment in (1, 16):  # a bound in exact bytes (1), and rounded as a plan is
         assert 2 * memgraph.min_budget(tg, alignment)[0] <= memgraph.min_budget(wide, alignment)[0]
+    for alignment in (8, 16):  # the planner's alignments: a power of two >= 8
         peak = memgraph.streaming_minimum(tg, alignment=alignment)
         assert peak < memgraph.streaming_minimum(wide, alignment=alignment)
     inputs = small_inputs(3)

@@ -36,6 +36,7 @@ from einpage.cli.commands import (
 from einpage.cli.files import load_inputs, save_arrays
 from einpage.cli.presets import load_program, random_inputs
 from einpage.units import format_bytes, format_exact
+from runtime.session import Session
 from taskgraph.dot import find_dot
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -539,6 +540,35 @@ def test_run_with_an_inputs_file_and_seeds(capsys, plan_file, tmp_path):
     np.testing.assert_allclose(load_inputs(a)["logits"], reference, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("how", ["--sync", "EINPAGE_SYNC=1"])
+def test_run_sync_names_the_failing_node_by_its_line(capsys, plan_file, how, monkeypatch):
+    """`einpage run --sync` (or EINPAGE_SYNC=1) runs in the session's debug mode: it
+    synchronizes after each node and the error names the node that failed, its line."""
+    import runtime.numpy_backend as numpy_backend
+
+    mg = memgraph.MemGraph.from_json(plan_file.read_text())
+    failing = mg.of_kind(memgraph.NodeKind.APPLY)[2]
+    real = numpy_backend.evaluate_task
+
+    def broken(task, operands, out):
+        if task.id == failing.tensor:
+            raise ValueError("exploded")
+        return real(task, operands, out=out)
+
+    monkeypatch.setattr(numpy_backend, "evaluate_task", broken)
+    made = []
+    monkeypatch.setattr(runtime, "Session", lambda *a, **k: made.append(k) or Session(*a, **k))
+    argv = ["run", plan_file, "--backend", "numpy", "--mode", "streams"]
+    if how == "--sync":
+        argv.append("--sync")
+    else:
+        monkeypatch.setenv("EINPAGE_SYNC", "1")
+    code, _, err = cli(capsys, *argv)
+    assert code != EXIT_OK
+    assert_one_error(err, f"{failing.line()} failed on stream 'compute': ValueError: exploded")
+    assert made[0]["debug"] is (True if how == "--sync" else None)  # None: the variable
+
+
 def test_run_rejects_inputs_that_do_not_fit(capsys, plan_file, tmp_path):
     mg = memgraph.MemGraph.from_json(plan_file.read_text())
     arrays = random_inputs(mg.taskgraph, 0)
@@ -830,7 +860,8 @@ def test_every_python_spelling_the_cli_rewords_is_a_library_message(monkeypatch)
         import_cupy,  # with CuPy missing, then without a GPU
         import_cupy,
     ]
-    messages = [WAY_OUT, _unsupported_dtypes("2.0.2")["bfloat16"]]  # CuPy 14 on an old NumPy
+    lost = runtime.session._context_lost("CUDA error 700", "surfaced at n3", ())
+    messages = [WAY_OUT, _unsupported_dtypes("2.0.2")["bfloat16"], str(lost)]  # CuPy 14, old NumPy
     for k, call in enumerate(calls):
         if call is import_cupy:
             fake = (

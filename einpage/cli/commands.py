@@ -270,7 +270,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 source = f"random (seed {seed})"
             tg.check_inputs(arrays)
         with console.stage("staging"):  # the arena, host storage and staging slots
-            session = runtime.Session(mg, args.backend, mode=args.mode)
+            debug = True if args.sync else None  # None: EINPAGE_SYNC decides
+            session = runtime.Session(mg, args.backend, mode=args.mode, debug=debug)
         with console.stage("running"), session:
             ran = ProgressReport(console.report, {"running": 1.0}).stage("running", len(mg))
             outputs = session.run(arrays, trace=bool(args.trace), progress=ran)
@@ -623,6 +624,12 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "--random-inputs", type=_count, metavar="SEED", help="random inputs (default: seed 0)"
     )
     run.add_argument("--check", action="store_true", help="compare with taskgraph.evaluate")
+    run.add_argument(
+        "--sync",
+        action="store_true",
+        help="synchronize after each node, so that a failure names the node that failed "
+        "(slower; EINPAGE_SYNC=1 does the same)",
+    )
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace of the run")
     run.add_argument("-o", "--output", metavar="OUTPUTS.npz", help="write the outputs")
     run.set_defaults(handler=_cmd_run)
@@ -744,6 +751,8 @@ CLI_SPELLINGS = (
         "or use --backend numpy (or --backend auto, which picks CuPy only when a GPU is usable)",
     ),
     ("use backend='numpy' or 'auto'", "use --backend numpy or --backend auto"),
+    # a lost device context (`runtime.session.ContextLostError`)
+    ("with debug=True (EINPAGE_SYNC=1, or einpage run --sync)", "with --sync (or EINPAGE_SYNC=1)"),
     (
         "run it with backend='numpy', or build the program in float16 (load the checkpoint "
         "with dtype='float16')",

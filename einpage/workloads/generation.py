@@ -8,15 +8,16 @@
 * **Step plans** (`StepPlans`): a prefill plan, then decode plans reused across steps:
   one per length bucket (`decode_program`: a cache of up to `pages` pages, rounded up
   to `bucket_pages`; the positions and the mask of filled positions are inputs) and
-  chunk size (`chunk_steps` consecutive steps per run, default 1). A
-  `runtime.Session` per plan runs the loop: the pages live in host memory between
-  runs, where the loop writes each run's new keys and values into their pages; each
-  plan's session stages the weights, the position tables and the pages once, and after
-  a run re-stages only the pages that changed. Inside a run the plan pages the KV
-  cache and the weights under the budget like any tensors, but nothing stays on the
-  device from one run to the next: every run reads its pages and the weights it does
-  not hold from host memory again. Planning cost grows with the number of (bucket,
-  chunk size) pairs and the chunk length, not with the number of steps.
+  chunk size (`chunk_steps` consecutive steps per run, default 1). One
+  `runtime.Session` holds every plan and runs the loop: one arena (the largest plan's),
+  one host buffer, the weights and the position tables staged once for all plans. The
+  pages live in host memory between runs, where the loop writes each run's new keys and
+  values into their pages; a page is staged when a plan first needs it and again only
+  after a run wrote it. Inside a run the plan pages the KV cache and the weights under
+  the budget like any tensors, but nothing stays on the device from one run to the
+  next: every run reads its pages and the weights it does not hold from host memory
+  again. Planning cost grows with the number of (bucket, chunk size) pairs and the
+  chunk length, not with the number of steps.
 
 Which to use: unrolled when the program fits in planning time (it keeps a fixed set of
 weights and the most reused pages resident across steps, and needs no host round trip
@@ -42,7 +43,6 @@ and per generated token.
 
 from __future__ import annotations
 
-import gc
 import math
 import time
 from collections.abc import Iterator, Mapping
@@ -73,6 +73,7 @@ from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
+from runtime.hostmem import SharedHost
 from taskgraph import dtypes
 from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
 from taskgraph.graph import TaskGraph
@@ -532,44 +533,32 @@ def _compile(
     return compiled, _planning_seconds(compiled)
 
 
-def _session(mg: MemGraph, backend: Any, mode: str | None) -> runtime.Session:
-    return runtime.Session(mg, backend, mode=mode)
-
-
-def _run_once(
-    mg: MemGraph, inputs: Mapping[str, Any], backend: Any, mode: str | None, seed: int
-) -> tuple[dict[str, np.ndarray], Any]:
-    """One run of `mg` in a session of its own: (outputs, run report)."""
-    with _session(mg, backend, mode) as session:
-        return session.run(inputs, seed=seed), session.last
-
-
-def _release_sessions() -> None:
-    """Free the buffers of the sessions just closed before the next one allocates its
-    own. A closed `runtime.Session` keeps its arena (and its staged copies of the
-    weights) until its reference cycles are collected, which allocating large arrays
-    does not prompt: the step loop's sessions, one after another, would hold all of
-    theirs at once (measured: GPT-2 124M in float32, three step plans on NumPy, 2.1 GB
-    resident where one session at a time needs 1.2 GB)."""
-    gc.collect()
-
-
 RUN_BYTES_PER_NODE = 1024
-"""Host memory a session takes per node of its plan for its own bookkeeping (the
+"""Host memory a session takes per node of its plans for its own bookkeeping (the
 schedule, the interpreter's views; measured about 300 B on the tiny presets), counted
 by `host_bytes` with a margin."""
 
 
-def _session_host_bytes(mg: MemGraph, backend: runtime.Backend) -> int:
-    """Host memory a session of `mg` allocates on `backend`: its host buffer (as
-    `runtime.Session` lays it out), its bookkeeping (`RUN_BYTES_PER_NODE`) and, where the
-    arena and the kernels are in host memory (NumPy), the arena and the largest result a
-    kernel computes before storing it (in its compute dtype: float32 for 16-bit floats)."""
-    layout = runtime.HostLayout.of(mg, backend.host_staging)
-    need = layout.nbytes + RUN_BYTES_PER_NODE * len(mg)
+def _session_host_bytes(plans: list[MemGraph], backend: runtime.Backend) -> int:
+    """Host memory one session over `plans` allocates on `backend`: its host buffer (as
+    `runtime.Session` lays it out: every input's home once, the largest plan's scratch),
+    its bookkeeping (`RUN_BYTES_PER_NODE`) and, where the arena and the kernels are in
+    host memory (NumPy), the arena (the largest plan's) and the largest result a kernel
+    computes before storing it (in its compute dtype: float32 for 16-bit floats)."""
+    staging = backend.host_staging
+    shared = SharedHost.of(plans, staging, backend.in_place_min if staging else None)
+    need = shared.promise + RUN_BYTES_PER_NODE * sum(len(mg) for mg in plans)
     if backend.arena_on_host:
-        tg = mg.taskgraph
-        need += mg.budget + max((_kernel_scratch(tg, t) for t in tg if t.is_compute), default=0)
+        need += max(mg.budget for mg in plans)
+        need += max(
+            (
+                _kernel_scratch(mg.taskgraph, t)
+                for mg in plans
+                for t in mg.taskgraph
+                if t.is_compute
+            ),
+            default=0,
+        )
     return need
 
 
@@ -638,7 +627,7 @@ class UnrolledPlan:
         """Host memory a run on `backend` allocates besides the weights it is given: the
         session's host buffer and arena (NumPy) and the inputs (`run` checks nothing
         itself: a caller that must not run out of memory compares this first)."""
-        return _session_host_bytes(self.plan, backend) + _input_bytes(
+        return _session_host_bytes([self.plan], backend) + _input_bytes(
             self.spec, self.compiled.program
         )
 
@@ -675,7 +664,7 @@ class UnrolledPlan:
         inputs = generation_inputs(
             spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed)
         )
-        with _session(self.plan, backend, mode) as session:
+        with runtime.Session(self.plan, backend, mode=mode) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
 
@@ -812,16 +801,19 @@ class StepPlans:
         return named
 
     def host_bytes(self, backend: runtime.Backend) -> int:
-        """Host memory a run on `backend` allocates besides the weights it is given: the
-        largest session's host buffer and arena (one session at a time), the KV pages kept
-        in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
+        """Host memory a run on `backend` allocates besides the weights it is given: its
+        one session over every plan (host buffer, bookkeeping, NumPy's arena), the KV pages
+        kept in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
         plans = [self.prefill, *self.decoders.values()]
-        sessions = max(_session_host_bytes(c.plan, backend) for c in plans)
+        session = _session_host_bytes(list(self.session_plans.values()), backend)
         inputs = max(_input_bytes(self.spec, c.program) for c in plans)
-        staged = 0  # a decode plan's session stages every input but the step's own
-        if not backend.host_staging:  # copied (NumPy); a staging backend's slots are in
-            staged = max((c.program.input_bytes for c in self.decoders.values()), default=0)
-        return sessions + staged + self._cache_pages() * self._page_bytes() + inputs
+        return session + self._cache_pages() * self._page_bytes() + inputs
+
+    @property
+    def session_plans(self) -> dict[Any, MemGraph]:
+        """The plans one `runtime.Session` runs the generation with: "prefill", then each
+        decode plan by its key `(pages, steps)`."""
+        return {"prefill": self.prefill.plan, **{k: c.plan for k, c in self.decoders.items()}}
 
     def _cache_pages(self) -> int:
         """Pages per layer and part (K or V) the host cache holds (`run`)."""
@@ -872,75 +864,46 @@ class StepPlans:
         mode: str | None = None,
         run_seed: int = 0,
     ) -> GenerationOutput:
-        """Generate with the step loop (module docstring); arguments as `UnrolledPlan.run`."""
+        """Generate with the step loop (module docstring): one session over every plan,
+        the weights and position tables staged once; arguments as `UnrolledPlan.run`."""
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         gumbel = spec.gumbel(seed)
         first = None if gumbel is None else gumbel[:1]
-        inputs = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, weights, first)
-        out, report = _run_once(self.prefill.plan, inputs, backend, mode, run_seed)
-        reports = [report]
-        _release_sessions()
-        prefill = self.prefill.program
-        cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, self._cache_pages())
-        cache.write(prefill, out, 0)
-        chosen = [out["ids"]]
-        logits = [out["logits"]] if spec.logits else []
-        for run in self._runs():
-            reports += self._run_plan(
-                run, cache, weights, chosen, logits, gumbel, backend, mode, run_seed
-            )
-            _release_sessions()
-        ids_out = np.concatenate(chosen, axis=1)
-        logits_out = np.concatenate(logits, axis=1) if spec.logits else None
-        return GenerationOutput(ids_out, logits_out, tuple(reports))
-
-    def _runs(self) -> list[list[Chunk]]:
-        """Consecutive chunks that use the same plan (one session each)."""
-        runs: list[list[Chunk]] = []
-        for chunk in self.chunks:
-            if runs and runs[-1][0].key == chunk.key:
-                runs[-1].append(chunk)
-            else:
-                runs.append([chunk])
-        return runs
-
-    def _run_plan(
-        self,
-        run: list[Chunk],
-        cache: _HostPages,
-        weights: Mapping[str, np.ndarray],
-        chosen: list[np.ndarray],
-        logits: list[np.ndarray],
-        gumbel: np.ndarray | None,
-        backend: Any,
-        mode: str | None,
-        run_seed: int,
-    ) -> list[Any]:
-        """Chunks of one plan in one session: stage what stays (weights, position tables,
-        pages), then run each chunk and write its new keys and values into the host pages,
-        re-staging the pages that changed."""
-        spec = self.spec
-        pages, steps = run[0].key
+        prompt = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, None, first)
         positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
-        reports = []
-        tg = self.decoders[run[0].key].program
-        with _session(self.decoders[run[0].key].plan, backend, mode) as session:
-            session.stage({**weights, **positions, **cache.inputs(tg, range(pages))})
-            for chunk in run:
+        prefill = self.prefill.program
+        with runtime.Session(self.session_plans, backend, mode=mode) as session:
+            session.stage(weights)
+            out = session.run(prompt, plan="prefill", seed=run_seed)
+            reports = [session.last]
+            cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, self._cache_pages())
+            cache.write(prefill, out, 0)
+            chosen = [out["ids"]]
+            logits = [out["logits"]] if spec.logits else []
+            if self.chunks:
+                session.stage(positions)  # the decode plans' tables, for every position
+            staged: set[int] = set()  # pages whose host contents the session holds
+            for chunk in self.chunks:
+                tg = self.decoders[chunk.key].program
+                fresh = set(range(chunk.pages)) - staged
+                session.stage(cache.inputs(tg, fresh))
+                staged |= fresh
                 step = decode_inputs(
-                    chosen[-1][:, -1], chunk.length, pages, spec.page_size, spec.dtype, steps
-                )
+                    chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
+                    chunk.steps,
+                )  # fmt: skip
                 if gumbel is not None:
-                    step["gumbel"] = gumbel[chunk.first : chunk.first + steps]
-                out = session.run(step, seed=run_seed + chunk.first)
+                    step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]
+                out = session.run(step, plan=chunk.key, seed=run_seed + chunk.first)
                 reports.append(session.last)
-                touched = cache.write(tg, out, chunk.length)
-                session.stage(cache.inputs(tg, {p for p in touched if p < pages}))
+                staged -= cache.write(tg, out, chunk.length)  # staged again when next read
                 chosen.append(out["ids"])
                 if spec.logits:
                     logits.append(out["logits"])
-        return reports
+        ids_out = np.concatenate(chosen, axis=1)
+        logits_out = np.concatenate(logits, axis=1) if spec.logits else None
+        return GenerationOutput(ids_out, logits_out, tuple(reports))
 
 
 def plan_generation(

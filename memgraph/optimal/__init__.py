@@ -27,7 +27,7 @@ Needs scipy >= 1.9 (the `test` extra installs it); without it the functions rais
 >>> x = prog.input("x", (256,))                 # 1 KiB each
 >>> a = ep.exp(x); d = ep.exp(ep.exp(ep.exp(a)))
 >>> prog.output(prog.einsum("i,i->", a, d), "y")  # a waits while b, c, d are computed
->>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=1)
+>>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8)
 >>> best.status, best.offload_bytes, best.reload_bytes  # a goes to the host and back
 ('optimal', 1024, 1024)
 """

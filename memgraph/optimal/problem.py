@@ -38,7 +38,8 @@ kept gaps that satisfies these constraints and moves at least the bytes they cos
 the optimum (`memgraph.optimal.optimal_transfers`) is a lower bound on the bytes any
 such plan moves, contiguous arena or not, and it is exact for the relaxed arena (a plan
 that places each tensor anywhere free). Alignment counts as the planner's does: a plan
-whose regions are not multiples of it is bounded with `alignment=1`.
+whose regions are not multiples of it is bounded with the smallest alignment a plan may
+have, `alignment=8` (`memgraph.allocator.MIN_ALIGNMENT`).
 """
 
 from __future__ import annotations
@@ -217,7 +218,7 @@ def transfer_problem(
     >>> x = prog.input("x", (256,))
     >>> a = ep.exp(x); d = ep.exp(ep.exp(ep.exp(a)))
     >>> prog.output(prog.einsum("i,i->", a, d), "y")
-    >>> problem = transfer_problem(prog.build(), "2.5KiB", alignment=1)
+    >>> problem = transfer_problem(prog.build(), "2.5KiB", alignment=8)
     >>> [(g.tensor, g.after, g.before) for g in problem.gaps if g.spans]
     [(1, 1, 4)]
     """

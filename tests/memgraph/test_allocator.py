@@ -517,7 +517,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     live_blocks = Bundle("live_blocks")
 
     @initialize(
-        alignment=st.sampled_from([1, 8, 256]),
+        alignment=st.sampled_from([8, 16, 256]),
         units=st.integers(1, 24),
         extra=st.integers(0, 255),
     )

@@ -205,9 +205,9 @@ def waiting_chain():
 
 def test_a_waiting_activation_is_offloaded_once_and_reloaded():
     tg = waiting_chain()
-    roomy = optimal_transfers(tg, 3 * KIB, alignment=1)
+    roomy = optimal_transfers(tg, 3 * KIB, alignment=8)
     assert (roomy.moved_bytes, roomy.dropped) == (0, ())
-    tight = optimal_transfers(tg, "2.5KiB", alignment=1)
+    tight = optimal_transfers(tg, "2.5KiB", alignment=8)
     assert (tight.offload_bytes, tight.reload_bytes) == (KIB, KIB)
     assert [(g.tensor, g.after, g.before) for g in tight.dropped] == [(1, 1, 4)]
     assert "optimal" in str(tight)
@@ -237,22 +237,22 @@ def test_a_device_input_may_start_on_the_host():
     d = ep.exp(ep.exp(ep.exp(a)))
     prog.output(prog.einsum("i,i->", x, d), "y")
     tg = prog.build()
-    best = optimal_transfers(tg, "2.5KiB", alignment=1)
+    best = optimal_transfers(tg, "2.5KiB", alignment=8)
     assert (best.offload_bytes, best.reload_bytes) == (0, KIB)
     assert best.dropped[0].is_start and best.dropped[0].tensor == 0
 
 
 def test_outputs_on_the_host_are_offloaded_once():
     tg = waiting_chain()
-    best = optimal_transfers(tg, 3 * KIB, outputs="host", alignment=1)
+    best = optimal_transfers(tg, 3 * KIB, outputs="host", alignment=8)
     assert (best.offload_bytes, best.reload_bytes) == (4, 0)  # y, 4 bytes
 
 
 def test_a_step_over_the_budget_is_refused():
     with pytest.raises(InfeasibleBudgetError, match="alone needs more than the budget"):
-        optimal_transfers(waiting_chain(), KIB, alignment=1)
+        optimal_transfers(waiting_chain(), KIB, alignment=8)
     with pytest.raises(InfeasibleBudgetError):
-        optimal_transfers_with_offsets(waiting_chain(), KIB, alignment=1)
+        optimal_transfers_with_offsets(waiting_chain(), KIB, alignment=8)
 
 
 def test_an_empty_program_moves_nothing():
@@ -296,11 +296,11 @@ def test_the_sharpest_bound_beats_the_capacity_bound_on_cyclic_reuse():
             h = h * w
     prog.output(h, "y")
     tg = prog.build()
-    sharp = sharpest_lower_bound(tg, 4 * KIB, alignment=1, milp_time_limit=10)
+    sharp = sharpest_lower_bound(tg, 4 * KIB, alignment=8, milp_time_limit=10)
     capacity = transfer_lower_bounds(tg, 4 * KIB).total_bytes
     assert sharp.capacity == capacity < sharp.lp <= sharp.bytes
     assert sharp.optimum == sharp.bytes == 9 * KIB and sharp.source == "optimum"
-    assert sharp.bytes == plan(tg, 4 * KIB, alignment=1).stats.reload_bytes
+    assert sharp.bytes == plan(tg, 4 * KIB, alignment=8).stats.reload_bytes
 
 
 # -- the offsets formulation ----------------------------------------------------------

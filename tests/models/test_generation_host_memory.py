@@ -1,9 +1,11 @@
 """The host memory of a generation's run: what `host_bytes` promises (checked before a
 run by `check_run_memory`) bounds what a run allocates, both ways, traced; and the step
-loop frees each plan's session before the next allocates its own."""
+loop runs every plan in one session, which allocates its arena and host buffer once
+and releases them when it closes, without waiting for the garbage collector."""
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
 import weakref
 
@@ -14,6 +16,7 @@ import runtime
 from einpage.models import gpt2
 from einpage.models.decode import Sampling
 from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
+from runtime.numpy_backend import NumpyBackend
 
 CFG = gpt2.PRESETS["tiny"]
 SPEC = GenerationSpec(gpt2.FAMILY, CFG, 2, 6, 7, page_size=4, sampling=Sampling(top_k=4))
@@ -39,17 +42,57 @@ def test_a_run_allocates_at_most_what_host_bytes_says(way):
     assert peak <= promised, (peak, promised)
 
 
-def test_the_step_loop_frees_each_session_before_the_next(monkeypatch):
+class Counting(NumpyBackend):
+    """NumPy, counting its arena and host allocations and keeping weak references to them."""
+
+    name = "counting"
+
+    def __init__(self):
+        super().__init__()
+        self.arenas: list[int] = []
+        self.hosts: list[int] = []
+        self.buffers: list[weakref.ref] = []
+
+    def allocate_arena(self, nbytes):
+        self.arenas.append(nbytes)
+        arena = super().allocate_arena(nbytes)
+        self.buffers.append(weakref.ref(arena))
+        return arena
+
+    def allocate_host(self, nbytes):
+        self.hosts.append(nbytes)
+        host = super().allocate_host(nbytes)
+        self.buffers.append(weakref.ref(host))
+        return host
+
+
+def test_the_step_loop_runs_every_plan_in_one_session(monkeypatch):
+    """Issue 23: one session for the whole generation – one arena (the largest plan's),
+    one host buffer – freed when it closes, with the garbage collector off (the loop
+    made a session per plan, and called gc.collect() between them, since a closed
+    session held its arena until collected)."""
     plan = plan_generation(SPEC, "60%", Planning(way="steps"))
     assert len(plan.decoders) >= 2
-    sessions, alive = [], []
+    sessions = []
     made = runtime.Session.__init__
 
     def init(self, *args, **kwargs):
-        alive.append(sum(s() is not None for s in sessions))
         made(self, *args, **kwargs)
-        sessions.append(weakref.ref(self))
+        sessions.append(self)
 
     monkeypatch.setattr(runtime.Session, "__init__", init)
-    plan.run(weights(), np.zeros((2, 6), np.int64), backend="numpy")
-    assert alive == [0] * (1 + len(plan.decoders)), alive
+    backend = Counting()
+    want = plan.run(weights(), np.zeros((2, 6), np.int64), backend="numpy")
+    gc.disable()
+    try:
+        got = plan.run(weights(), np.zeros((2, 6), np.int64), backend=backend)
+        assert all(ref() is None for ref in backend.buffers), "a buffer outlived the session"
+    finally:
+        gc.enable()
+    np.testing.assert_array_equal(got.ids, want.ids)
+    assert len(sessions) == 2  # one per run of the generation, each over every plan
+    assert len(sessions[-1].plans) == 1 + len(plan.decoders)
+    arenas = [runtime.interpreter.arena_bytes(mg) for mg in plan.session_plans.values()]
+    assert backend.arenas == [max(arenas)]
+    assert backend.hosts == [sessions[-1].host_layout.nbytes]
+    assert len(got.reports) == 1 + len(plan.chunks)

@@ -311,9 +311,10 @@ def _pointer(value):
 class DeviceMemory:
     """The stand-in's device memory: every allocation, the bytes live and the peak.
 
-    `allocate(nbytes, what, pool)` gives a zeroed byte buffer, released (and uncounted)
-    when nothing refers to it any more. A *pool* allocation – what CuPy takes from its
-    memory pool for an array it makes – first asks the current allocator
+    `allocate(nbytes, what, pool)` gives a zeroed byte buffer at a 256-aligned address
+    (as cudaMalloc's), released (and uncounted) when nothing refers to it any more. A
+    *pool* allocation – what CuPy takes from its memory pool for an array it makes –
+    first asks the current allocator
     (`using_allocator`), as CuPy does: the backend's refuses every request during a run,
     so a temporary there is an error. `allocations` lists (what, bytes) of each one;
     `find(address, nbytes)` is the live allocation holding those bytes (what a kernel or
@@ -327,33 +328,38 @@ class DeviceMemory:
         self.allocator: Callable[[int], Any] | None = None
         self._lock = threading.Lock()
         self._starts: list[int] = []
-        self._blocks: dict[int, tuple[int, Any]] = {}  # start -> (bytes, weakref to buffer)
+        self._blocks: dict[int, tuple[int, Any, int]] = {}  # start -> (bytes, owner, offset)
+        self._roots: dict[int, int] = {}  # the owner's address -> start
 
     def allocate(self, nbytes: int, what: str, pool: bool = True) -> np.ndarray:
         if pool and self.allocator is not None:
             self.allocator(nbytes)  # CuPy's pool asks its allocator: the backend's refuses
-        buffer = np.zeros(max(nbytes, 1), dtype=np.uint8)
-        self.register(buffer, nbytes, what)
-        return buffer[:nbytes]
+        buffer = np.zeros(max(nbytes, 1) + 255, dtype=np.uint8)
+        offset = -buffer.ctypes.data % 256
+        self.register(buffer, nbytes, what, offset)
+        return buffer[offset : offset + nbytes]
 
-    def register(self, owner: np.ndarray, nbytes: int, what: str) -> None:
-        """Count `owner`'s memory (`nbytes` from its address) until it is released."""
-        start = owner.ctypes.data
+    def register(self, owner: np.ndarray, nbytes: int, what: str, offset: int = 0) -> None:
+        """Count `nbytes` of `owner`'s memory from byte `offset` until it is released."""
+        start = owner.ctypes.data + offset
         with self._lock:
             self.allocations.append((what, nbytes))
             self.live += nbytes
             self.peak = max(self.peak, self.live)
             bisect.insort(self._starts, start)
-            self._blocks[start] = (nbytes, weakref.ref(owner))
-        weakref.finalize(owner, self._release, start, nbytes)
+            self._blocks[start] = (nbytes, weakref.ref(owner), offset)
+            self._roots[owner.ctypes.data] = start
+        weakref.finalize(owner, self._release, start, nbytes, owner.ctypes.data)
 
-    def _release(self, start: int, nbytes: int) -> None:
+    def _release(self, start: int, nbytes: int, root: int) -> None:
         with self._lock:
             self.live -= nbytes
             i = bisect.bisect_left(self._starts, start)
             if i < len(self._starts) and self._starts[i] == start:
                 del self._starts[i]
                 del self._blocks[start]
+            if self._roots.get(root) == start:
+                del self._roots[root]
 
     def holds(self, array: np.ndarray) -> bool:
         """Whether `array`'s memory is (inside) a counted allocation."""
@@ -363,7 +369,8 @@ class DeviceMemory:
         if not isinstance(root, np.ndarray):
             return True  # memory of another object (a host buffer): not device memory
         with self._lock:
-            block = self._blocks.get(root.ctypes.data)
+            start = self._roots.get(root.ctypes.data)
+            block = None if start is None else self._blocks.get(start)
         return block is not None and block[1]() is root
 
     def find(self, address: int, nbytes: int) -> tuple[np.ndarray, int]:
@@ -373,11 +380,11 @@ class DeviceMemory:
             i = bisect.bisect_right(self._starts, address) - 1
             if i >= 0:
                 start = self._starts[i]
-                size, ref = self._blocks[start]
+                size, ref, offset = self._blocks[start]
                 owner = ref()
                 if owner is not None and address + nbytes <= start + size:
                     flat = np.asarray(owner).view(np.uint8).reshape(-1)
-                    return flat[: max(size, 1)], address - start
+                    return flat[offset : offset + max(size, 1)], address - start
         raise MemoryError(
             f"device bytes [{address:#x}, +{nbytes}) are in no live allocation: on a GPU, "
             "an illegal address"

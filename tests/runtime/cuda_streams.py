@@ -19,8 +19,22 @@ calls, asynchronously as a GPU does:
   queued on that stream's worker, as a kernel launch is.
 
 So a missing `wait_event`, a copy on the wrong stream or a read of a buffer before its
-copy lands gives a wrong answer here, as it would on a GPU. Only float32/float64 and
-integer kernels (the `cpu_cuda` kernels have no float16).
+copy lands gives a wrong answer here, as it would on a GPU. Kernels run in every dtype
+(`cpu_cuda`'s host classes stand for CuPy's float16 and bfloat16).
+
+Host memory and faults, as CUDA has them:
+
+* `cp.device_allocations` lists every `cuda.Memory` made (the arena among them),
+  `cp.pinned` every `cuda.PinnedMemory`; `runtime.hostRegister` / `hostUnregister`
+  page-lock memory in place (`cp.registered` holds what is registered now, by address;
+  `cp.registrations` every call), refusing, as the driver does, a range that shares a
+  page with one registered already (`cudaErrorHostMemoryAlreadyRegistered`) and an
+  unregistration of an address never registered;
+* a kernel fault (`StandInCupyBackend(fault_at=task id)`: an illegal address in that
+  task's kernel) is *sticky*: it happens when the kernel runs on its stream's worker,
+  later than its launch, and from then on every call – a launch, a copy, an event, a
+  synchronization, on any stream – raises it (`CUDARuntimeError`, status 700), as a lost
+  CUDA context does.
 """
 
 from __future__ import annotations
@@ -38,6 +52,35 @@ from cpu_cuda import fake_cupy
 from runtime.cupy_backend import CupyBackend, CupyKernels
 
 
+class CUDARuntimeError(RuntimeError):
+    """`cupy.cuda.runtime.CUDARuntimeError`: a CUDA error code (`status`) and its name."""
+
+    NAMES = {
+        700: "cudaErrorIllegalAddress: an illegal memory access was encountered",
+        712: "cudaErrorHostMemoryAlreadyRegistered: part or all of the requested memory "
+        "range is already mapped",
+        713: "cudaErrorHostMemoryNotRegistered: pointer does not correspond to a "
+        "registered memory region",
+    }
+
+    def __init__(self, status: int):
+        super().__init__(self.NAMES.get(status, f"cudaError {status}"))
+        self.status = status
+
+
+class Context:
+    """The CUDA context's sticky error: once set, every call raises it."""
+
+    def __init__(self) -> None:
+        self.error: CUDARuntimeError | None = None
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise CUDARuntimeError(self.error.status)
+
+
+CONTEXT = Context()
+"""The one context of the stand-in's streams (reset by `standin_cupy`)."""
 class StandInStream:
     """`cupy.cuda.Stream(non_blocking=True)`: work runs in order on a worker thread.
     `with stream:` makes it the thread's current stream (`current_stream()`), as CuPy's."""
@@ -60,6 +103,8 @@ class StandInStream:
             try:
                 if job is None:
                     return
+                if CONTEXT.error is not None:  # a lost context runs nothing more
+                    self.error = self.error or CUDARuntimeError(CONTEXT.error.status)
                 if self.error is None or getattr(job, "after_failure", False):
                     job()  # after a failure only events fire: nothing waits forever
             except BaseException as err:  # noqa: BLE001 (reported on synchronize)
@@ -69,17 +114,24 @@ class StandInStream:
 
     def submit(self, job) -> None:
         """Queue `job`; issued from this stream's own work (a kernel's launch issuing a copy
-        on its stream), it runs now: next in the stream's order, as on a GPU."""
+        on its stream), it runs now: next in the stream's order, as on a GPU. A call after
+        a fault fails, as every CUDA call then does."""
+        CONTEXT.check()
         if threading.current_thread() is self.worker:
             job()
             return
         self.queue.put(job)
 
     def wait_event(self, event: StandInEvent) -> None:
-        self.submit(event.done.wait)
+        def wait() -> None:  # a lost context ends the wait: the event will never come
+            while not event.done.wait(0.01):
+                CONTEXT.check()
+
+        self.submit(wait)
 
     def synchronize(self) -> None:
         self.queue.join()
+        CONTEXT.check()
         if self.error is not None:
             err, self.error = self.error, None
             raise err
@@ -140,6 +192,8 @@ class StandInRuntime:
     def __init__(self, delay: float, seed: int):
         self.delay, self.rng = delay, random.Random(seed)
         self.lock = threading.Lock()
+        self.registered: dict[int, tuple[int, int]] = {}  # address -> (bytes, flags)
+        self.registrations: list[tuple[str, int, int, int]] = []
 
     def _later(self, stream_ptr: int, copy) -> None:
         with self.lock:
@@ -165,12 +219,32 @@ class StandInRuntime:
     def getDevice(self) -> int:  # noqa: N802
         return 0
 
+    def hostRegister(self, ptr: int, size: int, flags: int) -> None:  # noqa: N802
+        """Page-lock `[ptr, ptr + size)` in place: refused when a page of it is registered."""
+        CONTEXT.check()
+        page = 4096
+        first, last = ptr // page, -(-(ptr + size) // page)
+        for start, (length, _) in self.registered.items():
+            if start // page < last and first < -(-(start + length) // page):
+                raise CUDARuntimeError(712)
+        self.registered[ptr] = (size, flags)
+        self.registrations.append(("register", ptr, size, flags))
+
+    def hostUnregister(self, ptr: int) -> None:  # noqa: N802
+        CONTEXT.check()
+        if ptr not in self.registered:
+            raise CUDARuntimeError(713)
+        size, flags = self.registered.pop(ptr)
+        self.registrations.append(("unregister", ptr, size, flags))
+
 
 def standin_cupy(delay: float = 2e-3, seed: int = 0) -> SimpleNamespace:
     """CuPy's API as `CupyBackend` uses it (see the module docstring). `cp.pinned`
     lists the sizes of the pinned allocations made."""
     cp = fake_cupy()
     cp.pinned = []
+    cp.device_allocations = []
+    CONTEXT.error = None
 
     class PinnedMemory:
         def __init__(self, size: int):
@@ -178,6 +252,14 @@ def standin_cupy(delay: float = 2e-3, seed: int = 0) -> SimpleNamespace:
             self.buffer = bytearray(size)
 
     cuda = cp.cuda
+    counted_memory = cuda.Memory
+
+    def device_memory(size: int):
+        CONTEXT.check()
+        cp.device_allocations.append(size)
+        return counted_memory(size)
+
+    cuda.Memory = device_memory
     cuda.PinnedMemory = PinnedMemory
     cuda.PinnedMemoryPointer = lambda mem, offset: memoryview(mem.buffer)[offset:]
     cuda.Stream = StandInStream
@@ -185,7 +267,9 @@ def standin_cupy(delay: float = 2e-3, seed: int = 0) -> SimpleNamespace:
     cuda.runtime = StandInRuntime(delay, seed)
     cuda.get_current_stream = current_stream
     cuda.get_elapsed_time = lambda a, b: 1e3 * ((b.at or 0.0) - (a.at or 0.0))
-    cp.cuda.runtime.CUDARuntimeError = RuntimeError
+    cuda.runtime.CUDARuntimeError = CUDARuntimeError
+    cp.registered = cuda.runtime.registered
+    cp.registrations = cuda.runtime.registrations
     return cp
 
 
@@ -205,15 +289,32 @@ class StandInCupyBackend(CupyBackend):
 
     name = "cupy-standin"
 
-    def __init__(self, delay: float = 2e-3, seed: int = 0):
+    def __init__(
+        self,
+        delay: float = 2e-3,
+        seed: int = 0,
+        fault_at: int | None = None,
+        in_place_min: int | None = CupyBackend.in_place_min,
+    ):
         self.cp = standin_cupy(delay, seed)
         self.device = _Device()
         self.kernels = CupyKernels(self.cp)
+        self.fault_at = fault_at
+        self.in_place_min = in_place_min
 
     def compute(self, task, operands, out, stream, workspace=None) -> None:
+        if task.id == self.fault_at:
+            stream.cuda.submit(_fault)
+            return
         stream.cuda.submit(
             lambda: CupyBackend.compute(self, task, operands, out, stream, workspace)
         )
 
     def fill_bytes(self, view, value, stream) -> None:
         stream.cuda.submit(lambda: CupyBackend.fill_bytes(self, view, value, stream))
+
+
+def _fault() -> None:
+    """A kernel that reads an illegal address: the context is lost from now on."""
+    CONTEXT.error = CUDARuntimeError(700)
+    raise CONTEXT.error

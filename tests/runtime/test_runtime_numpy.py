@@ -97,7 +97,10 @@ def test_session_stages_weights_once_and_runs_many_activations():
             assert_outputs_match(session.run({"ids": ids}), reference(tg, {**changed, "ids": ids}))
 
 
-def test_staged_data_is_copied():
+def test_staged_data_is_read_where_it_is():
+    """Staging reads the caller's arrays in place (issue 23: weights are not duplicated):
+    an array changed while staged changes what later runs read; stage it again, or a
+    copy, to fix what the session reads. (Before, `stage` copied every array.)"""
     tg = mlp_program()
     mg = reference_plan(tg)
     inputs = make_inputs(tg, 0)
@@ -106,8 +109,12 @@ def test_staged_data_is_copied():
         w1 = inputs["w1"].copy()
         x = inputs["x"].copy()
         session.stage({"w1": w1, "x": x})
+        assert_outputs_match(session.run({"w2": inputs["w2"]}), expected)
         w1 += 1
-        x += 1
+        changed = reference(tg, {**inputs, "w1": w1})
+        assert_outputs_match(session.run({"w2": inputs["w2"]}), changed)
+        session.stage({"w1": inputs["w1"].copy()})
+        w1 += 1
         assert_outputs_match(session.run({"w2": inputs["w2"]}), expected)
 
 
