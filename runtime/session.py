@@ -291,6 +291,27 @@ class _Plan:
         return self.mg.taskgraph
 
 
+
+def check_shared_inputs(plans: Mapping[Any, MemGraph]) -> None:
+    """`InputError` when two plans read an input of one name that states different facts
+    (page 2 of layer 0's keys in one plan, page 0 of layer 1's values in another): a
+    session shares an input by its name, shape and dtype between plans, so one name must
+    mean one tensor in all of them."""
+    seen: dict[str, tuple[Any, tuple]] = {}
+    for key, mg in plans.items():
+        tg = mg.taskgraph
+        for name, task_id in tg.inputs.items():
+            task = tg[task_id]
+            first = seen.setdefault(name, (key, task.facts))
+            if first[1] != task.facts:
+                raise InputError(
+                    f"input {name!r} of plan {key!r} states {list(task.facts)} but plan "
+                    f"{first[0]!r}'s input of that name states {list(first[1])}: the plans of "
+                    "one session share inputs by name, so a name must mean one tensor in every "
+                    "plan (rename one of them)"
+                )
+
+
 class Session:
     """Plans ready to run many times on one backend (see the module docstring).
 
@@ -377,19 +398,22 @@ class Session:
     # -- setting up (in this order; see the class docstring) ----------------------
 
     def _check_plans(self, unsafe_skip_verify: bool) -> None:
-        """Each plan passes `memgraph.verify` (or, unverified, its dependencies point back)."""
+        """Each plan passes `memgraph.verify` (or, unverified, its dependencies point back),
+        and an input name several plans read means one tensor in all of them."""
         for mg in self.plans.values():
             if unsafe_skip_verify:
                 check_dependencies(mg)
             else:
                 verified(mg)
+        check_shared_inputs(self.plans)
 
     def _open_backend(
         self, backend: str | Backend, options: dict[str, Any], acquired: contextlib.ExitStack
     ) -> None:
         """The backend, closed on release when the session made it; refuses a plan holding
         a dtype the backend cannot run."""
-        dtypes = {task.dtype for task in self.tg.tasks}  # "auto" picks one that runs them
+        # "auto" picks a backend that runs every plan's dtypes
+        dtypes = {task.dtype for mg in self.plans.values() for task in mg.taskgraph.tasks}
         self.backend = get_backend(backend, dtypes=dtypes, **options)
         if not isinstance(backend, Backend):  # made here: the session owns it
             acquired.callback(self.backend.close)

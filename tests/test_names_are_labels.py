@@ -38,12 +38,14 @@ CFG = llama.PRESETS["tiny"]
 RNG = np.random.default_rng(5)
 
 
-def opaque(tg: TaskGraph, keep: Collection[str] = ()) -> tuple[TaskGraph, dict, dict]:
+def opaque(
+    tg: TaskGraph, keep: Collection[str] = (), prefix: str = ""
+) -> tuple[TaskGraph, dict, dict]:
     """`tg` with its input and output names (but those in `keep`), labels and scopes
-    replaced by opaque strings; ops, edges and facts kept. Returns the graph and the
-    input and output names, old to new."""
-    inputs = {n: n if n in keep else f"i{k:03x}" for k, n in enumerate(tg.inputs)}
-    outputs = {n: n if n in keep else f"o{k:03x}" for k, n in enumerate(tg.outputs)}
+    replaced by opaque strings (starting with `prefix`); ops, edges and facts kept.
+    Returns the graph and the input and output names, old to new."""
+    inputs = {n: n if n in keep else f"{prefix}i{k:03x}" for k, n in enumerate(tg.inputs)}
+    outputs = {n: n if n in keep else f"{prefix}o{k:03x}" for k, n in enumerate(tg.outputs)}
     builder = GraphBuilder("q")
     for task in tg:
         op = replace(task.op, name=inputs[task.op.name]) if isinstance(task.op, Input) else task.op
@@ -98,18 +100,20 @@ def test_step_plans_hand_the_kv_cache_over_by_facts_not_names(spec, weights):
     interface = {"tokens", "positions", "kv.mask", "gumbel", "ids", "logits"}
     interface |= set(weights) | set(llama.position_inputs(CFG, spec.positions, spec.dtype))
 
-    def renamed(compiled):
+    def renamed(compiled, prefix):
+        """The plan renamed; names unique to it (one session runs every plan, and shares
+        inputs by name: `test_plans_sharing_a_name_for_two_tensors_are_refused`)."""
         program = compiled.program
-        tg, inputs, outputs = opaque(program, keep=interface)
+        tg, inputs, outputs = opaque(program, keep=interface, prefix=prefix)
         pages = [inputs[n] for n, i in program.inputs.items() if is_kv_page(program[i])]
         entries = [outputs[n] for n, i in program.outputs.items() if fact_of(program[i], KVEntries)]
         assert pages or entries
         assert not set(pages + entries) & (set(program.inputs) | set(program.outputs))
         return same_plan_reading(compiled, tg, outputs="host")
 
-    prefill = renamed(plans.prefill)
+    prefill = renamed(plans.prefill, "p")
     assert any(isinstance(f, KVEntries) for t in prefill.program for f in t.facts)
-    decoders = {key: renamed(c) for key, c in plans.decoders.items()}
+    decoders = {key: renamed(c, f"d{k}") for k, (key, c) in enumerate(plans.decoders.items())}
     steps = StepPlans(spec, prefill, decoders, plans.chunks, plans.planning_seconds)
     for theirs, ours in zip(plans.plans.values(), steps.plans.values(), strict=True):
         assert classification(ours.plan) == classification(theirs.plan)
@@ -119,6 +123,24 @@ def test_step_plans_hand_the_kv_cache_over_by_facts_not_names(spec, weights):
     np.testing.assert_array_equal(steps.run(weights, prompt).ids, want)
     unrolled = plan_generation(spec, "100%").run(weights, prompt).ids
     np.testing.assert_array_equal(want, unrolled)  # the hand-over is right, not just equal
+
+
+def test_plans_sharing_a_name_for_two_tensors_are_refused(spec):
+    """One session runs every plan of a generation and shares inputs by name: two decode
+    plans whose page inputs were renamed each from "i000" on name different pages alike,
+    which a session refuses, naming the input and both plans' facts."""
+    plans = plan_generation(spec, "60%", Planning(way="steps"))
+    keep = {"tokens", "positions", "kv.mask"}
+    renamed = {
+        key: memgraph_of(opaque(c.program, keep=keep)[0], c.plan.budget)
+        for key, c in plans.decoders.items()
+    }
+    with pytest.raises(ep.InputError, match="a name must mean one tensor in every plan"):
+        runtime.Session(renamed, "numpy")
+
+
+def memgraph_of(tg: TaskGraph, budget: int) -> MemGraph:
+    return ep.compile(tg, budget, outputs="host").plan
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

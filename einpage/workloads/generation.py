@@ -713,6 +713,17 @@ class _HostPages:
                 found[name] = self.pages[page.layer, page.part, page.page]
         return found
 
+    @staticmethod
+    def page_numbers(tg: TaskGraph, pages: range) -> dict[str, int]:
+        """The page inputs of `tg` whose page is numbered in `pages`: each name's page
+        number (plans may name one page differently: only facts say which it is)."""
+        found = {}
+        for name, task_id in tg.inputs.items():
+            page = fact_of(tg[task_id], KVPage)
+            if page is not None and page.page in pages:
+                found[name] = page.page
+        return found
+
 
 def _kv_entries(tg: TaskGraph) -> list[int]:
     """The outputs of `tg` that hand keys or values to the step loop (`KVEntries`)."""
@@ -883,11 +894,12 @@ class StepPlans:
             logits = [out["logits"]] if spec.logits else []
             if self.chunks:
                 session.stage(positions)  # the decode plans' tables, for every position
-            staged: set[int] = set()  # pages whose host contents the session holds
+            staged: dict[str, int] = {}  # page inputs the session holds current: their page
             for chunk in self.chunks:
                 tg = self.decoders[chunk.key].program
-                fresh = set(range(chunk.pages)) - staged
-                session.stage(cache.inputs(tg, fresh))
+                pages = cache.page_numbers(tg, range(chunk.pages))
+                fresh = {name: page for name, page in pages.items() if name not in staged}
+                session.stage(cache.inputs(tg, set(fresh.values())))
                 staged |= fresh
                 step = decode_inputs(
                     chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
@@ -897,7 +909,8 @@ class StepPlans:
                     step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]
                 out = session.run(step, plan=chunk.key, seed=run_seed + chunk.first)
                 reports.append(session.last)
-                staged -= cache.write(tg, out, chunk.length)  # staged again when next read
+                touched = cache.write(tg, out, chunk.length)  # staged again when next read
+                staged = {name: page for name, page in staged.items() if page not in touched}
                 chosen.append(out["ids"])
                 if spec.logits:
                     logits.append(out["logits"])

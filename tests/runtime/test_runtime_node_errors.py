@@ -32,7 +32,7 @@ needs_cxx = pytest.mark.skipif(CXX is None, reason="no host C++ compiler (g++)")
 
 @pytest.fixture(scope="module")
 def case():
-    tg = block_program(layers=2)
+    tg = runtime.declare_workspaces(block_program(layers=2))  # the CuPy kernels' workspaces
     mg = memgraph.plan(tg, memgraph.min_budget(tg)[0])
     applies = mg.of_kind(NodeKind.APPLY)
     faulty = applies[len(applies) // 3]  # an apply with much issued after it

@@ -32,7 +32,7 @@ READ_ONLY = 8  # cudaHostRegisterReadOnly
 
 @pytest.fixture(scope="module")
 def case():
-    tg = block_program(layers=2)
+    tg = runtime.declare_workspaces(block_program(layers=2))  # the CuPy kernels' workspaces
     mg = memgraph.plan(tg, memgraph.min_budget(tg)[0])  # weights reloaded from the host
     inputs = make_inputs(tg, 0)
     weights = {n: a for n, a in inputs.items() if n != "ids"}
