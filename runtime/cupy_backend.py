@@ -168,13 +168,19 @@ class CupyStream(Stream):
 # -- kernels ----------------------------------------------------------------------
 
 GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+FLOAT32_REDUCTIONS = 16  # cublasMath_t CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
+"""The math mode of every GEMM: cuBLAS's default math (tensor cores for 16-bit operands,
+no TF32 for float32 ones) with partial sums kept in the compute type. By default cuBLAS
+may add a split-K GEMM's partial sums in the output's 16 bits, an extra rounding the
+NumPy backend (float32 sums, rounded once) never makes."""
 
 
 class CublasGemm:
     """`runtime.contraction.GemmCall`s as `cublasGemmStridedBatchedEx` through CuPy's
     bindings, on the current stream (CuPy sets the handle's stream to it), reading and
     writing device arrays at element offsets; alpha 1 and beta 0 in the compute type, on
-    the host."""
+    the host; each call in `FLOAT32_REDUCTIONS` math mode (set before it: CuPy's own
+    routines may set the shared handle's mode to theirs)."""
 
     def __init__(self, cp: Any):
         self.cp = cp
@@ -190,8 +196,10 @@ class CublasGemm:
         scalars = self.scalars[call.compute]
         alpha = scalars.ctypes.data
         beta = alpha + scalars.itemsize
+        handle = cuda.device.get_cublas_handle()
+        cuda.cublas.setMathMode(handle, FLOAT32_REDUCTIONS)
         cuda.cublas.gemmStridedBatchedEx(
-            cuda.device.get_cublas_handle(),
+            handle,
             call.transa,
             call.transb,
             call.m,

@@ -128,10 +128,10 @@ def test_debug_mode_names_the_failing_node_by_its_line(monkeypatch):
     second = mg.of_kind(NodeKind.APPLY)[1]
     real = CupyKernels.run
 
-    def run(self, task, operands, out):
+    def run(self, task, operands, out, workspace=None):
         if task.id == second.tensor:
             raise ValueError("exploded")
-        return real(self, task, operands, out)
+        return real(self, task, operands, out, workspace)
 
     monkeypatch.setattr(CupyKernels, "run", run)
     with pytest.raises(BackendError) as info:

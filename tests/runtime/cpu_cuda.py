@@ -460,11 +460,21 @@ _INVERSE_CUDA_R = {code: dtype for dtype, code in CUDA_R.items()}
 class FakeCublas:
     """`cupy.cuda.cublas.gemmStridedBatchedEx` on the stand-in's memory: each operand at
     its raw address (found in `memory`), the product as `fake_cublas.strided_gemm`
-    computes it, with alpha and beta read from host memory."""
+    computes it, with alpha and beta read from host memory. The handle's math mode
+    (`setMathMode`) starts at cuBLAS's default, which lets a GEMM with a 16-bit output add
+    split-K partial sums in 16 bits: such a GEMM is refused here unless the mode
+    disallows it (`CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION`), since its result
+    would then differ from float32 sums rounded once."""
+
+    DISALLOW_REDUCED_PRECISION_REDUCTION = 16
 
     def __init__(self, memory: DeviceMemory):
         self.memory = memory
         self.calls: list[GemmCall] = []
+        self.math_mode: dict[int, int] = {}  # handle -> mode
+
+    def setMathMode(self, handle: int, mode: int) -> None:  # noqa: N802 (cuBLAS's name)
+        self.math_mode[handle] = mode
 
     def gemmStridedBatchedEx(  # noqa: N802, PLR0913 (cuBLAS's name and arguments)
         self, handle, transa, transb, m, n, k, alpha, a, a_type, lda, stride_a, b, b_type, ldb,
@@ -473,6 +483,12 @@ class FakeCublas:
         if a_type != b_type:
             raise ValueError("A and B of different types")
         a_dtype, c_dtype = _INVERSE_CUDA_R[a_type], _INVERSE_CUDA_R[c_type]
+        reduced = not self.math_mode.get(handle, 0) & self.DISALLOW_REDUCED_PRECISION_REDUCTION
+        if c_dtype in ("float16", "bfloat16") and reduced:
+            raise ValueError(
+                f"a {c_dtype} GEMM in a math mode that lets cuBLAS add partial sums in "
+                f"{c_dtype}: set CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION"
+            )
         call = GemmCall(transa, transb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c,
                         batch, False, a_dtype, c_dtype, compute)  # fmt: skip
         self.calls.append(call)

@@ -88,6 +88,18 @@ def differing(
     return different
 
 
+def worst_difference(got: np.ndarray, want: np.ndarray) -> str:
+    """Where `got` is farthest from `want`, in units of `within_one_rounding`'s bound."""
+    g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    eps = float(dtypes.finfo(want.dtype).eps)
+    scale = float(np.abs(w[np.isfinite(w)]).max(initial=0.0))
+    bound = eps * np.maximum(np.abs(g), np.abs(w)) + 2.0**-20 * scale
+    with np.errstate(all="ignore"):
+        ratio = np.where(np.isfinite(g) & np.isfinite(w), np.abs(g - w) / bound, np.inf)
+    at = int(np.nanargmax(ratio))
+    return f"worst at {at}: got {g[at]!r}, want {w[at]!r}, {ratio[at]:.2f}x the bound"
+
+
 def within_one_rounding(got: np.ndarray, want: np.ndarray) -> bool:
     """|got - want| <= one ulp of the dtype at the larger magnitude, plus float32 noise
     (2**-20) at the task's scale; infinities and NaNs where the other has them."""
@@ -135,7 +147,7 @@ def compare_every_task(
             assert not bad.any(), f"{task.line()}: {bad.sum()} of {bad.size} elements differ"
             counts["bit for bit"] += 1
         elif differing(got, want, flushed).any():
-            assert within_one_rounding(got, want), task.line()
+            assert within_one_rounding(got, want), f"{task.line()}: {worst_difference(got, want)}"
             counts["one rounding"] += 1
         else:
             counts["equal anyway"] += 1

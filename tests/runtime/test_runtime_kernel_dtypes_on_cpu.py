@@ -40,7 +40,7 @@ from einpage.program.optim import AdamW
 from einpage.program.quantize import Quantization
 from einpage.workloads.generation import GenerationSpec, Planning, plan_generation
 from einpage.workloads.training import training_graph
-from runtime import cuda_codegen
+from runtime import cuda_codegen, cupy_backend
 from runtime.cupy_backend import CupyKernels
 from taskgraph import TaskGraph, dtypes
 from taskgraph.nodes import ScatterAdd
@@ -338,3 +338,18 @@ def test_bfloat16_generation_on_the_cupy_backend_gives_numpys_ids(way):
 def test_memgraph_plans_of_bfloat16_programs_are_not_refused_by_the_cupy_backend():
     mg = memgraph.plan(load_program("mlp", dtype="bfloat16"), "1GiB")
     runtime.session.refuse_unsupported(mg, StandInCupyBackend())  # nothing refused
+
+
+def test_16_bit_gemms_keep_their_partial_sums_in_float32(monkeypatch):
+    """cuBLAS's default math lets a GEMM with a 16-bit output add split-K partial sums in
+    16 bits, a rounding more than the NumPy backend's float32 sums rounded once; every
+    GEMM sets CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION first, and the stand-in's
+    cuBLAS refuses a 16-bit GEMM without it."""
+    prog = ep.Program("product")
+    x, w = prog.input("x", (4, 64), "bfloat16"), prog.input("w", (64, 32), "bfloat16")
+    prog.output(prog.einsum("ik,kj->ij", x, w), "y")
+    tg = prog.build()
+    compare_every_task(tg, make_inputs(tg, 0))
+    monkeypatch.setattr(cupy_backend, "FLOAT32_REDUCTIONS", 0)  # cuBLAS's default math
+    with pytest.raises(ValueError, match="DISALLOW_REDUCED_PRECISION_REDUCTION"):
+        compare_every_task(tg, make_inputs(tg, 0))
