@@ -305,6 +305,12 @@ class CupyKernels:
         spec = op.spec
         gemm = einsum_gemm(task, [(a.shape, a.dtype.name) for a in operands])
         if gemm is not None:
+            strided = [a.strides for a in (*operands, out) if not a.flags.c_contiguous]
+            if strided:  # cuBLAS would read them at the wrong places
+                raise BackendError(
+                    f"task {task.line()}: its GEMMs read the operands and write the output as "
+                    f"C-contiguous arrays (as the arena holds tensors), got strides {strided[0]}"
+                )
             run_gemm(gemm, operands[0], operands[1], out, workspace, self.gemm, self.copy)
             self.counters["cublas"] += gemm.calls
             self.counters["gemm_workspace_copies"] += len(gemm.copies)

@@ -139,7 +139,8 @@ def compare_every_task(
             out = cp.empty(task.shape, dtype=dtypes.numpy_dtype(task.dtype))
             nbytes = kernel_workspace(task, [(a.shape, a.dtype.name) for a in operands])
             workspace = cp.empty(nbytes, dtype=np.uint8) if nbytes else None
-            kernels.run(task, [to_device(a) for a in operands], out, workspace)
+            device = [to_device(np.ascontiguousarray(a)) for a in operands]  # as in an arena
+            kernels.run(task, device, out, workspace)
             got = to_host(out)
         values[task.id] = want
         if compared_bit_for_bit(task):

@@ -353,3 +353,20 @@ def test_16_bit_gemms_keep_their_partial_sums_in_float32(monkeypatch):
     monkeypatch.setattr(cupy_backend, "FLOAT32_REDUCTIONS", 0)  # cuBLAS's default math
     with pytest.raises(ValueError, match="DISALLOW_REDUCED_PRECISION_REDUCTION"):
         compare_every_task(tg, make_inputs(tg, 0))
+
+
+def test_a_gemm_refuses_operands_that_are_not_c_contiguous():
+    """The arena holds every tensor C-contiguous, and cuBLAS is given raw addresses: a
+    transposed operand (as `cupy.asarray` keeps a NumPy array's layout) is refused by
+    name, not read at the wrong places (a GPU run of the kernels' own test gave products
+    of the wrong sign before the tests made their operands contiguous)."""
+    prog = ep.Program("product")
+    x, w = prog.input("x", (4, 64), "float32"), prog.input("w", (64, 32), "float32")
+    prog.output(prog.einsum("ik,kj->ij", x, w), "y")
+    tg = prog.build()
+    (task,) = [t for t in tg.tasks if t.is_compute]
+    cp = fake_cupy()
+    x_t = cp.asarray(np.ones((64, 4), np.float32)).T  # (4, 64), transposed strides
+    w = cp.asarray(np.ones((64, 32), np.float32))
+    with pytest.raises(ep.BackendError, match="C-contiguous"):
+        CupyKernels(cp).run(task, [x_t, w], cp.empty((4, 32), np.float32))
