@@ -139,7 +139,7 @@ def compare_every_task(
             out = cp.empty(task.shape, dtype=dtypes.numpy_dtype(task.dtype))
             nbytes = kernel_workspace(task, [(a.shape, a.dtype.name) for a in operands])
             workspace = cp.empty(nbytes, dtype=np.uint8) if nbytes else None
-            device = [to_device(np.ascontiguousarray(a)) for a in operands]  # as in an arena
+            device = [to_device(np.asarray(a, order="C")) for a in operands]  # as in an arena
             kernels.run(task, device, out, workspace)
             got = to_host(out)
         values[task.id] = want
