@@ -167,6 +167,13 @@ class CupyStream(Stream):
 
 # -- kernels ----------------------------------------------------------------------
 
+KERNEL_OPTIONS = ("--fmad=false",)
+"""NVRTC options of every generated kernel: no fused multiply-adds, so that `c * a + b`
+rounds after the product and after the sum, as NumPy's operations (the NumPy backend's)
+do, and a join's float32 value equals theirs bit for bit (on an H200, AdamW's moment
+update differed in a quarter of its elements with CUDA's default contraction). The
+kernels are bound by memory, not by their arithmetic."""
+
 GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 FLOAT32_REDUCTIONS = 16  # cublasMath_t CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION
 """The math mode of every GEMM: cuBLAS's default math (tensor cores for 16-bit operands,
@@ -274,6 +281,7 @@ class CupyKernels:
                 source.operation,
                 source.name,
                 preamble=source.preamble,
+                options=KERNEL_OPTIONS,
             )
         return kernel
 
@@ -290,6 +298,7 @@ class CupyKernels:
                 source.name,
                 reduce_type=source.reduce_type,
                 preamble=source.preamble,
+                options=KERNEL_OPTIONS,
             )
         return kernel
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from runtime.cupy_backend import KERNEL_OPTIONS
+
 _PIECES = {
     "cupy_backends.cuda.libs.nvrtc": "cupy-cuda12x",
     "nvidia.cuda_nvrtc": "nvidia-cuda-nvrtc-cu12",
@@ -50,13 +52,15 @@ def cupy_options(arch: str) -> list[str]:
     """The options CuPy 14's `compile_with_cache` gives NVRTC for a kernel on a device of
     architecture `arch` ("sm_80"): `assemble_cupy_compiler_options` (the CCCL it bundles,
     C++17, its headers, the CUDA headers), `-ftz=true`, `-arch=sm_XX` (CuPy compiles
-    cubins where NVRTC can) and `--device-as-default-execution-space`."""
+    cubins where NVRTC can) and `--device-as-default-execution-space`, then the options the
+    backend gives every kernel (`cupy_backend.KERNEL_OPTIONS`)."""
     from cupy._core import core
 
     options = list(core.assemble_cupy_compiler_options(()))
     if not any(o == f"-I{cuda_include_dir()}" for o in options):
         options.append(f"-I{cuda_include_dir()}")
-    return [*options, "-ftz=true", f"-arch={arch}", "--device-as-default-execution-space"]
+    extra = ["-ftz=true", f"-arch={arch}", "--device-as-default-execution-space"]
+    return [*options, *extra, *KERNEL_OPTIONS]  # the backend's own options last
 
 
 def compile_errors(source: str, arch: str) -> str | None:

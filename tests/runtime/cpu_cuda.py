@@ -136,7 +136,8 @@ def _compile(source: str) -> ctypes.CDLL:
         with open(path + ".cpp", "w") as handle:
             handle.write(source)
         result = subprocess.run(
-            [CXX, "-O0", "-shared", "-fPIC", "-o", path + ".so", path + ".cpp"],
+            [CXX, "-O0", "-ffp-contract=off", "-shared", "-fPIC", "-o", path + ".so",
+             path + ".cpp"],  # fmt: skip
             capture_output=True,
             text=True,
             timeout=120,
