@@ -33,13 +33,13 @@ import cupy  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from dtype_checks import compare_every_task, differing  # noqa: E402
+from runtime_cases import bfloat16_llama_programs  # noqa: E402
 
 import einpage as ep  # noqa: E402
 import taskgraph  # noqa: E402
 from einpage.cli.checks import compare_outputs, tolerance_dtypes  # noqa: E402
 from einpage.cli.presets import load_program, random_inputs  # noqa: E402
-from einpage.models import FAMILIES, generation, llama  # noqa: E402
-from einpage.models.decode import Sampling  # noqa: E402
+from einpage.models import FAMILIES, llama  # noqa: E402
 from einpage.program.optim import AdamW  # noqa: E402
 from einpage.program.quantize import Quantization  # noqa: E402
 from einpage.workloads.generation import GenerationSpec, Planning, plan_generation  # noqa: E402
@@ -51,26 +51,7 @@ from taskgraph.nodes import ScatterAdd  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 TINY = llama.PRESETS["tiny"]
-MODELS = {
-    "prefill": lambda: load_program("llama:tiny", batch=2, seq=16, dtype="bfloat16"),
-    "int4 weights": lambda: llama.prefill_program(
-        TINY, 1, 8, "bfloat16", "last", quant=Quantization(4, 32)
-    ).build(),
-    "int8 weights": lambda: llama.prefill_program(
-        TINY, 1, 8, "bfloat16", "last", quant=Quantization(8, 32)
-    ).build(),
-    "generation, top-k": lambda: generation.generation_program(
-        llama.FAMILY,
-        TINY,
-        1,
-        4,
-        2,
-        "bfloat16",
-        page_size=4,
-        sampling=Sampling(temperature=0.7, top_k=5),
-    ).build(),  # fmt: skip
-    "training step": lambda: training_graph(TINY, 1, 8, AdamW(lr=1e-3), "bfloat16"),
-}
+MODELS = bfloat16_llama_programs(batch=2, seq=16)
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

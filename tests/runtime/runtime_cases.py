@@ -147,6 +147,40 @@ def mlp_program() -> TaskGraph:
 # -- inputs and comparisons -------------------------------------------------------
 
 
+def bfloat16_llama_programs(batch: int = 1, seq: int = 8) -> dict[str, Callable[[], TaskGraph]]:
+    """LLaMA tiny in bfloat16, every kind of program a model makes (prefill of `batch` x
+    `seq`, int4 and int8 weights, generation with top-k sampling, a training step), each
+    built when called: the task-by-task checks of the CuPy kernels run them all."""
+    from einpage.cli.presets import load_program
+    from einpage.models import generation, llama
+    from einpage.models.decode import Sampling
+    from einpage.program.optim import AdamW
+    from einpage.program.quantize import Quantization
+    from einpage.workloads.training import training_graph
+
+    tiny = llama.PRESETS["tiny"]
+    return {
+        "prefill": lambda: load_program("llama:tiny", batch=batch, seq=seq, dtype="bfloat16"),
+        "int4 weights": lambda: llama.prefill_program(
+            tiny, 1, 8, "bfloat16", "last", quant=Quantization(4, 32)
+        ).build(),
+        "int8 weights": lambda: llama.prefill_program(
+            tiny, 1, 8, "bfloat16", "last", quant=Quantization(8, 32)
+        ).build(),
+        "generation, top-k": lambda: generation.generation_program(
+            llama.FAMILY,
+            tiny,
+            1,
+            4,
+            2,
+            "bfloat16",
+            page_size=4,
+            sampling=Sampling(temperature=0.7, top_k=5),
+        ).build(),  # fmt: skip
+        "training step": lambda: training_graph(tiny, 1, 8, AdamW(lr=1e-3), "bfloat16"),
+    }
+
+
 def make_inputs(tg: TaskGraph, seed: int) -> dict[str, np.ndarray]:
     """Random inputs: standard normal floats, and integer ids within the rows of every table
     they index."""

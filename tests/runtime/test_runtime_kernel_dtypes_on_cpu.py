@@ -27,19 +27,16 @@ from dtype_checks import bits, differing, within_one_rounding
 from dtype_checks import compare_every_task as compare_tasks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from runtime_cases import einsum_programs, make_inputs
+from runtime_cases import bfloat16_llama_programs, einsum_programs, make_inputs
 
 import einpage as ep
 import memgraph
 import runtime
 import taskgraph
 from einpage.cli.presets import load_program, random_inputs
-from einpage.models import FAMILIES, generation, llama
+from einpage.models import FAMILIES, llama
 from einpage.models.decode import Sampling
-from einpage.program.optim import AdamW
-from einpage.program.quantize import Quantization
 from einpage.workloads.generation import GenerationSpec, Planning, plan_generation
-from einpage.workloads.training import training_graph
 from runtime import cuda_codegen, cupy_backend
 from runtime.cupy_backend import CupyKernels
 from taskgraph import TaskGraph, dtypes
@@ -55,26 +52,7 @@ def compare_every_task(tg: TaskGraph, inputs) -> dict[str, int]:
 
 
 TINY = llama.PRESETS["tiny"]
-MODELS = {
-    "prefill": lambda: load_program("llama:tiny", batch=1, seq=8, dtype="bfloat16"),
-    "int4 weights": lambda: llama.prefill_program(
-        TINY, 1, 8, "bfloat16", "last", quant=Quantization(4, 32)
-    ).build(),
-    "int8 weights": lambda: llama.prefill_program(
-        TINY, 1, 8, "bfloat16", "last", quant=Quantization(8, 32)
-    ).build(),
-    "generation, top-k": lambda: generation.generation_program(
-        llama.FAMILY,
-        TINY,
-        1,
-        4,
-        2,
-        "bfloat16",
-        page_size=4,
-        sampling=Sampling(temperature=0.7, top_k=5),
-    ).build(),  # fmt: skip
-    "training step": lambda: training_graph(TINY, 1, 8, AdamW(lr=1e-3), "bfloat16"),
-}
+MODELS = bfloat16_llama_programs()
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
