@@ -81,10 +81,18 @@ from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from taskgraph.assembly import assembly_tasks
+from taskgraph.facts import ChosenIds
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Slice
 
-__all__ = ["TransferBounds", "transfer_lower_bounds", "host_inputs_of"]
+__all__ = [
+    "TransferBounds",
+    "transfer_lower_bounds",
+    "host_inputs_of",
+    "StepTimeBound",
+    "GenerationTimeBound",
+    "generation_time_bound",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,3 +321,303 @@ def host_inputs_of(mg: MemGraph) -> list[str]:
     """The names of the inputs a plan starts in host storage (its `input` nodes without a
     device region) – what `transfer_lower_bounds(..., host_inputs=)` needs for that plan."""
     return [n.name for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None]
+
+
+# -- a lower bound on a generation's time ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeBound:
+    """The part of `generation_time_bound` of one step's interval (see there): `compute_s`
+    the compute that must run in it, `load_bytes` the bytes that must cross host to
+    device in it, `pipeline_s` the loads that must precede a step's bottleneck plus the
+    compute after it, and `seconds`, the largest of the three readings."""
+
+    step: int
+    compute_s: float
+    load_bytes: int
+    pipeline_s: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class GenerationTimeBound:
+    """A lower bound on the simulated seconds of any plan of an unrolled generation
+    (`generation_time_bound`): `steps`, one per interval; `floating_s`, compute not tied
+    to one interval; `last_choice_s`, the last choice's own apply; `seconds`, the bound."""
+
+    budget: int
+    steps: tuple[StepTimeBound, ...]
+    floating_s: float
+    last_choice_s: float
+    seconds: float
+
+
+def generation_time_bound(tg: TaskGraph, budget: int | str, cost_model: Any) -> GenerationTimeBound:
+    """A lower bound on the makespan `memgraph.simulate` gives any plan of the unrolled
+    generation `tg` (its choices of ids marked `taskgraph.facts.ChosenIds`) that verifies
+    within `budget`, on `cost_model` (a `memgraph.cost` name or `CostModel`).
+
+    Intervals. Let Z_0 .. Z_N be the tasks that choose the ids of steps 0 (the prefill)
+    .. N. Each Z_t depends on Z_{t-1}, so their applies start in order; interval t is
+    [start of Z_{t-1}, start of Z_t) (interval 0 starts at time 0). Step t's tasks D_t
+    are the ancestors of Z_t that are not ancestors of Z_{t-1} and descend from Z_{t-1}
+    (for t = 0: every ancestor of Z_0): each runs after Z_{t-1} ends and before Z_t
+    starts, so inside interval t; Z_{t-1} itself runs at its start. The ancestors of
+    some Z_t that descend from no Z_{t-1} (position tables, masks: nothing that needs the
+    previous ids) are *floating*: they run somewhere before Z_N. Slices read straight
+    from an input are left out everywhere (a plan may start any input on the host and
+    make them by sliced reloads, no apply at all), and so is what only the outputs read.
+
+    In each interval, with B the budget and R_t the tensors that D_t reads and that exist
+    before the interval (inputs, and tensors made by D_{t'} for t' < t), each counted
+    by its bytes:
+
+    * compute: the applies of D_t (less Z_t) and of Z_{t-1}, one at a time on the compute
+      stream: c_t seconds (`CostModel.task_seconds`);
+    * loads: at the start of Z_{t-1}'s apply its operands and output are resident, so at
+      most C_t = B - bytes(those not in R_t) of R_t is (for t = 0: only device-located
+      inputs can be resident at time 0, C_0 = min(B, their bytes in R_0)); every other
+      tensor of R_t is reloaded before D_t reads it: at least |R_t| - C_t bytes cross in
+      the interval (the old bound, `benchmarks/generation.py`'s, had weights + KV - B);
+    * the step's own working memory: take a *bottleneck* a of D_t (every other task of
+      D_t is its ancestor or its descendant, so D_t's tasks with smaller ids than a run
+      before it, the rest after). While a runs, its operands and output are resident, and
+      so must be – or be reloaded later in the interval – every tensor read after a: of
+      R_t, and made by D_t before a. With need(a) those bytes (a's working set included),
+      at least need(a) - B of them cross after a starts. Before a starts, of the tensors
+      R_t that a or its ancestors read, A(a), at most C_t were resident at the start:
+      at least (|A(a)| - C_t)^+ bytes crossed before. Both in the interval, so loads_t >=
+      need(a) - B + (|A(a)| - C_t)^+: the bytes a step needs at once while much of the
+      cache is still to be read reduce what can stay cached from the step before;
+    * pipeline: those (|A(a)| - C_t)^+ bytes cross before a starts, and a and what
+      follows it in D_t (less Z_t) compute after: (|A(a)| - C_t)^+ / h2d + c(a..).
+
+    Interval t lasts at least T_t = max(c_t, loads_t / h2d, pipeline) (one host-to-device
+    stream at `h2d_bytes_per_s`; latencies left out). The floating compute F adds to the
+    intervals only beyond their slack T_t - c_t, and the generation ends after Z_N's own
+    apply: makespan >= sum_t T_t + max(0, F - sum_t (T_t - c_t)) + c(Z_N).
+
+    Only a bottleneck gives a working-memory or pipeline reading (for another task the
+    order of the step's reads is the plan's choice); in a decoder step the residual adds
+    and norms are bottlenecks. The bound is at least the step-by-step reading of
+    `benchmarks/generation.py` up to its compute of floating tasks, and at most every
+    plan's simulated makespan (`tests/memgraph/test_generation_bound.py` checks both).
+    """
+    from memgraph.cost import get_cost_model  # a leaf, imported here to keep bounds light
+
+    cost = get_cost_model(cost_model)
+    budget = parse_bytes(budget)
+    chosen = sorted(
+        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
+    )
+    if not chosen:
+        raise GraphError(
+            f"{tg.name!r} chooses no ids (no task has the ChosenIds fact): "
+            "generation_time_bound needs an unrolled generation program"
+        )
+    z = [task_id for _, task_id in chosen]
+    host = _host_flags(tg, None)
+    skipped = [tg.is_input_slice(t.id) for t in tg]  # any input may start on the host
+    step = _first_needing_step(tg, z)
+    # after[i]: the latest choice Z_k that task i descends from (-1: none)
+    after = [-1] * len(tg)
+    position = {task_id: k for k, task_id in enumerate(z)}
+    for task in tg:
+        latest = max((after[i] for i in task.inputs), default=-1)
+        after[task.id] = max(latest, position.get(task.id, -1))
+    seconds = [
+        cost.task_seconds(tg, t.id) if t.is_compute and not skipped[t.id] else 0.0 for t in tg
+    ]
+    members: list[list[int]] = [[] for _ in z]
+    floating = 0.0
+    for task in tg:
+        t = step[task.id]
+        if t is None or not task.is_compute or skipped[task.id] or task.op.aliases_input:
+            continue
+        if t == 0 or after[task.id] >= t - 1:
+            members[t].append(task.id)
+        else:
+            floating += seconds[task.id]
+    made_in = {i: t for t, ids in enumerate(members) for i in ids}
+    parts = []
+    for t, ids in enumerate(members):
+        parts.append(_interval_bound(tg, t, ids, z, made_in, skipped, host, budget, seconds, cost))
+    slack = sum(p.seconds - p.compute_s for p in parts)
+    last = seconds[z[-1]]
+    total = sum(p.seconds for p in parts) + max(0.0, floating - slack) + last
+    return GenerationTimeBound(budget, tuple(parts), floating, last, total)
+
+
+def _first_needing_step(tg: TaskGraph, z: list[int]) -> list[int | None]:
+    """Per task, the first choice Z_t it is an ancestor of (or is), else None."""
+    step: list[int | None] = [None] * len(tg)
+    for t, root in enumerate(z):
+        stack = [root]
+        while stack:
+            i = stack.pop()
+            if step[i] is None:
+                step[i] = t
+                stack.extend(tg[i].inputs)
+    return step
+
+
+def _derived_groups(
+    tg: TaskGraph, derived: list[int], made_in: dict[int, int], skipped: list[bool]
+) -> tuple[list[tuple[list[int], int]], dict[int, frozenset[int]]]:
+    """The tensors a step reads that a plan may make inside its interval from tensors that
+    exist before it (`derived`: made by floating tasks, or Slices of inputs), grouped by
+    shared sources, each group with the bytes it brings at least; and each one's sources.
+
+    Such a tensor f is, at the interval's start, resident or on the host (then reloaded)
+    – f's bytes –, or made again in the interval from its *sources* (the inputs and
+    earlier steps' tensors that its floating ancestors read), which must then be resident
+    or reloaded. So a group (connected by shared sources) brings at least the smaller of
+    its tensors' bytes and the least bytes of one member's sources; none when a member has
+    no sources (a fill)."""
+    memo: dict[int, frozenset[int]] = {}
+
+    def sources_of(x: int) -> frozenset[int]:
+        if x in memo:
+            return memo[x]
+        task = tg[x]
+        if isinstance(task.op, Input) or (x in made_in and not skipped[x]):
+            found = frozenset([x])
+        else:
+            found = frozenset()
+            for i in task.inputs:
+                found |= sources_of(tg.storage_root(i))
+        memo[x] = found
+        return found
+
+    sources = {f: sources_of(f) for f in derived}
+    parent = {f: f for f in derived}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    owner: dict[int, int] = {}
+    for f in derived:
+        for x in sources[f]:
+            if x in owner:
+                parent[find(f)] = find(owner[x])
+            else:
+                owner[x] = f
+    members: dict[int, list[int]] = {}
+    for f in derived:
+        members.setdefault(find(f), []).append(f)
+    groups = []
+    for group in members.values():
+        own = sum(tg[f].nbytes for f in group)
+        least = min(sum(tg[x].nbytes for x in sources[f]) for f in group)
+        groups.append((group, min(own, least)))
+    return groups, sources
+
+
+def _interval_bound(
+    tg: TaskGraph,
+    t: int,
+    ids: list[int],
+    z: list[int],
+    made_in: dict[int, int],
+    skipped: list[bool],
+    host: list[bool],
+    budget: int,
+    seconds: list[float],
+    cost: Any,
+) -> StepTimeBound:
+    """The readings of interval t (`generation_time_bound`) for the step's tasks `ids`
+    (in id order, a topological order)."""
+    nbytes = [task.nbytes for task in tg]
+    index = {task_id: k for k, task_id in enumerate(ids)}
+    n = len(ids)
+
+    def roots(task_id: int) -> list[int]:
+        return list(dict.fromkeys(tg.storage_root(i) for i in tg[task_id].inputs))
+
+    reads = {task_id: roots(task_id) for task_id in ids}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for k, task_id in enumerate(ids):
+        for r in reads[task_id]:
+            first.setdefault(r, k)
+            last[r] = k
+    # R_t: tensors read by the step that exist before the interval (inputs, earlier steps)
+    outside = {
+        r: k
+        for r, k in first.items()
+        if r not in index
+        and not skipped[r]
+        and (isinstance(tg[r].op, Input) or made_in.get(r, t) < t)
+    }
+    derived = [r for r in first if r not in index and r not in outside]
+    groups, sources = _derived_groups(tg, derived, made_in, skipped)
+
+    def on_device(r: int) -> bool:  # an input that may be resident at time 0
+        return isinstance(tg[r].op, Input) and not host[r]
+
+    r_bytes = sum(nbytes[r] for r in outside)
+    device = sum(nbytes[r] for r in outside if on_device(r))
+    read_by = [0] * (n + 1)
+    for members, bytes_in in groups:
+        if any(s in outside for s in sources[members[0]]):
+            continue  # its sources are counted as read by the step already
+        r_bytes += bytes_in
+        read_by[max(first[f] for f in members)] += bytes_in
+        if any(on_device(s) for f in members for s in sources[f]):
+            device += bytes_in
+    every_source = {x for found in sources.values() for x in found}
+    if t == 0:
+        capacity = min(budget, device)
+        compute = sum(seconds[i] for i in ids if i != z[0])
+    else:
+        previous = z[t - 1]
+        held = {previous, *roots(previous)}
+        capacity = budget - sum(
+            nbytes[r] for r in held if r not in outside and r not in every_source
+        )
+        compute = sum(seconds[i] for i in ids if i != z[t]) + seconds[previous]
+    loads = max(0, r_bytes - capacity)
+    pipeline = 0.0
+    # bottlenecks: every other task of the step an ancestor or a descendant
+    ancestors = [0] * n
+    for k, task_id in enumerate(ids):
+        bits = 0
+        for r in reads[task_id]:
+            j = index.get(r)
+            if j is not None:
+                bits |= ancestors[j] | (1 << j)
+        ancestors[k] = bits
+    descendants = [0] * n
+    for k in range(n - 1, -1, -1):
+        for r in reads[ids[k]]:
+            j = index.get(r)
+            if j is not None:
+                descendants[j] |= descendants[k] | (1 << k)
+    # need(k): bytes resident or reloaded later while task k runs; A(k): R_t read up to k
+    live = [0] * (n + 1)
+    for r, k in outside.items():
+        live[0] += nbytes[r]
+        live[last[r] + 1] -= nbytes[r]
+        read_by[k] += nbytes[r]
+    for k, task_id in enumerate(ids):
+        live[k] += nbytes[task_id]
+        live[max(k, last.get(task_id, k)) + 1] -= nbytes[task_id]
+    after_compute = [0.0] * (n + 1)
+    for k in range(n - 1, -1, -1):
+        own = seconds[ids[k]] if ids[k] != z[t] else 0.0
+        after_compute[k] = after_compute[k + 1] + own
+    need = early = 0
+    for k in range(n):
+        need += live[k]
+        early += read_by[k]
+        if (ancestors[k] | descendants[k]).bit_count() != n - 1:
+            continue
+        before = max(0, early - capacity)
+        loads = max(loads, need - budget + before)
+        pipeline = max(pipeline, before / cost.h2d_bytes_per_s + after_compute[k])
+    total = max(compute, loads / cost.h2d_bytes_per_s, pipeline)
+    return StepTimeBound(t, compute, loads, pipeline, total)

@@ -28,7 +28,7 @@ from memgraph.cost import get_cost_model
 from memgraph.eviction import NEVER, choose_window_ranked, get_policy
 from memgraph.graph import MemGraphBuilder
 from memgraph.host_assembly import HostAssembly
-from memgraph.nodes import Region
+from memgraph.nodes import NodeKind, Region
 from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
 from memgraph.residents import Residents, TensorState
@@ -56,6 +56,8 @@ class PlanCounters:
     packed_steps: int = 0  # steps whose missing tensors were packed into one window
     operand_moves: int = 0  # steps that also moved resident operands into that window
     inputs_on_host_for_room: list[str] = field(default_factory=list)
+    # device inputs started on the host because that run moved fewer bytes (planner.py)
+    inputs_on_host_to_move_less: list[str] = field(default_factory=list)
     outputs_on_host: list[str] = field(default_factory=list)
 
 
@@ -65,8 +67,11 @@ class HorizonPlanner:
     `arena` (default: the budget) is the allocator's size, `budget` the MemGraph's: the
     resident run (`memgraph.budgets.resident_run`) plans in an arena that holds every
     tensor at once and keeps every tensor loaded from host storage (`keep_loaded`) until
-    the end, then records the budget it was asked for. `progress` is called as
-    `progress(steps done, steps)` about a hundred times during `run`.
+    the end, then records the budget it was asked for. `host_inputs`: ids of device
+    inputs to start in host storage all the same (`memgraph.planner` retries a run that
+    offloaded device inputs with them there; `offloaded_inputs` lists such inputs).
+    `progress` is called as `progress(steps done, steps)` about a hundred times during
+    `run`.
     """
 
     def __init__(
@@ -77,9 +82,12 @@ class HorizonPlanner:
         *,
         arena: int | None = None,
         keep_loaded: bool = False,
+        host_inputs: frozenset[int] = frozenset(),
         progress: Tick | None = None,
     ):
         self.tg = tg
+        self.host_inputs = host_inputs
+        self.offloaded_inputs: list[int] = []  # device inputs this run offloaded
         self.progress = progress
         self.opts = opts
         self.keep_loaded = keep_loaded
@@ -216,6 +224,9 @@ class HorizonPlanner:
                 and bool(tensor.uses)
                 and task.id not in self.slices_of  # read only through sliced reloads
             )
+            if on_device and task.id in self.host_inputs:
+                on_device = False
+                self.counts.inputs_on_host_to_move_less.append(op.name)
             block = self.alloc.try_allocate(tensor.size) if on_device else None
             if block is not None:
                 region = self.bind(tensor, block)
@@ -266,8 +277,17 @@ class HorizonPlanner:
 
     def moved(self) -> bool:
         """Whether this run moved anything it was not asked to: an eviction (offload or
-        drop of a tensor needed again) or a device input started on the host for room."""
-        return bool(self.counts.evictions or self.counts.inputs_on_host_for_room)
+        drop of a tensor needed again) or a device input started on the host."""
+        counts = self.counts
+        return bool(
+            counts.evictions or counts.inputs_on_host_for_room or counts.inputs_on_host_to_move_less
+        )
+
+    def moved_bytes(self) -> int:
+        """The bytes this run's offload and reload nodes move (what `MemGraph.stats` would
+        count as `offload_bytes + reload_bytes`)."""
+        moving = (NodeKind.OFFLOAD, NodeKind.RELOAD)
+        return sum(self.tg[n.tensor].nbytes for n in self.builder.nodes if n.kind in moving)
 
     def advance_horizon(self, e: int) -> None:
         """Prepare steps from the allocation horizon up to the target, without evicting.
@@ -599,6 +619,8 @@ class HorizonPlanner:
                     self.release(tensor)
 
     def offload(self, tensor: TensorState) -> None:
+        if isinstance(self.tg[tensor.id].op, Input):  # started on the device, no host copy
+            self.offloaded_inputs.append(tensor.id)
         copy = self.cost.transfer_seconds(tensor.nbytes, "d2h")
         self.d2h_end = max(self.d2h_end, self.clock) + copy
         tensor.storage = self.new_storage()

@@ -76,7 +76,11 @@ Lifetimes and ends
 * Inputs: weights start in host storage (`Input.location`). Device-located inputs
   are allocated at the start, in id order, while they fit without evicting; the rest
   start on the host (`inputs="host"` puts every input there; an input that nothing
-  reads is always left on the host unless it is a device-side output).
+  reads is always left on the host unless it is a device-side output). When the walk
+  offloads device inputs (they have no host copy), it is walked again with those
+  inputs started on the host, and the run that moves fewer bytes is the plan
+  (`info["inputs_on_host_to_move_less"]`): an input that is also an output need not
+  cross PCIe twice.
 * Outputs (`outputs="device"`, the default) stay resident to the end and get a device
   `output` node (except split outputs assembled on the host, see "Host assembly");
   one evicted on the way is reloaded at the end if it fits without evicting, else it
@@ -235,6 +239,7 @@ def plan(
     needed = check_budget(tg, reading, opts)
     planner = HorizonPlanner(tg, reading.nbytes, opts, progress=progress)
     planner.run()
+    planner = _inputs_on_host_instead(tg, reading.nbytes, opts, planner)
     resident = _resident_instead(tg, reading.nbytes, opts, planner)
     request = reading.request
     info = {
@@ -247,6 +252,28 @@ def plan(
     if resident is not None:
         info["resident_run"] = True
     return (resident or planner).builder.build(info)
+
+
+def _inputs_on_host_instead(
+    tg: TaskGraph, budget: int, opts: PlanOptions, planner: HorizonPlanner
+) -> HorizonPlanner:
+    """A run that starts on the host the device inputs `planner`'s run offloaded, when it
+    moves fewer bytes; else `planner`.
+
+    A device input has no host copy, so evicting one costs an offload; started in host
+    storage (free: the caller hands the input over), it costs a reload at its first use
+    instead, holds no memory until then, and needs no offload to be an output read from
+    the host. An input that is also an output and that nothing reads, started on the
+    device and offloaded when the arena fills, moves bytes for nothing (the optimum of
+    `memgraph.optimal` moves none). Which run moves less depends on what else the plan
+    must move, so both are planned and the bytes decide (ties keep the inputs on the
+    device, where no first-use reload waits); the choice is listed in
+    `info["inputs_on_host_to_move_less"]`."""
+    if not planner.offloaded_inputs:
+        return planner
+    retry = HorizonPlanner(tg, budget, opts, host_inputs=frozenset(planner.offloaded_inputs))
+    retry.run()
+    return retry if retry.moved_bytes() < planner.moved_bytes() else planner
 
 
 def _resident_instead(

@@ -265,6 +265,55 @@ def test_device_inputs_that_do_not_fit_start_on_the_host():
     check_outputs(hosted, program_inputs(tg, 6))
 
 
+def passthrough_program() -> TaskGraph:
+    """A device input that is also an output and that nothing reads (1 KiB), beside a
+    chain of 1 KiB activations whose steps fill a 2 KiB arena."""
+    prog = ep.Program("passthrough")
+    x = square(prog, "x")
+    prog.output(x, "x_out")
+    h = ep.exp(square(prog, "a"))
+    for _ in range(3):
+        h = ep.tanh(h) + 1.0
+    prog.output(h, "y")
+    return prog.build()
+
+
+def test_an_input_that_is_an_output_starts_on_the_host_when_that_moves_less():
+    # Started on the device, x must be offloaded when the chain fills the arena (it has
+    # no host copy) and, as a device output, reloaded at the end: 2 KiB moved where the
+    # optimum moves none. Started on the host it moves only that delivery reload.
+    tg = passthrough_program()
+    mg = plan(tg, 2 * KiB)
+    check_plan(mg)
+    assert mg.info["inputs_on_host_to_move_less"] == ["x"]
+    x_input = [n for n in nodes(mg, NodeKind.INPUT) if n.name == "x"][0]
+    assert x_input.storage is not None
+    stats = mg.stats
+    assert (stats.offload_bytes, stats.reload_bytes) == (0, 1 * KiB)
+    delivery = nodes(mg, NodeKind.RELOAD, tg.inputs["x"])
+    assert len(delivery) == 1 and delivery[0].id > apply_of(mg, tg.outputs["y"])
+    assert memgraph.optimal.optimal_transfers(tg, 2 * KiB).moved_bytes == 0
+    check_outputs(mg, program_inputs(tg, 7))
+
+
+def test_inputs_stay_on_the_device_when_starting_them_on_the_host_moves_no_less():
+    # x is read first and last; evicted in between (each h + tanh(h) needs the whole
+    # 3 KiB arena) it moves 1 KiB out and 1 KiB back, started on the host 1 KiB in twice:
+    # a tie, which keeps x on the device.
+    prog = ep.Program("reread")
+    x = square(prog, "x")
+    h = ep.exp(x)
+    for _ in range(2):
+        h = h + ep.tanh(h)
+    prog.output(h * x, "y")
+    tg = prog.build()
+    mg = plan(tg, 3 * KiB)
+    check_plan(mg)
+    assert nodes(mg, NodeKind.OFFLOAD, tg.inputs["x"])  # the tie is real: x was evicted
+    assert mg.info["inputs_on_host_to_move_less"] == []
+    check_outputs(mg, program_inputs(tg, 8))
+
+
 def test_views_read_their_base_and_keep_it_alive():
     prog = ep.Program("views")
     x = square(prog, "x")
