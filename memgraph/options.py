@@ -40,7 +40,7 @@ class PlanOptions:
     outputs: str = "device"
     inputs: str = "auto"
     placement: str = "room"
-    schedule_transfers: bool = True
+    schedule_transfers: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.order, str):

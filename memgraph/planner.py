@@ -212,7 +212,10 @@ def plan(
     * `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (for the lookahead);
     * `alignment`: arena alignment in bytes (default 256);
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host";
-    * `placement`: "room" (the default) or "best_fit".
+    * `placement`: "room" (the default) or "best_fit";
+    * `schedule_transfers`: prepare a step ahead of the execution horizon by evicting
+      (drops only) when its reloads' deadline comes, so they overlap the compute before
+      it (`memgraph.transfer_schedule`; default False).
 
     `progress`, if given, is called as `progress(steps done, steps)` about a hundred
     times while the planner walks (`einpage.compile(..., progress=)` turns it into

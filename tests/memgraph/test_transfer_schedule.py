@@ -46,12 +46,13 @@ def weight_passes(layers: int = 6, passes: int = 2, d: int = 256, batch: int = 6
 def test_streamed_weights_are_reloaded_behind_compute():
     tg = weight_passes()
     budget = 851_968  # three of the six weights and the activations
-    scheduled = plan(tg, budget, cost_model=SLOW_COMPUTE)
-    late = plan(tg, budget, cost_model=SLOW_COMPUTE, schedule_transfers=False)
+    scheduled = plan(tg, budget, cost_model=SLOW_COMPUTE, schedule_transfers=True)
+    late = plan(tg, budget, cost_model=SLOW_COMPUTE)  # the default: not scheduled
     for mg in (scheduled, late):
         check_plan(mg)
         check_outputs(mg, program_inputs(tg, seed=3))
     assert scheduled.info["schedule_transfers"] is True
+    assert late.info["schedule_transfers"] is False
     assert scheduled.info["prepared_ahead_evicting"] > 0
     assert late.info["prepared_ahead_evicting"] == 0
     # Evicting ahead only drops weights: nothing more is copied out.
@@ -69,7 +70,7 @@ def test_a_weight_is_dropped_for_a_later_step_before_an_earlier_apply():
     bytes, before the apply of a step that does not read the reloaded weight – the
     eviction was made for a step ahead of the execution horizon, not at its turn."""
     tg = weight_passes()
-    mg = plan(tg, 851_968, cost_model=SLOW_COMPUTE)
+    mg = plan(tg, 851_968, cost_model=SLOW_COMPUTE, schedule_transfers=True)
     nodes = mg.nodes
     read_later: dict[int, int] = {}  # weight -> position of its last apply
     for i, node in enumerate(nodes):
@@ -99,7 +100,7 @@ def test_the_runtime_computes_scheduled_plans_in_random_order():
     inputs = program_inputs(tg, seed=5)
     expected = taskgraph.evaluate(tg, inputs)
     for budget in (low, (low + streaming_minimum(tg)) // 2):
-        mg = plan(tg, budget, cost_model=SLOW_COMPUTE)
+        mg = plan(tg, budget, cost_model=SLOW_COMPUTE, schedule_transfers=True)
         for seed in range(3):
             got = runtime.run(mg, inputs, backend="numpy", mode="random", seed=seed)
             np.testing.assert_allclose(got["y"], expected["y"], rtol=1e-5, atol=1e-5)
