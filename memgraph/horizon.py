@@ -18,6 +18,7 @@ waits for the frees of the bytes it takes.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
 from memgraph.residents import Residents, TensorState
 from memgraph.steps import Step, plan_steps, sliced_reloads, storage_roots
+from memgraph.transfer_schedule import evicts_ahead, released_before
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
@@ -51,6 +53,7 @@ class PlanCounters:
     evictions: int = 0  # victims moved off the device (offloaded or dropped)
     sliced_reloads: int = 0  # reloads of a Slice's box of its input's host storage
     prefetched_reloads: int = 0  # reloads issued ahead of the execution horizon
+    prepared_ahead_evicting: int = 0  # steps ahead of it prepared by evicting (scheduled)
     max_steps_ahead: int = 0  # the furthest the allocation horizon ran ahead
     fragmentation_events: int = 0  # evictions needed although enough bytes were free
     packed_steps: int = 0  # steps whose missing tensors were packed into one window
@@ -133,6 +136,11 @@ class HorizonPlanner:
         self.draining: dict[int, float] = {}
         self.d2h_end = 0.0  # when the device-to-host copies issued so far end (estimate)
         self.clock = 0.0  # estimated compute time now (when `before` is computed)
+        # Bytes released by the applies before each step (`memgraph.transfer_schedule`).
+        self.released = released_before(
+            ((t.uses[-1], t.size) for t in self.tensors.values() if t.uses), len(self.steps)
+        )
+        self.ahead_of: int | None = None  # the execution horizon, while evicting ahead
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -292,16 +300,40 @@ class HorizonPlanner:
     def advance_horizon(self, e: int) -> None:
         """Prepare steps from the allocation horizon up to the target, without evicting.
 
-        A step that did not fit is retried only once something was freed since.
+        A step that did not fit is retried only once something was freed since. With
+        `schedule_transfers`, a step ahead of e that does not fit in free memory is
+        prepared by evicting, when the steps before it will not free enough
+        (`prepare_ahead`).
         """
         target = self.horizon_target(e)
         while self.horizon <= target:
-            if self.stalled == (self.horizon, self.frees):
-                return
-            if not self.prepare_fitting(self.horizon, ahead=self.horizon > e):
-                self.stalled = (self.horizon, self.frees)
-                return
+            a = self.horizon
+            fitted = self.stalled != (a, self.frees) and self.prepare_fitting(a, ahead=a > e)
+            if not fitted:
+                self.stalled = (a, self.frees)
+                if not self.prepare_ahead(e, a):
+                    return
             self.horizon += 1
+
+    def prepare_ahead(self, e: int, a: int) -> bool:
+        """Prepare step `a > e` by evicting for it now, if transfers are scheduled and the
+        steps `e .. a-1` will not free the bytes it misses (`memgraph.transfer_schedule`):
+        its ranks are compared at step a, and every tensor of steps e..a is pinned, so
+        each victim's next use is after a. False if it is not prepared: then its output is
+        released, and what was already reloaded for it stays (unpinned, still a prefetch)."""
+        if not self.opts.schedule_transfers:
+            return False
+        need = sum(t.size for t in self.missing(a))
+        if not evicts_ahead(need, self.alloc.largest_free, self.released, e, a):
+            return False
+        self.now, self.ahead_of = a, e
+        placed = self.place_evicting(a, ahead=True)
+        self.now, self.ahead_of = e, None
+        if not placed:
+            self.unprepare(a)
+            return False
+        self.counts.prepared_ahead_evicting += 1
+        return True
 
     def horizon_target(self, e: int) -> int:
         """The furthest step the allocation horizon should reach before step e's apply."""
@@ -389,9 +421,10 @@ class HorizonPlanner:
         if not self.place_packed(e, move_operands=True):  # pragma: no cover - see above
             raise PlanError(f"step %{self.steps[e].task} found no window of its size")
 
-    def place_evicting(self, e: int) -> bool:
+    def place_evicting(self, e: int, ahead: bool = False) -> bool:
         """Place step e's missing tensors, largest first, evicting the best window for each;
-        if one finds no window, unpin what was pinned and return False."""
+        if one finds no window, unpin what was pinned and return False. (`ahead`: step e
+        is ahead of the execution horizon, see `prepare_ahead`.)"""
         step = self.steps[e]
         held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
         for tensor in held:
@@ -406,7 +439,7 @@ class HorizonPlanner:
                 for pinned in held:
                     pinned.pins -= 1
                 return False
-            self.place(tensor, block, e, ahead=False)
+            self.place(tensor, block, e, ahead=ahead)
             tensor.pins += 1
             held.append(tensor)
         return True
@@ -511,9 +544,17 @@ class HorizonPlanner:
         self.residents.restore()
         if window is None:
             return None
+        if self.ahead_of is not None and not self.drops_only(window.victims):
+            return None
         for victim in window.victims:
             self.evict(self.tensors[victim])
         return window.offset
+
+    def drops_only(self, victims: Iterable[int]) -> bool:
+        """Whether evicting `victims` moves nothing off the device: each has a valid host
+        copy (a weight, or a tensor offloaded before), so evicting it ahead of its turn
+        adds no offload, only its bytes freed sooner."""
+        return all(self.tensors[v].storage is not None for v in victims)
 
     def pin(self, position: int, delta: int) -> None:
         step = self.steps[position]

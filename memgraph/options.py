@@ -40,6 +40,7 @@ class PlanOptions:
     outputs: str = "device"
     inputs: str = "auto"
     placement: str = "room"
+    schedule_transfers: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.order, str):
@@ -66,6 +67,10 @@ class PlanOptions:
             raise PlanError(f"inputs must be one of {INPUTS}, got {self.inputs!r}")
         if self.placement not in PLACEMENTS:
             raise PlanError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if not isinstance(self.schedule_transfers, bool):
+            raise PlanError(
+                f"schedule_transfers must be True or False, got {self.schedule_transfers!r}"
+            )
 
     @classmethod
     def from_keywords(
@@ -94,6 +99,7 @@ class PlanOptions:
             "outputs": self.outputs,
             "inputs": self.inputs,
             "placement": self.placement,
+            "schedule_transfers": self.schedule_transfers,
         }
 
 

@@ -31,6 +31,11 @@ Two horizons
   - `lookahead_seconds=<float>`: the furthest t with C(e, t) below that many seconds;
     `None`: only the step limit.
 
+  With `schedule_transfers=True` a step ahead of `e` that stalls the horizon is prepared
+  by evicting when the target says its reloads must start now and the frees before it
+  cannot make room: victims with a host copy are dropped for it at once, so its reloads
+  overlap the compute before it (`memgraph.transfer_schedule`; off by default).
+
   If step `e` is not prepared when its turn comes (the horizon stalled at it for lack
   of memory), it is prepared *at the execution horizon*, where allocation may evict.
   Then the horizon is empty (a == e), so nothing prefetched for a later step is live:
@@ -216,7 +221,10 @@ def plan(
     * `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (for the lookahead);
     * `alignment`: arena alignment in bytes (default 256);
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host";
-    * `placement`: "room" (the default) or "best_fit".
+    * `placement`: "room" (the default) or "best_fit";
+    * `schedule_transfers`: prepare a step ahead of the execution horizon by evicting
+      (drops only) when its reloads' deadline comes, so they overlap the compute before
+      it (`memgraph.transfer_schedule`; default False).
 
     `progress`, if given, is called as `progress(steps done, steps)` about a hundred
     times while the planner walks (`einpage.compile(..., progress=)` turns it into
