@@ -46,8 +46,11 @@ latency; transfers overlap compute perfectly; no CPU delegation of attention (Fl
 may compute attention on the CPU where the cache lives; on this cost model the host
 reads memory at 20 GB/s, the "cpu" preset, slower than the 50 GB/s link, so moving the
 cache is the faster choice); no disk tier, and host memory unbounded unless
-`host_bytes` is given. The LP keeps a margin of one millionth of the budget so HiGHS's
-tolerances cannot push the policy over it.
+`host_bytes` is given. Against it: the buffers are counted as the zig-zag schedule
+holds them (two layers of weights, two GPU batches' cache), where FlexGen's own model
+counts one of each and scales the budget by 0.8 instead; here the whole budget is
+usable. The LP keeps a margin of one millionth of the budget so HiGHS's tolerances
+cannot push the policy over it.
 
 >>> w = FlexGenWorkload(layers=4, batch=2, prompt=8, new_tokens=3, weight_bytes=4 << 20,
 ...     kv_bytes_per_token=1024, hidden_bytes_per_token=512, act_bytes_per_token=2048,
