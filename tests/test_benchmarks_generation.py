@@ -28,6 +28,14 @@ def test_generation_benchmark_quick(tmp_path, monkeypatch, capsys):
         assert abs(u["tokens_per_s"] * u["seconds"] - tokens) < 1e-6 * tokens
         # 8 GiB holds part of the 12.6 GiB of weights: every plan streams some each step
         assert u["weight_bytes_per_token"] > 0 and s["weight_bytes_per_token"] > 0
-        assert 0 < cell["flexgen_resident_fraction"] < 1
+        assert 0 < cell["kv_host_resident_fraction"] < 1
         assert cell["bound_tokens_per_s"] > 0 and cell["stream_tokens_per_s"] > 0
-    assert "within 10% of the bound" in capsys.readouterr().out
+        # FlexGen's searched policy: a policy that fits, and no faster than the bound
+        policy = cell["flexgen_policy"]
+        shares = (policy["weights_gpu"], policy["cache_gpu"], policy["activations_gpu"])
+        assert all(0 <= share <= 1 for share in shares) and min(shares) < 1
+        assert policy["gpu_batches"] * policy["gpu_batch_size"] == cell["batch"]
+        assert 0 < policy["gpu_peak"] <= cell["budget"]
+        assert 0 < cell["flexgen_tokens_per_s"] <= cell["bound_tokens_per_s"] * (1 + 1e-9)
+    out = capsys.readouterr().out
+    assert "within 10% of the bound" in out and "at least FlexGen's searched policy" in out
