@@ -44,7 +44,10 @@ class PlanStats:
     assembled on the host), also counted on their own in `sliced_offload_*`. The
     reloads include *first loads* (`first_load_*`): a tensor's first arrival on the
     device, from the host storage it starts in (a weight); every other reload brings
-    back something that was on the device before.
+    back something that was on the device before. A *recompute* is an apply that computes
+    a task again, its output having been dropped with no copy out instead of offloaded
+    (`recompute_count`; `recompute_flops` the work they repeat); `discard_bytes` are the
+    bytes so dropped, counted once per drop (`apply_count` counts recomputes too).
     """
 
     budget: int
@@ -64,6 +67,10 @@ class PlanStats:
     sliced_offload_count: int = 0
     first_load_bytes: int = 0
     first_load_count: int = 0
+    recompute_count: int = 0
+    recompute_flops: int = 0
+    discard_bytes: int = 0
+    discard_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +94,15 @@ class PlanStats:
                 (
                     "  into outputs on host",
                     f"{format_bytes(self.sliced_offload_bytes)} in {self.sliced_offload_count}",
+                ),
+            )
+        if self.recompute_count or self.discard_count:
+            rows.insert(
+                -2,
+                (
+                    "discarded, recomputed",
+                    f"{format_bytes(self.discard_bytes)} in {self.discard_count}; "
+                    f"{self.recompute_count} recomputes ({self.recompute_flops:.3g} flops)",
                 ),
             )
         if self.block_limit is not None:
@@ -170,6 +186,8 @@ class MemGraph:
         reloads = self.of_kind(NodeKind.RELOAD)
         sliced = [n for n in offloads if n.into is not None]
         dropped = stays.dropped()
+        discarded = [s for s in stays.stays if s.departure == "discarded"]
+        recomputes = [n for n in self.nodes if n.recompute]
         first = _first_loads(self.nodes)
         return PlanStats(
             budget=self.budget,
@@ -189,6 +207,10 @@ class MemGraph:
             sliced_offload_count=len(sliced),
             first_load_bytes=sum(tg[n.tensor].nbytes for n in first),
             first_load_count=len(first),
+            recompute_count=len(recomputes),
+            recompute_flops=sum(tg[n.tensor].flops for n in recomputes),
+            discard_bytes=sum(tg[s.tensor].nbytes for s in discarded),
+            discard_count=len(discarded),
         )
 
     # -- verification ------------------------------------------------------------
@@ -377,6 +399,7 @@ class MemGraphBuilder:
         into: int | None = None,
         box: HostBox | None = None,
         workspace: Region | None = None,
+        recompute: bool = False,
     ) -> int:
         """Append a node and return its id; `deps` are sorted and deduplicated.
 
@@ -402,6 +425,7 @@ class MemGraphBuilder:
             into,
             box,
             workspace,
+            recompute,
         )
         self.nodes.append(node)
         return node_id
@@ -427,10 +451,19 @@ class MemGraphBuilder:
         region: Region,
         deps: Iterable[int] = (),
         workspace: Region | None = None,
+        recompute: bool = False,
     ) -> int:
         """An apply; `workspace` is the region of its kernel's workspace, if it has one
-        (transient: held for this apply only)."""
-        return self.add(NodeKind.APPLY, deps, task, region, reads=reads, workspace=workspace)
+        (transient: held for this apply only); `recompute`: it computes its task again."""
+        return self.add(
+            NodeKind.APPLY,
+            deps,
+            task,
+            region,
+            reads=reads,
+            workspace=workspace,
+            recompute=recompute,
+        )
 
     def offload(
         self,
