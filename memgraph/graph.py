@@ -46,8 +46,12 @@ class PlanStats:
     device, from the host storage it starts in (a weight); every other reload brings
     back something that was on the device before. A *recompute* is an apply that computes
     a task again, its output having been dropped with no copy out instead of offloaded
-    (`recompute_count`; `recompute_flops` the work they repeat); `discard_bytes` are the
-    bytes so dropped, counted once per drop (`apply_count` counts recomputes too).
+    (`recompute_count`; `recompute_flops` the work they repeat, `recompute_bytes` what
+    they write); `discard_bytes` are the bytes so dropped, counted once per drop
+    (`apply_count` counts recomputes too). A bound on the bytes a plan that never
+    recomputes must offload (reload) bounds `offload_bytes + discard_bytes`
+    (`reload_bytes + recompute_bytes`) of any plan: make each discard an offload and each
+    recompute a reload, and the plan still holds, moving no more.
     """
 
     budget: int
@@ -69,6 +73,7 @@ class PlanStats:
     first_load_count: int = 0
     recompute_count: int = 0
     recompute_flops: int = 0
+    recompute_bytes: int = 0
     discard_bytes: int = 0
     discard_count: int = 0
 
@@ -209,6 +214,7 @@ class MemGraph:
             first_load_count=len(first),
             recompute_count=len(recomputes),
             recompute_flops=sum(tg[n.tensor].flops for n in recomputes),
+            recompute_bytes=sum(tg[n.tensor].nbytes for n in recomputes),
             discard_bytes=sum(tg[s.tensor].nbytes for s in discarded),
             discard_count=len(discarded),
         )

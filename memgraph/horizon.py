@@ -13,6 +13,12 @@ tensors: it is one more tensor of the step (a `TensorState` of its own, keyed pa
 task ids), placed as they are – but with no alloc node, never a victim (nothing writes
 it), released by the apply itself, which carries its region (`MemNode.workspace`) and
 waits for the frees of the bytes it takes.
+
+A tensor evicted with no host copy may be *discarded* instead of offloaded, and
+recomputed when the step that next reads it is prepared (`memgraph.recompute` decides):
+that step then also needs the recompute's operands placed (`missing`), and once all its
+tensors are placed, the recompute is emitted (`emit_recomputes`), an apply marked
+`recompute` that reads those operands and writes the tensor's fresh region.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from memgraph.host_assembly import HostAssembly
 from memgraph.nodes import Region
 from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
+from memgraph.recompute import Recomputes
 from memgraph.residents import Residents, TensorState
 from memgraph.steps import Step, plan_steps, sliced_reloads, storage_roots
 from taskgraph.graph import TaskGraph
@@ -110,6 +117,17 @@ class HorizonPlanner:
             for r in self.output_roots:
                 self.tensors[r].uses.append(len(self.steps))
         self.residents = Residents(self.alloc.size, get_policy(opts.eviction), self.tensors)
+        self.recomputes = Recomputes(
+            tg,
+            self.steps,
+            self.tensors,
+            self.root,
+            self.working_set,
+            self.alloc.size,
+            self.output_roots,
+            self.cost,
+            opts.recompute,
+        )
         self.before = self.compute_before()
         self.pending: dict[int, float] = {}  # position -> H2D seconds its step awaits
         self.pending_at: list[int] = []  # sorted positions with pending transfers
@@ -125,6 +143,7 @@ class HorizonPlanner:
         self.draining: dict[int, float] = {}
         self.d2h_end = 0.0  # when the device-to-host copies issued so far end (estimate)
         self.clock = 0.0  # estimated compute time now (when `before` is computed)
+        self.moving: int | None = None  # the step whose operands are moved into one window
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -305,10 +324,13 @@ class HorizonPlanner:
     # -- preparing a step -----------------------------------------------------------
 
     def missing(self, position: int) -> list[TensorState]:
-        """The tensors step `position` still needs placed: absent operands, then its output
-        and its workspace (if it has one)."""
+        """The tensors step `position` still needs placed: absent operands, the absent
+        operands of the tensors it recomputes, then its output and its workspace (if it
+        has one)."""
         step = self.steps[position]
         needed = [self.tensors[r] for r in step.roots if self.tensors[r].region is None]
+        if any(t.recompute for t in needed):
+            needed.extend(t for t in self.recomputes.extra(position) if t.region is None)
         needed.append(self.tensors[step.task])
         workspace = self.workspaces.get(position)
         if workspace is not None and workspace.region is None:
@@ -346,6 +368,7 @@ class HorizonPlanner:
         for tensor, block in zip(needed, blocks, strict=True):
             self.place(tensor, block, position, ahead)
         self.pin(position, +1)
+        self.release_unused(self.emit_recomputes(position))
         return True
 
     def prepare_evicting(self, e: int) -> None:
@@ -372,8 +395,7 @@ class HorizonPlanner:
     def place_evicting(self, e: int) -> bool:
         """Place step e's missing tensors, largest first, evicting the best window for each;
         if one finds no window, unpin what was pinned and return False."""
-        step = self.steps[e]
-        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        held = self.held(e)
         for tensor in held:
             tensor.pins += 1
         workspace = self.workspaces.get(e)
@@ -389,38 +411,79 @@ class HorizonPlanner:
             self.place(tensor, block, e, ahead=False)
             tensor.pins += 1
             held.append(tensor)
+        extra = self.emit_recomputes(e)
+        for tensor in extra:  # pinned above as held or placed, not step e's own
+            tensor.pins -= 1
+        self.release_unused(extra)
         return True
+
+    def held(self, e: int) -> list[TensorState]:
+        """Step e's resident operands, and the resident operands of what it recomputes."""
+        step = self.steps[e]
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        held.extend(t for t in self.recomputes.extra(e) if t.region is not None)
+        return held
 
     def place_packed(self, e: int, move_operands: bool) -> bool:
         """Clear one window for all of step e's missing tensors (and, with `move_operands`,
         room for its resident operands too, which may then be evicted) and place them
-        there back to back, largest first."""
-        step = self.steps[e]
-        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
-        total = sum(t.size for t in self.missing(e))
+        there back to back, largest first, the output last.
+
+        A moved operand may be discarded and recomputed into the window instead of going
+        out and back (`Recomputes.chooses` with `moving`): the operands of its recompute
+        that are not resident are then placed where the output goes, and given back
+        (dropped: they have host copies) once the recomputes are emitted, before the
+        output is allocated there."""
+        held = self.held(e)
+        planned = {t.id for t in self.missing(e)}
+        total = sum(self.tensors[t].size for t in planned)
         if move_operands:
             total += sum(t.size for t in held)
+            planned.update(t.id for t in held)
+            self.moving = e
         else:
             for tensor in held:
                 tensor.pins += 1
         offset = self.clear_window(total)
+        self.moving = None
         if not move_operands:
             for tensor in held:
                 tensor.pins -= 1
         if offset is None:
             return False
+        output = self.tensors[self.steps[e].task]
+        late = []  # operands of recomputes chosen while clearing the window
         for tensor in sorted(self.missing(e), key=lambda t: -t.size):
-            self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
-            offset += tensor.size
+            if tensor.id not in planned:
+                late.append(tensor)
+            elif tensor is not output:
+                self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
+                offset += tensor.size
+        slot = offset
+        for tensor in late:  # in the output's place (`Recomputes.chooses` checked the room)
+            self.place(tensor, self.alloc.allocate_at(slot, tensor.size), e, ahead=False)
+            slot += tensor.size
+        extra = self.emit_recomputes(e)
+        for tensor in late:
+            if tensor.next_use == NEVER:
+                self.release(tensor)
+            else:
+                self.evict(tensor)
+        self.place(output, self.alloc.allocate_at(offset, output.size), e, ahead=False)
         self.pin(e, +1)
+        self.release_unused(extra)
         return True
 
     def unprepare(self, e: int) -> None:
-        """Undo a failed preparation of step e: free its output if allocated, unwritten.
-        (Its workspace is placed last, so it is not placed when preparing fails.)"""
-        output = self.tensors[self.steps[e].task]
-        if output.region is not None:
-            self.release(output)
+        """Undo a failed preparation of step e: free its output if allocated, unwritten,
+        and so the tensors it recomputes. (Its workspace is placed last, so it is not
+        placed when preparing fails.)"""
+        step = self.steps[e]
+        for r in (*step.roots, step.task):
+            tensor = self.tensors[r]
+            unwritten = r == step.task or tensor.recompute
+            if unwritten and tensor.region is not None:
+                self.release(tensor)
 
     def fit(self, tensor: TensorState) -> Block | None:
         """A free block for `tensor` without evicting (see `keeps_room`)."""
@@ -539,6 +602,9 @@ class HorizonPlanner:
         if tensor is self.workspaces.get(position):
             self.bind_workspace(tensor, block)
             return
+        if tensor.recompute:  # written by its recompute, once the step's tensors are placed
+            self.bind(tensor, block)
+            return
         self.reload(tensor, block)
         tensor.last_use = position
         self.residents.touch(tensor)
@@ -553,6 +619,35 @@ class HorizonPlanner:
             tensor.id, tensor.storage, region, deps=[tensor.alloc, tensor.storage_writer]
         )
         self.counts.sliced_reloads += tensor.id in self.sliced
+
+    def emit_recomputes(self, position: int) -> list[TensorState]:
+        """Emit the recompute of each tensor step `position` recomputes, now that all the
+        step's tensors are placed: an apply of its task, marked `recompute`, that reads its
+        operands (resident: placed with the step) and writes its fresh region. Returns
+        those operands that are not the step's own tensors (`Recomputes.extra`)."""
+        step = self.steps[position]
+        extra = self.recomputes.extra(position)
+        for r in step.roots:
+            tensor = self.tensors[r]
+            if not tensor.recompute:
+                continue
+            operands = [self.tensors[self.root[i]] for i in self.tg[r].inputs]
+            deps = [tensor.alloc, *(t.writer for t in operands)]
+            reads = [t.region for t in operands]
+            node = self.builder.apply(r, reads, tensor.region, deps, recompute=True)
+            tensor.writer, tensor.recompute = node, False
+            self.residents.touch(tensor)
+            for operand in dict.fromkeys(operands):
+                operand.users.append(node)
+                operand.last_use = position
+                self.residents.touch(operand)
+        return extra
+
+    def release_unused(self, tensors: list[TensorState]) -> None:
+        """Free those of `tensors` (operands of recomputes) that nothing reads any more."""
+        for tensor in tensors:
+            if tensor.region is not None and tensor.pins == 0 and tensor.next_use == NEVER:
+                self.release(tensor)
 
     def execute(self, e: int) -> None:
         """Emit step e's apply, then free what it was the last reader of."""
@@ -643,6 +738,11 @@ class HorizonPlanner:
             self.release(tensor)
             return
         self.counts.evictions += 1
+        if self.recomputes.chooses(tensor, self.now, self.moving):
+            tensor.recompute = True  # discarded: no copy out
+            self.release(tensor)
+            self.expect_seconds(tensor.next_use, self.recomputes.reload_seconds(tensor))
+            return
         if tensor.storage is None:
             self.offload(tensor)
         self.release(tensor)
@@ -650,13 +750,16 @@ class HorizonPlanner:
 
     def expect_reload(self, tensor: TensorState) -> None:
         """Record the H2D seconds a host-resident tensor costs at its next step."""
-        position = tensor.next_use
+        self.expect_seconds(tensor.next_use, self.cost.transfer_seconds(tensor.nbytes, "h2d"))
+
+    def expect_seconds(self, position: int, seconds: float) -> None:
+        """Record `seconds` of H2D transfers that step `position` awaits."""
         if position >= len(self.steps):
             return
         if position not in self.pending:
             bisect.insort(self.pending_at, position)
             self.pending[position] = 0.0
-        self.pending[position] += self.cost.transfer_seconds(tensor.nbytes, "h2d")
+        self.pending[position] += seconds
 
     def new_storage(self) -> int:
         self.storages += 1
