@@ -15,10 +15,10 @@ it), released by the apply itself, which carries its region (`MemNode.workspace`
 waits for the frees of the bytes it takes.
 
 A tensor evicted with no host copy may be *discarded* instead of offloaded, and
-recomputed when the step that next reads it is prepared (`memgraph.recompute` decides):
-that step then also needs the recompute's operands placed (`missing`), and once all its
-tensors are placed, the recompute is emitted (`emit_recomputes`), an apply marked
-`recompute` that reads those operands and writes the tensor's fresh region.
+recomputed for the step that next reads it (`memgraph.recompute` decides): preparing
+that step also places the recompute's operands (`missing`) and holds them; the
+recompute, an apply marked `recompute` that reads them and writes the tensor's fresh
+region, is emitted right before the step's apply (`defer_recomputes`, `execute`).
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ class HorizonPlanner:
         self.d2h_end = 0.0  # when the device-to-host copies issued so far end (estimate)
         self.clock = 0.0  # estimated compute time now (when `before` is computed)
         self.moving: int | None = None  # the step whose operands are moved into one window
+        # step -> the operands of its recomputes, held until its apply (`defer_recomputes`)
+        self.deferred: dict[int, list[TensorState]] = {}
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -368,7 +370,7 @@ class HorizonPlanner:
         for tensor, block in zip(needed, blocks, strict=True):
             self.place(tensor, block, position, ahead)
         self.pin(position, +1)
-        self.release_unused(self.emit_recomputes(position))
+        self.defer_recomputes(position, pinned=False)
         return True
 
     def prepare_evicting(self, e: int) -> None:
@@ -411,10 +413,7 @@ class HorizonPlanner:
             self.place(tensor, block, e, ahead=False)
             tensor.pins += 1
             held.append(tensor)
-        extra = self.emit_recomputes(e)
-        for tensor in extra:  # pinned above as held or placed, not step e's own
-            tensor.pins -= 1
-        self.release_unused(extra)
+        self.defer_recomputes(e, pinned=True)  # pinned above as held or placed
         return True
 
     def held(self, e: int) -> list[TensorState]:
@@ -459,11 +458,16 @@ class HorizonPlanner:
             elif tensor is not output:
                 self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
                 offset += tensor.size
+        if not late:
+            self.place(output, self.alloc.allocate_at(offset, output.size), e, ahead=False)
+            self.pin(e, +1)
+            self.defer_recomputes(e, pinned=False)
+            return True
         slot = offset
         for tensor in late:  # in the output's place (`Recomputes.chooses` checked the room)
             self.place(tensor, self.alloc.allocate_at(slot, tensor.size), e, ahead=False)
             slot += tensor.size
-        extra = self.emit_recomputes(e)
+        extra = self.emit_recomputes(e)  # now: the output takes their place
         for tensor in late:
             if tensor.next_use == NEVER:
                 self.release(tensor)
@@ -620,6 +624,21 @@ class HorizonPlanner:
         )
         self.counts.sliced_reloads += tensor.id in self.sliced
 
+    def defer_recomputes(self, position: int, pinned: bool) -> None:
+        """Hold the operands of what step `position` recomputes (`pinned`: already held
+        by the preparation) until the step's apply, which its recomputes then come right
+        before (`execute`): emitted at the preparation, ahead, a recompute would sit in
+        the compute stream waiting for its operands' reloads, and stall applies due
+        before it."""
+        step = self.steps[position]
+        if not any(self.tensors[r].recompute for r in step.roots):
+            return
+        extra = self.recomputes.extra(position)
+        if not pinned:
+            for tensor in extra:
+                tensor.pins += 1
+        self.deferred[position] = extra
+
     def emit_recomputes(self, position: int) -> list[TensorState]:
         """Emit the recompute of each tensor step `position` recomputes, now that all the
         step's tensors are placed: an apply of its task, marked `recompute`, that reads its
@@ -650,7 +669,13 @@ class HorizonPlanner:
                 self.release(tensor)
 
     def execute(self, e: int) -> None:
-        """Emit step e's apply, then free what it was the last reader of."""
+        """Emit step e's recomputes and apply, then free what it was the last reader of."""
+        extra = self.deferred.pop(e, None)
+        if extra is not None:
+            self.emit_recomputes(e)
+            for tensor in extra:
+                tensor.pins -= 1
+            self.release_unused(extra)
         step = self.steps[e]
         out = self.tensors[step.task]
         operands = [self.tensors[r] for r in step.reads]
@@ -687,7 +712,8 @@ class HorizonPlanner:
             out.users.append(self.assembly.offload_piece(self.builder, out, self.new_storage))
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
-            if tensor.next_use == NEVER and tensor.region is not None:
+            if tensor.next_use == NEVER and tensor.region is not None and not tensor.pins:
+                # (one held for a recompute is freed after it: `release_unused`)
                 if self.opts.outputs == "host" and tensor.id in self.output_roots:
                     self.draining[tensor.id] = self.d2h_end  # its write-back is the last copy
                 else:
@@ -715,6 +741,8 @@ class HorizonPlanner:
         for tensor_id, end in list(self.draining.items()):
             if count is None and end > until or count is not None and count <= 0:
                 break
+            if self.tensors[tensor_id].pins:  # held for a recompute (`defer_recomputes`)
+                continue
             self.release(self.tensors[tensor_id])
             count = None if count is None else count - 1
 
