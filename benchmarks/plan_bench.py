@@ -503,8 +503,9 @@ def paging_excess_bytes(tg: TaskGraph, budget: int, order: Sequence[int]) -> int
 
 
 def applied_order(mg: MemGraph) -> list[int]:
-    """The order in which a plan applies its tasks (the order its bounds hold for)."""
-    return [node.tensor for node in mg.nodes if node.kind is NodeKind.APPLY]
+    """The order in which a plan applies its tasks (the order its bounds hold for); a
+    recompute computes a task again and is no step of the order."""
+    return [n.tensor for n in mg.nodes if n.kind is NodeKind.APPLY and not n.recompute]
 
 
 def lower_bounds(tg: TaskGraph, mg: MemGraph) -> dict:

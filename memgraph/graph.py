@@ -44,7 +44,14 @@ class PlanStats:
     assembled on the host), also counted on their own in `sliced_offload_*`. The
     reloads include *first loads* (`first_load_*`): a tensor's first arrival on the
     device, from the host storage it starts in (a weight); every other reload brings
-    back something that was on the device before.
+    back something that was on the device before. A *recompute* is an apply that computes
+    a task again, its output having been dropped with no copy out instead of offloaded
+    (`recompute_count`; `recompute_flops` the work they repeat, `recompute_bytes` what
+    they write); `discard_bytes` are the bytes so dropped, counted once per drop
+    (`apply_count` counts recomputes too). A bound on the bytes a plan that never
+    recomputes must offload (reload) bounds `offload_bytes + discard_bytes`
+    (`reload_bytes + recompute_bytes`) of any plan: make each discard an offload and each
+    recompute a reload, and the plan still holds, moving no more.
     """
 
     budget: int
@@ -64,6 +71,11 @@ class PlanStats:
     sliced_offload_count: int = 0
     first_load_bytes: int = 0
     first_load_count: int = 0
+    recompute_count: int = 0
+    recompute_flops: int = 0
+    recompute_bytes: int = 0
+    discard_bytes: int = 0
+    discard_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +99,15 @@ class PlanStats:
                 (
                     "  into outputs on host",
                     f"{format_bytes(self.sliced_offload_bytes)} in {self.sliced_offload_count}",
+                ),
+            )
+        if self.recompute_count or self.discard_count:
+            rows.insert(
+                -2,
+                (
+                    "discarded, recomputed",
+                    f"{format_bytes(self.discard_bytes)} in {self.discard_count}; "
+                    f"{self.recompute_count} recomputes ({self.recompute_flops:.3g} flops)",
                 ),
             )
         if self.block_limit is not None:
@@ -170,6 +191,8 @@ class MemGraph:
         reloads = self.of_kind(NodeKind.RELOAD)
         sliced = [n for n in offloads if n.into is not None]
         dropped = stays.dropped()
+        discarded = [s for s in stays.stays if s.departure == "discarded"]
+        recomputes = [n for n in self.nodes if n.recompute]
         first = _first_loads(self.nodes)
         return PlanStats(
             budget=self.budget,
@@ -189,6 +212,11 @@ class MemGraph:
             sliced_offload_count=len(sliced),
             first_load_bytes=sum(tg[n.tensor].nbytes for n in first),
             first_load_count=len(first),
+            recompute_count=len(recomputes),
+            recompute_flops=sum(tg[n.tensor].flops for n in recomputes),
+            recompute_bytes=sum(tg[n.tensor].nbytes for n in recomputes),
+            discard_bytes=sum(tg[s.tensor].nbytes for s in discarded),
+            discard_count=len(discarded),
         )
 
     # -- verification ------------------------------------------------------------
@@ -377,6 +405,7 @@ class MemGraphBuilder:
         into: int | None = None,
         box: HostBox | None = None,
         workspace: Region | None = None,
+        recompute: bool = False,
     ) -> int:
         """Append a node and return its id; `deps` are sorted and deduplicated.
 
@@ -402,6 +431,7 @@ class MemGraphBuilder:
             into,
             box,
             workspace,
+            recompute,
         )
         self.nodes.append(node)
         return node_id
@@ -427,10 +457,19 @@ class MemGraphBuilder:
         region: Region,
         deps: Iterable[int] = (),
         workspace: Region | None = None,
+        recompute: bool = False,
     ) -> int:
         """An apply; `workspace` is the region of its kernel's workspace, if it has one
-        (transient: held for this apply only)."""
-        return self.add(NodeKind.APPLY, deps, task, region, reads=reads, workspace=workspace)
+        (transient: held for this apply only); `recompute`: it computes its task again."""
+        return self.add(
+            NodeKind.APPLY,
+            deps,
+            task,
+            region,
+            reads=reads,
+            workspace=workspace,
+            recompute=recompute,
+        )
 
     def offload(
         self,

@@ -13,6 +13,12 @@ tensors: it is one more tensor of the step (a `TensorState` of its own, keyed pa
 task ids), placed as they are – but with no alloc node, never a victim (nothing writes
 it), released by the apply itself, which carries its region (`MemNode.workspace`) and
 waits for the frees of the bytes it takes.
+
+A tensor evicted with no host copy may be *discarded* instead of offloaded, and
+recomputed for the step that next reads it (`memgraph.recompute` decides): preparing
+that step also places the recompute's operands (`missing`) and holds them; the
+recompute, an apply marked `recompute` that reads them and writes the tensor's fresh
+region, is emitted right before the step's apply (`defer_recomputes`, `execute`).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from memgraph.host_assembly import HostAssembly
 from memgraph.nodes import NodeKind, Region
 from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
+from memgraph.recompute import Recomputes
 from memgraph.residents import Residents, TensorState
 from memgraph.steps import Step, plan_steps, sliced_reloads, storage_roots
 from memgraph.transfer_schedule import evicts_ahead, released_before
@@ -121,6 +128,17 @@ class HorizonPlanner:
             for r in self.output_roots:
                 self.tensors[r].uses.append(len(self.steps))
         self.residents = Residents(self.alloc.size, get_policy(opts.eviction), self.tensors)
+        self.recomputes = Recomputes(
+            tg,
+            self.steps,
+            self.tensors,
+            self.root,
+            self.working_set,
+            self.alloc.size,
+            self.output_roots,
+            self.cost,
+            opts.recompute,
+        )
         self.before = self.compute_before()
         self.pending: dict[int, float] = {}  # position -> H2D seconds its step awaits
         self.pending_at: list[int] = []  # sorted positions with pending transfers
@@ -141,6 +159,9 @@ class HorizonPlanner:
             ((t.uses[-1], t.size) for t in self.tensors.values() if t.uses), len(self.steps)
         )
         self.ahead_of: int | None = None  # the execution horizon, while evicting ahead
+        self.moving: int | None = None  # the step whose operands are moved into one window
+        # step -> the operands of its recomputes, held until its apply (`defer_recomputes`)
+        self.deferred: dict[int, list[TensorState]] = {}
 
     def make_tensors(self) -> dict[int, TensorState]:
         """A `TensorState` per storage root (views share their base's)."""
@@ -357,10 +378,13 @@ class HorizonPlanner:
     # -- preparing a step -----------------------------------------------------------
 
     def missing(self, position: int) -> list[TensorState]:
-        """The tensors step `position` still needs placed: absent operands, then its output
-        and its workspace (if it has one)."""
+        """The tensors step `position` still needs placed: absent operands, the absent
+        operands of the tensors it recomputes, then its output and its workspace (if it
+        has one)."""
         step = self.steps[position]
         needed = [self.tensors[r] for r in step.roots if self.tensors[r].region is None]
+        if any(t.recompute for t in needed):
+            needed.extend(t for t in self.recomputes.extra(position) if t.region is None)
         needed.append(self.tensors[step.task])
         workspace = self.workspaces.get(position)
         if workspace is not None and workspace.region is None:
@@ -398,6 +422,7 @@ class HorizonPlanner:
         for tensor, block in zip(needed, blocks, strict=True):
             self.place(tensor, block, position, ahead)
         self.pin(position, +1)
+        self.defer_recomputes(position, pinned=False)
         return True
 
     def prepare_evicting(self, e: int) -> None:
@@ -425,8 +450,7 @@ class HorizonPlanner:
         """Place step e's missing tensors, largest first, evicting the best window for each;
         if one finds no window, unpin what was pinned and return False. (`ahead`: step e
         is ahead of the execution horizon, see `prepare_ahead`.)"""
-        step = self.steps[e]
-        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        held = self.held(e)
         for tensor in held:
             tensor.pins += 1
         workspace = self.workspaces.get(e)
@@ -442,38 +466,81 @@ class HorizonPlanner:
             self.place(tensor, block, e, ahead=ahead)
             tensor.pins += 1
             held.append(tensor)
+        self.defer_recomputes(e, pinned=True)  # pinned above as held or placed
         return True
+
+    def held(self, e: int) -> list[TensorState]:
+        """Step e's resident operands, and the resident operands of what it recomputes."""
+        step = self.steps[e]
+        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
+        held.extend(t for t in self.recomputes.extra(e) if t.region is not None)
+        return held
 
     def place_packed(self, e: int, move_operands: bool) -> bool:
         """Clear one window for all of step e's missing tensors (and, with `move_operands`,
         room for its resident operands too, which may then be evicted) and place them
-        there back to back, largest first."""
-        step = self.steps[e]
-        held = [self.tensors[r] for r in step.roots if self.tensors[r].region is not None]
-        total = sum(t.size for t in self.missing(e))
+        there back to back, largest first, the output last.
+
+        A moved operand may be discarded and recomputed into the window instead of going
+        out and back (`Recomputes.chooses` with `moving`): the operands of its recompute
+        that are not resident are then placed where the output goes, and given back
+        (dropped: they have host copies) once the recomputes are emitted, before the
+        output is allocated there."""
+        held = self.held(e)
+        planned = {t.id for t in self.missing(e)}
+        total = sum(self.tensors[t].size for t in planned)
         if move_operands:
             total += sum(t.size for t in held)
+            planned.update(t.id for t in held)
+            self.moving = e
         else:
             for tensor in held:
                 tensor.pins += 1
         offset = self.clear_window(total)
+        self.moving = None
         if not move_operands:
             for tensor in held:
                 tensor.pins -= 1
         if offset is None:
             return False
+        output = self.tensors[self.steps[e].task]
+        late = []  # operands of recomputes chosen while clearing the window
         for tensor in sorted(self.missing(e), key=lambda t: -t.size):
-            self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
-            offset += tensor.size
+            if tensor.id not in planned:
+                late.append(tensor)
+            elif tensor is not output:
+                self.place(tensor, self.alloc.allocate_at(offset, tensor.size), e, ahead=False)
+                offset += tensor.size
+        if not late:
+            self.place(output, self.alloc.allocate_at(offset, output.size), e, ahead=False)
+            self.pin(e, +1)
+            self.defer_recomputes(e, pinned=False)
+            return True
+        slot = offset
+        for tensor in late:  # in the output's place (`Recomputes.chooses` checked the room)
+            self.place(tensor, self.alloc.allocate_at(slot, tensor.size), e, ahead=False)
+            slot += tensor.size
+        extra = self.emit_recomputes(e)  # now: the output takes their place
+        for tensor in late:
+            if tensor.next_use == NEVER:
+                self.release(tensor)
+            else:
+                self.evict(tensor)
+        self.place(output, self.alloc.allocate_at(offset, output.size), e, ahead=False)
         self.pin(e, +1)
+        self.release_unused(extra)
         return True
 
     def unprepare(self, e: int) -> None:
-        """Undo a failed preparation of step e: free its output if allocated, unwritten.
-        (Its workspace is placed last, so it is not placed when preparing fails.)"""
-        output = self.tensors[self.steps[e].task]
-        if output.region is not None:
-            self.release(output)
+        """Undo a failed preparation of step e: free its output if allocated, unwritten,
+        and so the tensors it recomputes. (Its workspace is placed last, so it is not
+        placed when preparing fails.)"""
+        step = self.steps[e]
+        for r in (*step.roots, step.task):
+            tensor = self.tensors[r]
+            unwritten = r == step.task or tensor.recompute
+            if unwritten and tensor.region is not None:
+                self.release(tensor)
 
     def fit(self, tensor: TensorState) -> Block | None:
         """A free block for `tensor` without evicting (see `keeps_room`)."""
@@ -600,6 +667,9 @@ class HorizonPlanner:
         if tensor is self.workspaces.get(position):
             self.bind_workspace(tensor, block)
             return
+        if tensor.recompute:  # written by its recompute, once the step's tensors are placed
+            self.bind(tensor, block)
+            return
         self.reload(tensor, block)
         tensor.last_use = position
         self.residents.touch(tensor)
@@ -615,8 +685,58 @@ class HorizonPlanner:
         )
         self.counts.sliced_reloads += tensor.id in self.sliced
 
+    def defer_recomputes(self, position: int, pinned: bool) -> None:
+        """Hold the operands of what step `position` recomputes (`pinned`: already held
+        by the preparation) until the step's apply, which its recomputes then come right
+        before (`execute`): emitted at the preparation, ahead, a recompute would sit in
+        the compute stream waiting for its operands' reloads, and stall applies due
+        before it."""
+        step = self.steps[position]
+        if not any(self.tensors[r].recompute for r in step.roots):
+            return
+        extra = self.recomputes.extra(position)
+        if not pinned:
+            for tensor in extra:
+                tensor.pins += 1
+        self.deferred[position] = extra
+
+    def emit_recomputes(self, position: int) -> list[TensorState]:
+        """Emit the recompute of each tensor step `position` recomputes, now that all the
+        step's tensors are placed: an apply of its task, marked `recompute`, that reads its
+        operands (resident: placed with the step) and writes its fresh region. Returns
+        those operands that are not the step's own tensors (`Recomputes.extra`)."""
+        step = self.steps[position]
+        extra = self.recomputes.extra(position)
+        for r in step.roots:
+            tensor = self.tensors[r]
+            if not tensor.recompute:
+                continue
+            operands = [self.tensors[self.root[i]] for i in self.tg[r].inputs]
+            deps = [tensor.alloc, *(t.writer for t in operands)]
+            reads = [t.region for t in operands]
+            node = self.builder.apply(r, reads, tensor.region, deps, recompute=True)
+            tensor.writer, tensor.recompute = node, False
+            self.residents.touch(tensor)
+            for operand in dict.fromkeys(operands):
+                operand.users.append(node)
+                operand.last_use = position
+                self.residents.touch(operand)
+        return extra
+
+    def release_unused(self, tensors: list[TensorState]) -> None:
+        """Free those of `tensors` (operands of recomputes) that nothing reads any more."""
+        for tensor in tensors:
+            if tensor.region is not None and tensor.pins == 0 and tensor.next_use == NEVER:
+                self.release(tensor)
+
     def execute(self, e: int) -> None:
-        """Emit step e's apply, then free what it was the last reader of."""
+        """Emit step e's recomputes and apply, then free what it was the last reader of."""
+        extra = self.deferred.pop(e, None)
+        if extra is not None:
+            self.emit_recomputes(e)
+            for tensor in extra:
+                tensor.pins -= 1
+            self.release_unused(extra)
         step = self.steps[e]
         out = self.tensors[step.task]
         operands = [self.tensors[r] for r in step.reads]
@@ -653,7 +773,8 @@ class HorizonPlanner:
             out.users.append(self.assembly.offload_piece(self.builder, out, self.new_storage))
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
-            if tensor.next_use == NEVER and tensor.region is not None:
+            if tensor.next_use == NEVER and tensor.region is not None and not tensor.pins:
+                # (one held for a recompute is freed after it: `release_unused`)
                 if self.opts.outputs == "host" and tensor.id in self.output_roots:
                     self.draining[tensor.id] = self.d2h_end  # its write-back is the last copy
                 else:
@@ -683,6 +804,8 @@ class HorizonPlanner:
         for tensor_id, end in list(self.draining.items()):
             if count is None and end > until or count is not None and count <= 0:
                 break
+            if self.tensors[tensor_id].pins:  # held for a recompute (`defer_recomputes`)
+                continue
             self.release(self.tensors[tensor_id])
             count = None if count is None else count - 1
 
@@ -706,6 +829,11 @@ class HorizonPlanner:
             self.release(tensor)
             return
         self.counts.evictions += 1
+        if self.recomputes.chooses(tensor, self.now, self.moving):
+            tensor.recompute = True  # discarded: no copy out
+            self.release(tensor)
+            self.expect_seconds(tensor.next_use, self.recomputes.reload_seconds(tensor))
+            return
         if tensor.storage is None:
             self.offload(tensor)
         self.release(tensor)
@@ -713,13 +841,16 @@ class HorizonPlanner:
 
     def expect_reload(self, tensor: TensorState) -> None:
         """Record the H2D seconds a host-resident tensor costs at its next step."""
-        position = tensor.next_use
+        self.expect_seconds(tensor.next_use, self.cost.transfer_seconds(tensor.nbytes, "h2d"))
+
+    def expect_seconds(self, position: int, seconds: float) -> None:
+        """Record `seconds` of H2D transfers that step `position` awaits."""
         if position >= len(self.steps):
             return
         if position not in self.pending:
             bisect.insort(self.pending_at, position)
             self.pending[position] = 0.0
-        self.pending[position] += self.cost.transfer_seconds(tensor.nbytes, "h2d")
+        self.pending[position] += seconds
 
     def new_storage(self) -> int:
         self.storages += 1

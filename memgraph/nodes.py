@@ -13,6 +13,11 @@ Node kinds (`NodeKind`), and the fields each one uses:
               allocated for this apply only and released when it ends, so nothing
               else may hold those bytes while it runs, and whatever takes them later
               waits for the apply (as for the free of a tensor).
+              With `recompute` set it is a *recompute*: the task was computed before,
+              its output was dropped from the device with no copy out, and this apply
+              computes it again from its operands (resident again, and unchanged:
+              tensors are immutable) instead of a reload bringing it back. It prints
+              as `recompute`, runs as any apply, and is counted apart (`PlanStats`).
 * `offload` – `tensor`'s data is copied from device `region` to host `storage`. When
               `into` is set, it is a *sliced offload*: `storage` is the host array of
               task `into`, a program output that a tree of output Concats rebuilds from
@@ -236,6 +241,7 @@ FIELDS: dict[str, str] = {
     "into": "an output assembly",
     "box": "a host box",
     "workspace": "a workspace region",
+    "recompute": "a recompute mark",
 }
 """The optional fields of a `MemNode`, each with what it is (for messages)."""
 
@@ -247,6 +253,7 @@ _USE = {
     "into": "fill an output assembly ('into')",
     "box": "copy a box of host storage ('box')",
     "workspace": "hold a kernel's workspace ('workspace')",
+    "recompute": "compute a task again ('recompute')",
 }
 
 _ONE_PLACE = ("storage", "region")  # an input or output is on the host or on the device
@@ -258,8 +265,8 @@ NODE_FIELDS: dict[NodeKind, KindFields] = {
     NodeKind.ALLOC: KindFields(required=("region",), template="alloc {tensor} {region}"),
     NodeKind.APPLY: KindFields(
         required=("region", "reads"),
-        optional=("workspace",),
-        template="apply {tensor} ({reads}) -> {region}{workspace}",
+        optional=("workspace", "recompute"),
+        template="{verb} {tensor} ({reads}) -> {region}{workspace}",
     ),
     NodeKind.OFFLOAD: KindFields(
         required=("region", "storage"),
@@ -308,6 +315,7 @@ class MemNode:
     into: int | None = None  # a sliced offload: the output assembly `storage` belongs to
     box: HostBox | None = None  # a sliced offload or reload: the box of `storage` it copies
     workspace: Region | None = None  # an apply: its kernel's transient workspace region
+    recompute: bool = False  # an apply that computes its task again (see the module docstring)
 
     @property
     def stream(self) -> str:
@@ -333,6 +341,7 @@ class MemNode:
             "into": self.into,
             "box": self.box,
             "workspace": self.workspace,
+            "recompute": True if self.recompute else None,
         }
         return frozenset(f for f, value in values.items() if value is not None)
 
@@ -362,6 +371,7 @@ class MemNode:
             "reads": ", ".join(str(r) for r in self.reads),
             "into": f" into %{self.into}" if self.into is not None else "",
             "workspace": f" + workspace {self.workspace}" if self.workspace is not None else "",
+            "verb": "recompute" if self.recompute else "apply",
         }
         return NODE_FIELDS[self.kind].template.format(**parts)
 

@@ -12,7 +12,7 @@ from memgraph.cost import CostModel, get_cost_model
 from memgraph.eviction import get_policy
 from memgraph.orders import get_order
 
-__all__ = ["PlanOptions", "OUTPUTS", "INPUTS", "PLACEMENTS"]
+__all__ = ["PlanOptions", "OUTPUTS", "INPUTS", "PLACEMENTS", "RECOMPUTES"]
 
 OUTPUTS = ("device", "host")
 """Where program outputs end: resident on the device, or offloaded to host storage."""
@@ -21,6 +21,10 @@ INPUTS = ("auto", "host")
 PLACEMENTS = ("room", "best_fit")
 """Where allocations without eviction go: "room" (best fit, unless that leaves no room
 for the next step that reads the tensor, see `memgraph.horizon`) or plain "best_fit"."""
+RECOMPUTES = ("auto", "never")
+"""What an eviction of a tensor with no host copy may do: "auto" drops it and recomputes
+it before its next use where that is cheaper than offloading and reloading it (see
+`memgraph.recompute`); "never" always offloads it."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class PlanOptions:
     inputs: str = "auto"
     placement: str = "room"
     schedule_transfers: bool = False
+    recompute: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.order, str):
@@ -71,6 +76,8 @@ class PlanOptions:
             raise PlanError(
                 f"schedule_transfers must be True or False, got {self.schedule_transfers!r}"
             )
+        if self.recompute not in RECOMPUTES:
+            raise PlanError(f"recompute must be one of {RECOMPUTES}, got {self.recompute!r}")
 
     @classmethod
     def from_keywords(
@@ -100,6 +107,7 @@ class PlanOptions:
             "inputs": self.inputs,
             "placement": self.placement,
             "schedule_transfers": self.schedule_transfers,
+            "recompute": self.recompute,
         }
 
 

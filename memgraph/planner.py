@@ -54,6 +54,12 @@ then to fewer bytes evicted. Step e's operands and output are never victims. The
 added with `memgraph.eviction.register_policy` (it ranks an `EvictionContext`: next and
 last use, size, and the bytes evicting the tensor would transfer).
 
+A victim with no host copy is offloaded – or, with `recompute="auto"` (the default),
+*discarded* and recomputed when the step that next reads it is prepared, where applying
+its task again (its operands all have host copies) costs less than the copy out and
+back on the cost model (`memgraph.recompute`). A step's operands moved into one window
+(below) may be recomputed there too.
+
 Placement and fragmentation
 ---------------------------
 Allocations without eviction use the allocator's best fit, unless that would leave no
@@ -176,7 +182,7 @@ from memgraph.budgets import (
 )
 from memgraph.graph import MemGraph
 from memgraph.horizon import HorizonPlanner
-from memgraph.options import INPUTS, OUTPUTS, PLACEMENTS, PlanOptions
+from memgraph.options import INPUTS, OUTPUTS, PLACEMENTS, RECOMPUTES, PlanOptions
 from memgraph.steps import sliced_reloads, storage_roots
 from taskgraph.graph import TaskGraph
 
@@ -192,6 +198,7 @@ __all__ = [
     "OUTPUTS",
     "INPUTS",
     "PLACEMENTS",
+    "RECOMPUTES",
 ]
 
 
@@ -225,6 +232,8 @@ def plan(
     * `schedule_transfers`: prepare a step ahead of the execution horizon by evicting
       (drops only) when its reloads' deadline comes, so they overlap the compute before
       it (`memgraph.transfer_schedule`; default False).
+    * `recompute`: "auto" (the default: an evicted tensor is recomputed where that is
+      cheaper than offloading and reloading it, see `memgraph.recompute`) or "never".
 
     `progress`, if given, is called as `progress(steps done, steps)` about a hundred
     times while the planner walks (`einpage.compile(..., progress=)` turns it into

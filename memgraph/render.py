@@ -129,6 +129,9 @@ MEM_STYLES: dict[str, NodeStyle] = {
     "input_device": NodeStyle("input on device", "invhouse", "#c7e9c0"),
     "alloc": NodeStyle("alloc", "box", "#eeeeee"),
     "apply": NodeStyle("apply (compute)", "box", "#c6dbef", "rounded,filled"),
+    "recompute": NodeStyle(
+        "recompute (a dropped tensor computed again)", "box", "#9ecae1", "rounded,filled,dashed"
+    ),
     "offload": NodeStyle("offload (device to host)", "invhouse", "#fcae91"),
     "reload": NodeStyle("reload (host to device)", "house", "#a1d99b"),
     "free": NodeStyle("free", "box", "#ffffff", "dashed"),
@@ -142,7 +145,10 @@ MEM_STYLES: dict[str, NodeStyle] = {
 
 def style_kind(node: MemNode, mg: MemGraph | None = None) -> str:
     """The style key of a node: its kind, with inputs split into host and device (and,
-    given the plan, transfers of KV-cache pages apart: `taskgraph.facts.is_kv_page`)."""
+    given the plan, transfers of KV-cache pages apart: `taskgraph.facts.is_kv_page`);
+    a recompute (an apply that computes its task again) is drawn apart from an apply."""
+    if node.kind is NodeKind.APPLY and node.recompute:
+        return "recompute"
     if node.kind is NodeKind.INPUT:
         return "input_host" if node.storage is not None else "input_device"
     if mg is not None and node.kind in (NodeKind.RELOAD, NodeKind.OFFLOAD):
@@ -158,7 +164,8 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
     task = mg.taskgraph[node.tensor] if node.tensor is not None else None
     tensor = f"%{node.tensor}" if node.tensor is not None else ""
     name = f' "{node.name}"' if node.name else ""
-    title = f"n{node.id} {kind}{name} {tensor}".rstrip()
+    verb = "recompute" if node.recompute else str(kind)
+    title = f"n{node.id} {verb}{name} {tensor}".rstrip()
     if task is not None and task.label and kind is NodeKind.APPLY:
         title += f" · {clip(task.label, 24)}"
     lines = [Line(title, "title")]

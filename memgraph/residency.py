@@ -4,12 +4,14 @@ A *residency* is one stay of a tensor in a device region: from its `alloc` node 
 its `free` node (or to the end of the plan). `analyze(mg)` finds every one, once, and
 says for each
 
-* how its data arrived (`arrival`): "computed" (an apply wrote it), "reloaded" (a
+* how its data arrived (`arrival`): "computed" (an apply wrote it), "recomputed" (a
+  recompute wrote it: an apply that computed its task again), "reloaded" (a
   reload copied it from host storage, possibly a box of it), "input" (a program input
   put on the device), or "unwritten" (nothing wrote it);
 * how it left (`departure`): "offloaded" (an offload copied it to the host, then it
   was freed), "dropped" (freed with no copy out although it is reloaded later: a host
-  copy already existed, e.g. a weight), "freed" (freed after its last use, never
+  copy already existed, e.g. a weight), "discarded" (freed with no copy out, and
+  recomputed later instead of reloaded), "freed" (freed after its last use, never
   needed again on the device), or "resident" (still on the device at the end);
 
 and the bytes allocated after every node (`live_bytes`), from which the peak. A kernel's
@@ -62,14 +64,20 @@ __all__ = [
     "DEPARTURES",
 ]
 
-ARRIVALS = ("computed", "reloaded", "input", "unwritten")
+ARRIVALS = ("computed", "recomputed", "reloaded", "input", "unwritten")
 """How a residency's data got onto the device (see the module docstring)."""
 
-DEPARTURES = ("freed", "dropped", "offloaded", "resident")
+DEPARTURES = ("freed", "dropped", "discarded", "offloaded", "resident")
 """How a residency ended (see the module docstring)."""
 
 _ARRIVAL_OF = {NodeKind.APPLY: "computed", NodeKind.RELOAD: "reloaded", NodeKind.INPUT: "input"}
-_SOURCE_OF = {"computed": "apply", "reloaded": "reload", "input": "input", "unwritten": "none"}
+_SOURCE_OF = {
+    "computed": "apply",
+    "recomputed": "recompute",
+    "reloaded": "reload",
+    "input": "input",
+    "unwritten": "none",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +112,8 @@ class Residency:
 
     @property
     def source(self) -> str:
-        """The writer's kind: "apply", "reload", "input" or "none" (as `memgraph.plots` had it)."""
+        """The writer's kind: "apply", "recompute", "reload", "input" or "none" (as
+        `memgraph.plots` had it)."""
         return _SOURCE_OF[self.arrival]
 
     @property
@@ -187,6 +196,7 @@ def analyze(mg: MemGraph) -> Residencies:
     """The residencies of `mg` (see the module docstring); `mg.residencies` caches it."""
     roles = _roles(mg)
     last_reload = {n.tensor: n.id for n in mg.nodes if n.kind is NodeKind.RELOAD}
+    last_recompute = {n.tensor: n.id for n in mg.nodes if n.recompute}
     open_: dict[int, _Open] = {}
     done: list[Residency] = []
     live: list[int] = []
@@ -200,6 +210,8 @@ def analyze(mg: MemGraph) -> Residencies:
             departure = "offloaded"
         elif last_reload.get(tensor, -1) > free:
             departure = "dropped"
+        elif last_recompute.get(tensor, -1) > free:
+            departure = "discarded"
         else:
             departure = "freed"
         return Residency(
@@ -240,7 +252,8 @@ def analyze(mg: MemGraph) -> Residencies:
         if stay is None or node.region is None or node.region != stay.region:
             continue
         if kind in _ARRIVAL_OF:
-            stay.writer, stay.arrival = node.id, _ARRIVAL_OF[kind]
+            stay.writer = node.id
+            stay.arrival = "recomputed" if node.recompute else _ARRIVAL_OF[kind]
         elif kind is NodeKind.OFFLOAD:
             stay.offloads.append(node.id)
         elif kind is NodeKind.OUTPUT:

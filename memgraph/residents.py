@@ -26,7 +26,9 @@ class TensorState:
     `ptr` indexes the next one. On the device: `region`, its `alloc` node, the node
     that wrote it (`writer`: apply, reload or input; None while an output is allocated
     but not yet computed) and `users` (readers, offloads, outputs of this residency).
-    On the host: `storage` and the node that wrote it (`storage_writer`).
+    On the host: `storage` and the node that wrote it (`storage_writer`). `recompute`:
+    it was discarded (freed with no copy out) and is computed again when the step that
+    next reads it is prepared (`memgraph.recompute`).
     """
 
     id: int
@@ -44,6 +46,7 @@ class TensorState:
     last_use: int = -1
     version: int = 0  # bumped whenever its rank or residency changes (stale heap entries)
     rank: Rank = Rank(0)  # the eviction rank of its current heap entry
+    recompute: bool = False  # discarded: recomputed at its next use instead of reloaded
 
     @property
     def next_use(self) -> int:

@@ -42,7 +42,10 @@ storage's array it copies, one start and one size per axis of the storage (its s
 and dtype are the storage's); an offload or reload without `box` copies its whole
 storage; `workspace` (a region) for an apply whose task has a kernel workspace
 (`Task.workspace`): transient, held for that apply only (absent otherwise, so plans
-without workspaces are written as before). Keys a kind does not use are omitted.
+without workspaces are written as before); `recompute` (always `true` when present) for
+an apply that computes its task again, its output having been dropped with no copy out
+(absent otherwise: files written before recomputes load unchanged). Keys a kind does
+not use are omitted.
 
 Version 1 documents (before `storages` and `box`) are still read: their storages and
 boxes are worked out from the nodes and the TaskGraph, as the builder does.
@@ -236,6 +239,7 @@ _FIELD_TEXT: dict[str, Callable[[Any, Quoted], str]] = {
         f'{{"starts": {int_list(box.starts)}, "sizes": {int_list(box.sizes)}}}'
     ),
     "workspace": lambda region, quoted: _region_text(region),
+    "recompute": lambda recompute, quoted: "true",
 }
 """Each optional node field's value as JSON text, as `_node_to_dict` puts it."""
 
@@ -247,6 +251,7 @@ _UNSET: dict[str, Any] = {
     "into": None,
     "box": None,
     "workspace": None,
+    "recompute": False,
 }
 """Each optional field's value when a node does not set it (`MemNode.fields_set`)."""
 
@@ -411,6 +416,8 @@ def _node(
     workspace = None
     if "workspace" in entry:
         workspace = _region(entry["workspace"], f"{path}.workspace")
+    if "recompute" in entry and entry["recompute"] is not True:
+        raise _fail(f"{path}.recompute", f"expected true (or no key), got {entry['recompute']!r}")
     return MemNode(
         position,
         kind,
@@ -423,6 +430,7 @@ def _node(
         into,
         box,
         workspace,
+        "recompute" in entry,
     )
 
 
@@ -628,5 +636,10 @@ def _quick_node(
         workspace = _quick_region(entry["workspace"], regions)
         if workspace is None:
             return None
+    recompute = "recompute" in entry
+    if recompute and entry["recompute"] is not True:
+        return None
     deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
-    return MemNode(position, kind, deps, tensor, region, storage, reads, name, into, box, workspace)
+    return MemNode(
+        position, kind, deps, tensor, region, storage, reads, name, into, box, workspace, recompute
+    )

@@ -104,6 +104,7 @@ def event_name(mg: MemGraph, node: MemNode) -> str:
     task = mg.taskgraph[node.tensor]
     if node.kind is NodeKind.APPLY:
         what = f"%{task.id} {task.op.describe()}" + (f" {task.label}" if task.label else "")
+        what = f"recompute {what}" if node.recompute else what
     else:
         hint = getattr(task.op, "name", "") or task.label
         what = f"{node.kind} %{task.id}" + (f" {hint}" if hint else "")

@@ -22,7 +22,12 @@ residencies and host storages, and checks:
   reads a storage that an input or an offload wrote; every compute task is applied
   exactly once (a Slice read straight from an input may instead be produced, any
   number of times, by a *sliced reload* of its box from the input's storage) and every
-  program output is produced;
+  program output is produced; a *recompute* (an apply with `recompute` set) computes a
+  task that an earlier apply computed, whose output is not resident: its operands are
+  read, like any apply's, where their data was written, and tensors are immutable, so
+  it writes the value the first apply wrote; nothing can read the tensor between its
+  free and its recompute (a read needs a resident, written tensor). An apply without the
+  mark that computes a task a second time is an error;
 * workspaces: an apply holds a workspace region exactly when its task declares one
   (`Task.workspace`), at least that large, aligned, inside the arena; it overlaps no
   live region, comes after the latest free of every byte it takes, counts (with
@@ -282,6 +287,7 @@ class _Verifier:
             node.into is None,
             node.box is None,
             node.workspace is None,
+            node.recompute,
         )
         if key not in self.field_problems:
             self.field_problems[key] = node.field_problem()
@@ -401,10 +407,19 @@ class _Verifier:
         task = self.tg[node.tensor]
         if isinstance(task.op, Input):
             raise self.fail(f"%{node.tensor} is an input; inputs are not computed")
-        if node.tensor in self.applied and not (
+        if node.recompute:
+            if node.tensor not in self.applied:
+                raise self.fail(
+                    f"recomputes %{node.tensor}, which no earlier apply computed (only a "
+                    f"task computed before can be computed again)"
+                )
+        elif node.tensor in self.applied and not (
             task.inputs and self.is_input_slice(node.tensor, task.inputs[0])
         ):
-            raise self.fail(f"%{node.tensor} is computed a second time")
+            raise self.fail(
+                f"%{node.tensor} is computed a second time (an apply that computes a "
+                f"dropped tensor again must be marked as a recompute)"
+            )
         if len(node.reads) != len(task.inputs):
             raise self.fail(
                 f"reads {len(node.reads)} regions but task %{task.id} has "

@@ -96,11 +96,19 @@ The program (P):
   every input appears.
 * P2 an apply computes a task that is not an Input, reading one region per operand. A
   task is computed once, except a Slice read straight from an input, which may be
-  computed any number of times, by applies or by sliced reloads (H3). Every task the
+  computed any number of times, by applies or by sliced reloads (H3), and a task
+  computed again by a recompute (P4). Every task the
   device computes is computed; the Concats of an output assembled on the host count
   as computed when that output is (H5).
 * P3 an output node names a program output, once, with the base task that holds its
   bytes; every output appears.
+* P4 an apply marked `"recompute": true` computes a task again: some apply earlier in
+  the plan computed it. Its output bytes were given back in between (D2: a write fills
+  a region allocated afresh), its operands are read where their data was written (D3),
+  and a task is a function of its operands' data, which never changes once written (a
+  reload brings back what was copied out, an apply writes its task's value): so it
+  writes the same data as the first apply. It may then be read like that data (D3).
+  The mark is `true` or absent, never anything else.
 
 The verdict names the first node, in insertion order, that breaks a rule (or no node,
 for P's "every ... appears" and H1's "every entry is written", which concern the whole
@@ -470,7 +478,12 @@ class _Replay:
         node, task = self.node, self.tasks[self.node["tensor"]]
         if task.kind == "input":  # P2
             raise self.broken("P2", f"computes the input %{task.id}")
-        if task.id in self.computed and not self.input_slice(task.id):
+        again = node.get("recompute", False)
+        if again not in (True, False) or "recompute" in node and again is not True:
+            raise self.broken("P4", f"has recompute mark {again!r}, not true")
+        if again and task.id not in self.computed:
+            raise self.broken("P4", f"recomputes %{task.id}, which no earlier apply computed")
+        if not again and task.id in self.computed and not self.input_slice(task.id):
             raise self.broken("P2", f"computes %{task.id} a second time")
         reads = node.get("reads", [])
         if len(reads) != len(task.inputs):

@@ -26,15 +26,20 @@ def test_module_doctests():
 
 
 def apply_order(mg: MemGraph) -> list[int]:
-    return [n.tensor for n in mg.of_kind(NodeKind.APPLY)]
+    return [n.tensor for n in mg.of_kind(NodeKind.APPLY) if not n.recompute]
 
 
 def assert_below(bounds: TransferBounds, mg: MemGraph) -> None:
+    """The bounds hold for `mg`: for a plan that recomputes, on what it offloads or
+    discards and reloads or recomputes (see `PlanStats`: with each discard an offload and
+    each recompute a reload, the plan would move no more)."""
     stats = mg.stats
+    out = stats.offload_bytes + stats.discard_bytes
+    back = stats.reload_bytes + stats.recompute_bytes
     assert bounds.compulsory_reload_bytes <= stats.reload_bytes
-    assert bounds.reload_bytes <= stats.reload_bytes
-    assert bounds.offload_bytes <= stats.offload_bytes
-    assert bounds.total_bytes <= stats.reload_bytes + stats.offload_bytes
+    assert bounds.reload_bytes <= back
+    assert bounds.offload_bytes <= out
+    assert bounds.total_bytes <= out + back
 
 
 def chain():
@@ -166,10 +171,11 @@ def test_bounds_follow_where_the_plan_starts_its_inputs():
     big = prog.einsum("i->", ep.exp(z))
     prog.output(x * a * big, "out")
     tg = prog.build()
-    mg = plan(tg, 6144, inputs="host")
-    bounds = transfer_lower_bounds(tg, mg.budget, apply_order(mg), host_inputs_of(mg))
-    assert bounds.offload_bytes <= mg.stats.offload_bytes
-    assert bounds.reload_bytes <= mg.stats.reload_bytes
+    for recompute in ("never", "auto"):  # a discards and recomputes `a` with "auto"
+        mg = plan(tg, 6144, inputs="host", recompute=recompute)
+        bounds = transfer_lower_bounds(tg, mg.budget, apply_order(mg), host_inputs_of(mg))
+        assert_below(bounds, mg)
+    assert mg.stats.recompute_count == 1
     assert sorted(host_inputs_of(mg)) == ["x", "z"]
     with pytest.raises(GraphError, match=r"unknown input\(s\) \['nope'\]"):
         transfer_lower_bounds(tg, 6144, host_inputs=["nope"])
