@@ -102,7 +102,9 @@ def test_recompute_is_not_chosen_where_moving_is_cheaper_or_an_operand_has_no_ho
         again = {n.tensor for n in mg if n.recompute}
         assert h.id not in again  # its operands are 16x its bytes
         assert not again & {t.id for t in tg if t.kind == "einsum" and t.inputs[0] == x.id}
-        assert mg.stats.offload_bytes > 0  # what is evicted goes out and back instead
+        # what leaves the device comes back by copy instead (offloaded, or – inputs the
+        # planner started on the host to move less – reloaded from there)
+        assert mg.stats.reload_bytes > 0
 
 
 def test_the_recompute_option_is_checked():
