@@ -4,9 +4,12 @@ freed together leave one window, not holes.
 
 The plan-quality cell `einsum38` (at 1344 B, `benchmarks/plan_quality.py`) is where the
 default "room" placement moves 5.75x the optimum: it puts the output %3 in the gap
-between %2 (read until the end) and a tensor about to die; the 400 B %4 then finds no
-window and %3 goes out and back. Every plan with the rule verifies, the oracle accepts it,
-and it computes the reference outputs on the NumPy runtime in random order.
+between %1 (a weight read only by %3) and %0 (a weight read until the end); the 400 B %4
+then finds no window and %3 goes out and back. "lifetime" puts %3 at the arena's end (it
+lives to the last steps), so %1's death opens the window and %0 is dropped for it.
+
+Every plan with the rule verifies, the oracle accepts it, and it computes the reference
+outputs on the NumPy runtime in random order.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def test_the_fragmentation_cell_moves_no_output_through_the_host():
         room = plan(tg, 1344, order=order, placement="room")
         lifetime = plan(tg, 1344, order=order, placement="lifetime")
         # "room" offloads the 80 B output %3 and reloads it (184 B moved in all);
-        # "lifetime" reloads only the small weights evicted for %4's window.
+        # "lifetime" only loads the weights (in1 once, in0 twice: dropped for %4's window).
         assert room.stats.offload_bytes == 80 and moved(room) == 184
         assert lifetime.stats.offload_bytes == 0
         assert moved(lifetime) == 32 < moved(room)
