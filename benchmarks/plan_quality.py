@@ -1,6 +1,7 @@
 """Benchmark: how far einpage's plans are from the optimum, and from the sharpest bound.
 
-Run: `python benchmarks/plan_quality.py [--json out.json] [--quick]` (~6 min on a
+Run: `python benchmarks/plan_quality.py [--json out.json] [--quick] [--skip-large]
+[--placement room|best_fit|lifetime]` (~6 min on a
 shared 2-core VM; `--quick` ~30 s). It prints the tables below and a verdict per
 target, and with --json writes the same numbers as JSON (every cell, the summaries,
 the targets).
@@ -57,6 +58,7 @@ from memgraph import POLICIES, NodeKind, min_budget, plan, streaming_minimum, ve
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds  # noqa: E402
 from memgraph.optimal import Origin, TransferProblem, transfer_problem  # noqa: E402
 from memgraph.optimal.solve import lp_bound_of, solve_problem  # noqa: E402
+from memgraph.options import PLACEMENTS  # noqa: E402
 from memgraph.orders import ORDERS  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
 from taskgraph.partition import partition_for_budget  # noqa: E402
@@ -155,8 +157,11 @@ def ratio(bytes_moved: int, optimum: int) -> float:
     return 1.0 if bytes_moved == 0 else math.inf
 
 
-def milp_cell(case: Case, order: str, percent: int, time_limit: float) -> dict | None:
-    """One cell of part 1: the optimum and every policy's bytes (None: below min_budget)."""
+def milp_cell(
+    case: Case, order: str, percent: int, time_limit: float, placement: str = "room"
+) -> dict | None:
+    """One cell of part 1: the optimum and every policy's bytes (None: below min_budget),
+    with the planner's `placement` rule."""
     tg = case.tg
     budget = streaming_minimum(tg, order=order) * percent // 100
     row = {"family": case.family, "graph": case.name, "tasks": len(tg), "order": order}
@@ -168,7 +173,7 @@ def milp_cell(case: Case, order: str, percent: int, time_limit: float) -> dict |
     row.update(steps=len(problem.steps), gaps=len(problem.gaps), status=best.status)
     row.update(optimum=best.moved_bytes, proven=best.lower_bound, milp_s=best.seconds)
     for policy in POLICIES:
-        mg = plan(tg, budget, order=order, eviction=policy)
+        mg = plan(tg, budget, order=order, eviction=policy, placement=placement)
         verify(mg)
         row[policy] = paging_bytes(mg)
         row[f"{policy}_delivery"] = delivery_bytes(mg)
@@ -381,12 +386,12 @@ def large(quick: bool, milp_limit: float) -> list[dict]:
 # -- main ---------------------------------------------------------------------------
 
 
-def milp_set(quick: bool, time_limit: float) -> tuple[list[dict], int]:
+def milp_set(quick: bool, time_limit: float, placement: str = "room") -> tuple[list[dict], int]:
     rows, skipped = [], 0
     for case in milp_cases(quick):
         for order in ORDERS:
             for percent in PERCENTS:
-                row = milp_cell(case, order, percent, time_limit)
+                row = milp_cell(case, order, percent, time_limit, placement)
                 if row is None:
                     skipped += 1
                 else:
@@ -407,12 +412,18 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a small set (~30 s)")
     parser.add_argument("--time-limit", type=float, default=None, help="seconds per MILP")
     parser.add_argument("--skip-large", action="store_true", help="part 1 only")
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="room",
+        help="the planner's placement rule in part 1 (default: room, the planner's default)",
+    )
     args = parser.parse_args(argv)
     limit = args.time_limit or (10.0 if args.quick else 60.0)
 
     started = time.perf_counter()
     print("1. einpage against the optimum on the MILP-sized set")
-    rows, skipped = milp_set(args.quick, limit)
+    rows, skipped = milp_set(args.quick, limit, args.placement)
     summary = milp_summary(rows, skipped)
     found = milp_targets(summary)
     large_rows = []
@@ -424,6 +435,7 @@ def main(argv: list[str] | None = None) -> dict:
         "python": platform.python_version(),
         "quick": args.quick,
         "milp_time_limit_s": limit,
+        "placement": args.placement,
         "milp_cells": rows,
         "milp_summary": summary,
         "large": large_rows,

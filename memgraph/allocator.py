@@ -21,7 +21,9 @@ Rules
   planner never allocates an empty tensor, so asking for one is a bug upstream, and
   silently handing out a 256-byte block would hide it.
 * `try_allocate` and `allocate` take the smallest free block that fits (best fit), ties
-  by lowest offset, from its lowest address; `allocate_at` takes an exact range.
+  by lowest offset, from its lowest address; `allocate_at` takes an exact range;
+  `fitting_ends` lists both ends of every free block that fits, for a placement rule
+  that chooses by neighbours (the planner's "lifetime" placement, `memgraph.horizon`).
 * `checkpoint()` / `rollback()` / `release()` make a group of allocations
   all-or-nothing. They keep an undo log of primitive edits while a checkpoint is open
   (nothing is logged otherwise), so a rollback costs as much as the work it undoes,
@@ -281,6 +283,30 @@ class Allocator:
             return None
         _size, offset = found
         return self._take(self._free[offset], offset, nbytes)
+
+    def fitting_ends(self, nbytes: int) -> list[tuple[Interval, int]]:
+        """Where `nbytes` (rounded up) could go without moving anything: for each free block
+        that fits, by offset, `(block, offset)` at its low end and, when the block is
+        larger, at its high end (flush against the next live block or the arena's end).
+        A placement rule chooses among them by the neighbour each offset touches, then
+        takes it with `allocate_at`.
+
+        >>> alloc = Allocator(2048)
+        >>> a, b = alloc.allocate(512), alloc.allocate(512)
+        >>> alloc.free(a.offset, freed_by=None)
+        >>> [offset for _block, offset in alloc.fitting_ends(256)]
+        [0, 256, 1024, 1792]
+        """
+        nbytes = self._request(nbytes)
+        ends = []
+        for offset in self._free_starts:
+            block = self._free[offset]
+            if block.size < nbytes:
+                continue
+            ends.append((block, block.offset))
+            if block.size > nbytes:
+                ends.append((block, block.end - nbytes))
+        return ends
 
     def allocate(self, nbytes: int) -> Block:
         """Allocate `nbytes` (rounded up); `AllocationError` with the numbers when nothing fits."""

@@ -547,6 +547,8 @@ class HorizonPlanner:
         largest = self.alloc.largest_free
         if largest < tensor.size:
             return None
+        if self.opts.placement == "lifetime":
+            return self.fit_by_lifetime(tensor)
         reader = tensor.next_use
         if (
             self.opts.placement == "best_fit"
@@ -570,6 +572,40 @@ class HorizonPlanner:
         if best is None:
             return self.alloc.try_allocate(tensor.size)
         return self.alloc.allocate_at(best[1], tensor.size)
+
+    def fit_by_lifetime(self, tensor: TensorState) -> Block:
+        """The "lifetime" placement: at an end of a free block that fits, next to the
+        neighbour whose last use is nearest `tensor`'s (the arena's ends count as never
+        freed, as device outputs are), then the smaller block, then the lower offset.
+
+        Neighbours that are freed together leave one free block, not holes: a tensor that
+        lives long goes next to long-lived ones (or an arena end), a short-lived one next to
+        short-lived ones, so a large request later finds a window without an eviction (the
+        "room" rule can put a long-lived output in the one gap beside a tensor about to
+        die, splitting the window that gap becomes; `benchmarks/plan_quality.py`)."""
+        death, end_of_plan = _last_use(tensor), len(self.steps)
+        at, offsets = self.residents.at, self.residents.offsets
+        best = None
+        for block, offset in self.alloc.fitting_ends(tensor.size):
+            if offset == block.offset:  # flush against what ends there
+                i = bisect.bisect_left(offsets, offset)
+                neighbour = at[offsets[i - 1]] if i else None
+                touches = neighbour is not None and neighbour.region.end == offset
+                edge = offset == 0
+            else:  # flush against what starts at the block's end
+                neighbour = at.get(block.end)
+                touches = neighbour is not None
+                edge = block.end == self.alloc.size
+            if edge:
+                other = end_of_plan
+            elif touches:
+                other = _last_use(neighbour)
+            else:  # allocated for this step, not yet resident: freed with `tensor`
+                other = death
+            key = (abs(other - death), block.size, offset)
+            if best is None or key < best:
+                best = key
+        return self.alloc.allocate_at(best[2], tensor.size)
 
     def keeps_room(self, tensor: TensorState, offset: int) -> bool:
         """Whether placing `tensor` at `offset` leaves room for the next step that reads it:
@@ -885,3 +921,11 @@ class HorizonPlanner:
             self.builder.output(
                 name, tensor.id, storage=tensor.storage, deps=[tensor.storage_writer]
             )
+
+
+def _last_use(tensor: TensorState) -> int:
+    """The step position after which `tensor` is dead (the number of steps for a device
+    output, which the plan keeps to the end; 0 for a tensor nothing reads)."""
+    if not tensor.uses:
+        return 0
+    return tensor.uses[-1]

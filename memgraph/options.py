@@ -18,9 +18,11 @@ OUTPUTS = ("device", "host")
 """Where program outputs end: resident on the device, or offloaded to host storage."""
 INPUTS = ("auto", "host")
 """Where inputs start: "auto" follows each `Input.location` (device ones while they fit)."""
-PLACEMENTS = ("room", "best_fit")
+PLACEMENTS = ("room", "best_fit", "lifetime")
 """Where allocations without eviction go: "room" (best fit, unless that leaves no room
-for the next step that reads the tensor, see `memgraph.horizon`) or plain "best_fit"."""
+for the next step that reads the tensor, see `memgraph.horizon`), plain "best_fit", or
+"lifetime" (next to the neighbour whose last use is nearest, the arena's ends counting
+as never freed: `Horizon.fit_by_lifetime`)."""
 RECOMPUTES = ("auto", "never")
 """What an eviction of a tensor with no host copy may do: "auto" drops it and recomputes
 it before its next use where that is cheaper than offloading and reloading it (see

@@ -228,7 +228,9 @@ def plan(
     * `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (for the lookahead);
     * `alignment`: arena alignment in bytes (default 256);
     * `outputs`: "device" (the default) or "host"; `inputs`: "auto" or "host";
-    * `placement`: "room" (the default) or "best_fit";
+    * `placement`: "room" (the default), "best_fit" or "lifetime" (next to the neighbour
+      freed nearest in time: fewer holes where small long-lived tensors sit between
+      large ones; `HorizonPlanner.fit_by_lifetime`);
     * `schedule_transfers`: prepare a step ahead of the execution horizon by evicting
       (drops only) when its reloads' deadline comes, so they overlap the compute before
       it (`memgraph.transfer_schedule`; default False).

@@ -21,6 +21,7 @@ from memgraph.bounds import transfer_lower_bounds
 from memgraph.eviction import POLICIES
 from memgraph.orders import ORDERS
 from memgraph.planner import INPUTS, OUTPUTS
+from taskgraph.serialize import taskgraph_from_json
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "plan_bench.py"
 
@@ -125,6 +126,7 @@ def test_a_plan_without_bounds_is_reported_not_fatal(bench, monkeypatch, capsys)
 # -- benchmarks/plan_quality.py and benchmarks/offload_metric.py ----------------------
 
 BENCHMARKS = BENCH.parent
+FRAGMENTED = Path(__file__).parent / "memgraph" / "data" / "fragmented_by_room.json"
 
 
 def load(name: str):
@@ -173,6 +175,16 @@ def test_quality_cells_compare_every_policy_with_the_optimum(quality):
     targets = quality.milp_targets(summary)
     assert {t["target"].split(":")[0] for t in targets} == set(POLICIES)
     json.dumps({"rows": rows, "summary": summary, "targets": targets})
+
+
+def test_quality_cells_plan_with_the_placement_asked_for(quality):
+    tg = taskgraph_from_json(FRAGMENTED.read_text())  # plan-quality's einsum38
+    case = quality.Case("einsum_programs", "einsum38", tg)
+    room = quality.milp_cell(case, "program", 75, 20)  # 1344 B
+    lifetime = quality.milp_cell(case, "program", 75, 20, placement="lifetime")
+    assert room["budget"] == lifetime["budget"] == 1344
+    assert room["optimum"] == lifetime["optimum"] == 32
+    assert room["belady"] == 184 and lifetime["belady"] == 32
 
 
 @given(tg=einsum_programs(), data=st.data())

@@ -110,6 +110,23 @@ def test_custom_alignment():
     assert [(b.offset, b.size) for b in blocks] == [(0, 64), (64, 128), (192, 64), (256, 128)]
 
 
+def test_fitting_ends_lists_both_ends_of_every_block_that_fits():
+    alloc = Allocator(4096)
+    blocks = [alloc.allocate(n) for n in (256, 768, 256, 1024, 256)]  # 1536 B left at the end
+    alloc.free(blocks[1].offset, freed_by=None)  # [256, 1024)
+    alloc.free(blocks[3].offset, freed_by=None)  # [1280, 2304)
+    ends = [(block.offset, block.size, offset) for block, offset in alloc.fitting_ends(1000)]
+    # 1000 B takes 1024: the 768 B hole is too small; the 1024 B one has a single end
+    assert ends == [(1280, 1024, 1280), (2560, 1536, 2560), (2560, 1536, 3072)]
+    for _block, offset in alloc.fitting_ends(1000):  # each is an allocatable range
+        token = alloc.checkpoint()
+        assert alloc.allocate_at(offset, 1000).offset == offset
+        alloc.rollback(token)
+    assert alloc.fitting_ends(2048) == []
+    with pytest.raises(AllocationError, match="positive"):
+        alloc.fitting_ends(0)
+
+
 @pytest.mark.parametrize("nbytes", [0, -1, -256])
 def test_non_positive_requests_are_rejected(nbytes):
     alloc = Allocator(MiB)

@@ -14,6 +14,7 @@ from strategies import einsum_programs, program_inputs
 from einpage.errors import InfeasibleBudgetError
 from memgraph import NodeKind, PlanOptions
 from memgraph.eviction import POLICIES
+from memgraph.options import PLACEMENTS
 from memgraph.orders import ORDERS
 from memgraph.planner import OUTPUTS, min_budget, plan, resident_peak, streaming_minimum
 from taskgraph.nodes import Input
@@ -80,7 +81,7 @@ def test_a_budget_holding_the_resident_peak_moves_nothing(tg, data):
         "lookahead": data.draw(st.sampled_from([0, 1, 3, 64]), label="lookahead"),
         "lookahead_seconds": data.draw(st.sampled_from(["auto", None]), label="seconds"),
         "inputs": data.draw(st.sampled_from(["auto", "host"]), label="inputs"),
-        "placement": data.draw(st.sampled_from(["room", "best_fit"]), label="placement"),
+        "placement": data.draw(st.sampled_from(PLACEMENTS), label="placement"),
     }
     peak = resident_peak(tg, PlanOptions(**options))
     weights = sum(
