@@ -81,7 +81,7 @@ from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from taskgraph.assembly import assembly_tasks
-from taskgraph.facts import ChosenIds
+from taskgraph.facts import chosen_ids, first_needing
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Slice
 
@@ -408,9 +408,7 @@ def generation_time_bound(tg: TaskGraph, budget: int | str, cost_model: Any) -> 
 
     cost = get_cost_model(cost_model)
     budget = parse_bytes(budget)
-    chosen = sorted(
-        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
-    )
+    chosen = chosen_ids(tg)
     if not chosen:
         raise GraphError(
             f"{tg.name!r} chooses no ids (no task has the ChosenIds fact): "
@@ -419,7 +417,7 @@ def generation_time_bound(tg: TaskGraph, budget: int | str, cost_model: Any) -> 
     z = [task_id for _, task_id in chosen]
     host = _host_flags(tg, None)
     skipped = [tg.is_input_slice(t.id) for t in tg]  # any input may start on the host
-    step = _first_needing_step(tg, z)
+    step = first_needing(tg, enumerate(z))  # the first choice Z_t each task serves
     # after[i]: the latest choice Z_k that task i descends from (-1: none)
     after = [-1] * len(tg)
     position = {task_id: k for k, task_id in enumerate(z)}
@@ -447,19 +445,6 @@ def generation_time_bound(tg: TaskGraph, budget: int | str, cost_model: Any) -> 
     last = seconds[z[-1]]
     total = sum(p.seconds for p in parts) + max(0.0, floating - slack) + last
     return GenerationTimeBound(budget, tuple(parts), floating, last, total)
-
-
-def _first_needing_step(tg: TaskGraph, z: list[int]) -> list[int | None]:
-    """Per task, the first choice Z_t it is an ancestor of (or is), else None."""
-    step: list[int | None] = [None] * len(tg)
-    for t, root in enumerate(z):
-        stack = [root]
-        while stack:
-            i = stack.pop()
-            if step[i] is None:
-                step[i] = t
-                stack.extend(tg[i].inputs)
-    return step
 
 
 def _derived_groups(

@@ -68,6 +68,8 @@ __all__ = [
     "fact_of",
     "facts_of",
     "is_kv_page",
+    "chosen_ids",
+    "first_needing",
     "fact_from_attributes",
 ]
 
@@ -280,6 +282,29 @@ def is_kv_page(task: Any) -> bool:
     """Whether `task` holds a page of a KV cache (a `KVPage` fact): reports and memory
     maps show such tensors as their own kind."""
     return fact_of(task, KVPage) is not None
+
+
+def chosen_ids(tg: Any) -> list[tuple[int, int]]:
+    """(step, task id) of each task of `tg` stating `ChosenIds`, in step order: the
+    choices of ids of an unrolled generation."""
+    return sorted(
+        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
+    )
+
+
+def first_needing(tg: Any, roots: Iterable[tuple[int, int]]) -> list[int | None]:
+    """Per task of `tg`, the label of the first of `roots` ((label, task id), in the order
+    given) that it is or is an ancestor of; None when it is none's. A task needed by a
+    root has its operands needed by it too."""
+    label: list[int | None] = [None] * len(tg)
+    for mark, root in roots:
+        stack = [root]
+        while stack:
+            i = stack.pop()
+            if label[i] is None:
+                label[i] = mark
+                stack.extend(tg[i].inputs)
+    return label
 
 
 def fact_from_attributes(attrs: Any) -> Fact:

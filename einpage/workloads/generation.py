@@ -75,7 +75,7 @@ from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from runtime.hostmem import SharedHost
 from taskgraph import dtypes
-from taskgraph.facts import ChosenIds, KVEntries, KVPage, fact_of, is_kv_page
+from taskgraph.facts import KVEntries, KVPage, chosen_ids, fact_of, first_needing, is_kv_page
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
@@ -482,18 +482,7 @@ def steps_of(tg: TaskGraph) -> list[int | None]:
     choice of ids (`taskgraph.facts.ChosenIds`) needs it – 0 for the prefill, t for decode
     step t – or None when no choice does (what only the outputs read). Read from the
     graph's facts and edges, not from scopes."""
-    chosen = sorted(
-        (fact.step, task.id) for task in tg for fact in task.facts if isinstance(fact, ChosenIds)
-    )
-    step: list[int | None] = [None] * len(tg)
-    for t, root in chosen:  # a task needed by step t has its operands needed by t too
-        stack = [root]
-        while stack:
-            i = stack.pop()
-            if step[i] is None:
-                step[i] = t
-                stack.extend(tg[i].inputs)
-    return step
+    return first_needing(tg, chosen_ids(tg))
 
 
 def _step_of(tg: TaskGraph, task: int | None) -> str:
