@@ -68,7 +68,7 @@ from einpage.cli.files import (
     save_arrays,
     save_plan,
 )
-from einpage.cli.generate import add_generate
+from einpage.cli.generate import add_generate, positive_int
 from einpage.cli.outputs import (
     PLAN_OUTPUTS,
     PicturesFailedError,
@@ -443,16 +443,6 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -488,8 +478,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     program = Parser(add_help=False)
     program.add_argument("program", metavar="PROGRAM", help=PROGRAM_HELP)
-    program.add_argument("--batch", type=_positive_int, help="batch size (presets, build())")
-    program.add_argument("--seq", type=_positive_int, help="sequence length (model presets)")
+    program.add_argument("--batch", type=positive_int, help="batch size (presets, build())")
+    program.add_argument("--seq", type=positive_int, help="sequence length (model presets)")
     program.add_argument("--dtype", help="float16, bfloat16, float32 or float64 (presets, build())")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_show(commands, common, program)

@@ -63,7 +63,8 @@ DEFAULT_PROMPT_LEN = 16
 """Random prompt ids when neither --prompt nor --prompt-len is given."""
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an integer > 0 (the command line's counts and sizes)."""
     try:
         value = int(text)
     except ValueError:
@@ -102,9 +103,9 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         help="device memory: 8GiB, 512MiB, 50%% (of the resident peak: 100%% moves nothing), "
         "150%%streaming (of the streaming minimum)",
     )
-    gen.add_argument("--batch", type=_positive_int, help="sequences (default 1)")
-    gen.add_argument("--prompt-len", type=_positive_int, help="random prompt ids of this length")
-    gen.add_argument("--new-tokens", type=_positive_int, default=16, help="tokens to generate")
+    gen.add_argument("--batch", type=positive_int, help="sequences (default 1)")
+    gen.add_argument("--prompt-len", type=positive_int, help="random prompt ids of this length")
+    gen.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate")
     gen.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer)")
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
@@ -124,15 +125,15 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     gen.add_argument(
         "--top-k",
-        type=_positive_int,
+        type=positive_int,
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
     )
     gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
-    gen.add_argument("--page-size", type=_positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
-    gen.add_argument("--bucket-pages", type=_positive_int, default=1, help="pages per step bucket")
-    gen.add_argument("--chunk-steps", type=_positive_int, default=1, help="steps per step plan")
+    gen.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
+    gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
+    gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
     gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
     gen.add_argument(
         "--cost-model",
