@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import gc
 import tracemalloc
-import weakref
 
 import numpy as np
 import pytest
+from counting_backend import Counting
 
 import runtime
 from einpage.models import gpt2
 from einpage.models.decode import Sampling
 from einpage.workloads.generation import WAYS, GenerationSpec, Planning, plan_generation
-from runtime.numpy_backend import NumpyBackend
 
 CFG = gpt2.PRESETS["tiny"]
 SPEC = GenerationSpec(gpt2.FAMILY, CFG, 2, 6, 7, page_size=4, sampling=Sampling(top_k=4))
@@ -40,30 +39,6 @@ def test_a_run_allocates_at_most_what_host_bytes_says(way):
         tracemalloc.stop()
     promised = plan.host_bytes(runtime.get_backend("numpy"))
     assert peak <= promised, (peak, promised)
-
-
-class Counting(NumpyBackend):
-    """NumPy, counting its arena and host allocations and keeping weak references to them."""
-
-    name = "counting"
-
-    def __init__(self):
-        super().__init__()
-        self.arenas: list[int] = []
-        self.hosts: list[int] = []
-        self.buffers: list[weakref.ref] = []
-
-    def allocate_arena(self, nbytes):
-        self.arenas.append(nbytes)
-        arena = super().allocate_arena(nbytes)
-        self.buffers.append(weakref.ref(arena))
-        return arena
-
-    def allocate_host(self, nbytes):
-        self.hosts.append(nbytes)
-        host = super().allocate_host(nbytes)
-        self.buffers.append(weakref.ref(host))
-        return host
 
 
 def test_the_step_loop_runs_every_plan_in_one_session(monkeypatch):

@@ -11,10 +11,10 @@ every buffer at once, without the garbage collector.
 from __future__ import annotations
 
 import gc
-import weakref
 
 import numpy as np
 import pytest
+from counting_backend import Counting
 from runtime_cases import assert_outputs_match, block_program, make_inputs, reference
 
 import memgraph
@@ -23,33 +23,6 @@ from einpage.errors import InputError
 from memgraph import NodeKind
 from runtime.hostmem import HOST_ALIGNMENT
 from runtime.interpreter import arena_bytes
-from runtime.numpy_backend import NumpyBackend
-
-
-class Counting(NumpyBackend):
-    """NumPy (with host staging when `staging`), recording every arena and host
-    allocation, with weak references to what it handed out."""
-
-    name = "counting"
-
-    def __init__(self, staging: bool = False):
-        super().__init__(timeout=30)
-        self.host_staging = staging
-        self.arenas: list[int] = []
-        self.hosts: list[int] = []
-        self.buffers: list[weakref.ref] = []
-
-    def allocate_arena(self, nbytes):
-        self.arenas.append(nbytes)
-        arena = super().allocate_arena(nbytes)
-        self.buffers.append(weakref.ref(arena))
-        return arena
-
-    def allocate_host(self, nbytes):
-        self.hosts.append(nbytes)
-        host = super().allocate_host(nbytes)
-        self.buffers.append(weakref.ref(host))
-        return host
 
 
 def aligned(n: int) -> int:
@@ -95,7 +68,7 @@ def stated(plans) -> int:
 @pytest.mark.parametrize("staging", [False, True])
 @pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
 def test_plans_of_one_session_share_one_arena_one_host_buffer_and_the_weights(plans, staging, mode):
-    backend = Counting(staging)
+    backend = Counting(staging, timeout=30)
     weights = weights_of(plans["long"].taskgraph)
     with runtime.Session(plans, backend, mode=mode) as session:
         session.stage(weights)  # once, for both plans
@@ -155,7 +128,7 @@ def test_closing_releases_every_buffer_without_the_garbage_collector(plans, mode
     """The arena and the host buffer die when the session closes, with the collector off:
     nothing of them is held in a reference cycle (the interpreter's dispatch table of
     bound methods was one, so a closed session held its arena until a collection)."""
-    backend = Counting(staging=True)
+    backend = Counting(staging=True, timeout=30)
     weights = weights_of(plans["long"].taskgraph)
     gc.collect()
     gc.disable()
