@@ -40,6 +40,17 @@ such plan moves, contiguous arena or not, and it is exact for the relaxed arena 
 that places each tensor anywhere free). Alignment counts as the planner's does: a plan
 whose regions are not multiples of it is bounded with the smallest alignment a plan may
 have, `alignment=8` (`memgraph.allocator.MIN_ALIGNMENT`).
+
+**Recompute** (`recompute=True`; `memgraph.recompute`): a dropped gap of a tensor the
+planner may recompute may instead be closed by applying its task again at the use that
+ends the gap – no reload, and no host copy needed for it – priced in bytes by
+`memgraph.cost.rebuild_bytes` (its compute time, net of the transfer latencies it
+saves, at the link's bandwidth: the planner's own comparison, in bytes). The model is then a
+relaxation: it does not require the task's operands to be resident for the recompute
+(nor charge their reloads or their memory at that step). A plan that recomputes reloads
+or holds those operands, and pays for that in bytes moved and memory, so the optimum
+stays a lower bound on a plan's bytes moved plus `plan_rebuild_bytes`, though not
+always attained.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from enum import Enum
 from einpage_core.errors import GraphError
 from memgraph.allocator import DEFAULT_ALIGNMENT
 from memgraph.budgets import read_budget
+from memgraph.cost import CostModel, get_cost_model, rebuild_bytes
 from memgraph.host_assembly import HostAssembly
 from memgraph.options import PlanOptions
 from memgraph.orders import check_order, get_order
@@ -58,7 +70,15 @@ from memgraph.steps import plan_steps, sliced_reloads, storage_roots
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
-__all__ = ["Origin", "ModelTensor", "Gap", "TransferProblem", "transfer_problem"]
+__all__ = [
+    "Origin",
+    "ModelTensor",
+    "Gap",
+    "TransferProblem",
+    "transfer_problem",
+    "rebuild_bytes",
+    "plan_rebuild_bytes",
+]
 
 
 class Origin(Enum):
@@ -73,13 +93,19 @@ class Origin(Enum):
 class ModelTensor:
     """A storage root of the model: its bytes (what a transfer moves), its `size` in the
     arena (aligned), its `origin`, and `forced_copy`: it is offloaded whatever the plan
-    (a piece of an output assembled on the host, or an output with `outputs="host"`)."""
+    (a piece of an output assembled on the host, or an output with `outputs="host"`).
+    `rebuild_bytes`: what recomputing it costs in the model's unit, bytes
+    (`memgraph.cost.rebuild_bytes`), or
+    None when it may not be recomputed (the problem was built without recompute, or the
+    planner never recomputes it: not computed by a step, an output, or a task with a
+    kernel workspace)."""
 
     id: int
     nbytes: int
     size: int
     origin: Origin
     forced_copy: bool = False
+    rebuild_bytes: int | None = None
 
     @property
     def needs_offload(self) -> bool:
@@ -150,10 +176,13 @@ class TransferProblem:
     def fixed_bytes(self) -> int:
         return self.fixed_reload_bytes + self.fixed_offload_bytes
 
-    def cost(self, kept: Iterable[bool]) -> tuple[int, int]:
+    def cost(self, kept: Iterable[bool], rebuilt: Iterable[bool] | None = None) -> tuple[int, int]:
         """(offload bytes, reload bytes) of keeping the gaps flagged in `kept` (one flag per
-        gap, in order), fixed bytes included; the capacity is not checked (`fits`)."""
+        gap, in order) and closing those flagged in `rebuilt` with a recompute instead of a
+        reload (default: none; see `rebuild_cost`), fixed bytes included; the capacity is
+        not checked (`fits`)."""
         kept = list(kept)
+        rebuilt = self._rebuilt(kept, rebuilt)
         if len(kept) != len(self.gaps):
             raise GraphError(f"{len(kept)} flags for {len(self.gaps)} gaps")
         reload = self.fixed_reload_bytes
@@ -161,8 +190,8 @@ class TransferProblem:
         started_on_device = {
             g.tensor: keep for g, keep in zip(self.gaps, kept, strict=True) if g.is_start
         }
-        for gap, keep in zip(self.gaps, kept, strict=True):
-            if keep:
+        for gap, keep, rebuild in zip(self.gaps, kept, rebuilt, strict=True):
+            if keep or rebuild:  # a recomputed tensor needs neither a reload nor a copy
                 continue
             tensor = self.tensors[gap.tensor]
             if gap.reload:
@@ -171,6 +200,34 @@ class TransferProblem:
                 offloaded.add(gap.tensor)
         offload = self.fixed_offload_bytes + sum(self.tensors[t].nbytes for t in offloaded)
         return offload, reload
+
+    def rebuildable(self, gap: Gap) -> bool:
+        """Whether `gap` may be closed by recomputing its tensor instead of reloading it."""
+        rebuild = self.tensors[gap.tensor].rebuild_bytes
+        return gap.reload and not gap.is_start and rebuild is not None
+
+    def rebuild_cost(self, kept: Iterable[bool], rebuilt: Iterable[bool] | None = None) -> int:
+        """The recompute bytes-equivalent (`ModelTensor.rebuild_bytes`) of closing the gaps
+        flagged in `rebuilt` with a recompute (they must be dropped and `rebuildable`)."""
+        kept = list(kept)
+        rebuilt = self._rebuilt(kept, rebuilt)
+        return sum(
+            self.tensors[g.tensor].rebuild_bytes or 0
+            for g, r in zip(self.gaps, rebuilt, strict=True)
+            if r
+        )
+
+    def _rebuilt(self, kept: list[bool], rebuilt: Iterable[bool] | None) -> list[bool]:
+        rebuilt = [False] * len(kept) if rebuilt is None else list(rebuilt)
+        if len(rebuilt) != len(self.gaps):
+            raise GraphError(f"{len(rebuilt)} recompute flags for {len(self.gaps)} gaps")
+        for gap, keep, rebuild in zip(self.gaps, kept, rebuilt, strict=True):
+            if rebuild and (keep or not self.rebuildable(gap)):
+                raise GraphError(
+                    f"gap of %{gap.tensor} after step {gap.after} cannot be recomputed "
+                    "(kept, or its tensor may not be recomputed)"
+                )
+        return rebuilt
 
     def usage(self, kept: Iterable[bool]) -> list[int]:
         """The aligned bytes resident at each step when the gaps flagged in `kept` are kept."""
@@ -204,6 +261,8 @@ def transfer_problem(
     outputs: str = "device",
     alignment: int = DEFAULT_ALIGNMENT,
     complete: bool = False,
+    recompute: bool = False,
+    cost_model: str | CostModel = "h100-pcie5",
 ) -> TransferProblem:
     """The transfer problem of `tg` planned in `order` (an `ORDERS` name or a topological
     order of all tasks) within `budget` (bytes, a size, or a percentage of the no-offload
@@ -212,6 +271,10 @@ def transfer_problem(
     `complete`: also list the gaps that cost nothing to keep (no step strictly inside):
     in a contiguous arena dropping one may still pay, to move the tensor elsewhere
     (`memgraph.optimal.offsets`).
+
+    `recompute`: a dropped gap of a tensor the planner may recompute (made by a step, no
+    output, no kernel workspace: `memgraph.recompute`) may be closed by a recompute
+    instead of a reload, priced by `rebuild_bytes` on `cost_model` (the planner's).
 
     >>> import einpage as ep
     >>> prog = ep.Program()
@@ -233,7 +296,27 @@ def transfer_problem(
     assembly = HostAssembly(tg)
     steps = plan_steps(tg, ids, root, sliced, assembly.tasks)
     builder = _Builder(tg, usable, alignment, inputs, outputs, root, sliced, assembly, complete)
+    if recompute:
+        builder.cost = get_cost_model(cost_model)
     return builder.build(tuple(ids), steps)
+
+
+def operand_count(tg: TaskGraph, task_id: int, root: Sequence[int]) -> int:
+    """The distinct storage roots task `task_id` reads (`memgraph.recompute.operands`)."""
+    return len({root[i] for i in tg[task_id].inputs})
+
+
+def plan_rebuild_bytes(mg) -> int:
+    """`rebuild_bytes` of every recompute in plan `mg`, on the cost model it was made with
+    (`mg.info["cost_model"]`, else the planner's default)."""
+    cost = get_cost_model(mg.info.get("cost_model", "h100-pcie5"))
+    tg = mg.taskgraph
+    root = storage_roots(tg)
+    return sum(
+        rebuild_bytes(cost, tg, n.tensor, operand_count(tg, n.tensor, root))
+        for n in mg.nodes
+        if n.recompute
+    )
 
 
 class _Builder:
@@ -249,6 +332,15 @@ class _Builder:
         self.root = root
         self.sliced = sliced
         self.assembly = assembly
+        self.cost: CostModel | None = None  # set: recompute is a choice
+
+    def rebuild(self, r: int, origin: Origin, output: bool) -> int | None:
+        """`ModelTensor.rebuild_bytes` of storage root `r`."""
+        if self.cost is None or origin is not Origin.COMPUTED or output:
+            return None
+        if self.tg[r].workspace:
+            return None
+        return rebuild_bytes(self.cost, self.tg, r, operand_count(self.tg, r, self.root))
 
     def size(self, task_id: int) -> int:
         return -(-self.tg[task_id].nbytes // self.alignment) * self.alignment
@@ -289,7 +381,8 @@ class _Builder:
         for r in sorted(uses):
             origin = self.origin(r)
             forced = r in pieces or (r in ends and not ends[r] and origin is Origin.COMPUTED)
-            tensor = ModelTensor(r, tg[r].nbytes, self.size(r), origin, forced)
+            rebuild = self.rebuild(r, origin, r in ends)
+            tensor = ModelTensor(r, tg[r].nbytes, self.size(r), origin, forced, rebuild)
             tensors[r] = tensor
             fixed_offload += tensor.nbytes if forced else 0
             points = uses[r]

@@ -13,7 +13,11 @@ thousands of steps. The objective is bytes moved:
     o_i >= 1 - x_k            for each gap k of a computed tensor i that needs a copy
     o_i >= x_start(i) - x_k   for a device input i (no offload if it started on the host)
 
-`o_i` need not be declared integral: for integral `x` its optimum is. Bytes are scaled
+`o_i` need not be declared integral: for integral `x` its optimum is. With recompute
+(`transfer_problem(..., recompute=True)`), a gap k whose tensor may be recomputed has
+a binary `r_k` (1: closed by a recompute): `x_k + r_k <= 1`, its reload term becomes
+`nbytes_k * (1 - x_k - r_k) + rebuild_k * r_k`, and its copy constraint `o_i >= 1 -
+x_k - r_k` (a recomputed tensor needs no host copy). Bytes are scaled
 by a power of two (exact in floating point) so coefficients stay near 1..1000.
 
 `optimal_transfers` solves the MILP (exact on the small graphs of the tests; with a
@@ -75,6 +79,11 @@ class OptimalTransfers:
     ("time limit": `moved_bytes` is the best plan found, `lower_bound` what is proven);
     `offload_bytes` and `reload_bytes` split `moved_bytes`; `dropped` are the gaps the
     plan drops; `lower_bound` is sound for every plan of the steps (in bytes, floored).
+
+    With recompute (`transfer_problem(..., recompute=True)`) the objective is
+    `cost_bytes`: `moved_bytes` plus `rebuild_bytes`, the recomputes' price in bytes
+    (`memgraph.optimal.problem.rebuild_bytes`) of the gaps in `rebuilt`; `lower_bound`
+    then bounds a plan's bytes moved plus `plan_rebuild_bytes`. Without, both are 0/().
     """
 
     status: str
@@ -86,16 +95,28 @@ class OptimalTransfers:
     gaps: int
     steps: int
     seconds: float
+    rebuild_bytes: int = 0
+    rebuilt: tuple[Gap, ...] = ()
 
     @property
     def optimal(self) -> bool:
         return self.status == "optimal"
 
+    @property
+    def cost_bytes(self) -> int:
+        """The objective: bytes moved plus the recomputes' bytes-equivalent."""
+        return self.moved_bytes + self.rebuild_bytes
+
     def __str__(self) -> str:
+        rebuilt = (
+            f", {len(self.rebuilt)} recomputes worth {format_bytes(self.rebuild_bytes)}"
+            if self.rebuilt
+            else ""
+        )
         return (
             f"{self.status}: {format_bytes(self.moved_bytes)} moved "
             f"({format_bytes(self.offload_bytes)} offloaded, "
-            f"{format_bytes(self.reload_bytes)} reloaded), lower bound "
+            f"{format_bytes(self.reload_bytes)} reloaded{rebuilt}), lower bound "
             f"{format_bytes(self.lower_bound)}; {self.gaps} gaps, {self.steps} steps, "
             f"{self.seconds:.2f} s"
         )
@@ -117,6 +138,7 @@ class _Model:
     constant: float
     unit: int
     copies: dict[int, int]  # tensor -> column of its o_i
+    rebuilds: dict[int, int]  # gap index -> column of its r_k
 
 
 def scale_unit(problem: TransferProblem) -> int:
@@ -133,8 +155,12 @@ def _model(problem: TransferProblem) -> _Model:
     for gap in gaps:
         if gap.copy and tensors[gap.tensor].needs_offload and gap.tensor not in copies:
             copies[gap.tensor] = n_gaps + len(copies)
-    flow0 = n_gaps + len(copies)
-    size = n_gaps + len(copies) + steps
+    rebuilds: dict[int, int] = {}
+    for k, gap in enumerate(gaps):
+        if problem.rebuildable(gap):
+            rebuilds[k] = n_gaps + len(copies) + len(rebuilds)
+    flow0 = n_gaps + len(copies) + len(rebuilds)
+    size = flow0 + steps
     cost = np.zeros(size)
     lower = np.zeros(size)
     upper = np.ones(size)
@@ -150,6 +176,10 @@ def _model(problem: TransferProblem) -> _Model:
             upper[k] = 0
     for t, column in copies.items():
         cost[column] = tensors[t].nbytes / unit
+    for k, column in rebuilds.items():  # nbytes * (1 - x_k - r_k) + rebuild * r_k
+        tensor = tensors[gaps[k].tensor]
+        cost[column] = (tensor.rebuild_bytes - tensor.nbytes) / unit
+        integral[column] = 1
     for t in range(steps):
         upper[flow0 + t] = (problem.budget - problem.working[t]) / unit
     rows: list[int] = []
@@ -178,6 +208,8 @@ def _model(problem: TransferProblem) -> _Model:
         if t:
             entries.append((flow0 + t - 1, -1.0))
         add(entries, 0.0, 0.0)
+    for k, column in rebuilds.items():  # x_k + r_k <= 1
+        add([(k, 1.0), (column, 1.0)], -np.inf, 1.0)
     starts = {g.tensor: k for k, g in enumerate(gaps) if g.is_start}
     for k, gap in enumerate(gaps):
         if not (gap.copy and gap.tensor in copies):
@@ -185,11 +217,12 @@ def _model(problem: TransferProblem) -> _Model:
         column = copies[gap.tensor]
         if tensors[gap.tensor].origin is Origin.DEVICE_INPUT:  # o - x_start + x_k >= 0
             add([(column, 1.0), (starts[gap.tensor], -1.0), (k, 1.0)], 0.0, np.inf)
-        else:  # o + x_k >= 1
-            add([(column, 1.0), (k, 1.0)], 1.0, np.inf)
+        else:  # o + x_k (+ r_k) >= 1
+            rebuilt = [(rebuilds[k], 1.0)] if k in rebuilds else []
+            add([(column, 1.0), (k, 1.0), *rebuilt], 1.0, np.inf)
     return _Model(
         cost, integral, lower, upper, rows, cols, values, row_lower, row_upper, constant,
-        unit, copies,
+        unit, copies, rebuilds,
     )  # fmt: skip
 
 
@@ -241,16 +274,21 @@ def solve_problem(
     if result.x is None:
         raise EinpageError(f"the MILP found no plan: {result.message}")
     kept = [bool(round(v)) for v in result.x[: len(problem.gaps)]]
+    rebuilt = [False] * len(kept)
+    for k, column in model.rebuilds.items():
+        rebuilt[k] = bool(round(result.x[column]))
     if not problem.fits(kept):  # pragma: no cover - HiGHS's solutions are integral
         raise EinpageError("the MILP's solution does not fit the budget once rounded")
-    offload, reload = problem.cost(kept)
+    offload, reload = problem.cost(kept, rebuilt)
+    rebuild = problem.rebuild_cost(kept, rebuilt)
+    total = offload + reload + rebuild
     dual = getattr(result, "mip_dual_bound", None)
     if result.status == 0:
         status = "optimal"
     else:
         status = "time limit" if result.status == 1 else str(result.message)
     proven = (dual if dual is not None and math.isfinite(dual) else 0.0) + model.constant
-    lower = min(offload + reload, bound_from(proven * model.unit))
+    lower = min(total, bound_from(proven * model.unit))
     if status == "optimal" and mip_rel_gap == 0.0:
         lower = max(lower, bound_from((result.fun + model.constant) * model.unit))
     return OptimalTransfers(
@@ -263,6 +301,8 @@ def solve_problem(
         gaps=len(problem.gaps),
         steps=len(problem.steps),
         seconds=time.perf_counter() - started,
+        rebuild_bytes=rebuild,
+        rebuilt=tuple(g for g, r in zip(problem.gaps, rebuilt, strict=True) if r),
     )
 
 

@@ -18,10 +18,11 @@ import memgraph.optimal as optimal_package
 import memgraph.optimal.offsets as offsets_module
 import memgraph.optimal.problem as problem_module
 import memgraph.optimal.solve as solve_module
-from einpage.errors import InfeasibleBudgetError
+from einpage.errors import GraphError, InfeasibleBudgetError
 from memgraph import min_budget, plan, streaming_minimum, verify
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds
+from memgraph.cost import CostModel
 from memgraph.host_assembly import HostAssembly
 from memgraph.optimal import (
     Origin,
@@ -30,6 +31,8 @@ from memgraph.optimal import (
     optimal_transfers,
     optimal_transfers_with_offsets,
     plan_lp_bound,
+    plan_rebuild_bytes,
+    rebuild_bytes,
     sharpest_lower_bound,
     transfer_problem,
 )
@@ -57,12 +60,18 @@ def test_module_doctests(module):
 # -- an independent exhaustive search -------------------------------------------------
 
 
-def brute_force(tg, budget, order="program", inputs="auto", outputs="device", alignment=256):
+def brute_force(
+    tg, budget, order="program", inputs="auto", outputs="device", alignment=256, rebuild=None
+):
     """The fewest bytes moved, by dynamic programming over every resident set at every
     step (not gaps): the state after a step is (resident tensors, tensors with a host
     copy); any resident set holding the step's tensors within the budget may follow, a
     tensor entering it is reloaded (it needs a host copy) unless the step makes it, one
-    leaving it while still needed is offloaded unless it has a host copy."""
+    leaving it while still needed is offloaded unless it has a host copy.
+
+    `rebuild` (tensor -> bytes-equivalent of recomputing it): such a tensor may also
+    leave without a copy, and enter by a recompute at that price instead of a reload."""
+    rebuild = rebuild or {}
     usable = budget // alignment * alignment
     ids = get_order(order)(tg) if isinstance(order, str) else list(order)
     root = storage_roots(tg)
@@ -108,19 +117,29 @@ def brute_force(tg, budget, order="program", inputs="auto", outputs="device", al
                     now = held | set(extra)
                     if sum(size(x) for x in now) > usable:
                         continue
-                    moved, have = cost, set(copies)
-                    if any(x not in have for x in now - resident if made.get(x) != t):
-                        continue  # loading it needs a host copy
-                    moved += sum(tg[x].nbytes for x in now - resident if made.get(x) != t)
-                    for x in resident - now:
-                        if last[x] >= t and x not in have:
-                            moved += tg[x].nbytes  # offloaded on its way out
-                            have.add(x)
-                    if t in made.values() and steps[t].task in forced:
-                        moved += tg[steps[t].task].nbytes
-                        have.add(steps[t].task)
-                    key = (frozenset(now), frozenset(x for x in have if last[x] > t))
-                    after[key] = min(after.get(key, moved), moved)
+                    entering = [x for x in now - resident if made.get(x) != t]
+                    if any(x not in copies and x not in rebuild for x in entering):
+                        continue  # loading it needs a host copy (or a recompute)
+                    inf = float("inf")
+                    moved = cost + sum(
+                        min(tg[x].nbytes if x in copies else inf, rebuild.get(x, inf))
+                        for x in entering
+                    )
+                    leaving = [x for x in resident - now if last[x] >= t and x not in copies]
+                    droppable = [x for x in leaving if x in rebuild]
+                    for n_dropped in range(len(droppable) + 1):
+                        for dropped in itertools.combinations(droppable, n_dropped):
+                            have = set(copies)
+                            total = moved
+                            for x in leaving:
+                                if x not in dropped:
+                                    total += tg[x].nbytes  # offloaded on its way out
+                                    have.add(x)
+                            if t in made.values() and steps[t].task in forced:
+                                total += tg[steps[t].task].nbytes
+                                have.add(steps[t].task)
+                            key = (frozenset(now), frozenset(x for x in have if last[x] > t))
+                            after[key] = min(after.get(key, total), total)
         states = after
     best = None
     for (_, copies), cost in states.items():
@@ -143,7 +162,7 @@ def test_the_milp_optimum_equals_brute_force(tg, data):
     inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
     outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
     budget = budgets(tg, data, inputs, outputs, order)
-    best = optimal_transfers(tg, budget, order, inputs=inputs, outputs=outputs)
+    best = optimal_transfers(tg, budget, order, inputs=inputs, outputs=outputs, recompute=False)
     assert best.optimal
     expected = brute_force(tg, budget, order, inputs, outputs)
     assert best.moved_bytes == expected
@@ -159,7 +178,7 @@ def test_brute_force_agrees_on_programs_with_slices_gathers_and_fills(case, data
         return  # the exhaustive search is for tiny graphs
     outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
     budget = budgets(tg, data, outputs=outputs)
-    best = optimal_transfers(tg, budget, outputs=outputs)
+    best = optimal_transfers(tg, budget, outputs=outputs, recompute=False)
     assert best.moved_bytes == brute_force(tg, budget, outputs=outputs)
 
 
@@ -173,7 +192,7 @@ def test_every_plan_moves_at_least_the_optimum_and_the_lp_bound_is_below_it(tg, 
     options = {"order": order, "inputs": inputs, "outputs": outputs}
     mg = plan(tg, budget, eviction=eviction, **options)
     stats = mg.stats
-    best = optimal_transfers(tg, budget, **options)
+    best = optimal_transfers(tg, budget, **options, recompute=False)
     assert best.optimal
     assert best.moved_bytes <= moved_or_rebuilt(stats)
     assert lp_transfer_bound(tg, budget, **options) <= best.moved_bytes
@@ -193,7 +212,7 @@ def test_partitioned_programs_move_at_least_the_optimum(case, data):
         mg = plan(graph, budget)
     except InfeasibleBudgetError:
         return
-    best = optimal_transfers(graph, budget, time_limit=20)
+    best = optimal_transfers(graph, budget, time_limit=20, recompute=False)
     assert best.lower_bound <= moved_or_rebuilt(mg.stats)
     assert lp_transfer_bound(graph, budget) <= best.moved_bytes
 
@@ -213,9 +232,9 @@ def waiting_chain():
 
 def test_a_waiting_activation_is_offloaded_once_and_reloaded():
     tg = waiting_chain()
-    roomy = optimal_transfers(tg, 3 * KIB, alignment=8)
+    roomy = optimal_transfers(tg, 3 * KIB, alignment=8, recompute=False)
     assert (roomy.moved_bytes, roomy.dropped) == (0, ())
-    tight = optimal_transfers(tg, "2.5KiB", alignment=8)
+    tight = optimal_transfers(tg, "2.5KiB", alignment=8, recompute=False)
     assert (tight.offload_bytes, tight.reload_bytes) == (KIB, KIB)
     assert [(g.tensor, g.after, g.before) for g in tight.dropped] == [(1, 1, 4)]
     assert "optimal" in str(tight)
@@ -231,7 +250,7 @@ def test_a_weight_is_dropped_for_free_and_reloaded():
     problem = transfer_problem(tg, "768KiB")
     assert problem.tensors[1].origin is Origin.HOST
     assert problem.fixed_reload_bytes == 2 * 256 * KIB  # w and v, once each
-    best = optimal_transfers(tg, "768KiB")
+    best = optimal_transfers(tg, "768KiB", recompute=False)
     assert (best.offload_bytes, best.reload_bytes) == (0, 3 * 256 * KIB)
     assert plan(tg, "768KiB").stats.reload_bytes == best.reload_bytes
 
@@ -245,14 +264,14 @@ def test_a_device_input_may_start_on_the_host():
     d = ep.exp(ep.exp(ep.exp(a)))
     prog.output(prog.einsum("i,i->", x, d), "y")
     tg = prog.build()
-    best = optimal_transfers(tg, "2.5KiB", alignment=8)
+    best = optimal_transfers(tg, "2.5KiB", alignment=8, recompute=False)
     assert (best.offload_bytes, best.reload_bytes) == (0, KIB)
     assert best.dropped[0].is_start and best.dropped[0].tensor == 0
 
 
 def test_outputs_on_the_host_are_offloaded_once():
     tg = waiting_chain()
-    best = optimal_transfers(tg, 3 * KIB, outputs="host", alignment=8)
+    best = optimal_transfers(tg, 3 * KIB, outputs="host", alignment=8, recompute=False)
     assert (best.offload_bytes, best.reload_bytes) == (4, 0)  # y, 4 bytes
 
 
@@ -288,7 +307,7 @@ def test_sliced_reloads_and_host_assembly_are_modelled_like_the_planner():
     problem = transfer_problem(tg, "200KiB")
     assert problem.fixed_offload_bytes == 64 * 256 * 4  # the output's blocks, once
     assert problem.fixed_reload_bytes >= 256 * 256 * 4  # every slice of w, once
-    best = optimal_transfers(tg, "200KiB", time_limit=30)
+    best = optimal_transfers(tg, "200KiB", time_limit=30, recompute=False)
     stats = compiled.plan.stats
     assert best.lower_bound <= best.moved_bytes <= moved_or_rebuilt(stats)
 
@@ -331,7 +350,7 @@ def fragmenting():
 @given(tg=einsum_programs(max_tasks=5, max_dim=6), data=st.data())
 def test_the_offsets_optimum_lies_between_the_relaxed_one_and_the_planner(tg, data):
     budget = budgets(tg, data)
-    relaxed = optimal_transfers(tg, budget)
+    relaxed = optimal_transfers(tg, budget, recompute=False)
     contiguous = optimal_transfers_with_offsets(tg, budget, time_limit=20)
     mg = plan(tg, budget)
     assert relaxed.moved_bytes <= contiguous.lower_bound <= contiguous.moved_bytes
@@ -342,7 +361,7 @@ def test_the_offsets_optimum_lies_between_the_relaxed_one_and_the_planner(tg, da
 def test_the_offsets_formulation_sees_fragmentation():
     tg = fragmenting()
     budget = 5 * KIB
-    relaxed = optimal_transfers(tg, budget, alignment=KIB)
+    relaxed = optimal_transfers(tg, budget, alignment=KIB, recompute=False)
     contiguous = optimal_transfers_with_offsets(tg, budget, alignment=KIB)
     assert contiguous.optimal
     assert relaxed.moved_bytes <= contiguous.moved_bytes
@@ -367,3 +386,132 @@ def test_the_lp_bound_of_a_plan_reads_its_order_and_options():
     assert plan_lp_bound(custom) is None
     streamed = layer_streaming_plan(tg, "8KiB")
     assert plan_lp_bound(streamed) is None
+
+
+# -- the recompute option ---------------------------------------------------------------
+
+
+def rebuilt_product():
+    """`h = u v^T` (256 KiB from 2 KiB of weights) is read by the second and the fourth
+    product: at 772 KiB it must leave in between (as in `memgraph.recompute`'s example)."""
+    prog = ep.Program("rebuild")
+    u = prog.input("u", (256,), role="weight")
+    v = prog.input("v", (256,), role="weight")
+    x = prog.input("x", (256, 256))
+    h = prog.einsum("i,j->ij", u, v)
+    prog.output(((x @ h) @ x) @ h, "y")
+    return prog.build(), h.id
+
+
+def test_recomputing_a_cheap_large_tensor_is_optimal():
+    tg, h = rebuilt_product()
+    never = optimal_transfers(tg, "772KiB", recompute=False)
+    best = optimal_transfers(tg, "772KiB")
+    assert never.rebuilt == () and never.rebuild_bytes == 0
+    assert never.moved_bytes == 2 * KIB + 2 * tg[h].nbytes  # weights once, h out and back
+    # h100-pcie5: 5 us launch + max(flops at 400 TFLOP/s, 258 KiB touched at 2 TB/s)
+    seconds = 5e-6 + max(tg[h].flops / 400e12, (tg[h].nbytes + 2 * KIB) / 2e12)
+    assert best.optimal and [g.tensor for g in best.rebuilt] == [h]
+    assert best.rebuild_bytes == int(seconds * 50e9)
+    assert (best.offload_bytes, best.reload_bytes) == (0, 2 * KIB)
+    assert best.cost_bytes == best.moved_bytes + best.rebuild_bytes < never.moved_bytes
+    assert best.lower_bound == best.cost_bytes
+    # the planner recomputes h too, and is not better than the optimum with recompute
+    mg = plan(tg, "772KiB")
+    verify(mg)
+    assert mg.stats.recompute_count == 1
+    planned = mg.stats.offload_bytes + mg.stats.reload_bytes + plan_rebuild_bytes(mg)
+    assert best.cost_bytes <= planned < never.moved_bytes
+
+
+def test_recomputing_is_not_chosen_where_moving_is_cheaper():
+    tg = waiting_chain()  # a = exp(x), 1 KiB, waits for d: out and back is 2 KiB
+    never = optimal_transfers(tg, "2.5KiB", alignment=8, recompute=False)
+    assert never.moved_bytes == 2 * KIB
+    # a slow device: rebuilding a touches 2 KiB at a quarter of the link's rate (8 KiB)
+    slow = CostModel("slow device", 1e18, 0.25e9, 1e9, 1e9)
+    best = optimal_transfers(tg, "2.5KiB", alignment=8, cost_model=slow)
+    assert best.rebuilt == () and best.rebuild_bytes == 0
+    assert (best.moved_bytes, best.dropped) == (never.moved_bytes, never.dropped)
+    # h100-pcie5: the 5 us launch is shorter than the 10 us latency of each transfer it
+    # saves, less the one of its operand's reload: priced 0, rebuilding a is optimal
+    cheap = optimal_transfers(tg, "2.5KiB", alignment=8)
+    assert [g.tensor for g in cheap.rebuilt] == [g.tensor for g in never.dropped]
+    assert (cheap.moved_bytes, cheap.rebuild_bytes) == (0, 0)
+
+
+def rebuild_prices(tg, cost, outputs_as_roots):
+    """Independently of `transfer_problem`: the tensors the planner may recompute (made by
+    a compute task, no output, no workspace), priced by `rebuild_bytes`."""
+    root = storage_roots(tg)
+    return {
+        t.id: rebuild_bytes(cost, tg, t.id, len({root[i] for i in t.inputs}))
+        for t in tg
+        if t.is_compute and t.id not in outputs_as_roots and not t.workspace
+    }
+
+
+@settings(max_examples=60)
+@given(tg=einsum_programs(max_tasks=6, max_dim=6), data=st.data())
+def test_the_milp_optimum_with_recompute_equals_brute_force(tg, data):
+    order = data.draw(st.sampled_from(["program", "memory"]), label="order")
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    bandwidth = data.draw(st.sampled_from([2e9, 8e9, 32e9]), label="device bandwidth")
+    cost = CostModel("test", 1e18, bandwidth, 1e9, 1e9)  # recompute = touched bytes x ratio
+    low, _ = min_budget(tg)  # tight budgets: computed tensors must leave (or be rebuilt)
+    budget = data.draw(st.integers(low, low + 1024), label="budget")
+    root = storage_roots(tg)
+    outs = {root[o] for o in tg.outputs.values()}
+    # only a task that is its own storage root is a tensor the problem can recompute
+    prices = {x: p for x, p in rebuild_prices(tg, cost, outs).items() if root[x] == x}
+    best = optimal_transfers(tg, budget, order, outputs=outputs, cost_model=cost)
+    never = optimal_transfers(tg, budget, order, outputs=outputs, recompute=False)
+    assert best.optimal
+    assert best.cost_bytes == brute_force(tg, budget, order, "auto", outputs, rebuild=prices)
+    assert best.cost_bytes <= never.moved_bytes
+    assert best.lower_bound <= best.cost_bytes
+
+
+@settings(max_examples=40)
+@given(tg=einsum_programs(), data=st.data())
+def test_no_plan_beats_the_optimum_with_recompute(tg, data):
+    order = data.draw(st.sampled_from(["program", "memory"]), label="order")
+    eviction = data.draw(st.sampled_from(["belady", "lru"]), label="eviction")
+    inputs = data.draw(st.sampled_from(["auto", "host"]), label="inputs")
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    budget = budgets(tg, data, inputs, outputs, order)
+    options = {"order": order, "inputs": inputs, "outputs": outputs}
+    mg = plan(tg, budget, eviction=eviction, **options)
+    best = optimal_transfers(tg, budget, **options)
+    assert best.optimal
+    stats = mg.stats
+    planned = stats.offload_bytes + stats.reload_bytes + plan_rebuild_bytes(mg)
+    assert best.lower_bound <= best.cost_bytes <= planned
+    assert best.cost_bytes <= optimal_transfers(tg, budget, **options, recompute=False).moved_bytes
+
+
+@pytest.mark.parametrize("bandwidth", [0.25e9, 1e9, 4e9, 16e9])
+@pytest.mark.parametrize("budget", [2 * KIB + 512, 3 * KIB, 4 * KIB])
+def test_recompute_or_move_on_the_waiting_chain_equals_brute_force(bandwidth, budget):
+    """Rebuilding a costs 2 KiB (x and a touched) x 1e9 / bandwidth: from 8 KiB (more
+    than moving it) to 128 B; the budget decides how many tensors must leave."""
+    tg = waiting_chain()
+    cost = CostModel("test", 1e18, bandwidth, 1e9, 1e9)
+    best = optimal_transfers(tg, budget, alignment=8, cost_model=cost)
+    root = storage_roots(tg)
+    prices = rebuild_prices(tg, cost, {root[o] for o in tg.outputs.values()})
+    assert best.cost_bytes == brute_force(tg, budget, alignment=8, rebuild=prices)
+    never = optimal_transfers(tg, budget, alignment=8, recompute=False)
+    assert best.cost_bytes <= never.moved_bytes
+    if bandwidth < 0.5e9:  # a rebuild costs more than a move: never chosen
+        assert best.rebuilt == () and best.moved_bytes == never.moved_bytes
+    if bandwidth > 2e9 and never.moved_bytes:  # a rebuild costs less than a reload
+        assert best.rebuilt and best.cost_bytes < never.moved_bytes
+
+
+def test_a_recompute_flag_on_a_gap_that_cannot_be_recomputed_is_refused():
+    tg, _ = rebuilt_product()
+    problem = transfer_problem(tg, "772KiB", recompute=False)
+    kept = [False] * len(problem.gaps)
+    with pytest.raises(GraphError, match="cannot be recomputed"):
+        problem.cost(kept, [True] * len(problem.gaps))
