@@ -12,9 +12,11 @@ computed and against a sound bound where it cannot. For a fixed order and budget
   (`scipy.optimize.milp`): a lower bound for plans in a contiguous arena, and exact for
   a relaxed one. Every `memgraph.plan` of the same order moves at least its bytes.
   With `recompute=True` (the default, as the planner's) a gap may instead be closed by
-  recomputing its tensor, priced in bytes (its compute time at the link's bandwidth):
-  the optimum `cost_bytes` then bounds a plan's bytes moved plus
-  `plan_rebuild_bytes(mg)`;
+  recomputing its tensor, priced in bytes (its compute time at the link's bandwidth),
+  its operands resident for it (reloaded, and held in memory, where the step does not
+  read them itself): the optimum `cost_bytes` then bounds a plan's bytes moved plus
+  `plan_rebuild_bytes(mg)`, and is exact for the planner's kind of recompute in a
+  relaxed arena (what it still relaxes: `memgraph.optimal.problem`);
 * `lp_transfer_bound(...)`: its LP relaxation, a sound lower bound in seconds on
   graphs too large for the MILP (tens of thousands of steps);
 * `optimal_transfers_with_offsets(...)`: a second MILP with an offset per residency
@@ -34,9 +36,20 @@ Needs scipy >= 1.9 (the `test` extra installs it); without it the functions rais
 >>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8, recompute=False)
 >>> best.status, best.offload_bytes, best.reload_bytes  # a goes to the host and back
 ('optimal', 1024, 1024)
->>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8)  # or is rebuilt
->>> best.moved_bytes, [g.tensor for g in best.rebuilt], best.rebuild_bytes
-(0, [1], 0)
+>>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8)  # rebuilding a would
+>>> best.moved_bytes, best.rebuilt  # need x back beside a and d: 3 KiB, over the budget
+(2048, ())
+>>> prog = ep.Program()
+>>> u = prog.input("u", (256,), role="weight")
+>>> v = prog.input("v", (256,), role="weight")
+>>> x = prog.input("x", (256, 256))             # 256 KiB
+>>> h = prog.einsum("i,j->ij", u, v)           # 256 KiB, rebuilt from 2 KiB of weights
+>>> prog.output(((x @ h) @ x) @ h, "y")
+>>> best = optimal_transfers(prog.build(), "772KiB")
+>>> [g.tensor for g in best.rebuilt], [v.tensor for v in best.visited]  # u, v held for it
+([3], [0, 1])
+>>> best.moved_bytes, best.rebuild_bytes  # u and v loaded once; h never moves
+(2048, 256604)
 """
 
 from __future__ import annotations
@@ -53,6 +66,7 @@ from memgraph.optimal.problem import (
     ModelTensor,
     Origin,
     TransferProblem,
+    Visit,
     plan_rebuild_bytes,
     rebuild_bytes,
     transfer_problem,
@@ -72,6 +86,7 @@ __all__ = [
     "plan_rebuild_bytes",
     "TransferProblem",
     "Gap",
+    "Visit",
     "ModelTensor",
     "Origin",
     "optimal_transfers",
@@ -103,8 +118,9 @@ def optimal_transfers(
     (seconds; None: none) the result may be the best plan found and a proven bound.
 
     `recompute` (default on, as the planner's `recompute="auto"`): a tensor the planner
-    may recompute may be rebuilt instead of reloaded, priced at its compute time on
-    `cost_model` in bytes (`memgraph.optimal.problem.rebuild_bytes`); the optimum is then
+    may recompute may be rebuilt at a step that reads it instead of reloaded, priced at
+    its compute time on `cost_model` in bytes (`memgraph.cost.rebuild_bytes`), its
+    operands resident for it (`memgraph.optimal.problem`); the optimum is then
     `cost_bytes`, a lower bound on a plan's bytes moved plus `plan_rebuild_bytes(mg)`.
     `recompute=False`: the optimum of plans that never recompute (`moved_bytes`)."""
     problem = transfer_problem(
