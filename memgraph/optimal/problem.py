@@ -46,7 +46,10 @@ planner may recompute (made by a step, no program output, no kernel workspace) m
 instead be closed by applying its task again at the step that ends the gap – no reload,
 and no host copy needed for it – priced in bytes by `memgraph.cost.rebuild_bytes` (its
 compute time, net of the transfer latencies it saves, at the link's bandwidth: the
-planner's own comparison, in bytes). The recompute is modelled as the planner emits it:
+planner's own comparison, in bytes). A tensor priced at twice its bytes or more is not
+offered the choice: an offload and a reload cost no more and need no operand, so that
+leaves the optimum as it is and keeps the MILP small. The recompute is modelled as the
+planner emits it:
 
 * it runs in the step's *recompute phase*, before the step's apply: resident then are
   the step's operands (not its output, which is placed after), every kept gap spanning
@@ -124,7 +127,8 @@ class ModelTensor:
     (`memgraph.cost.rebuild_bytes`), or
     None when it may not be recomputed (the problem was built without recompute, or the
     planner never recomputes it: not computed by a step, an output, or a task with a
-    kernel workspace); `operands`: then the storage roots its task reads, which a
+    kernel workspace; or recomputing it never pays, priced at twice its bytes or more);
+    `operands`: then the storage roots its task reads, which a
     recompute needs resident."""
 
     id: int
@@ -435,12 +439,15 @@ class _Builder:
         self.cost: CostModel | None = None  # set: recompute is a choice
 
     def rebuild(self, r: int, origin: Origin, output: bool) -> int | None:
-        """`ModelTensor.rebuild_bytes` of storage root `r`."""
+        """`ModelTensor.rebuild_bytes` of storage root `r`: None also where recomputing
+        never pays, priced at twice its bytes or more – an offload and a reload cost no
+        more, and hold no operand – so that the MILP does not weigh it."""
         if self.cost is None or origin is not Origin.COMPUTED or output:
             return None
         if self.tg[r].workspace:
             return None
-        return rebuild_bytes(self.cost, self.tg, r, operand_count(self.tg, r, self.root))
+        price = rebuild_bytes(self.cost, self.tg, r, operand_count(self.tg, r, self.root))
+        return price if price < 2 * self.tg[r].nbytes else None
 
     def operands(self, r: int) -> tuple[int, ...]:
         """The distinct storage roots task `r` reads (`memgraph.recompute.operands`)."""

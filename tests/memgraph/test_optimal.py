@@ -450,6 +450,9 @@ def test_recomputing_is_not_chosen_where_moving_is_cheaper():
     best = optimal_transfers(tg, "2.5KiB", alignment=8, cost_model=slow)
     assert best.rebuilt == () and best.rebuild_bytes == 0
     assert (best.moved_bytes, best.dropped) == (never.moved_bytes, never.dropped)
+    # priced at twice its bytes or more, a recompute is not even offered (it never pays)
+    problem = transfer_problem(tg, "2.5KiB", alignment=8, recompute=True, cost_model=slow)
+    assert not any(problem.rebuildable(g) for g in problem.gaps) and problem.visits == ()
 
 
 def test_a_recompute_needs_its_operands_resident():
