@@ -16,8 +16,9 @@ the targets).
    a plan of the same steps (`memgraph.optimal.optimal_transfers`, HiGHS: exact for an
    arena without fragmentation, a lower bound for every plan), with the recompute
    option as the planner's default (a recompute priced at its compute time at the
-   link's bandwidth, `memgraph.optimal.problem.rebuild_bytes`, added to the bytes on
-   both sides: `plan_rebuild_bytes`), and einpage's bytes with
+   link's bandwidth, `memgraph.cost.rebuild_bytes`, added to the bytes on both sides:
+   `plan_rebuild_bytes`; in the optimum, as in a plan, a recompute reads its operands
+   resident, reloaded where they are not), and einpage's bytes with
    each eviction policy (`memgraph.POLICIES`), less the reloads that bring evicted
    outputs back to the device after the last step (`delivery_bytes`: the model reads
    them from their host copies; counted apart). Reported: the distribution (median,
