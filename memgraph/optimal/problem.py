@@ -410,10 +410,11 @@ def operand_count(tg: TaskGraph, task_id: int, root: Sequence[int]) -> int:
     return len({root[i] for i in tg[task_id].inputs})
 
 
-def plan_rebuild_bytes(mg) -> int:
-    """`rebuild_bytes` of every recompute in plan `mg`, on the cost model it was made with
-    (`mg.info["cost_model"]`, else the planner's default)."""
-    cost = get_cost_model(mg.info.get("cost_model", "h100-pcie5"))
+def plan_rebuild_bytes(mg, cost_model: str | CostModel | None = None) -> int:
+    """`rebuild_bytes` of every recompute in plan `mg`, on `cost_model`: by default the
+    one it was made with, by name (`mg.info["cost_model"]`, else the planner's default);
+    pass a `CostModel` the plan was made with that is not registered by its name."""
+    cost = get_cost_model(cost_model or mg.info.get("cost_model", "h100-pcie5"))
     tg = mg.taskgraph
     root = storage_roots(tg)
     return sum(

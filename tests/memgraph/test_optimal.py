@@ -18,7 +18,7 @@ import memgraph.optimal as optimal_package
 import memgraph.optimal.offsets as offsets_module
 import memgraph.optimal.problem as problem_module
 import memgraph.optimal.solve as solve_module
-from einpage.errors import GraphError, InfeasibleBudgetError
+from einpage.errors import EinpageError, GraphError, InfeasibleBudgetError
 from memgraph import min_budget, plan, streaming_minimum, verify
 from memgraph.baselines import layer_streaming_plan
 from memgraph.bounds import host_inputs_of, transfer_lower_bounds
@@ -542,6 +542,28 @@ def test_the_milp_optimum_with_recompute_equals_brute_force(tg, data):
 
 
 @settings(max_examples=40)
+@given(case=random_programs(), data=st.data())
+def test_brute_force_with_recompute_agrees_on_programs_with_slices_gathers_and_fills(case, data):
+    tg = case.tg
+    if len([t for t in tg if t.is_compute]) > 7:
+        return  # the exhaustive search is for tiny graphs
+    outputs = data.draw(st.sampled_from(["device", "host"]), label="outputs")
+    bandwidth = data.draw(st.sampled_from([2e9, 32e9]), label="device bandwidth")
+    cost = CostModel("test", 1e18, bandwidth, 1e9, 1e9)
+    low, _ = min_budget(tg)
+    budget = data.draw(st.integers(low, low + 1024), label="budget")
+    root = storage_roots(tg)
+    prices = rebuild_prices(tg, cost, {root[o] for o in tg.outputs.values()})
+    prices = {x: p for x, p in prices.items() if root[x] == x}
+    best = optimal_transfers(tg, budget, outputs=outputs, cost_model=cost)
+    assert best.cost_bytes == brute_force(tg, budget, outputs=outputs, rebuild=prices)
+    mg = plan(tg, budget, outputs=outputs, cost_model=cost)
+    stats = mg.stats
+    planned = stats.offload_bytes + stats.reload_bytes + plan_rebuild_bytes(mg, cost)
+    assert best.cost_bytes <= planned
+
+
+@settings(max_examples=40)
 @given(tg=einsum_programs(), data=st.data())
 def test_no_plan_beats_the_optimum_with_recompute(tg, data):
     order = data.draw(st.sampled_from(["program", "memory"]), label="order")
@@ -578,6 +600,17 @@ def test_recompute_or_move_on_the_wide_chain_equals_brute_force(bandwidth, budge
     if bandwidth > 2e9 and budget < 4 * KIB:  # a rebuild and x's reload cost less
         assert best.rebuilt and best.cost_bytes < never.moved_bytes
         assert best.reload_bytes == 2 * KIB  # x, for a and for the recompute
+
+
+def test_a_plan_made_with_an_unregistered_cost_model_is_priced_with_it():
+    tg, h = rebuilt_product()
+    fast = CostModel("unregistered", 1e18, 16e9, 1e9, 1e9)
+    mg = plan(tg, "772KiB", cost_model=fast)
+    assert mg.stats.recompute_count == 1
+    price = rebuild_bytes(fast, tg, h, 2)  # u and v
+    assert plan_rebuild_bytes(mg, fast) == price > 0
+    with pytest.raises(EinpageError, match="unknown cost model 'unregistered'"):
+        plan_rebuild_bytes(mg)  # the plan names it, but by a name nobody registered
 
 
 def test_a_recompute_flag_on_a_gap_that_cannot_be_recomputed_is_refused():
