@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from einpage_core.errors import EinpageError
 from taskgraph.graph import TaskGraph
 
-__all__ = ["CostModel", "PRESETS", "get_cost_model", "register_cost_model"]
+__all__ = ["CostModel", "PRESETS", "get_cost_model", "register_cost_model", "rebuild_bytes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,23 @@ class CostModel:
         if rate is None:
             raise EinpageError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
         return self.transfer_latency_s + nbytes / rate
+
+
+def rebuild_bytes(cost: CostModel, tg: TaskGraph, task_id: int, operands: int) -> int:
+    """A recompute of task `task_id` (reading `operands` distinct storage roots) priced in
+    bytes, the unit of bytes moved: what it adds, in seconds on `cost`, to the transfers
+    it stands for, at the host-to-device bandwidth (floored, at least 0).
+
+    The planner rebuilds a tensor instead of moving it out and back when, on the cost
+    model, `task_seconds + sum(latency + operand / bandwidth) < 2 * (latency + nbytes /
+    bandwidth)` (`memgraph.recompute`: every operand reloaded, the worst case). At equal
+    bandwidths in both directions (every preset) that reads, in bytes,
+    `(task_seconds + (operands - 2) * latency) * bandwidth + sum(operand bytes) < 2 *
+    nbytes`: the first term is this price. The exact optimum with recompute
+    (`memgraph.optimal`) minimizes bytes moved plus this price for each recompute
+    (`memgraph.optimal.plan_rebuild_bytes` of a plan), so both weigh a recompute alike."""
+    seconds = cost.task_seconds(tg, task_id) + (operands - 2) * cost.transfer_latency_s
+    return max(0, int(seconds * cost.h2d_bytes_per_s))
 
 
 PRESETS: dict[str, CostModel] = {

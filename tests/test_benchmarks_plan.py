@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from strategies import einsum_programs
 from streaming_cases import PROGRAMS, working_budget
 
+import einpage as ep
 from einpage.errors import GraphError
 from memgraph import layer_streaming_plan, min_budget, plan, streaming_minimum
 from memgraph.bounds import transfer_lower_bounds
@@ -158,6 +159,13 @@ def test_quality_cells_compare_every_policy_with_the_optimum(quality):
     cases = [quality.Case("einsum_programs", f"einsum{i}", tg) for i, tg in enumerate(graphs)]
     tg = quality.plan_bench.transformer_like(2, 2, 64, 128, 16)
     cases.append(quality.Case("transformer-like", tg.name, tg))
+    prog = ep.Program("rebuild")  # h = u v^T, read twice, cheaper to rebuild than to move
+    u = prog.input("u", (256,), role="weight")
+    v = prog.input("v", (256,), role="weight")
+    x = prog.input("x", (256, 256))
+    h = prog.einsum("i,j->ij", u, v)
+    prog.output(((x @ h) @ x) @ h, "y")
+    cases.append(quality.Case("rebuild", "rebuild", prog.build()))
     rows = []
     for case in cases:
         for order in ORDERS:
@@ -170,6 +178,9 @@ def test_quality_cells_compare_every_policy_with_the_optimum(quality):
         assert row["status"] == "optimal"
         for policy in POLICIES:  # einpage's paging bytes are never below the optimum
             assert row[policy] >= row["optimum"] and row[f"{policy}_ratio"] >= 1
+            assert row[f"{policy}_ratio"] == row[policy] / row["optimum"]
+    # the optimum (recompute on, as the planner's default) rebuilds h instead of moving it
+    assert any(r["optimum_recomputes"] for r in rows if r["family"] == "rebuild")
     summary = quality.milp_summary(rows, skipped=0)
     assert summary["belady"]["all"]["n"] == len(rows)
     targets = quality.milp_targets(summary)

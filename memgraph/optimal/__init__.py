@@ -10,7 +10,13 @@ computed and against a sound bound where it cannot. For a fixed order and budget
   every step, fragmentation ignored;
 * `optimal_transfers(...)`: that model's optimum as a MILP solved by HiGHS
   (`scipy.optimize.milp`): a lower bound for plans in a contiguous arena, and exact for
-  a relaxed one. Every `memgraph.plan` of the same order moves at least its bytes;
+  a relaxed one. Every `memgraph.plan` of the same order moves at least its bytes.
+  With `recompute=True` (the default, as the planner's) a gap may instead be closed by
+  recomputing its tensor, priced in bytes (its compute time at the link's bandwidth),
+  its operands resident for it (reloaded, and held in memory, where the step does not
+  read them itself): the optimum `cost_bytes` then bounds a plan's bytes moved plus
+  `plan_rebuild_bytes(mg)`, and is exact for the planner's kind of recompute in a
+  relaxed arena (what it still relaxes: `memgraph.optimal.problem`);
 * `lp_transfer_bound(...)`: its LP relaxation, a sound lower bound in seconds on
   graphs too large for the MILP (tens of thousands of steps);
 * `optimal_transfers_with_offsets(...)`: a second MILP with an offset per residency
@@ -27,9 +33,23 @@ Needs scipy >= 1.9 (the `test` extra installs it); without it the functions rais
 >>> x = prog.input("x", (256,))                 # 1 KiB each
 >>> a = ep.exp(x); d = ep.exp(ep.exp(ep.exp(a)))
 >>> prog.output(prog.einsum("i,i->", a, d), "y")  # a waits while b, c, d are computed
->>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8)
+>>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8, recompute=False)
 >>> best.status, best.offload_bytes, best.reload_bytes  # a goes to the host and back
 ('optimal', 1024, 1024)
+>>> best = optimal_transfers(prog.build(), "2.5KiB", alignment=8)  # rebuilding a would
+>>> best.moved_bytes, best.rebuilt  # need x back beside a and d: 3 KiB, over the budget
+(2048, ())
+>>> prog = ep.Program()
+>>> u = prog.input("u", (256,), role="weight")
+>>> v = prog.input("v", (256,), role="weight")
+>>> x = prog.input("x", (256, 256))             # 256 KiB
+>>> h = prog.einsum("i,j->ij", u, v)           # 256 KiB, rebuilt from 2 KiB of weights
+>>> prog.output(((x @ h) @ x) @ h, "y")
+>>> best = optimal_transfers(prog.build(), "772KiB")
+>>> [g.tensor for g in best.rebuilt], [v.tensor for v in best.visited]  # u, v held for it
+([3], [0, 1])
+>>> best.moved_bytes, best.rebuild_bytes  # u and v loaded once; h never moves
+(2048, 256604)
 """
 
 from __future__ import annotations
@@ -38,9 +58,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from memgraph.allocator import DEFAULT_ALIGNMENT
+from memgraph.cost import CostModel
 from memgraph.graph import MemGraph
 from memgraph.optimal.offsets import optimal_transfers_with_offsets
-from memgraph.optimal.problem import Gap, ModelTensor, Origin, TransferProblem, transfer_problem
+from memgraph.optimal.problem import (
+    Gap,
+    ModelTensor,
+    Origin,
+    TransferProblem,
+    Visit,
+    plan_rebuild_bytes,
+    rebuild_bytes,
+    transfer_problem,
+)
 from memgraph.optimal.solve import (
     OptimalTransfers,
     SolverMissingError,
@@ -52,8 +82,11 @@ from taskgraph.graph import TaskGraph
 
 __all__ = [
     "transfer_problem",
+    "rebuild_bytes",
+    "plan_rebuild_bytes",
     "TransferProblem",
     "Gap",
+    "Visit",
     "ModelTensor",
     "Origin",
     "optimal_transfers",
@@ -77,13 +110,23 @@ def optimal_transfers(
     alignment: int = DEFAULT_ALIGNMENT,
     time_limit: float | None = 60.0,
     mip_rel_gap: float = 0.0,
+    recompute: bool = True,
+    cost_model: str | CostModel = "h100-pcie5",
 ) -> OptimalTransfers:
     """The fewest bytes any plan of `tg` in `order` within `budget` moves, fragmentation
     ignored (see the module docstring); options as `memgraph.plan`'s. With `time_limit`
-    (seconds; None: none) the result may be the best plan found and a proven bound."""
+    (seconds; None: none) the result may be the best plan found and a proven bound.
+
+    `recompute` (default on, as the planner's `recompute="auto"`): a tensor the planner
+    may recompute may be rebuilt at a step that reads it instead of reloaded, priced at
+    its compute time on `cost_model` in bytes (`memgraph.cost.rebuild_bytes`), its
+    operands resident for it (`memgraph.optimal.problem`); the optimum is then
+    `cost_bytes`, a lower bound on a plan's bytes moved plus `plan_rebuild_bytes(mg)`.
+    `recompute=False`: the optimum of plans that never recompute (`moved_bytes`)."""
     problem = transfer_problem(
-        tg, budget, order, inputs=inputs, outputs=outputs, alignment=alignment
-    )
+        tg, budget, order, inputs=inputs, outputs=outputs, alignment=alignment,
+        recompute=recompute, cost_model=cost_model,
+    )  # fmt: skip
     return solve_problem(problem, time_limit, mip_rel_gap)
 
 

@@ -13,8 +13,26 @@ thousands of steps. The objective is bytes moved:
     o_i >= 1 - x_k            for each gap k of a computed tensor i that needs a copy
     o_i >= x_start(i) - x_k   for a device input i (no offload if it started on the host)
 
-`o_i` need not be declared integral: for integral `x` its optimum is. Bytes are scaled
-by a power of two (exact in floating point) so coefficients stay near 1..1000.
+`o_i` need not be declared integral: for integral `x` its optimum is. With recompute
+(`transfer_problem(..., recompute=True)`), a gap k whose tensor may be recomputed has
+a binary `r_k` (1: closed by a recompute): `x_k + r_k <= 1`, its reload term becomes
+`nbytes_k * (1 - x_k - r_k) + rebuild_k * r_k`, and its copy constraint `o_i >= 1 -
+x_k - r_k` (a recomputed tensor needs no host copy). Each visit v (an operand's
+optional stay in a step's recompute phase) has a binary `z_v`, which stands for the 1
+of a use in the terms of the gaps around it:
+
+    r_k <= z_v                for each visit v the recompute of gap k needs
+    x_k <= z_v                for each gap k that opens or closes at v
+    nbytes_k * (z_v - x_k)    the reload of a gap k closing at v (o_i >= z_v - x_k)
+
+and each step s with visits has a second capacity row, its recompute phase (its output
+not yet placed; a gap opening at a visit is counted by `f_s` and by its visit once):
+
+    f_s + sum_(v at s) size_v z_v - sum_(k opening at a visit of s) size_k x_k
+        <= budget - working_s + output_s
+
+Bytes are scaled by a power of two (exact in floating point) so coefficients stay near
+1..1000.
 
 `optimal_transfers` solves the MILP (exact on the small graphs of the tests; with a
 time limit, it reports the best plan found and HiGHS's proven lower bound);
@@ -32,7 +50,7 @@ import numpy as np
 
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
-from memgraph.optimal.problem import Gap, Origin, TransferProblem
+from memgraph.optimal.problem import Gap, Origin, TransferProblem, Visit
 
 __all__ = [
     "OptimalTransfers",
@@ -74,7 +92,14 @@ class OptimalTransfers:
     `status` is "optimal" (`moved_bytes` is the optimum) or why the solver stopped
     ("time limit": `moved_bytes` is the best plan found, `lower_bound` what is proven);
     `offload_bytes` and `reload_bytes` split `moved_bytes`; `dropped` are the gaps the
-    plan drops; `lower_bound` is sound for every plan of the steps (in bytes, floored).
+    plan drops (not one that closes at a visit the plan does not make: the tensor
+    is not needed there); `lower_bound` is sound for every plan of the steps (in bytes, floored).
+
+    With recompute (`transfer_problem(..., recompute=True)`) the objective is
+    `cost_bytes`: `moved_bytes` plus `rebuild_bytes`, the recomputes' price in bytes
+    (`memgraph.optimal.problem.rebuild_bytes`) of the gaps in `rebuilt`; `lower_bound`
+    then bounds a plan's bytes moved plus `plan_rebuild_bytes`; `visited` are the operand
+    stays those recomputes made (their reloads are in `reload_bytes`). Without, 0/().
     """
 
     status: str
@@ -86,16 +111,29 @@ class OptimalTransfers:
     gaps: int
     steps: int
     seconds: float
+    rebuild_bytes: int = 0
+    rebuilt: tuple[Gap, ...] = ()
+    visited: tuple[Visit, ...] = ()
 
     @property
     def optimal(self) -> bool:
         return self.status == "optimal"
 
+    @property
+    def cost_bytes(self) -> int:
+        """The objective: bytes moved plus the recomputes' bytes-equivalent."""
+        return self.moved_bytes + self.rebuild_bytes
+
     def __str__(self) -> str:
+        rebuilt = (
+            f", {len(self.rebuilt)} recomputes worth {format_bytes(self.rebuild_bytes)}"
+            if self.rebuilt
+            else ""
+        )
         return (
             f"{self.status}: {format_bytes(self.moved_bytes)} moved "
             f"({format_bytes(self.offload_bytes)} offloaded, "
-            f"{format_bytes(self.reload_bytes)} reloaded), lower bound "
+            f"{format_bytes(self.reload_bytes)} reloaded{rebuilt}), lower bound "
             f"{format_bytes(self.lower_bound)}; {self.gaps} gaps, {self.steps} steps, "
             f"{self.seconds:.2f} s"
         )
@@ -117,6 +155,8 @@ class _Model:
     constant: float
     unit: int
     copies: dict[int, int]  # tensor -> column of its o_i
+    rebuilds: dict[int, int]  # gap index -> column of its r_k
+    visits: dict[Visit, int]  # visit -> column of its z_v
 
 
 def scale_unit(problem: TransferProblem) -> int:
@@ -133,23 +173,37 @@ def _model(problem: TransferProblem) -> _Model:
     for gap in gaps:
         if gap.copy and tensors[gap.tensor].needs_offload and gap.tensor not in copies:
             copies[gap.tensor] = n_gaps + len(copies)
-    flow0 = n_gaps + len(copies)
-    size = n_gaps + len(copies) + steps
+    rebuilds: dict[int, int] = {}
+    for k, gap in enumerate(gaps):
+        if problem.rebuildable(gap):
+            rebuilds[k] = n_gaps + len(copies) + len(rebuilds)
+    first_visit = n_gaps + len(copies) + len(rebuilds)
+    visits = {v: first_visit + n for n, v in enumerate(problem.visits)}
+    flow0 = first_visit + len(visits)
+    size = flow0 + steps
     cost = np.zeros(size)
     lower = np.zeros(size)
     upper = np.ones(size)
     integral = np.zeros(size)
     integral[:n_gaps] = 1
+    integral[first_visit:flow0] = 1
     constant = problem.fixed_bytes / unit
     for k, gap in enumerate(gaps):
         tensor = tensors[gap.tensor]
-        if gap.reload:  # nbytes * (1 - x_k)
+        if gap.reload and gap.before_visit:  # nbytes * (z_v - x_k)
+            cost[visits[Visit(gap.tensor, gap.before)]] += tensor.nbytes / unit
+            cost[k] -= tensor.nbytes / unit
+        elif gap.reload:  # nbytes * (1 - x_k)
             constant += tensor.nbytes / unit
             cost[k] -= tensor.nbytes / unit
         if not gap.keepable:
             upper[k] = 0
     for t, column in copies.items():
         cost[column] = tensors[t].nbytes / unit
+    for k, column in rebuilds.items():  # nbytes * (1 - x_k - r_k) + rebuild * r_k
+        tensor = tensors[gaps[k].tensor]
+        cost[column] = (tensor.rebuild_bytes - tensor.nbytes) / unit
+        integral[column] = 1
     for t in range(steps):
         upper[flow0 + t] = (problem.budget - problem.working[t]) / unit
     rows: list[int] = []
@@ -178,18 +232,39 @@ def _model(problem: TransferProblem) -> _Model:
         if t:
             entries.append((flow0 + t - 1, -1.0))
         add(entries, 0.0, 0.0)
+    for k, column in rebuilds.items():  # x_k + r_k <= 1
+        add([(k, 1.0), (column, 1.0)], -np.inf, 1.0)
+        for visit in problem.needs(gaps[k]):  # r_k <= z_v
+            add([(column, 1.0), (visits[visit], -1.0)], -np.inf, 0.0)
+    phase: dict[int, list[tuple[int, float]]] = {}  # step -> its recompute phase's terms
+    for visit, column in visits.items():
+        phase.setdefault(visit.step, []).append((column, tensors[visit.tensor].size / unit))
+    for k, gap in enumerate(gaps):  # x_k <= z_v
+        if gap.after_visit:
+            add([(k, 1.0), (visits[Visit(gap.tensor, gap.after)], -1.0)], -np.inf, 0.0)
+            phase[gap.after].append((k, -tensors[gap.tensor].size / unit))
+        if gap.before_visit:
+            add([(k, 1.0), (visits[Visit(gap.tensor, gap.before)], -1.0)], -np.inf, 0.0)
+    for t, entries in phase.items():  # the recompute phase of step t
+        room = problem.budget - problem.working[t] + problem.making[t]
+        add([(flow0 + t, 1.0), *entries], -np.inf, room / unit)
     starts = {g.tensor: k for k, g in enumerate(gaps) if g.is_start}
     for k, gap in enumerate(gaps):
         if not (gap.copy and gap.tensor in copies):
             continue
         column = copies[gap.tensor]
+        # a gap closing at a visit needs the copy only if the visit is made: z_v for 1
+        needed = [(visits[Visit(gap.tensor, gap.before)], -1.0)] if gap.before_visit else []
+        low = 0.0 if needed else 1.0
         if tensors[gap.tensor].origin is Origin.DEVICE_INPUT:  # o - x_start + x_k >= 0
-            add([(column, 1.0), (starts[gap.tensor], -1.0), (k, 1.0)], 0.0, np.inf)
-        else:  # o + x_k >= 1
-            add([(column, 1.0), (k, 1.0)], 1.0, np.inf)
+            entries = [(column, 1.0), (starts[gap.tensor], -1.0), (k, 1.0), *needed]
+            add(entries, low - 1.0, np.inf)
+        else:  # o + x_k (+ r_k) >= 1
+            rebuilt = [(rebuilds[k], 1.0)] if k in rebuilds else []
+            add([(column, 1.0), (k, 1.0), *rebuilt, *needed], low, np.inf)
     return _Model(
         cost, integral, lower, upper, rows, cols, values, row_lower, row_upper, constant,
-        unit, copies,
+        unit, copies, rebuilds, visits,
     )  # fmt: skip
 
 
@@ -241,16 +316,27 @@ def solve_problem(
     if result.x is None:
         raise EinpageError(f"the MILP found no plan: {result.message}")
     kept = [bool(round(v)) for v in result.x[: len(problem.gaps)]]
-    if not problem.fits(kept):  # pragma: no cover - HiGHS's solutions are integral
+    rebuilt = [False] * len(kept)
+    for k, column in model.rebuilds.items():
+        rebuilt[k] = bool(round(result.x[column]))
+    if not problem.fits(kept, rebuilt):  # pragma: no cover - HiGHS's solutions are integral
         raise EinpageError("the MILP's solution does not fit the budget once rounded")
-    offload, reload = problem.cost(kept)
+    offload, reload = problem.cost(kept, rebuilt)
+    rebuild = problem.rebuild_cost(kept, rebuilt)
+    made = problem.visited(kept, rebuilt)
+    visited = [v for v, m in zip(problem.visits, made, strict=True) if m]
+    dropped = [
+        g for g, keep in zip(problem.gaps, kept, strict=True)
+        if not keep and (not g.before_visit or Visit(g.tensor, g.before) in visited)
+    ]  # fmt: skip
+    total = offload + reload + rebuild
     dual = getattr(result, "mip_dual_bound", None)
     if result.status == 0:
         status = "optimal"
     else:
         status = "time limit" if result.status == 1 else str(result.message)
     proven = (dual if dual is not None and math.isfinite(dual) else 0.0) + model.constant
-    lower = min(offload + reload, bound_from(proven * model.unit))
+    lower = min(total, bound_from(proven * model.unit))
     if status == "optimal" and mip_rel_gap == 0.0:
         lower = max(lower, bound_from((result.fun + model.constant) * model.unit))
     return OptimalTransfers(
@@ -259,10 +345,13 @@ def solve_problem(
         offload_bytes=offload,
         reload_bytes=reload,
         lower_bound=lower,
-        dropped=tuple(g for g, keep in zip(problem.gaps, kept, strict=True) if not keep),
+        dropped=tuple(dropped),
         gaps=len(problem.gaps),
         steps=len(problem.steps),
         seconds=time.perf_counter() - started,
+        rebuild_bytes=rebuild,
+        rebuilt=tuple(g for g, r in zip(problem.gaps, rebuilt, strict=True) if r),
+        visited=tuple(visited),
     )
 
 
