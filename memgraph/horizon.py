@@ -536,10 +536,16 @@ class HorizonPlanner:
         and so the tensors it recomputes. (Its workspace is placed last, so it is not
         placed when preparing fails.)"""
         step = self.steps[e]
+        bound = self.recomputes.bound
+        for tensor in self.recomputes.extra(e):  # chain members placed for this step
+            if tensor.region is not None and bound.get(tensor.id) == e and not tensor.pins:
+                del bound[tensor.id]
+                self.release(tensor)
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
             unwritten = r == step.task or tensor.recompute
             if unwritten and tensor.region is not None:
+                bound.pop(r, None)
                 self.release(tensor)
 
     def fit(self, tensor: TensorState) -> Block | None:
@@ -703,8 +709,11 @@ class HorizonPlanner:
         if tensor is self.workspaces.get(position):
             self.bind_workspace(tensor, block)
             return
-        if tensor.recompute:  # written by its recompute, once the step's tensors are placed
+        if tensor.recompute or tensor.storage is None:
+            # written by its recompute, once the step's tensors are placed: discarded, or
+            # in the chain of one (`Recomputes.rebuild`)
             self.bind(tensor, block)
+            self.recomputes.bound[tensor.id] = position
             return
         self.reload(tensor, block)
         tensor.last_use = position
@@ -741,23 +750,21 @@ class HorizonPlanner:
         step's tensors are placed: an apply of its task, marked `recompute`, that reads its
         operands (resident: placed with the step) and writes its fresh region. Returns
         those operands that are not the step's own tensors (`Recomputes.extra`)."""
-        step = self.steps[position]
-        extra = self.recomputes.extra(position)
-        for r in step.roots:
+        rebuild = self.recomputes.rebuild(position)
+        for r in rebuild.tasks:  # in topological order: a chain's operands first
             tensor = self.tensors[r]
-            if not tensor.recompute:
-                continue
             operands = [self.tensors[self.root[i]] for i in self.tg[r].inputs]
             deps = [tensor.alloc, *(t.writer for t in operands)]
             reads = [t.region for t in operands]
             node = self.builder.apply(r, reads, tensor.region, deps, recompute=True)
             tensor.writer, tensor.recompute = node, False
+            self.recomputes.done(tensor)
             self.residents.touch(tensor)
             for operand in dict.fromkeys(operands):
                 operand.users.append(node)
                 operand.last_use = position
                 self.residents.touch(operand)
-        return extra
+        return list(rebuild.extra)
 
     def release_unused(self, tensors: list[TensorState]) -> None:
         """Free those of `tensors` (operands of recomputes) that nothing reads any more."""
