@@ -16,9 +16,10 @@ waits for the frees of the bytes it takes.
 
 A tensor evicted with no host copy may be *discarded* instead of offloaded, and
 recomputed for the step that next reads it (`memgraph.recompute` decides): preparing
-that step also places the recompute's operands (`missing`) and holds them; the
-recompute, an apply marked `recompute` that reads them and writes the tensor's fresh
-region, is emitted right before the step's apply (`defer_recomputes`, `execute`).
+that step also places the recompute's operands (`missing`) and holds them – with, for a
+chain, the regions of the operands it applies again first (`Recomputes.rebuild`); the
+recomputes, applies marked `recompute` that read them and write the tensors' fresh
+regions, are emitted right before the step's apply (`defer_recomputes`, `execute`).
 """
 
 from __future__ import annotations
@@ -533,8 +534,9 @@ class HorizonPlanner:
 
     def unprepare(self, e: int) -> None:
         """Undo a failed preparation of step e: free its output if allocated, unwritten,
-        and so the tensors it recomputes. (Its workspace is placed last, so it is not
-        placed when preparing fails.)"""
+        and so the tensors placed for its recomputes (the discarded operands and the
+        members of their chains). (Its workspace is placed last, so it is not placed when
+        preparing fails.)"""
         step = self.steps[e]
         bound = self.recomputes.bound
         for tensor in self.recomputes.extra(e):  # chain members placed for this step
@@ -543,7 +545,9 @@ class HorizonPlanner:
                 self.release(tensor)
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
-            unwritten = r == step.task or tensor.recompute
+            # (a discarded operand placed for an earlier step's recompute stays: that
+            # step is prepared, and its recompute writes it)
+            unwritten = r == step.task or tensor.recompute and bound.get(r) == e
             if unwritten and tensor.region is not None:
                 bound.pop(r, None)
                 self.release(tensor)
@@ -748,8 +752,9 @@ class HorizonPlanner:
     def emit_recomputes(self, position: int) -> list[TensorState]:
         """Emit the recompute of each tensor step `position` recomputes, now that all the
         step's tensors are placed: an apply of its task, marked `recompute`, that reads its
-        operands (resident: placed with the step) and writes its fresh region. Returns
-        those operands that are not the step's own tensors (`Recomputes.extra`)."""
+        operands (resident: placed with the step, or written by a recompute before it: a
+        chain's tasks come in topological order) and writes its fresh region. Returns the
+        tensors the recomputes needed besides the step's own (`Rebuild.extra`)."""
         rebuild = self.recomputes.rebuild(position)
         for r in rebuild.tasks:  # in topological order: a chain's operands first
             tensor = self.tensors[r]
