@@ -16,9 +16,10 @@ waits for the frees of the bytes it takes.
 
 A tensor evicted with no host copy may be *discarded* instead of offloaded, and
 recomputed for the step that next reads it (`memgraph.recompute` decides): preparing
-that step also places the recompute's operands (`missing`) and holds them; the
-recompute, an apply marked `recompute` that reads them and writes the tensor's fresh
-region, is emitted right before the step's apply (`defer_recomputes`, `execute`).
+that step also places the recompute's operands (`missing`) and holds them – with, for a
+chain, the regions of the operands it applies again first (`Recomputes.rebuild`); the
+recomputes, applies marked `recompute` that read them and write the tensors' fresh
+regions, are emitted right before the step's apply (`defer_recomputes`, `execute`).
 """
 
 from __future__ import annotations
@@ -533,13 +534,22 @@ class HorizonPlanner:
 
     def unprepare(self, e: int) -> None:
         """Undo a failed preparation of step e: free its output if allocated, unwritten,
-        and so the tensors it recomputes. (Its workspace is placed last, so it is not
-        placed when preparing fails.)"""
+        and so the tensors placed for its recomputes (the discarded operands and the
+        members of their chains). (Its workspace is placed last, so it is not placed when
+        preparing fails.)"""
         step = self.steps[e]
+        bound = self.recomputes.bound
+        for tensor in self.recomputes.extra(e):  # chain members placed for this step
+            if tensor.region is not None and bound.get(tensor.id) == e and not tensor.pins:
+                del bound[tensor.id]
+                self.release(tensor)
         for r in (*step.roots, step.task):
             tensor = self.tensors[r]
-            unwritten = r == step.task or tensor.recompute
+            # (a discarded operand placed for an earlier step's recompute stays: that
+            # step is prepared, and its recompute writes it)
+            unwritten = r == step.task or tensor.recompute and bound.get(r) == e
             if unwritten and tensor.region is not None:
+                bound.pop(r, None)
                 self.release(tensor)
 
     def fit(self, tensor: TensorState) -> Block | None:
@@ -703,8 +713,11 @@ class HorizonPlanner:
         if tensor is self.workspaces.get(position):
             self.bind_workspace(tensor, block)
             return
-        if tensor.recompute:  # written by its recompute, once the step's tensors are placed
+        if tensor.recompute or tensor.storage is None:
+            # written by its recompute, once the step's tensors are placed: discarded, or
+            # in the chain of one (`Recomputes.rebuild`)
             self.bind(tensor, block)
+            self.recomputes.bound[tensor.id] = position
             return
         self.reload(tensor, block)
         tensor.last_use = position
@@ -739,25 +752,24 @@ class HorizonPlanner:
     def emit_recomputes(self, position: int) -> list[TensorState]:
         """Emit the recompute of each tensor step `position` recomputes, now that all the
         step's tensors are placed: an apply of its task, marked `recompute`, that reads its
-        operands (resident: placed with the step) and writes its fresh region. Returns
-        those operands that are not the step's own tensors (`Recomputes.extra`)."""
-        step = self.steps[position]
-        extra = self.recomputes.extra(position)
-        for r in step.roots:
+        operands (resident: placed with the step, or written by a recompute before it: a
+        chain's tasks come in topological order) and writes its fresh region. Returns the
+        tensors the recomputes needed besides the step's own (`Rebuild.extra`)."""
+        rebuild = self.recomputes.rebuild(position)
+        for r in rebuild.tasks:  # in topological order: a chain's operands first
             tensor = self.tensors[r]
-            if not tensor.recompute:
-                continue
             operands = [self.tensors[self.root[i]] for i in self.tg[r].inputs]
             deps = [tensor.alloc, *(t.writer for t in operands)]
             reads = [t.region for t in operands]
             node = self.builder.apply(r, reads, tensor.region, deps, recompute=True)
             tensor.writer, tensor.recompute = node, False
+            self.recomputes.done(tensor)
             self.residents.touch(tensor)
             for operand in dict.fromkeys(operands):
                 operand.users.append(node)
                 operand.last_use = position
                 self.residents.touch(operand)
-        return extra
+        return list(rebuild.extra)
 
     def release_unused(self, tensors: list[TensorState]) -> None:
         """Free those of `tensors` (operands of recomputes) that nothing reads any more."""
