@@ -63,8 +63,9 @@ offload more bytes than the unrestricted window (`hiding_window`), the unrestric
 window is used. On cyclic reuse any tensor read earlier in the cycle is needed again
 one cycle later, so evicting an older one instead of the newest moves about the same
 bytes; elsewhere it may move more (a victim needed sooner than Belady's), so the option
-is off by default and trades bytes for time. Measured (`benchmarks/generation.py
---hide-reloads`, README "Measured"): see the README's generation section.
+is off by default and trades bytes for time. Measured beside the default in one run
+(`benchmarks/generation.py`, its `hidden` column; `benchmarks/transfer_schedule.py`):
+see the README's "Measured" section.
 
 The dependencies are the verifier's usual ones (an alloc waits for the frees of the
 bytes it reuses, a free for every reader of its residency), so every plan is proved by
