@@ -661,6 +661,8 @@ class HorizonPlanner:
         if self.opts.hide_reloads:
             e = self.now if self.ahead_of is None else self.ahead_of
             held = self.recent.within(e, self.cost.transfer_seconds(nbytes, "h2d"))
+            if not held:  # nothing read recently is resident: the policy's window hides it
+                return self.ranked_window(nbytes)
             for tensor in held:
                 tensor.pins += 1
             hidden = self.ranked_window(nbytes)
