@@ -1,10 +1,12 @@
-"""Scheduled transfers on and off, side by side: simulated time and bytes moved.
+"""Scheduled transfers on and off, and hidden reloads, side by side: simulated time and bytes moved.
 
-Run: `python benchmarks/transfer_schedule.py [--json out.json] [--quick]` (~3 min on a
-shared 2-core VM; `--quick` a few seconds). Each cell is planned twice, with
+Run: `python benchmarks/transfer_schedule.py [--json out.json] [--quick]` (~5 min on a
+shared 2-core VM; `--quick` a few seconds). Each cell is planned three times, with
 `schedule_transfers=True` (steps ahead of the execution horizon prepared by evicting at
-their deadline, see `memgraph.transfer_schedule`) and `False` (the default: prefetch into
-free memory only), and simulated on `h100-pcie5` (`memgraph.simulate`):
+their deadline, see `memgraph.transfer_schedule`), with the defaults (prefetch into
+free memory only, Belady's victims), and with `hide_reloads=True` (victims read at
+least one copy's time before, same module), and simulated on `h100-pcie5`
+(`memgraph.simulate`):
 
 * `generation`: `benchmarks/generation.py`'s LLaMA-7B / 16 GiB / batch 16 cell, the
   unrolled plan (prompt 512, 32 new tokens, float16, pages of 128): tokens/s and the
@@ -44,7 +46,12 @@ from einpage.optim import AdamW  # noqa: E402
 from einpage_core.units import format_bytes, parse_bytes  # noqa: E402
 
 COST_MODEL = "h100-pcie5"
-WAYS = {"scheduled": True, "unscheduled": False}
+WAYS = {
+    "scheduled": {"schedule_transfers": True},
+    "unscheduled": {},
+    "hidden reloads": {"hide_reloads": True},
+}
+"""The ways each cell is planned: the planner options beside the cell's own."""
 FULL = {
     "generation": ("7b", "16GiB", 16, 512, 32),
     "training": ("1.5b", 16, 1024),
@@ -77,7 +84,7 @@ def generation_cell(model: str, budget: str, batch: int, prompt: int, new: int) 
     rows: dict[str, Any] = {"cell": f"LLaMA-{model} / {budget} / batch {batch}"}
     cost = memgraph.get_cost_model(COST_MODEL)
     for way, on in WAYS.items():
-        options = {"eviction": "belady", "schedule_transfers": on}
+        options = {"eviction": "belady", **on}
         start = time.perf_counter()
         plan = plan_generation(
             spec, parse_bytes(budget), Planning("unrolled", cost_model=COST_MODEL, options=options)
@@ -100,9 +107,7 @@ def training_cell(preset: str, batch: int, seq: int) -> dict:
     rows: dict[str, Any] = {"cell": f"GPT-2 {preset} {batch}×{seq}"}
     for label, budget in (("host-state minimum", host_peak), ("50% of resident", resident // 2)):
         for way, on in WAYS.items():
-            mg = memgraph.plan(
-                tg, budget, outputs="host", cost_model=COST_MODEL, schedule_transfers=on
-            )
+            mg = memgraph.plan(tg, budget, outputs="host", cost_model=COST_MODEL, **on)
             row = simulated(mg)
             row["budget"] = budget
             row["peak_cut"] = mg.stats.peak_bytes / resident - 1.0
@@ -116,7 +121,7 @@ def quality_cell(layers: int, steps: int) -> dict:
     budget = memgraph.streaming_minimum(tg) // 2
     rows: dict[str, Any] = {"cell": f"{tg.name} at 50% streaming"}
     for way, on in WAYS.items():
-        mg = memgraph.plan(tg, budget, schedule_transfers=on)
+        mg = memgraph.plan(tg, budget, **on)
         row = simulated(mg)
         row["moved_bytes"] = mg.stats.offload_bytes + mg.stats.reload_bytes
         bound = plan_bench.lower_bounds(tg, mg)["best_bound_bytes"]

@@ -33,7 +33,7 @@ from einpage_core.errors import PlanError
 from einpage_core.progress import Tick, ticks
 from memgraph.allocator import Allocator, Block
 from memgraph.cost import get_cost_model
-from memgraph.eviction import NEVER, choose_window_ranked, get_policy
+from memgraph.eviction import NEVER, Window, choose_window_ranked, get_policy
 from memgraph.graph import MemGraphBuilder
 from memgraph.host_assembly import HostAssembly
 from memgraph.nodes import NodeKind, Region
@@ -42,7 +42,7 @@ from memgraph.orders import check_order, get_order
 from memgraph.recompute import Recomputes
 from memgraph.residents import Residents, TensorState
 from memgraph.steps import Step, plan_steps, sliced_reloads, storage_roots
-from memgraph.transfer_schedule import evicts_ahead, released_before
+from memgraph.transfer_schedule import RecentReads, evicts_ahead, hiding_window, released_before
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
@@ -160,6 +160,7 @@ class HorizonPlanner:
             ((t.uses[-1], t.size) for t in self.tensors.values() if t.uses), len(self.steps)
         )
         self.ahead_of: int | None = None  # the execution horizon, while evicting ahead
+        self.recent = RecentReads(self.before)  # reads too recent to reload into (`hide_reloads`)
         self.moving: int | None = None  # the step whose operands are moved into one window
         # step -> the operands of its recomputes, held until its apply (`defer_recomputes`)
         self.deferred: dict[int, list[TensorState]] = {}
@@ -209,7 +210,8 @@ class HorizonPlanner:
         seconds; only the first entry when the lookahead does not use them."""
         before = [0.0]
         timed = self.opts.lookahead and self.opts.lookahead_seconds is not None
-        if timed or self.opts.outputs == "host":  # also times write-backs (`drain`)
+        # also times write-backs (`drain`) and recent reads (`hide_reloads`)
+        if timed or self.opts.outputs == "host" or self.opts.hide_reloads:
             for step in self.steps:
                 before.append(before[-1] + self.cost.task_seconds(self.tg, step.task))
         return before
@@ -652,9 +654,7 @@ class HorizonPlanner:
         if self.alloc.largest_free >= nbytes:  # a free block is the best window
             fitting = [f for f in self.alloc.free_intervals() if f.size >= nbytes]
             return min(fitting, key=lambda f: (f.size, f.offset)).offset
-        groups = self.residents.ranked_groups(self.now)
-        window = choose_window_ranked(self.residents, groups, nbytes)
-        self.residents.restore()
+        window = self.choose_window(nbytes)
         if window is None:
             return None
         if self.ahead_of is not None and not self.drops_only(window.victims):
@@ -662,6 +662,31 @@ class HorizonPlanner:
         for victim in window.victims:
             self.evict(self.tensors[victim])
         return window.offset
+
+    def choose_window(self, nbytes: int) -> Window | None:
+        """The policy's best window of `nbytes` (nothing evicted yet); with `hide_reloads`,
+        one whose victims were not read within a copy's time, where that offloads no more
+        (`memgraph.transfer_schedule.hiding_window`)."""
+        hidden = None
+        if self.opts.hide_reloads:
+            e = self.now if self.ahead_of is None else self.ahead_of
+            held = self.recent.within(e, self.cost.transfer_seconds(nbytes, "h2d"))
+            if not held:  # nothing read recently is resident: the policy's window hides it
+                return self.ranked_window(nbytes)
+            for tensor in held:
+                tensor.pins += 1
+            hidden = self.ranked_window(nbytes)
+            for tensor in held:
+                tensor.pins -= 1
+            if hidden is not None and hidden.transfer_bytes == 0:
+                return hidden
+        return hiding_window(hidden, self.ranked_window(nbytes))
+
+    def ranked_window(self, nbytes: int) -> Window | None:
+        groups = self.residents.ranked_groups(self.now)
+        window = choose_window_ranked(self.residents, groups, nbytes)
+        self.residents.restore()
+        return window
 
     def drops_only(self, victims: Iterable[int]) -> bool:
         """Whether evicting `victims` moves nothing off the device: each has a valid host
@@ -815,6 +840,8 @@ class HorizonPlanner:
             tensor.last_use = e
             tensor.ptr += 1
             self.residents.touch(tensor)
+        if self.opts.hide_reloads:
+            self.recent.record(e, (self.tensors[r] for r in step.roots))
         if self.opts.outputs == "host" and step.task in self.output_roots:
             self.offload(out)
         if step.task in self.assembly.piece_of:

@@ -48,6 +48,7 @@ class PlanOptions:
     placement: str = "room"
     schedule_transfers: bool = False
     recompute: str = "auto"
+    hide_reloads: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.order, str):
@@ -78,6 +79,8 @@ class PlanOptions:
             raise PlanError(
                 f"schedule_transfers must be True or False, got {self.schedule_transfers!r}"
             )
+        if not isinstance(self.hide_reloads, bool):
+            raise PlanError(f"hide_reloads must be True or False, got {self.hide_reloads!r}")
         if self.recompute not in RECOMPUTES:
             raise PlanError(f"recompute must be one of {RECOMPUTES}, got {self.recompute!r}")
 
@@ -110,6 +113,7 @@ class PlanOptions:
             "placement": self.placement,
             "schedule_transfers": self.schedule_transfers,
             "recompute": self.recompute,
+            "hide_reloads": self.hide_reloads,
         }
 
 

@@ -35,6 +35,9 @@ Two horizons
   by evicting when the target says its reloads must start now and the frees before it
   cannot make room: victims with a host copy are dropped for it at once, so its reloads
   overlap the compute before it (`memgraph.transfer_schedule`; off by default).
+  With `hide_reloads=True` a window cleared for an allocation avoids, where it can at no
+  more offloaded bytes, tensors read within one copy's time, so a reload into it need
+  not wait for the read just made (the same module; off by default).
 
   If step `e` is not prepared when its turn comes (the horizon stalled at it for lack
   of memory), it is prepared *at the execution horizon*, where allocation may evict.
@@ -234,6 +237,9 @@ def plan(
     * `schedule_transfers`: prepare a step ahead of the execution horizon by evicting
       (drops only) when its reloads' deadline comes, so they overlap the compute before
       it (`memgraph.transfer_schedule`; default False).
+    * `hide_reloads`: evict, where possible, tensors whose last read ended at least one
+      copy's time ago, so reloads overlap compute on cyclic reuse; may move more bytes
+      (`memgraph.transfer_schedule`; default False).
     * `recompute`: "auto" (the default: an evicted tensor is recomputed where that is
       cheaper than offloading and reloading it, see `memgraph.recompute`) or "never".
 

@@ -40,6 +40,33 @@ weights in 4 KiB (`tests/memgraph/test_optimal.py`) reload 11 KiB instead of the
 optimum's 9. Restricting victims to those that waiting could not improve on kept the
 bytes, but the generation cell then took 1.50 s: its gain comes from the other victims.
 
+Reload victims old enough to hide the copy (`PlanOptions(hide_reloads=True)`)
+---------------------------------------------------------------------------
+Belady's victim for a reload is the tensor whose next use is furthest away: on cyclic
+reuse (the weights of a decode step, read again next step) that is the tensor read
+*just now*. The reload then goes into the bytes of the read that has just run, so it
+cannot start before that read ends, and the read that needs it waits for the whole
+copy: with the streamed weights one after another (Belady keeps a fixed set resident
+and streams the rest through the bytes of the last one read), compute and the
+host-to-device link take turns. Diagnosed on the LLaMA-7B / 16 GiB / batch 16 generation
+cell (`benchmarks/generation.py`): each decode step moved 1.0 GiB (21.6 ms on the link)
+beside 16.3 ms of compute, and took 36.7 ms – the sum, not the larger – because the
+MLP weights of layers 23–27 were each reloaded into the bytes of the one before, after
+its matmul; the link was idle during layers 0–22.
+
+With `hide_reloads`, the window for an allocation that must evict is first searched
+with the tensors read within one copy's time before the execution horizon held
+(`RecentReads`: the compute before step `e` since their read ended is shorter than
+`nbytes` over the host-to-device bandwidth), so the victim was read long enough ago for
+the copy to run behind the compute since. Where no such window exists, or it would
+offload more bytes than the unrestricted window (`hiding_window`), the unrestricted
+window is used. On cyclic reuse any tensor read earlier in the cycle is needed again
+one cycle later, so evicting an older one instead of the newest moves about the same
+bytes; elsewhere it may move more (a victim needed sooner than Belady's), so the option
+is off by default and trades bytes for time. Measured beside the default in one run
+(`benchmarks/generation.py`, its `hidden` column; `benchmarks/transfer_schedule.py`):
+see the README's "Measured" section.
+
 The dependencies are the verifier's usual ones (an alloc waits for the frees of the
 bytes it reuses, a free for every reader of its residency), so every plan is proved by
 `memgraph.verify` whatever the eviction policy; `benchmarks/transfer_schedule.py`
@@ -48,9 +75,15 @@ measures plans with and without scheduling side by side.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-__all__ = ["released_before", "evicts_ahead"]
+if TYPE_CHECKING:
+    from memgraph.eviction import Window
+    from memgraph.residents import TensorState
+
+__all__ = ["released_before", "evicts_ahead", "RecentReads", "hiding_window"]
 
 
 def released_before(last_uses: Iterable[tuple[int, int]], steps: int) -> list[int]:
@@ -85,3 +118,39 @@ def evicts_ahead(need: int, free: int, released: Sequence[int], e: int, a: int) 
     False
     """
     return a > e and need > free + released[a] - released[e]
+
+
+class RecentReads:
+    """The tensors each step read, kept while their read is recent (`hide_reloads`).
+
+    `before[p]` is the estimated compute seconds before step `p` (prefix sums, so the
+    compute between the end of step `p` and the start of step `e` is `before[e] -
+    before[p + 1]`). `record(p, tensors)` after step `p`'s apply; `within(e, seconds)`
+    the tensors still resident whose last read is a step whose apply ended less than
+    `seconds` of compute before step `e` starts: a copy of `seconds` into their bytes
+    would have to wait for that read. Reads older than that are forgotten (`e` only
+    grows), so each read is kept once and dropped once.
+    """
+
+    def __init__(self, before: Sequence[float]):
+        self.before = before
+        self.reads: deque[tuple[int, TensorState]] = deque()
+
+    def record(self, position: int, tensors: Iterable[TensorState]) -> None:
+        for tensor in tensors:
+            self.reads.append((position, tensor))
+
+    def within(self, e: int, seconds: float) -> list[TensorState]:
+        before, reads = self.before, self.reads
+        while reads and before[e] - before[reads[0][0] + 1] >= seconds:
+            reads.popleft()
+        return [t for p, t in reads if t.region is not None and t.last_use == p]
+
+
+def hiding_window(hidden: Window | None, plain: Window | None) -> Window | None:
+    """The window to clear: `hidden` (found with the recently read tensors held, see
+    `RecentReads`) unless there is none or it offloads more bytes than `plain`, the
+    window the policy picks among all evictable tensors."""
+    if hidden is None or (plain is not None and hidden.transfer_bytes > plain.transfer_bytes):
+        return plain
+    return hidden
