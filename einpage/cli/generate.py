@@ -35,6 +35,7 @@ from einpage.cli.outputs import (
     plan_pictures,
     wrote,
 )
+from einpage.errors import EinpageError
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
@@ -44,6 +45,7 @@ from einpage.workloads.generate import (
     Generation,
     Running,
     check_run_memory,
+    choose_dtype,
     generate,
     program_weights,
     resolve_model,
@@ -84,6 +86,20 @@ def _seed(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
+
+
+def _dtype(text: str) -> str:
+    """An argparse type: a float dtype einpage plans in (`taskgraph.dtypes.FLOAT_DTYPES`,
+    or a short name such as bf16), canonical."""
+    try:
+        name = dtypes.canonical(text)
+    except EinpageError:
+        name = None
+    if name is None or not dtypes.is_float(name):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(dtypes.FLOAT_DTYPES)}, got {text!r}"
+        )
+    return name
 
 
 def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -134,7 +150,12 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
+    gen.add_argument(
+        "--dtype",
+        type=_dtype,
+        help=f"the weights' and activations' type: {', '.join(dtypes.FLOAT_DTYPES)} (default: "
+        "the checkpoint's own, as its config.json names it; float32 for a preset)",
+    )
     gen.add_argument(
         "--cost-model",
         choices=list(COST_MODELS),
@@ -244,6 +265,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
+    dtype, why = choose_dtype(args.dtype, checkpoint)
     sampling = _sampling(args)
     planning = _planning(args, console)
     running = Running(args.backend, args.mode)
@@ -256,13 +278,13 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 prompt,
                 args.new_tokens,
                 args.budget,
-                dtype=args.dtype,
+                dtype=dtype,
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,
                 run=None,  # run below: the host memory is checked before weights are drawn
             )
-        _print_plans(planned, console)
+        _print_plans(planned, why, console)
         if args.output:
             _write_plans(planned.plan, args.output, console)
         failed = plan_pictures(args, _largest(planned), console)
@@ -283,13 +305,16 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _print_plans(out: Generation, console: Console) -> None:
+def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
+    """The generation's table (what was planned: the model and its dtype, and why that
+    dtype – given, the checkpoint's own or the default –, the shapes, the budget, the
+    stats), then each plan's."""
     spec = out.spec
     how = "greedy" if spec.sampling is None else (
         f"sampled (temperature {spec.sampling.temperature}, top-k {spec.sampling.top_k})"
     )  # fmt: skip
     rows = [
-        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}"),
+        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype} ({dtype_why})"),
         (
             "generation",
             f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "

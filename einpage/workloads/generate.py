@@ -49,7 +49,7 @@ import runtime
 from einpage.errors import EinpageError
 from einpage.models import FAMILIES, family_of
 from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetensors
-from einpage.models.checkpoint import require_hf_config
+from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
@@ -81,7 +81,13 @@ __all__ = [
     "resolve_model",
     "family_of",
     "program_weights",
+    "choose_dtype",
+    "DEFAULT_DTYPE",
 ]
+
+DEFAULT_DTYPE = "float32"
+"""The dtype of a generation whose model names none (a config, or a checkpoint whose
+config.json has no `dtype`/`torch_dtype`) when none is given."""
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,23 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     raise GenerationError(
         f"model must be a model config or a checkpoint path, got {type(model).__name__}"
     )
+
+
+def choose_dtype(dtype: str | None, checkpoint: Path | None) -> tuple[str, str]:
+    """The dtype a generation is planned in, and why: `dtype` when given ("given"); else
+    the checkpoint's own, as its config.json names it (`checkpoint_dtype`: "the
+    checkpoint's"; a bfloat16 checkpoint planned in float32 would silently take twice
+    its memory); else `DEFAULT_DTYPE` ("the default"). `CheckpointError` when the
+    checkpoint names a dtype einpage does not plan in and none is given."""
+    if dtype is not None:
+        return dtype, "given"
+    if checkpoint is not None:
+        config, _ = require_hf_config(checkpoint, "", caller="generate")
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        own = checkpoint_dtype(config, str(folder / CONFIG_FILE))
+        if own is not None:
+            return own, "the checkpoint's"
+    return DEFAULT_DTYPE, "the default"
 
 
 def program_weights(
@@ -321,7 +344,7 @@ def generate(
     weights: Any = None,
     tokenizer: Any = None,
     batch: int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     logits: bool = False,
     sampling: Sampling | None = None,
@@ -337,7 +360,8 @@ def generate(
 
     `weights`, `tokenizer`: see the module docstring; `batch`: the sequences of a text
     prompt (a string is repeated), checked against an ids prompt's rows; `dtype`: the
-    weights' and activations' float type; `page_size`: positions per KV page; `logits`:
+    weights' and activations' float type (None: the checkpoint's own, as its config.json
+    names it, else float32: `choose_dtype`); `page_size`: positions per KV page; `logits`:
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
     is planned and how it runs.
@@ -361,6 +385,7 @@ def generate(
     family, cfg, checkpoint = resolve_model(model)
     ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
+    dtype, _ = choose_dtype(dtype, checkpoint)
     spec = GenerationSpec(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
     )
