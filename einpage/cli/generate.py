@@ -20,6 +20,7 @@ text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.workloads.chat import ChatTemplate, encode_chat
 from einpage.workloads.generate import (
     Generation,
     Running,
@@ -125,6 +127,18 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer)")
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
+    )
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="write the prompt as the checkpoint's chat template does: --prompt is the "
+        "user's message (or give --messages)",
+    )
+    gen.add_argument(
+        "--messages",
+        metavar="FILE.json",
+        help='a chat\'s messages, [{"role": "user", "content": "..."}, ...], written '
+        "as the checkpoint's chat template does (implies --chat)",
     )
     gen.add_argument(
         "--sample",
@@ -240,9 +254,41 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
     return weights
 
 
+def _chat_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The chat's messages: --messages FILE.json, or --prompt as the user's message."""
+    if args.messages is not None and args.prompt is not None:
+        raise GenerationError(
+            "give --prompt (the user's message) or --messages FILE.json, not both"
+        )
+    if args.messages is None:
+        if args.prompt is None:
+            raise GenerationError(
+                "--chat needs the user's message as --prompt TEXT, or --messages FILE.json"
+            )
+        return [{"role": "user", "content": args.prompt}]
+    try:
+        return json.loads(Path(args.messages).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise GenerationError(f"--messages: cannot read {args.messages!r}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise GenerationError(
+            f"--messages: {args.messages!r} is not valid JSON: {err.msg} at line {err.lineno} "
+            f"column {err.colno}"
+        ) from None
+
+
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
     """(prompt ids or text, tokenizer or None)."""
     batch = args.batch or 1
+    if args.chat or args.messages is not None:
+        messages = _chat_messages(args)
+        source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+        if not source:
+            raise GenerationError(f"--chat: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
+        template = ChatTemplate.of_checkpoint(checkpoint or source)
+        tokenizer = load_tokenizer(source)
+        ids, _ = encode_chat(template, tokenizer, messages, batch)
+        return ids, tokenizer
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None

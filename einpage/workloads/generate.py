@@ -10,6 +10,10 @@ with the plans and their stats.
   safetensors are the weights unless given; its `tokenizer.json` encodes text).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer.
+* `messages=` instead of a prompt: a conversation (`[{"role": "user", "content": ...}]`,
+  repeated `batch` times) or one per sequence, written as the checkpoint's chat template
+  says (`einpage.workloads.chat`: as transformers' `apply_chat_template(...,
+  add_generation_prompt=True)`), or as `chat_template=` (a `ChatTemplate`) says.
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
@@ -54,6 +58,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
 from einpage.workloads import text
+from einpage.workloads.chat import ChatError, ChatTemplate, encode_chat
 from einpage.workloads.generation import (
     GenerationSpec,
     GenerationStats,
@@ -134,7 +139,7 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run="
+    "logits=, sampling=, plan=, run=, messages=, chat_template="
 )
 """`generate`'s parameters, as its errors list them."""
 
@@ -335,9 +340,40 @@ def _prompt_ids(
     return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
 
 
+def _chat_ids(
+    messages: Any,
+    template: ChatTemplate | None,
+    tokenizer: Any,
+    checkpoint: Path | None,
+    batch: int | None,
+    vocab: int,
+) -> tuple[np.ndarray, Any]:
+    """The ids of a chat prompt (`messages` as `template` writes them, by default the
+    checkpoint's, or that of the tokenizer's folder), and the tokenizer used."""
+    if tokenizer is None:
+        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        if found is None:
+            raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
+        tokenizer = found
+    if template is None:
+        folder = checkpoint if checkpoint is not None else tokenizer
+        if not isinstance(folder, str | os.PathLike):
+            raise ChatError(
+                "messages need a chat template: give a checkpoint folder that has one as "
+                "the model, or chat_template=ChatTemplate(source, where)"
+            )
+        template = ChatTemplate.of_checkpoint(folder)
+    elif not isinstance(template, ChatTemplate):
+        raise ChatError(f"chat_template must be a ChatTemplate, got {type(template).__name__}")
+    if isinstance(tokenizer, str | os.PathLike):
+        tokenizer = text.load_tokenizer(tokenizer)
+    ids, _ = encode_chat(template, tokenizer, messages, batch)
+    return check_tokens(ids, vocab), tokenizer
+
+
 def generate(
     model: Any,
-    prompt: Any,
+    prompt: Any = None,
     new_tokens: int = 16,
     budget: int | str = "100%",
     *,
@@ -350,6 +386,8 @@ def generate(
     sampling: Sampling | None = None,
     plan: Planning = DEFAULT_PLANNING,
     run: Running | None = DEFAULT_RUNNING,
+    messages: Any = None,
+    chat_template: ChatTemplate | None = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -364,7 +402,8 @@ def generate(
     names it, else float32: `choose_dtype`); `page_size`: positions per KV page; `logits`:
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
-    is planned and how it runs.
+    is planned and how it runs. `messages` (instead of `prompt`) and `chat_template`:
+    a chat prompt (module docstring).
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -383,7 +422,16 @@ def generate(
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
     family, cfg, checkpoint = resolve_model(model)
-    ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    if messages is not None:
+        if prompt is not None:
+            raise GenerationError(
+                "give a prompt or messages, not both (messages are the chat's prompt)"
+            )
+        ids, used = _chat_ids(messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size)
+    else:
+        if chat_template is not None:
+            raise ChatError("chat_template= is for messages=: give the chat's messages too")
+        ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
     dtype, _ = choose_dtype(dtype, checkpoint)
     spec = GenerationSpec(
