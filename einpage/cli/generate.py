@@ -3,6 +3,7 @@
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
+                     [--dtype D] [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
@@ -14,7 +15,10 @@ tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json`
 the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
 `plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
 `--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
-text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens. A checkpoint
+runs in its own dtype unless `--dtype` says otherwise; `--chat` writes the prompt (the
+user's message) with its chat template, `--messages` a whole chat; a sequence stops at
+its end-of-sequence ids (not with `--ignore-eos`) or a `--stop` string.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from einpage.workloads.generate import (
     resolve_model,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
+from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
 from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
@@ -158,6 +163,20 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         type=positive_int,
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
+    )
+    gen.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sequence where its text reaches TEXT (needs a tokenizer; repeatable); "
+        "the text printed ends before it",
+    )
+    gen.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at the checkpoint's end-of-sequence ids (eos_token_id of its "
+        "generation_config.json or config.json): make every --new-tokens",
     )
     gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
@@ -312,12 +331,18 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
     dtype, why = choose_dtype(args.dtype, checkpoint)
+    stopping = checkpoint_stopping(checkpoint, () if args.ignore_eos else None, args.stop)
     sampling = _sampling(args)
     planning = _planning(args, console)
     running = Running(args.backend, args.mode)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
+            if stopping.strings and tokenizer is None:
+                raise GenerationError(
+                    "--stop: stop strings need a text prompt (--prompt, --chat or "
+                    "--messages) and a tokenizer"
+                )
         with console.stage("planning"):
             planned = generate(
                 model,
@@ -342,10 +367,13 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
                 started = time.perf_counter()
-                ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
+                ran = run_stopping(
+                    planned.plan, values, np.asarray(prompt), stopping, tokenizer,
+                    running.backend, running.mode,
+                )  # fmt: skip
                 seconds = time.perf_counter() - started
-            _print_run(planned, ran.reports, seconds, checkpoint is None, console)
-            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
+            _print_run(planned, ran, seconds, checkpoint is None, console)
+            _print_tokens(np.asarray(prompt), ran, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
@@ -404,16 +432,21 @@ def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) ->
 
 
 def _print_run(
-    planned: Generation, reports: Any, seconds: float, random: bool, console: Console
+    planned: Generation, ran: Stopped, seconds: float, random: bool, console: Console
 ) -> None:
-    """The run's table: where it ran, the weights, the device memory, and its measured
-    time beside the simulated one."""
+    """The run's table: where it ran, the weights, the device memory, the tokens kept
+    (when a sequence stopped), and its measured time beside the simulated one, both in
+    tokens kept per second (`einpage.workloads.stop.kept_stats`)."""
+    reports = ran.reports
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
-    tokens, stats = planned.spec.tokens, planned.stats
+    tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)
+    if tokens < planned.spec.tokens:
+        kept = ", ".join(map(str, ran.lengths))
+        rows.append(("stopped", f"{tokens} of {planned.spec.tokens} tokens kept ({kept})"))
     in_plans = sum(r.seconds for r in reports)
     rows.append(
         (
@@ -437,27 +470,27 @@ PROMPT_END = " | "
 """What the token lines put between the prompt and the new tokens."""
 
 
-def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
-    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
-    the text with a tokenizer."""
+def _print_tokens(prompt: np.ndarray, ran: Stopped, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt then the new tokens it kept, `PROMPT_END` between them:
+    ids, or the text with a tokenizer (ending before a stop string)."""
     lines = []
-    for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
+    for i, (head, kept) in enumerate(zip(prompt, ran.lengths, strict=True)):
+        tail = ran.new_ids[i, :kept]
         if tokenizer is None:
             line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))
         else:
-            line = _marked_text(tokenizer, head, tail)
+            line = _marked_text(tokenizer, head, tail, ran.text[i])
         lines.append((f"{i}", line))
     console.print()
     title = "tokens" if tokenizer is None else "text"
     console.print(format_table(lines, f"{title} (prompt{PROMPT_END}new)"))
 
 
-def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray) -> str:
-    """The sequence's text with `PROMPT_END` where the prompt's text ends: the whole
-    decoded at once (decoding the new tokens alone may lose a leading space), cut after
-    the prompt's own text when that is its start, else the two parts decoded apart."""
+def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray, whole: str) -> str:
+    """The sequence's text `whole` (the run's, cut before a stop string) with
+    `PROMPT_END` where the prompt's text ends: cut after the prompt's own text when that
+    is its start, else the two parts decoded apart."""
     (prompt_text,) = decode(tokenizer, [head])
-    (whole,) = decode(tokenizer, [np.concatenate([head, tail])])
     if whole.startswith(prompt_text):
         return prompt_text + PROMPT_END + whole[len(prompt_text) :].lstrip(" ")
     return prompt_text + PROMPT_END + decode(tokenizer, [tail])[0]

@@ -14,6 +14,10 @@ with the plans and their stats.
   repeated `batch` times) or one per sequence, written as the checkpoint's chat template
   says (`einpage.workloads.chat`: as transformers' `apply_chat_template(...,
   add_generation_prompt=True)`), or as `chat_template=` (a `ChatTemplate`) says.
+* `stop=`: strings that end a sequence (with a tokenizer), and `eos=`: the ids that do
+  (None: the checkpoint's `eos_token_id`; `()`: none), per sequence
+  (`einpage.workloads.stop`): step plans end once every sequence has stopped, an
+  unrolled plan's tokens after a stop are masked; the stats count the tokens kept.
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
@@ -69,6 +73,7 @@ from einpage.workloads.generation import (
     plan_generation,
     planning_homes,
 )
+from einpage.workloads.stop import Stopping, checkpoint_stopping, kept_stats, run_stopping
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
 from runtime.schedule import resolve_mode
@@ -88,6 +93,8 @@ __all__ = [
     "program_weights",
     "choose_dtype",
     "DEFAULT_DTYPE",
+    "ChatTemplate",
+    "Stopping",
 ]
 
 DEFAULT_DTYPE = "float32"
@@ -139,17 +146,20 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run=, messages=, chat_template="
+    "logits=, sampling=, plan=, run=, messages=, chat_template=, stop=, eos="
 )
 """`generate`'s parameters, as its errors list them."""
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate` made: `ids` [batch, prompt_len + new_tokens] (the prompt, then the
-    new tokens; None when not run), `new_ids` [batch, new_tokens], each step's `logits`
-    when asked for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
-    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`."""
+    """What `generate` made: `ids` [batch, prompt_len + n] (the prompt, then the new
+    tokens; None when not run), `new_ids` [batch, n], each step's `logits` when asked
+    for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
+    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`
+    (after a run, of the tokens kept). `lengths` [batch]: the new tokens each sequence
+    kept – all `new_tokens` unless it stopped (`stopping`: `einpage.workloads.stop`;
+    then n is the longest kept, and a shorter sequence's later ids are the pad id)."""
 
     spec: GenerationSpec
     plan: UnrolledPlan | StepPlans
@@ -159,6 +169,8 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
+    lengths: np.ndarray | None = None
+    stopping: Stopping | None = None
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
@@ -388,6 +400,8 @@ def generate(
     run: Running | None = DEFAULT_RUNNING,
     messages: Any = None,
     chat_template: ChatTemplate | None = None,
+    stop: Any = (),
+    eos: Any = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -403,7 +417,7 @@ def generate(
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
     is planned and how it runs. `messages` (instead of `prompt`) and `chat_template`:
-    a chat prompt (module docstring).
+    a chat prompt; `stop` and `eos`: when sequences stop (module docstring).
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -432,6 +446,12 @@ def generate(
         if chat_template is not None:
             raise ChatError("chat_template= is for messages=: give the chat's messages too")
         ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    stopping = checkpoint_stopping(checkpoint, eos, stop)
+    if stopping.strings and used is None:
+        raise GenerationError(
+            f"stop={list(stopping.strings)!r}: stop strings need a tokenizer to read the "
+            "text; give a text prompt (or messages) with a tokenizer, or stop at ids (eos=)"
+        )
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
     dtype, _ = choose_dtype(dtype, checkpoint)
     spec = GenerationSpec(
@@ -444,7 +464,10 @@ def generate(
     reads = isinstance(source, Path)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
     values = _read_weights(cfg, source, spec.dtype)
-    out = planned.run(values, ids, backend=run.backend, mode=run.mode)
-    full = np.concatenate([ids, out.ids], axis=1)
-    decoded = None if used is None else text.decode(used, full)
-    return Generation(spec, planned, stats, full, out.ids, out.logits, decoded, out.reports)
+    out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
+    full = np.concatenate([ids, out.new_ids], axis=1)
+    stats = kept_stats(planned, stats, out)
+    return Generation(
+        spec, planned, stats, full, out.new_ids, out.logits, out.text, out.reports,
+        out.lengths, stopping,
+    )  # fmt: skip

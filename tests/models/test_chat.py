@@ -188,8 +188,8 @@ def hf_greedy(model, ids, new_tokens):
             attention_mask=torch.ones(ids.shape, dtype=torch.long),
             max_new_tokens=new_tokens,
             do_sample=False,
-            eos_token_id=model.config.vocab_size,  # no id: generation never stops early
-            pad_token_id=0,
+            eos_token_id=model.config.eos_token_id,  # the checkpoint's, as einpage stops
+            pad_token_id=model.config.eos_token_id,
         )
     return out.numpy()
 
