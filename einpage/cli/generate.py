@@ -3,6 +3,7 @@
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
+                     [--dtype D] [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
@@ -14,12 +15,16 @@ tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json`
 the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
 `plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
 `--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
-text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens. A checkpoint
+runs in its own dtype unless `--dtype` says otherwise; `--chat` writes the prompt (the
+user's message) with its chat template, `--messages` a whole chat; a sequence stops at
+its end-of-sequence ids (not with `--ignore-eos`) or a `--stop` string.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -35,20 +40,24 @@ from einpage.cli.outputs import (
     plan_pictures,
     wrote,
 )
+from einpage.errors import EinpageError
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.workloads.chat import ChatTemplate, encode_chat
 from einpage.workloads.generate import (
     Generation,
     Running,
     check_run_memory,
+    choose_dtype,
     generate,
     program_weights,
     resolve_model,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
+from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
 from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
@@ -86,6 +95,20 @@ def _seed(text: str) -> int:
     return value
 
 
+def _dtype(text: str) -> str:
+    """An argparse type: a float dtype einpage plans in (`taskgraph.dtypes.FLOAT_DTYPES`,
+    or a short name such as bf16), canonical."""
+    try:
+        name = dtypes.canonical(text)
+    except EinpageError:
+        name = None
+    if name is None or not dtypes.is_float(name):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(dtypes.FLOAT_DTYPES)}, got {text!r}"
+        )
+    return name
+
+
 def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register the `generate` subcommand on the CLI's subparsers."""
     gen = commands.add_parser(
@@ -111,6 +134,18 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
     )
     gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="write the prompt as the checkpoint's chat template does: --prompt is the "
+        "user's message (or give --messages)",
+    )
+    gen.add_argument(
+        "--messages",
+        metavar="FILE.json",
+        help='a chat\'s messages, [{"role": "user", "content": "..."}, ...], written '
+        "as the checkpoint's chat template does (implies --chat)",
+    )
+    gen.add_argument(
         "--sample",
         action="store_true",
         help="sample the next token instead of the greedy argmax (implied by --temperature "
@@ -129,12 +164,31 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
     )
+    gen.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sequence where its text reaches TEXT (needs a tokenizer; repeatable); "
+        "the text printed ends before it",
+    )
+    gen.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at the checkpoint's end-of-sequence ids (eos_token_id of its "
+        "generation_config.json or config.json): make every --new-tokens",
+    )
     gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
+    gen.add_argument(
+        "--dtype",
+        type=_dtype,
+        help=f"the weights' and activations' type: {', '.join(dtypes.FLOAT_DTYPES)} (default: "
+        "the checkpoint's own, as its config.json names it; float32 for a preset)",
+    )
     gen.add_argument(
         "--cost-model",
         choices=list(COST_MODELS),
@@ -219,9 +273,41 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
     return weights
 
 
+def _chat_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The chat's messages: --messages FILE.json, or --prompt as the user's message."""
+    if args.messages is not None and args.prompt is not None:
+        raise GenerationError(
+            "give --prompt (the user's message) or --messages FILE.json, not both"
+        )
+    if args.messages is None:
+        if args.prompt is None:
+            raise GenerationError(
+                "--chat needs the user's message as --prompt TEXT, or --messages FILE.json"
+            )
+        return [{"role": "user", "content": args.prompt}]
+    try:
+        return json.loads(Path(args.messages).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise GenerationError(f"--messages: cannot read {args.messages!r}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise GenerationError(
+            f"--messages: {args.messages!r} is not valid JSON: {err.msg} at line {err.lineno} "
+            f"column {err.colno}"
+        ) from None
+
+
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
     """(prompt ids or text, tokenizer or None)."""
     batch = args.batch or 1
+    if args.chat or args.messages is not None:
+        messages = _chat_messages(args)
+        source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+        if not source:
+            raise GenerationError(f"--chat: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
+        template = ChatTemplate.of_checkpoint(checkpoint or source)
+        tokenizer = load_tokenizer(source)
+        ids, _ = encode_chat(template, tokenizer, messages, batch)
+        return ids, tokenizer
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
@@ -244,25 +330,32 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
+    dtype, why = choose_dtype(args.dtype, checkpoint)
+    stopping = checkpoint_stopping(checkpoint, () if args.ignore_eos else None, args.stop)
     sampling = _sampling(args)
     planning = _planning(args, console)
     running = Running(args.backend, args.mode)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
+            if stopping.strings and tokenizer is None:
+                raise GenerationError(
+                    "--stop: stop strings need a text prompt (--prompt, --chat or "
+                    "--messages) and a tokenizer"
+                )
         with console.stage("planning"):
             planned = generate(
                 model,
                 prompt,
                 args.new_tokens,
                 args.budget,
-                dtype=args.dtype,
+                dtype=dtype,
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,
                 run=None,  # run below: the host memory is checked before weights are drawn
             )
-        _print_plans(planned, console)
+        _print_plans(planned, why, console)
         if args.output:
             _write_plans(planned.plan, args.output, console)
         failed = plan_pictures(args, _largest(planned), console)
@@ -274,22 +367,28 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = program_weights(cfg, weights, dtype, checkpoint)
                 started = time.perf_counter()
-                ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
+                ran = run_stopping(
+                    planned.plan, values, np.asarray(prompt), stopping, tokenizer,
+                    running.backend, running.mode,
+                )  # fmt: skip
                 seconds = time.perf_counter() - started
-            _print_run(planned, ran.reports, seconds, checkpoint is None, console)
-            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
+            _print_run(planned, ran, seconds, checkpoint is None, console)
+            _print_tokens(np.asarray(prompt), ran, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
 
 
-def _print_plans(out: Generation, console: Console) -> None:
+def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
+    """The generation's table (what was planned: the model and its dtype, and why that
+    dtype – given, the checkpoint's own or the default –, the shapes, the budget, the
+    stats), then each plan's."""
     spec = out.spec
     how = "greedy" if spec.sampling is None else (
         f"sampled (temperature {spec.sampling.temperature}, top-k {spec.sampling.top_k})"
     )  # fmt: skip
     rows = [
-        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}"),
+        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype} ({dtype_why})"),
         (
             "generation",
             f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
@@ -333,16 +432,21 @@ def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) ->
 
 
 def _print_run(
-    planned: Generation, reports: Any, seconds: float, random: bool, console: Console
+    planned: Generation, ran: Stopped, seconds: float, random: bool, console: Console
 ) -> None:
-    """The run's table: where it ran, the weights, the device memory, and its measured
-    time beside the simulated one."""
+    """The run's table: where it ran, the weights, the device memory, the tokens kept
+    (when a sequence stopped), and its measured time beside the simulated one, both in
+    tokens kept per second (`einpage.workloads.stop.kept_stats`)."""
+    reports = ran.reports
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
-    tokens, stats = planned.spec.tokens, planned.stats
+    tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)
+    if tokens < planned.spec.tokens:
+        kept = ", ".join(map(str, ran.lengths))
+        rows.append(("stopped", f"{tokens} of {planned.spec.tokens} tokens kept ({kept})"))
     in_plans = sum(r.seconds for r in reports)
     rows.append(
         (
@@ -366,27 +470,27 @@ PROMPT_END = " | "
 """What the token lines put between the prompt and the new tokens."""
 
 
-def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
-    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
-    the text with a tokenizer."""
+def _print_tokens(prompt: np.ndarray, ran: Stopped, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt then the new tokens it kept, `PROMPT_END` between them:
+    ids, or the text with a tokenizer (ending before a stop string)."""
     lines = []
-    for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
+    for i, (head, kept) in enumerate(zip(prompt, ran.lengths, strict=True)):
+        tail = ran.new_ids[i, :kept]
         if tokenizer is None:
             line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))
         else:
-            line = _marked_text(tokenizer, head, tail)
+            line = _marked_text(tokenizer, head, tail, ran.text[i])
         lines.append((f"{i}", line))
     console.print()
     title = "tokens" if tokenizer is None else "text"
     console.print(format_table(lines, f"{title} (prompt{PROMPT_END}new)"))
 
 
-def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray) -> str:
-    """The sequence's text with `PROMPT_END` where the prompt's text ends: the whole
-    decoded at once (decoding the new tokens alone may lose a leading space), cut after
-    the prompt's own text when that is its start, else the two parts decoded apart."""
+def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray, whole: str) -> str:
+    """The sequence's text `whole` (the run's, cut before a stop string) with
+    `PROMPT_END` where the prompt's text ends: cut after the prompt's own text when that
+    is its start, else the two parts decoded apart."""
     (prompt_text,) = decode(tokenizer, [head])
-    (whole,) = decode(tokenizer, [np.concatenate([head, tail])])
     if whole.startswith(prompt_text):
         return prompt_text + PROMPT_END + whole[len(prompt_text) :].lstrip(" ")
     return prompt_text + PROMPT_END + decode(tokenizer, [tail])[0]

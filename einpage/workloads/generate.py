@@ -10,6 +10,14 @@ with the plans and their stats.
   safetensors are the weights unless given; its `tokenizer.json` encodes text).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer.
+* `messages=` instead of a prompt: a conversation (`[{"role": "user", "content": ...}]`,
+  repeated `batch` times) or one per sequence, written as the checkpoint's chat template
+  says (`einpage.workloads.chat`: as transformers' `apply_chat_template(...,
+  add_generation_prompt=True)`), or as `chat_template=` (a `ChatTemplate`) says.
+* `stop=`: strings that end a sequence (with a tokenizer), and `eos=`: the ids that do
+  (None: the checkpoint's `eos_token_id`; `()`: none), per sequence
+  (`einpage.workloads.stop`): step plans end once every sequence has stopped, an
+  unrolled plan's tokens after a stop are masked; the stats count the tokens kept.
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
@@ -49,11 +57,12 @@ import runtime
 from einpage.errors import EinpageError
 from einpage.models import FAMILIES, family_of
 from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetensors
-from einpage.models.checkpoint import require_hf_config
+from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
 from einpage.workloads import text
+from einpage.workloads.chat import ChatError, ChatTemplate, encode_chat
 from einpage.workloads.generation import (
     GenerationSpec,
     GenerationStats,
@@ -64,6 +73,7 @@ from einpage.workloads.generation import (
     plan_generation,
     planning_homes,
 )
+from einpage.workloads.stop import Stopping, checkpoint_stopping, kept_stats, run_stopping
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
 from runtime.schedule import resolve_mode
@@ -81,7 +91,15 @@ __all__ = [
     "resolve_model",
     "family_of",
     "program_weights",
+    "choose_dtype",
+    "DEFAULT_DTYPE",
+    "ChatTemplate",
+    "Stopping",
 ]
+
+DEFAULT_DTYPE = "float32"
+"""The dtype of a generation whose model names none (a config, or a checkpoint whose
+config.json has no `dtype`/`torch_dtype`) when none is given."""
 
 
 @dataclass(frozen=True)
@@ -128,17 +146,20 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run="
+    "logits=, sampling=, plan=, run=, messages=, chat_template=, stop=, eos="
 )
 """`generate`'s parameters, as its errors list them."""
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate` made: `ids` [batch, prompt_len + new_tokens] (the prompt, then the
-    new tokens; None when not run), `new_ids` [batch, new_tokens], each step's `logits`
-    when asked for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
-    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`."""
+    """What `generate` made: `ids` [batch, prompt_len + n] (the prompt, then the new
+    tokens; None when not run), `new_ids` [batch, n], each step's `logits` when asked
+    for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
+    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`
+    (after a run, of the tokens kept). `lengths` [batch]: the new tokens each sequence
+    kept – all `new_tokens` unless it stopped (`stopping`: `einpage.workloads.stop`;
+    then n is the longest kept, and a shorter sequence's later ids are the pad id)."""
 
     spec: GenerationSpec
     plan: UnrolledPlan | StepPlans
@@ -148,6 +169,8 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
+    lengths: np.ndarray | None = None
+    stopping: Stopping | None = None
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
@@ -167,6 +190,23 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     raise GenerationError(
         f"model must be a model config or a checkpoint path, got {type(model).__name__}"
     )
+
+
+def choose_dtype(dtype: str | None, checkpoint: Path | None) -> tuple[str, str]:
+    """The dtype a generation is planned in, and why: `dtype` when given ("given"); else
+    the checkpoint's own, as its config.json names it (`checkpoint_dtype`: "the
+    checkpoint's"; a bfloat16 checkpoint planned in float32 would silently take twice
+    its memory); else `DEFAULT_DTYPE` ("the default"). `CheckpointError` when the
+    checkpoint names a dtype einpage does not plan in and none is given."""
+    if dtype is not None:
+        return dtype, "given"
+    if checkpoint is not None:
+        config, _ = require_hf_config(checkpoint, "", caller="generate")
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        own = checkpoint_dtype(config, str(folder / CONFIG_FILE))
+        if own is not None:
+            return own, "the checkpoint's"
+    return DEFAULT_DTYPE, "the default"
 
 
 def program_weights(
@@ -312,21 +352,56 @@ def _prompt_ids(
     return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
 
 
+def _chat_ids(
+    messages: Any,
+    template: ChatTemplate | None,
+    tokenizer: Any,
+    checkpoint: Path | None,
+    batch: int | None,
+    vocab: int,
+) -> tuple[np.ndarray, Any]:
+    """The ids of a chat prompt (`messages` as `template` writes them, by default the
+    checkpoint's, or that of the tokenizer's folder), and the tokenizer used."""
+    if tokenizer is None:
+        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        if found is None:
+            raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
+        tokenizer = found
+    if template is None:
+        folder = checkpoint if checkpoint is not None else tokenizer
+        if not isinstance(folder, str | os.PathLike):
+            raise ChatError(
+                "messages need a chat template: give a checkpoint folder that has one as "
+                "the model, or chat_template=ChatTemplate(source, where)"
+            )
+        template = ChatTemplate.of_checkpoint(folder)
+    elif not isinstance(template, ChatTemplate):
+        raise ChatError(f"chat_template must be a ChatTemplate, got {type(template).__name__}")
+    if isinstance(tokenizer, str | os.PathLike):
+        tokenizer = text.load_tokenizer(tokenizer)
+    ids, _ = encode_chat(template, tokenizer, messages, batch)
+    return check_tokens(ids, vocab), tokenizer
+
+
 def generate(
     model: Any,
-    prompt: Any,
+    prompt: Any = None,
     new_tokens: int = 16,
     budget: int | str = "100%",
     *,
     weights: Any = None,
     tokenizer: Any = None,
     batch: int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     logits: bool = False,
     sampling: Sampling | None = None,
     plan: Planning = DEFAULT_PLANNING,
     run: Running | None = DEFAULT_RUNNING,
+    messages: Any = None,
+    chat_template: ChatTemplate | None = None,
+    stop: Any = (),
+    eos: Any = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -337,10 +412,12 @@ def generate(
 
     `weights`, `tokenizer`: see the module docstring; `batch`: the sequences of a text
     prompt (a string is repeated), checked against an ids prompt's rows; `dtype`: the
-    weights' and activations' float type; `page_size`: positions per KV page; `logits`:
+    weights' and activations' float type (None: the checkpoint's own, as its config.json
+    names it, else float32: `choose_dtype`); `page_size`: positions per KV page; `logits`:
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
-    is planned and how it runs.
+    is planned and how it runs. `messages` (instead of `prompt`) and `chat_template`:
+    a chat prompt; `stop` and `eos`: when sequences stop (module docstring).
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -359,8 +436,24 @@ def generate(
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
     family, cfg, checkpoint = resolve_model(model)
-    ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    if messages is not None:
+        if prompt is not None:
+            raise GenerationError(
+                "give a prompt or messages, not both (messages are the chat's prompt)"
+            )
+        ids, used = _chat_ids(messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size)
+    else:
+        if chat_template is not None:
+            raise ChatError("chat_template= is for messages=: give the chat's messages too")
+        ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    stopping = checkpoint_stopping(checkpoint, eos, stop)
+    if stopping.strings and used is None:
+        raise GenerationError(
+            f"stop={list(stopping.strings)!r}: stop strings need a tokenizer to read the "
+            "text; give a text prompt (or messages) with a tokenizer, or stop at ids (eos=)"
+        )
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
+    dtype, _ = choose_dtype(dtype, checkpoint)
     spec = GenerationSpec(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
     )
@@ -371,7 +464,10 @@ def generate(
     reads = isinstance(source, Path)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
     values = _read_weights(cfg, source, spec.dtype)
-    out = planned.run(values, ids, backend=run.backend, mode=run.mode)
-    full = np.concatenate([ids, out.ids], axis=1)
-    decoded = None if used is None else text.decode(used, full)
-    return Generation(spec, planned, stats, full, out.ids, out.logits, decoded, out.reports)
+    out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
+    full = np.concatenate([ids, out.new_ids], axis=1)
+    stats = kept_stats(planned, stats, out)
+    return Generation(
+        spec, planned, stats, full, out.new_ids, out.logits, out.text, out.reports,
+        out.lengths, stopping,
+    )  # fmt: skip

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
@@ -863,9 +863,13 @@ class StepPlans:
         backend: Any = "numpy",
         mode: str | None = None,
         run_seed: int = 0,
+        until: Callable[[np.ndarray], bool] | None = None,
     ) -> GenerationOutput:
         """Generate with the step loop (module docstring): one session over every plan,
-        the weights and position tables staged once; arguments as `UnrolledPlan.run`."""
+        the weights and position tables staged once; arguments as `UnrolledPlan.run`.
+        `until(new_ids)`, called with the new ids [batch, n] so far after the prefill and
+        after each chunk, ends the loop early when it returns True (every sequence has
+        stopped: `einpage.workloads.stop`); the output then has the ids made so far."""
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         gumbel = spec.gumbel(seed)
@@ -885,6 +889,8 @@ class StepPlans:
                 session.stage(positions)  # the decode plans' tables, for every position
             staged: dict[str, int] = {}  # page inputs the session holds current: their page
             for chunk in self.chunks:
+                if until is not None and until(np.concatenate(chosen, axis=1)):
+                    break
                 tg = self.decoders[chunk.key].program
                 pages = cache.page_numbers(tg, range(chunk.pages))
                 fresh = {name: page for name, page in pages.items() if name not in staged}

@@ -81,16 +81,22 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         raise CheckpointError(f"cannot read the tokenizer {str(file)!r}: {err}") from None
 
 
-def encode(tokenizer: Any, texts: str | Sequence[str], batch: int | None = None) -> np.ndarray:
+def encode(
+    tokenizer: Any,
+    texts: str | Sequence[str],
+    batch: int | None = None,
+    add_special_tokens: bool = True,
+) -> np.ndarray:
     """The token ids of `texts` (one string per sequence; a single string is repeated
-    `batch` times) as int64 [batch, prompt_len]. `GenerationError` when they encode to
-    different lengths or to no tokens."""
+    `batch` times) as int64 [batch, prompt_len]; `add_special_tokens=False` leaves out
+    what the tokenizer adds around a text (a BOS: a chat template writes its own).
+    `GenerationError` when they encode to different lengths or to no tokens."""
     if isinstance(texts, str):
         texts = [texts] * (batch or 1)
     texts = list(texts)
     if not texts:
         raise GenerationError("encode: no text given")
-    rows = [tokenizer.encode(text).ids for text in texts]
+    rows = [tokenizer.encode(text, add_special_tokens=add_special_tokens).ids for text in texts]
     lengths = sorted({len(row) for row in rows})
     if lengths[0] == 0:
         raise GenerationError("encode: a prompt encodes to no tokens")
