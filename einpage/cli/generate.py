@@ -39,7 +39,7 @@ from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.workloads.generate import (
     Generation,
     Running,
@@ -135,6 +135,12 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
     gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
+    gen.add_argument(
+        "--quant",
+        choices=tuple(QUANT_NAMES),
+        help="store the matmul weights in int8 or int4 (group-wise scales), rebuilt on the "
+        "device at each step: only the quantized bytes stay on the host and cross PCIe",
+    )
     gen.add_argument(
         "--cost-model",
         choices=list(COST_MODELS),
@@ -260,6 +266,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,
+                quant=args.quant,
                 run=None,  # run below: the host memory is checked before weights are drawn
             )
         _print_plans(planned, console)
@@ -272,7 +279,9 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
                 check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
-                values = program_weights(cfg, weights, dtype, checkpoint)
+                values = planned.spec.program_weights(
+                    program_weights(cfg, weights, dtype, checkpoint)
+                )
                 started = time.perf_counter()
                 ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
                 seconds = time.perf_counter() - started
@@ -289,7 +298,7 @@ def _print_plans(out: Generation, console: Console) -> None:
         f"sampled (temperature {spec.sampling.temperature}, top-k {spec.sampling.top_k})"
     )  # fmt: skip
     rows = [
-        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}"),
+        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}{_quant_note(spec)}"),
         (
             "generation",
             f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
@@ -302,6 +311,13 @@ def _print_plans(out: Generation, console: Console) -> None:
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
+
+
+def _quant_note(spec: Any) -> str:
+    """What the model row adds for a quantized generation (its bits and group), or nothing."""
+    if spec.quant is None:
+        return ""
+    return f", weights int{spec.quant.bits} (groups of up to {spec.quant.group})"
 
 
 def _largest(out: Generation) -> Any:

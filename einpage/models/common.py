@@ -140,12 +140,28 @@ def weight_input(
     return weight
 
 
-def cached_weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Weight:
+def cached_weight_input(
+    prog: Program,
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    quant: Any = None,
+    quantized: Collection[str] = (),
+) -> Weight:
     """Like `weight_input`, but a weight asked for again is the same input: a generation
-    program reads every weight once per step."""
+    program reads every weight once per step. A quantized weight (with `quant`, one
+    named in `quantized`) declares its quantized inputs once and is rebuilt from them at
+    every call (`rebuilt_weight`): each step's float weight is a transient of that step,
+    so what stays on the host and crosses PCIe between steps is the quantized bytes."""
+    from einpage.program.quantize import quantized_weight_inputs, rebuilt_weight
+
     declared: dict[str, Tensor] = {}
+    stored: dict[str, tuple[Tensor, Tensor]] = {}
 
     def weight(name: str) -> Tensor:
+        if quant is not None and name in quantized:
+            if name not in stored:
+                stored[name] = quantized_weight_inputs(prog, name, shapes[name], dtype, quant)
+            return rebuilt_weight(prog, name, *stored[name], shapes[name], quant)
         if name not in declared:
             declared[name] = prog.input(name, shapes[name], dtype, role="weight")
         return declared[name]

@@ -36,6 +36,12 @@ Outputs: `ids` int64 [batch, new_tokens]; with `logits=True`, `logits`
 prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
 `kv.{i}.k`, `kv.{i}.v` [batch, kv heads, prompt_len, head_dim] of each layer.
 
+With `quant=` (int8 or int4, `einpage.program.quantize`), each weight the model
+quantizes is the inputs `{name}.q` and `{name}.scale` instead (`quantize_weights` makes
+them from float weights), rebuilt on the device by tasks at every step that reads it:
+each step's float weight is a transient of the step, and what the planner keeps on the
+host and moves is the quantized bytes.
+
 Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
 `positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
 position), the position inputs for its `positions` positions, `kv.mask`
@@ -86,6 +92,7 @@ from einpage.models.decode import (
 )
 from einpage.models.errors import GenerationError
 from einpage.program.program import Program, Tensor
+from einpage.program.quantize import Quantization
 from taskgraph import dtypes
 from taskgraph.facts import ChosenIds, KVEntries, KVPage
 
@@ -98,11 +105,16 @@ __all__ = [
     "check_generation",
     "check_page_size",
     "check_tokens",
+    "check_quant",
     "kv_mask",
+    "QUANT_NAMES",
 ]
 
 DEFAULT_PAGE_SIZE = 64
 """Positions per KV page unless told otherwise."""
+
+QUANT_NAMES = {"int8": 8, "int4": 4}
+"""The names `quant=` takes for weight-only quantization, and their bits."""
 
 
 def _positive(what: str, value: Any) -> int:
@@ -171,6 +183,31 @@ def check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
     return ids
 
 
+def check_quant(quant: Any) -> Quantization | None:
+    """`quant` as a `Quantization` (None: float weights): a `Quantization`, or "int8" /
+    "int4" (the default group); `GenerationError` naming what is valid otherwise."""
+    if quant is None or isinstance(quant, Quantization):
+        return quant
+    if quant in QUANT_NAMES:
+        return Quantization(bits=QUANT_NAMES[quant])
+    raise GenerationError(
+        f"quant must be one of {', '.join(map(repr, QUANT_NAMES))}, an "
+        f"einpage.quantize.Quantization or None, got {quant!r}"
+    )
+
+
+def _quant_suffix(quant: Quantization | None) -> str:
+    return "" if quant is None else f"-int{check_quant(quant).bits}"  # type: ignore[union-attr]
+
+
+def _weights(prog: Program, cfg: ModelConfig, dtype: str, quant: Any) -> Any:
+    """The program's `weight(name)`: each weight one input, or with `quant` the weights
+    the model quantizes as their quantized inputs, rebuilt at each use."""
+    quant = check_quant(quant)
+    quantized = cfg.quantized_weights() if quant is not None else frozenset()
+    return cached_weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)
+
+
 @dataclass
 class _Build:
     """What the builders share: the program, the config, the family's decoder, options."""
@@ -212,15 +249,19 @@ def generation_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     cache_outputs: bool = False,
+    quant: Quantization | None = None,
 ) -> Program:
     """The prefill and `new_tokens - 1` decode steps of `family`'s model `cfg`, unrolled
-    (module docstring). `sampling` None is greedy decoding. Raises `GenerationError` for
-    bad arguments (also a prompt plus new tokens beyond the model's positions)."""
+    (module docstring). `sampling` None is greedy decoding; `quant` (a `Quantization`)
+    stores the weights the model quantizes in int8 or int4, rebuilt on the device at
+    each step that reads them. Raises `GenerationError` for bad arguments (also a prompt
+    plus new tokens beyond the model's positions)."""
     dtype = check_generation(family, cfg, batch, prompt_len, new_tokens, dtype, page_size, sampling)
     if cache_outputs and new_tokens != 1:
         raise GenerationError(f"cache_outputs needs new_tokens=1, got {new_tokens}")
-    prog = Program(f"{cfg.name}-generate-b{batch}-p{prompt_len}-n{new_tokens}")
-    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    name = f"{cfg.name}-generate-b{batch}-p{prompt_len}-n{new_tokens}{_quant_suffix(quant)}"
+    prog = Program(name)
+    weight = _weights(prog, cfg, dtype, quant)
     tokens = prog.input("tokens", (batch, prompt_len), "int64")
     positions = prompt_len + new_tokens - 1
     decoder = family.decoder(cfg, prog, weight, dtype, positions)  # type: ignore[misc]
@@ -330,6 +371,7 @@ def decode_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     positions: int | None = None,
+    quant: Quantization | None = None,
 ) -> Program:
     """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then
     keep weights on the device from one step to the next) of `family`'s model `cfg`
@@ -352,8 +394,10 @@ def decode_program(
             f"step{'s' * (steps > 1)}: a generation fills at least {steps + 1} positions"
         )
     chunk = "" if steps == 1 else f"-steps{steps}"
-    prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}")
-    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    prog = Program(
+        f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}{_quant_suffix(quant)}"
+    )
+    weight = _weights(prog, cfg, dtype, quant)
     tokens = prog.input("tokens", (batch,), "int64")
     at_positions = prog.input("positions", (steps,), "int64")
     decoder = family.decoder(cfg, prog, weight, dtype, filled)  # type: ignore[misc]

@@ -128,7 +128,7 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run="
+    "logits=, sampling=, plan=, run=, quant="
 )
 """`generate`'s parameters, as its errors list them."""
 
@@ -327,6 +327,7 @@ def generate(
     sampling: Sampling | None = None,
     plan: Planning = DEFAULT_PLANNING,
     run: Running | None = DEFAULT_RUNNING,
+    quant: Any = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -340,7 +341,10 @@ def generate(
     weights' and activations' float type; `page_size`: positions per KV page; `logits`:
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
-    is planned and how it runs.
+    is planned and how it runs. `quant`: "int8" or "int4" (or an
+    `einpage.quantize.Quantization`) plans and runs the model with those weights
+    quantized (`GenerationSpec.quant`): the weights given are float, quantized here
+    before the run; only the quantized bytes are kept on the host and cross PCIe.
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -362,15 +366,16 @@ def generate(
     ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
     spec = GenerationSpec(
-        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
-    )
+        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
+        quant,
+    )  # fmt: skip
     planned = plan_generation(spec, budget, plan)
     stats = planned.stats()
     if run is None:
         return Generation(spec, planned, stats)
     reads = isinstance(source, Path)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
-    values = _read_weights(cfg, source, spec.dtype)
+    values = spec.program_weights(_read_weights(cfg, source, spec.dtype))
     out = planned.run(values, ids, backend=run.backend, mode=run.mode)
     full = np.concatenate([ids, out.ids], axis=1)
     decoded = None if used is None else text.decode(used, full)

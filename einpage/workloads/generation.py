@@ -60,6 +60,7 @@ from einpage.models.errors import GenerationBudgetError, GenerationError
 from einpage.models.generation import (
     DEFAULT_PAGE_SIZE,
     check_generation,
+    check_quant,
     check_tokens,
     decode_inputs,
     decode_program,
@@ -69,6 +70,7 @@ from einpage.models.generation import (
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
+from einpage.program.quantize import Quantization, quantize_weights
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
@@ -226,8 +228,11 @@ def planning_homes(argument: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class GenerationSpec:
     """What a generation plan is for: the model, the shapes, the KV cache's page size and
-    how tokens are chosen. Checked once, here (`check_generation`: `GenerationError`
-    naming the bad value); `generate` and `plan_generation` take it as it is."""
+    how tokens are chosen; `quant` (a `Quantization`, "int8" or "int4"; None: float
+    weights) stores the weights the model quantizes in fewer bits
+    (`einpage.program.quantize`). Checked once, here (`check_generation`:
+    `GenerationError` naming the bad value); `generate` and `plan_generation` take it as
+    it is."""
 
     family: ModelFamily
     cfg: ModelConfig
@@ -238,6 +243,7 @@ class GenerationSpec:
     page_size: int = DEFAULT_PAGE_SIZE
     sampling: Sampling | None = None
     logits: bool = False
+    quant: Quantization | None = None
 
     def __post_init__(self) -> None:
         dtype = check_generation(
@@ -251,6 +257,17 @@ class GenerationSpec:
             self.sampling,
         )
         object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "quant", check_quant(self.quant))
+
+    def program_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The weight inputs of the spec's programs from float `weights` (keyed by
+        `cfg.weight_shapes()`): as they are, or with `quant` quantized
+        (`quantize_weights`: `{name}.q` and `{name}.scale`, scales in the spec's dtype)."""
+        if self.quant is None:
+            return dict(weights)
+        return quantize_weights(
+            self.cfg, weights, self.quant.bits, self.quant.group, dtype=self.dtype
+        )
 
     @property
     def tokens(self) -> int:
@@ -289,6 +306,7 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             cache_outputs=cache_outputs,
+            quant=self.quant,
         )
 
     def decode_program(self, pages: int, steps: int = 1) -> Program:
@@ -303,6 +321,7 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             positions=self.positions,
+            quant=self.quant,
         )
 
 
