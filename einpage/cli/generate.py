@@ -39,7 +39,7 @@ from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
+from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES, pad_prompts
 from einpage.workloads.generate import (
     Generation,
     Running,
@@ -47,6 +47,7 @@ from einpage.workloads.generate import (
     generate,
     program_weights,
     resolve_model,
+    unpadded,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
 from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
@@ -106,7 +107,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--batch", type=positive_int, help="sequences (default 1)")
     gen.add_argument("--prompt-len", type=positive_int, help="random prompt ids of this length")
     gen.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate")
-    gen.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer)")
+    gen.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        action="append",
+        help="the prompt as text (needs a tokenizer); several --prompt make a batch of "
+        "different prompts, left padded to the longest (no --batch needed)",
+    )
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
     )
@@ -226,7 +233,8 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
 
 
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
-    """(prompt ids or text, tokenizer or None)."""
+    """(prompt ids [batch, prompt_len] – or, for several --prompt of different lengths,
+    one id list per prompt, which `generate` pads –, tokenizer or None)."""
     batch = args.batch or 1
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
@@ -235,7 +243,18 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
     if not source:
         raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
     tokenizer = load_tokenizer(source)
-    ids = encode(tokenizer, args.prompt, batch)
+    texts = args.prompt
+    if len(texts) > 1 and args.batch is not None and args.batch != len(texts):
+        raise GenerationError(
+            f"--batch {args.batch} but {len(texts)} prompts are given (several --prompt make "
+            "the batch: leave --batch out)"
+        )
+    rows = [encode(tokenizer, text, 1)[0] for text in texts]
+    if len({len(row) for row in rows}) > 1:
+        if args.prompt_len is not None:
+            raise GenerationError("--prompt-len is for one prompt length: leave it out")
+        return [list(row) for row in rows], tokenizer
+    ids = np.array(rows) if len(rows) > 1 else np.repeat(np.array(rows), batch, axis=0)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
         raise GenerationError(
             f"--prompt encodes to {ids.shape[1]} tokens but --prompt-len is {args.prompt_len}"
@@ -283,10 +302,12 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                     program_weights(cfg, weights, dtype, checkpoint)
                 )
                 started = time.perf_counter()
-                ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
+                ids = prompt if planned.lengths is None else pad_prompts(prompt, cfg.vocab_size)[0]
+                ran = planned.plan.run(values, ids, backend=running.backend, mode=running.mode)
                 seconds = time.perf_counter() - started
             _print_run(planned, ran.reports, seconds, checkpoint is None, console)
-            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
+            prompts = unpadded(np.asarray(ids), planned.lengths, ids.shape[1])
+            _print_tokens(prompts, ran.ids, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
@@ -301,8 +322,8 @@ def _print_plans(out: Generation, console: Console) -> None:
         ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}{_quant_note(spec)}"),
         (
             "generation",
-            f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
-            f"{how}, KV pages of {spec.page_size}",
+            f"batch {spec.batch}, prompt {_prompt_lengths(spec)}, {spec.new_tokens} new "
+            f"tokens, {how}, KV pages of {spec.page_size}",
         ),
         ("budget", str(out.plan.budget)),
         *out.stats.rows(),
@@ -311,6 +332,14 @@ def _print_plans(out: Generation, console: Console) -> None:
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
+
+
+def _prompt_lengths(spec: Any) -> str:
+    """The prompt length, and for a ragged batch each prompt's: "7 (lengths 3, 7; left
+    padded)"."""
+    if spec.lengths is None:
+        return str(spec.prompt_len)
+    return f"{spec.prompt_len} (lengths {', '.join(map(str, spec.lengths))}; left padded)"
 
 
 def _quant_note(spec: Any) -> str:
@@ -382,9 +411,9 @@ PROMPT_END = " | "
 """What the token lines put between the prompt and the new tokens."""
 
 
-def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
-    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
-    the text with a tokenizer."""
+def _print_tokens(prompt: Any, new: np.ndarray, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt (without its padding) then the new tokens, `PROMPT_END`
+    between them: ids, or the text with a tokenizer."""
     lines = []
     for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
         if tokenizer is None:

@@ -9,7 +9,11 @@ with the plans and their stats.
   folder as `save_pretrained` writes it (its `config.json` names the family; its
   safetensors are the weights unless given; its `tokenizer.json` encodes text).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
-  string, repeated `batch` times, or one string per sequence) with a tokenizer.
+  string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
+  of different lengths – a list of strings, or of id lists – are one ragged batch: left
+  padded to the longest, with each sequence's positions and an attention mask that hides
+  its padding (`GenerationSpec.lengths`), as Hugging Face generates with
+  `padding_side="left"`.
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
@@ -52,7 +56,7 @@ from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetenso
 from einpage.models.checkpoint import require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
+from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
 from einpage.workloads import text
 from einpage.workloads.generation import (
     GenerationSpec,
@@ -81,6 +85,7 @@ __all__ = [
     "resolve_model",
     "family_of",
     "program_weights",
+    "unpadded",
 ]
 
 
@@ -135,9 +140,10 @@ PARAMETERS = (
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate` made: `ids` [batch, prompt_len + new_tokens] (the prompt, then the
-    new tokens; None when not run), `new_ids` [batch, new_tokens], each step's `logits`
-    when asked for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
+    """What `generate` made: `ids` [batch, prompt_len + new_tokens] (the prompt – left
+    padded in a ragged batch, see `lengths` –, then the new tokens; None when not run),
+    `new_ids` [batch, new_tokens], each step's `logits` when asked for, `text` (each
+    sequence decoded without its padding, when a tokenizer was used), the `plan`
     (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`."""
 
     spec: GenerationSpec
@@ -148,6 +154,9 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
+    lengths: tuple[int, ...] | None = None
+    """Each prompt's length in a ragged batch (None: every prompt is `prompt_len` long):
+    row i of `ids` starts with `prompt_len - lengths[i]` padding ids (0)."""
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
@@ -285,8 +294,9 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
 
 def _prompt_ids(
     prompt: Any, tokenizer: Any, checkpoint: Path | None, batch: int | None, vocab: int
-) -> tuple[np.ndarray, Any]:
-    """The prompt as ids, and the tokenizer used (None for ids)."""
+) -> tuple[np.ndarray, Any, tuple[int, ...] | None]:
+    """The prompt as ids [batch, prompt_len] (left padded when the prompts have different
+    lengths), the tokenizer used (None for ids) and the prompts' lengths when ragged."""
     if prompt is None:
         raise GenerationError("a prompt is needed: token ids [batch, prompt_len] or text")
     if isinstance(prompt, Mapping):
@@ -298,10 +308,13 @@ def _prompt_ids(
         isinstance(prompt, Sequence) and bool(prompt) and all(isinstance(p, str) for p in prompt)
     )
     if not is_text:
-        ids = check_tokens(prompt, vocab)
+        if _is_ragged(prompt):
+            ids, lengths = pad_prompts(prompt, vocab)
+        else:
+            ids, lengths = check_tokens(prompt, vocab), None
         if batch is not None and ids.shape[0] != batch:
             raise GenerationError(f"batch={batch} but the prompt has {ids.shape[0]} rows")
-        return ids, None
+        return ids, None, lengths
     if tokenizer is None:
         found = None if checkpoint is None else text.find_tokenizer(checkpoint)
         if found is None:
@@ -309,7 +322,34 @@ def _prompt_ids(
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
-    return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
+    if isinstance(prompt, str) or len({len(tokenizer.encode(p).ids) for p in prompt}) == 1:
+        return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer, None
+    if batch is not None and len(prompt) != batch:
+        raise GenerationError(f"batch={batch} but {len(prompt)} prompts are given")
+    rows = []
+    for i, line in enumerate(prompt):
+        rows.append(tokenizer.encode(line).ids)
+        if not rows[-1]:
+            raise GenerationError(f"prompt {i} ({line!r}) encodes to no tokens")
+    ids, lengths = pad_prompts(rows, vocab)
+    return ids, tokenizer, lengths
+
+
+def _is_ragged(prompt: Any) -> bool:
+    """Whether `prompt` is a list of id rows of different lengths (a ragged batch)."""
+    if isinstance(prompt, np.ndarray) or not isinstance(prompt, Sequence) or not prompt:
+        return False
+    if not all(isinstance(row, Sequence | np.ndarray) for row in prompt):
+        return False
+    return len({len(row) for row in prompt}) > 1 or any(len(row) == 0 for row in prompt)
+
+
+def unpadded(ids: np.ndarray, lengths: tuple[int, ...] | None, prompt_len: int) -> list[Any]:
+    """Each row of `ids` [batch, prompt_len + n] without its left padding (all of each
+    row when not ragged)."""
+    if lengths is None:
+        return list(ids)
+    return [row[prompt_len - n :] for row, n in zip(ids, lengths, strict=True)]
 
 
 def generate(
@@ -363,20 +403,26 @@ def generate(
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
     family, cfg, checkpoint = resolve_model(model)
-    ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    ids, used, lengths = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
     spec = GenerationSpec(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
-        quant,
+        quant, lengths,
     )  # fmt: skip
     planned = plan_generation(spec, budget, plan)
     stats = planned.stats()
     if run is None:
-        return Generation(spec, planned, stats)
+        return Generation(spec, planned, stats, lengths=spec.lengths)
     reads = isinstance(source, Path)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
     values = spec.program_weights(_read_weights(cfg, source, spec.dtype))
     out = planned.run(values, ids, backend=run.backend, mode=run.mode)
     full = np.concatenate([ids, out.ids], axis=1)
-    decoded = None if used is None else text.decode(used, full)
-    return Generation(spec, planned, stats, full, out.ids, out.logits, decoded, out.reports)
+    decoded = None
+    if used is not None:
+        decoded = [
+            text.decode(used, [row])[0] for row in unpadded(full, spec.lengths, ids.shape[1])
+        ]
+    return Generation(
+        spec, planned, stats, full, out.ids, out.logits, decoded, out.reports, spec.lengths
+    )
