@@ -23,9 +23,17 @@ transformers = pytest.importorskip("transformers")
 
 from hf_models import TOLERANCE, hf_gpt2, hf_llama, randomize, relative_error  # noqa: E402
 
+import taskgraph  # noqa: E402
+from einpage.cli.generate import random_weights  # noqa: E402
 from einpage.models import gpt2, llama, mistral, qwen2  # noqa: E402
+from einpage.models.decode import Sampling  # noqa: E402
 from einpage.models.errors import GenerationError  # noqa: E402
-from einpage.models.generation import decode_inputs, pad_prompts, padding_inputs  # noqa: E402
+from einpage.models.generation import (  # noqa: E402
+    decode_inputs,
+    generation_inputs,
+    pad_prompts,
+    padding_inputs,
+)
 from einpage.workloads.generate import generate  # noqa: E402
 from einpage.workloads.generation import GenerationSpec, Planning, plan_generation  # noqa: E402
 
@@ -227,3 +235,24 @@ def test_an_empty_text_prompt_in_a_batch_is_refused():
     with pytest.raises(GenerationError, match="prompt 1 .* encodes to no tokens"):
         generate(llama.PRESETS["tiny"], ["the planner", ""], 2, "100%", tokenizer=train_tokenizer(),
                  run=None)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_ragged_quantized_sampled_generation_equals_the_reference_evaluator(way, dtype):
+    """The options together: a ragged batch of three, int8 weights, top-k sampling, in
+    float32 and float16, against the reference evaluator of the unrolled program."""
+    cfg = qwen2.PRESETS["tiny"]
+    weights = {n: w * 10 if w.ndim > 1 else w for n, w in random_weights(cfg, dtype, 1).items()}
+    rows = [[3, 4, 5], [6, 7, 8, 9, 10, 11, 12], [13]]
+    sampling = Sampling(temperature=0.9, top_k=20, seed=4)
+    plan = Planning(way=way, chunk_steps=2)
+    out = generate(cfg, rows, 5, "50%", weights=weights, dtype=dtype, page_size=4,
+                   sampling=sampling, quant="int8", plan=plan)  # fmt: skip
+    spec = out.spec
+    assert spec.lengths == (3, 7, 1) and spec.quant.bits == 8
+    ids, lengths = pad_prompts(rows, cfg.vocab_size)
+    inputs = generation_inputs(qwen2.FAMILY, cfg, ids, 5, dtype, spec.program_weights(weights),
+                               spec.gumbel(), lengths)  # fmt: skip
+    want = taskgraph.evaluate(spec.generation_program().build(), inputs)["ids"]
+    np.testing.assert_array_equal(out.new_ids, want)
