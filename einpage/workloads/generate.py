@@ -57,6 +57,7 @@ from einpage.models.checkpoint import require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
+from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.generation import (
     GenerationSpec,
@@ -86,6 +87,7 @@ __all__ = [
     "family_of",
     "program_weights",
     "unpadded",
+    "quantized_weight_bytes",
 ]
 
 
@@ -250,13 +252,25 @@ def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
     return sum(math.prod(shape) for shape in cfg.weight_shapes().values()) * size
 
 
+def quantized_weight_bytes(cfg: ModelConfig, quant: Quantization, dtype: str) -> int:
+    """Bytes of the quantized inputs (`{name}.q`, `{name}.scale` in `dtype`) that
+    `GenerationSpec.program_weights` makes beside the float weights it is given."""
+    total = 0
+    shapes = cfg.weight_shapes()
+    for name in cfg.quantized_weights():
+        for shape, stored in quant.stored(shapes[name], dtype).values():
+            total += math.prod(shape) * dtypes.itemsize(dtypes.canonical(stored))
+    return total
+
+
 def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str | None) -> int:
     """The host memory a run of `plan` on `backend` needs, checked against what is
     available now (`einpage_core.host.available_memory`) before anything is allocated;
     `HostMemoryError` with the numbers when it does not fit. `weights` says what the
     run will make besides the plans' own needs (`host_bytes`): "random" (drawn, one weight
     at a time in float32 at most, then cast), "checkpoint" (read, one tensor at a time
-    converted), or None (the caller holds them already)."""
+    converted), or None (the caller holds them already); a quantized generation also
+    holds the weights' quantized copy (`quantized_weight_bytes`)."""
     spec = plan.spec
     chosen = runtime.get_backend(backend, dtypes={spec.dtype})  # as the run will choose
     rows = []
@@ -267,6 +281,9 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
         rows.append((held + scratch, f"the weights in {spec.dtype}, {weights}, "
                      f"{format_bytes(held)}, and one weight's {format_bytes(scratch)} "
                      "while it is made"))  # fmt: skip
+    if spec.quant is not None:
+        stored = quantized_weight_bytes(spec.cfg, spec.quant, spec.dtype)
+        rows.append((stored, f"their int{spec.quant.bits} copy, {format_bytes(stored)}"))
     runs = plan.host_bytes(chosen)
     parts = ["the plans' host storage", "the inputs"]
     if chosen.arena_on_host:

@@ -13,9 +13,12 @@ weights alone – a rebuilt float weight – is ever moved.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+import runtime
 import taskgraph
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
 from einpage.cli.generate import random_weights
@@ -158,3 +161,24 @@ def test_the_cli_generates_with_quantized_weights(capsys):
     assert "weights int4 (groups of up to 128)" in out and "tokens (prompt | new)" in out
     assert main([*argv, "--quant", "int2"]) == EXIT_BAD_INPUT
     assert "invalid choice: 'int2'" in capsys.readouterr().err
+
+
+def test_the_host_memory_check_counts_the_quantized_copy(monkeypatch):
+    import einpage.workloads.generate as generate_module
+    from einpage.workloads.generate import check_run_memory, quantized_weight_bytes, weight_bytes
+
+    cfg = llama.PRESETS["tiny"]
+    spec = GenerationSpec(llama.FAMILY, cfg, 1, 6, 3, "bfloat16", page_size=4, quant="int4")
+    made = spec.program_weights(random_weights(cfg, "bfloat16", 0))
+    stored = sum(a.nbytes for n, a in made.items() if n.endswith((".q", ".scale")))
+    assert quantized_weight_bytes(cfg, spec.quant, "bfloat16") == stored > 0
+    planned = plan_generation(spec, "100%")
+    need = check_run_memory(planned, "numpy", "drawn at random")
+    monkeypatch.setattr(generate_module, "available_memory", lambda: need - 1)
+    with pytest.raises(generate_module.HostMemoryError, match=rf"\({need} B\).*their int4 copy"):
+        check_run_memory(planned, "numpy", "drawn at random")
+    # the rest: the float weights drawn (and one weight's float32 draw), and the run
+    backend = runtime.get_backend("numpy", dtypes={"bfloat16"})
+    largest = max(math.prod(shape) for shape in cfg.weight_shapes().values())
+    floats = weight_bytes(cfg, "bfloat16") + 4 * largest
+    assert need - floats - planned.host_bytes(backend) == stored
