@@ -59,6 +59,7 @@ _tok.save("checkpoint/tokenizer.json")
 MODEL_CHECKS = """
 assert np.isfinite(logits.astype("float32")).all() and logits.shape == (1, cfg.vocab_size)
 assert set(qweights) > {"layers.0.attn.wq.q", "layers.0.attn.wq.scale"}
+assert quantized.new_ids.shape == (1, 4) and quantized.spec.quant.bits == 4
 assert more.new_ids.shape == (1, 16) and more.ids.shape[1] > 32 + 16
 assert float(out["loss"]) > 0 and set(weights) < set(state)  # new weights and their states
 print("README model examples ran")

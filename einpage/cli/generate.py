@@ -45,7 +45,7 @@ from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES, pad_prompts
 from einpage.workloads.chat import ChatTemplate, encode_chat
 from einpage.workloads.generate import (
     Generation,
@@ -55,6 +55,7 @@ from einpage.workloads.generate import (
     generate,
     program_weights,
     resolve_model,
+    unpadded,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
 from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
@@ -129,7 +130,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--batch", type=positive_int, help="sequences (default 1)")
     gen.add_argument("--prompt-len", type=positive_int, help="random prompt ids of this length")
     gen.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate")
-    gen.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer)")
+    gen.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        action="append",
+        help="the prompt as text (needs a tokenizer); several --prompt make a batch of "
+        "different prompts, left padded to the longest (no --batch needed)",
+    )
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
     )
@@ -188,6 +195,12 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         type=_dtype,
         help=f"the weights' and activations' type: {', '.join(dtypes.FLOAT_DTYPES)} (default: "
         "the checkpoint's own, as its config.json names it; float32 for a preset)",
+    )
+    gen.add_argument(
+        "--quant",
+        choices=tuple(QUANT_NAMES),
+        help="store the matmul weights in int8 or int4 (group-wise scales), rebuilt on the "
+        "device at each step: only the quantized bytes stay on the host and cross PCIe",
     )
     gen.add_argument(
         "--cost-model",
@@ -273,8 +286,9 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
     return weights
 
 
-def _chat_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """The chat's messages: --messages FILE.json, or --prompt as the user's message."""
+def _chat_messages(args: argparse.Namespace) -> Any:
+    """The chat's messages: --messages FILE.json, or --prompt as the user's message (each
+    of several --prompt its own conversation, one sequence of the batch)."""
     if args.messages is not None and args.prompt is not None:
         raise GenerationError(
             "give --prompt (the user's message) or --messages FILE.json, not both"
@@ -284,7 +298,8 @@ def _chat_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise GenerationError(
                 "--chat needs the user's message as --prompt TEXT, or --messages FILE.json"
             )
-        return [{"role": "user", "content": args.prompt}]
+        chats = [[{"role": "user", "content": text}] for text in args.prompt]
+        return chats[0] if len(chats) == 1 else chats
     try:
         return json.loads(Path(args.messages).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as err:
@@ -297,7 +312,8 @@ def _chat_messages(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
-    """(prompt ids or text, tokenizer or None)."""
+    """(prompt ids [batch, prompt_len] – or, for several --prompt of different lengths,
+    one id list per prompt, which `generate` pads –, tokenizer or None)."""
     batch = args.batch or 1
     if args.chat or args.messages is not None:
         messages = _chat_messages(args)
@@ -315,7 +331,18 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
     if not source:
         raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
     tokenizer = load_tokenizer(source)
-    ids = encode(tokenizer, args.prompt, batch)
+    texts = args.prompt
+    if len(texts) > 1 and args.batch is not None and args.batch != len(texts):
+        raise GenerationError(
+            f"--batch {args.batch} but {len(texts)} prompts are given (several --prompt make "
+            "the batch: leave --batch out)"
+        )
+    rows = [encode(tokenizer, text, 1)[0] for text in texts]
+    if len({len(row) for row in rows}) > 1:
+        if args.prompt_len is not None:
+            raise GenerationError("--prompt-len is for one prompt length: leave it out")
+        return [list(row) for row in rows], tokenizer
+    ids = np.array(rows) if len(rows) > 1 else np.repeat(np.array(rows), batch, axis=0)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
         raise GenerationError(
             f"--prompt encodes to {ids.shape[1]} tokens but --prompt-len is {args.prompt_len}"
@@ -353,6 +380,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,
+                quant=args.quant,
                 run=None,  # run below: the host memory is checked before weights are drawn
             )
         _print_plans(planned, why, console)
@@ -365,15 +393,21 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
                 check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
-                values = program_weights(cfg, weights, dtype, checkpoint)
+                values = planned.spec.program_weights(
+                    program_weights(cfg, weights, dtype, checkpoint)
+                )
                 started = time.perf_counter()
+                ids = prompt if planned.prompt_lengths is None else pad_prompts(
+                    prompt, cfg.vocab_size
+                )[0]
                 ran = run_stopping(
-                    planned.plan, values, np.asarray(prompt), stopping, tokenizer,
+                    planned.plan, values, np.asarray(ids), stopping, tokenizer,
                     running.backend, running.mode,
                 )  # fmt: skip
                 seconds = time.perf_counter() - started
             _print_run(planned, ran, seconds, checkpoint is None, console)
-            _print_tokens(np.asarray(prompt), ran, tokenizer, console)
+            prompts = unpadded(np.asarray(ids), planned.prompt_lengths, planned.spec.prompt_len)
+            _print_tokens(prompts, ran, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
@@ -388,11 +422,15 @@ def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
         f"sampled (temperature {spec.sampling.temperature}, top-k {spec.sampling.top_k})"
     )  # fmt: skip
     rows = [
-        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype} ({dtype_why})"),
+        (
+            "model",
+            f"{spec.cfg.name} ({spec.family.name}), {spec.dtype} ({dtype_why})"
+            f"{_quant_note(spec)}",
+        ),
         (
             "generation",
-            f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
-            f"{how}, KV pages of {spec.page_size}",
+            f"batch {spec.batch}, prompt {_prompt_lengths(spec)}, {spec.new_tokens} new "
+            f"tokens, {how}, KV pages of {spec.page_size}",
         ),
         ("budget", str(out.plan.budget)),
         *out.stats.rows(),
@@ -401,6 +439,21 @@ def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
+
+
+def _prompt_lengths(spec: Any) -> str:
+    """The prompt length, and for a ragged batch each prompt's: "7 (lengths 3, 7; left
+    padded)"."""
+    if spec.lengths is None:
+        return str(spec.prompt_len)
+    return f"{spec.prompt_len} (lengths {', '.join(map(str, spec.lengths))}; left padded)"
+
+
+def _quant_note(spec: Any) -> str:
+    """What the model row adds for a quantized generation (its bits and group), or nothing."""
+    if spec.quant is None:
+        return ""
+    return f", weights int{spec.quant.bits} (groups of up to {spec.quant.group})"
 
 
 def _largest(out: Generation) -> Any:
@@ -445,7 +498,7 @@ def _print_run(
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
     tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)
     if tokens < planned.spec.tokens:
-        kept = ", ".join(map(str, ran.lengths))
+        kept = ", ".join(map(str, ran.new_lengths))
         rows.append(("stopped", f"{tokens} of {planned.spec.tokens} tokens kept ({kept})"))
     in_plans = sum(r.seconds for r in reports)
     rows.append(
@@ -470,11 +523,12 @@ PROMPT_END = " | "
 """What the token lines put between the prompt and the new tokens."""
 
 
-def _print_tokens(prompt: np.ndarray, ran: Stopped, tokenizer: Any, console: Console) -> None:
-    """Each sequence, the prompt then the new tokens it kept, `PROMPT_END` between them:
-    ids, or the text with a tokenizer (ending before a stop string)."""
+def _print_tokens(prompt: Any, ran: Stopped, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt (without its padding) then the new tokens it kept,
+    `PROMPT_END` between them: ids, or the text with a tokenizer (ending before a stop
+    string)."""
     lines = []
-    for i, (head, kept) in enumerate(zip(prompt, ran.lengths, strict=True)):
+    for i, (head, kept) in enumerate(zip(prompt, ran.new_lengths, strict=True)):
         tail = ran.new_ids[i, :kept]
         if tokenizer is None:
             line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))

@@ -44,6 +44,8 @@ __all__ = [
     "quantize_weights",
     "quantized_inputs",
     "dequantized_weight",
+    "quantized_weight_inputs",
+    "rebuilt_weight",
 ]
 
 BITS = (8, 4)
@@ -170,10 +172,30 @@ def dequantized_weight(
 ) -> Tensor:
     """Declare the quantized inputs of weight `name` (role "weight") and return the
     float weight of `shape` and `dtype` rebuilt from them by tasks of `prog`."""
+    q, scale = quantized_weight_inputs(prog, name, shape, dtype, quant)
+    return rebuilt_weight(prog, name, q, scale, shape, quant)
+
+
+def quantized_weight_inputs(
+    prog: Program, name: str, shape: tuple[int, ...], dtype: str, quant: Quantization
+) -> tuple[Tensor, Tensor]:
+    """Declare the inputs `{name}.q` and `{name}.scale` (role "weight") of a weight of
+    `shape` stored as `quant` says, scales in `dtype`."""
     stored = quant.stored(shape, dtype)
     q = prog.input(f"{name}.q", *stored["q"], role="weight")
     scale = prog.input(f"{name}.scale", *stored["scale"], role="weight")
-    axes = _letters(len(stored["q"][0]))
+    return q, scale
+
+
+def rebuilt_weight(
+    prog: Program, name: str, q: Tensor, scale: Tensor, shape: tuple[int, ...], quant: Quantization
+) -> Tensor:
+    """The float weight of `shape` (in the scales' dtype) rebuilt from its quantized
+    inputs `q` and `scale` by tasks of `prog` (the module docstring says which). A
+    generation program calls this once per step that reads the weight, so each step's
+    float weight is a transient of that step, never kept or moved between steps."""
+    dtype = scale.dtype
+    axes = _letters(q.ndim)
     cast = f"{axes}->{axes}"
     if quant.bits == 8:
         values = prog.einsum(cast, q, dtype=dtype, label=f"{name}.int8")

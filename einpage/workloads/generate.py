@@ -9,7 +9,11 @@ with the plans and their stats.
   folder as `save_pretrained` writes it (its `config.json` names the family; its
   safetensors are the weights unless given; its `tokenizer.json` encodes text).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
-  string, repeated `batch` times, or one string per sequence) with a tokenizer.
+  string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
+  of different lengths – a list of strings, or of id lists – are one ragged batch: left
+  padded to the longest, with each sequence's positions and an attention mask that hides
+  its padding (`GenerationSpec.lengths`), as Hugging Face generates with
+  `padding_side="left"`.
 * `messages=` instead of a prompt: a conversation (`[{"role": "user", "content": ...}]`,
   repeated `batch` times) or one per sequence, written as the checkpoint's chat template
   says (`einpage.workloads.chat`: as transformers' `apply_chat_template(...,
@@ -60,7 +64,8 @@ from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetenso
 from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
+from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
+from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.chat import ChatError, ChatTemplate, encode_chat
 from einpage.workloads.generation import (
@@ -95,6 +100,8 @@ __all__ = [
     "DEFAULT_DTYPE",
     "ChatTemplate",
     "Stopping",
+    "unpadded",
+    "quantized_weight_bytes",
 ]
 
 DEFAULT_DTYPE = "float32"
@@ -146,20 +153,22 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run=, messages=, chat_template=, stop=, eos="
+    "logits=, sampling=, plan=, run=, quant=, messages=, chat_template=, stop=, eos="
 )
 """`generate`'s parameters, as its errors list them."""
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate` made: `ids` [batch, prompt_len + n] (the prompt, then the new
-    tokens; None when not run), `new_ids` [batch, n], each step's `logits` when asked
-    for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
-    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`
-    (after a run, of the tokens kept). `lengths` [batch]: the new tokens each sequence
-    kept – all `new_tokens` unless it stopped (`stopping`: `einpage.workloads.stop`;
-    then n is the longest kept, and a shorter sequence's later ids are the pad id)."""
+    """What `generate` made: `ids` [batch, prompt_len + n] (the prompt – left padded in a
+    ragged batch, see `prompt_lengths` –, then the new tokens; None when not run),
+    `new_ids` [batch, n], each step's `logits` when asked for, `text` (each sequence
+    decoded without its padding and up to where it stopped, when a tokenizer was used),
+    the `plan` (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and
+    its `stats` (after a run, of the tokens kept). `new_lengths` [batch]: the new tokens
+    each sequence kept – all `new_tokens` unless it stopped (`stopping`:
+    `einpage.workloads.stop`; then n is the longest kept, and a shorter sequence's later
+    ids are the pad id)."""
 
     spec: GenerationSpec
     plan: UnrolledPlan | StepPlans
@@ -169,8 +178,11 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
-    lengths: np.ndarray | None = None
+    new_lengths: np.ndarray | None = None
     stopping: Stopping | None = None
+    prompt_lengths: tuple[int, ...] | None = None
+    """Each prompt's length in a ragged batch (None: every prompt is `prompt_len` long):
+    row i of `ids` starts with `prompt_len - prompt_lengths[i]` padding ids (0)."""
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
@@ -281,13 +293,25 @@ def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
     return sum(math.prod(shape) for shape in cfg.weight_shapes().values()) * size
 
 
+def quantized_weight_bytes(cfg: ModelConfig, quant: Quantization, dtype: str) -> int:
+    """Bytes of the quantized inputs (`{name}.q`, `{name}.scale` in `dtype`) that
+    `GenerationSpec.program_weights` makes beside the float weights it is given."""
+    total = 0
+    shapes = cfg.weight_shapes()
+    for name in cfg.quantized_weights():
+        for shape, stored in quant.stored(shapes[name], dtype).values():
+            total += math.prod(shape) * dtypes.itemsize(dtypes.canonical(stored))
+    return total
+
+
 def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str | None) -> int:
     """The host memory a run of `plan` on `backend` needs, checked against what is
     available now (`einpage_core.host.available_memory`) before anything is allocated;
     `HostMemoryError` with the numbers when it does not fit. `weights` says what the
     run will make besides the plans' own needs (`host_bytes`): "random" (drawn, one weight
     at a time in float32 at most, then cast), "checkpoint" (read, one tensor at a time
-    converted), or None (the caller holds them already)."""
+    converted), or None (the caller holds them already); a quantized generation also
+    holds the weights' quantized copy (`quantized_weight_bytes`)."""
     spec = plan.spec
     chosen = runtime.get_backend(backend, dtypes={spec.dtype})  # as the run will choose
     rows = []
@@ -298,6 +322,9 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
         rows.append((held + scratch, f"the weights in {spec.dtype}, {weights}, "
                      f"{format_bytes(held)}, and one weight's {format_bytes(scratch)} "
                      "while it is made"))  # fmt: skip
+    if spec.quant is not None:
+        stored = quantized_weight_bytes(spec.cfg, spec.quant, spec.dtype)
+        rows.append((stored, f"their int{spec.quant.bits} copy, {format_bytes(stored)}"))
     runs = plan.host_bytes(chosen)
     parts = ["the plans' host storage", "the inputs"]
     if chosen.arena_on_host:
@@ -325,8 +352,9 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
 
 def _prompt_ids(
     prompt: Any, tokenizer: Any, checkpoint: Path | None, batch: int | None, vocab: int
-) -> tuple[np.ndarray, Any]:
-    """The prompt as ids, and the tokenizer used (None for ids)."""
+) -> tuple[np.ndarray, Any, tuple[int, ...] | None]:
+    """The prompt as ids [batch, prompt_len] (left padded when the prompts have different
+    lengths), the tokenizer used (None for ids) and the prompts' lengths when ragged."""
     if prompt is None:
         raise GenerationError("a prompt is needed: token ids [batch, prompt_len] or text")
     if isinstance(prompt, Mapping):
@@ -338,10 +366,13 @@ def _prompt_ids(
         isinstance(prompt, Sequence) and bool(prompt) and all(isinstance(p, str) for p in prompt)
     )
     if not is_text:
-        ids = check_tokens(prompt, vocab)
+        if _is_ragged(prompt):
+            ids, lengths = pad_prompts(prompt, vocab)
+        else:
+            ids, lengths = check_tokens(prompt, vocab), None
         if batch is not None and ids.shape[0] != batch:
             raise GenerationError(f"batch={batch} but the prompt has {ids.shape[0]} rows")
-        return ids, None
+        return ids, None, lengths
     if tokenizer is None:
         found = None if checkpoint is None else text.find_tokenizer(checkpoint)
         if found is None:
@@ -349,7 +380,34 @@ def _prompt_ids(
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
-    return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
+    if isinstance(prompt, str) or len({len(tokenizer.encode(p).ids) for p in prompt}) == 1:
+        return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer, None
+    if batch is not None and len(prompt) != batch:
+        raise GenerationError(f"batch={batch} but {len(prompt)} prompts are given")
+    rows = []
+    for i, line in enumerate(prompt):
+        rows.append(tokenizer.encode(line).ids)
+        if not rows[-1]:
+            raise GenerationError(f"prompt {i} ({line!r}) encodes to no tokens")
+    ids, lengths = pad_prompts(rows, vocab)
+    return ids, tokenizer, lengths
+
+
+def _is_ragged(prompt: Any) -> bool:
+    """Whether `prompt` is a list of id rows of different lengths (a ragged batch)."""
+    if isinstance(prompt, np.ndarray) or not isinstance(prompt, Sequence) or not prompt:
+        return False
+    if not all(isinstance(row, Sequence | np.ndarray) for row in prompt):
+        return False
+    return len({len(row) for row in prompt}) > 1 or any(len(row) == 0 for row in prompt)
+
+
+def unpadded(ids: np.ndarray, lengths: tuple[int, ...] | None, prompt_len: int) -> list[Any]:
+    """Each row of `ids` [batch, prompt_len + n] without its left padding (all of each
+    row when not ragged)."""
+    if lengths is None:
+        return list(ids)
+    return [row[prompt_len - n :] for row, n in zip(ids, lengths, strict=True)]
 
 
 def _chat_ids(
@@ -402,6 +460,7 @@ def generate(
     chat_template: ChatTemplate | None = None,
     stop: Any = (),
     eos: Any = None,
+    quant: Any = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -417,7 +476,11 @@ def generate(
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
     is planned and how it runs. `messages` (instead of `prompt`) and `chat_template`:
-    a chat prompt; `stop` and `eos`: when sequences stop (module docstring).
+    a chat prompt; `stop` and `eos`: when sequences stop (module docstring). `quant`:
+    "int8" or "int4" (or an `einpage.quantize.Quantization`) plans and runs the model
+    with those weights quantized (`GenerationSpec.quant`): the weights given are float,
+    quantized here before the run; only the quantized bytes are kept on the host and
+    cross PCIe.
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -442,10 +505,11 @@ def generate(
                 "give a prompt or messages, not both (messages are the chat's prompt)"
             )
         ids, used = _chat_ids(messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size)
+        lengths = None
     else:
         if chat_template is not None:
             raise ChatError("chat_template= is for messages=: give the chat's messages too")
-        ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+        ids, used, lengths = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
     stopping = checkpoint_stopping(checkpoint, eos, stop)
     if stopping.strings and used is None:
         raise GenerationError(
@@ -455,19 +519,20 @@ def generate(
     source = None if run is None else _weights_source(cfg, weights, checkpoint)
     dtype, _ = choose_dtype(dtype, checkpoint)
     spec = GenerationSpec(
-        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
-    )
+        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
+        quant, lengths,
+    )  # fmt: skip
     planned = plan_generation(spec, budget, plan)
     stats = planned.stats()
     if run is None:
-        return Generation(spec, planned, stats)
+        return Generation(spec, planned, stats, prompt_lengths=spec.lengths)
     reads = isinstance(source, Path)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
-    values = _read_weights(cfg, source, spec.dtype)
+    values = spec.program_weights(_read_weights(cfg, source, spec.dtype))
     out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
     full = np.concatenate([ids, out.new_ids], axis=1)
     stats = kept_stats(planned, stats, out)
     return Generation(
         spec, planned, stats, full, out.new_ids, out.logits, out.text, out.reports,
-        out.lengths, stopping,
+        out.new_lengths, stopping, spec.lengths,
     )  # fmt: skip

@@ -60,6 +60,8 @@ from einpage.models.errors import GenerationBudgetError, GenerationError
 from einpage.models.generation import (
     DEFAULT_PAGE_SIZE,
     check_generation,
+    check_lengths,
+    check_quant,
     check_tokens,
     decode_inputs,
     decode_program,
@@ -69,6 +71,7 @@ from einpage.models.generation import (
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
+from einpage.program.quantize import Quantization, quantize_weights
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
@@ -226,8 +229,13 @@ def planning_homes(argument: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class GenerationSpec:
     """What a generation plan is for: the model, the shapes, the KV cache's page size and
-    how tokens are chosen. Checked once, here (`check_generation`: `GenerationError`
-    naming the bad value); `generate` and `plan_generation` take it as it is."""
+    how tokens are chosen; `quant` (a `Quantization`, "int8" or "int4"; None: float
+    weights) stores the weights the model quantizes in fewer bits
+    (`einpage.program.quantize`); `lengths` (one per sequence, each at most
+    `prompt_len`; None: every prompt is `prompt_len` long) makes a ragged batch, its
+    prompts left padded to `prompt_len` (`ragged`). Checked once, here (`check_generation`:
+    `GenerationError` naming the bad value); `generate` and `plan_generation` take it as
+    it is."""
 
     family: ModelFamily
     cfg: ModelConfig
@@ -238,6 +246,8 @@ class GenerationSpec:
     page_size: int = DEFAULT_PAGE_SIZE
     sampling: Sampling | None = None
     logits: bool = False
+    quant: Quantization | None = None
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         dtype = check_generation(
@@ -251,6 +261,33 @@ class GenerationSpec:
             self.sampling,
         )
         object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "quant", check_quant(self.quant))
+        if self.lengths is not None:
+            lengths = check_lengths(self.lengths, self.prompt_len, self.batch)
+            ragged = min(lengths) < self.prompt_len
+            object.__setattr__(self, "lengths", lengths if ragged else None)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the prompts have different lengths (left padded to `prompt_len`)."""
+        return self.lengths is not None
+
+    @property
+    def pads(self) -> tuple[int, ...] | None:
+        """Each sequence's left padding (None when not ragged)."""
+        if self.lengths is None:
+            return None
+        return tuple(self.prompt_len - n for n in self.lengths)
+
+    def program_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The weight inputs of the spec's programs from float `weights` (keyed by
+        `cfg.weight_shapes()`): as they are, or with `quant` quantized
+        (`quantize_weights`: `{name}.q` and `{name}.scale`, scales in the spec's dtype)."""
+        if self.quant is None:
+            return dict(weights)
+        return quantize_weights(
+            self.cfg, weights, self.quant.bits, self.quant.group, dtype=self.dtype
+        )
 
     @property
     def tokens(self) -> int:
@@ -289,6 +326,8 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             cache_outputs=cache_outputs,
+            quant=self.quant,
+            ragged=self.ragged,
         )
 
     def decode_program(self, pages: int, steps: int = 1) -> Program:
@@ -303,6 +342,8 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             positions=self.positions,
+            quant=self.quant,
+            ragged=self.ragged,
         )
 
 
@@ -651,8 +692,9 @@ class UnrolledPlan:
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         inputs = generation_inputs(
-            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed)
-        )
+            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed),
+            spec.lengths,
+        )  # fmt: skip
         with runtime.Session(self.plan, backend, mode=mode) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
@@ -874,7 +916,9 @@ class StepPlans:
         ids = _check_prompt(spec, tokens)
         gumbel = spec.gumbel(seed)
         first = None if gumbel is None else gumbel[:1]
-        prompt = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, None, first)
+        prompt = generation_inputs(
+            spec.family, spec.cfg, ids, 1, spec.dtype, None, first, spec.lengths
+        )
         positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
         prefill = self.prefill.program
         with runtime.Session(self.session_plans, backend, mode=mode) as session:
@@ -898,7 +942,7 @@ class StepPlans:
                 staged |= fresh
                 step = decode_inputs(
                     chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
-                    chunk.steps,
+                    chunk.steps, spec.pads,
                 )  # fmt: skip
                 if gumbel is not None:
                     step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]

@@ -198,13 +198,13 @@ def split_text(tokenizer: Any, prompt: np.ndarray, new: np.ndarray) -> tuple[str
 @dataclass(frozen=True)
 class Stopped:
     """A run with its stops applied: `new_ids` [batch, n] (n: the longest kept; masked
-    positions are the pad id), `lengths` [batch] (new tokens each keeps), each step's
+    positions are the pad id), `new_lengths` [batch] (new tokens each keeps), each step's
     `logits` [batch, n, vocab] when asked for (NaN where masked), the run `reports`,
     `text` (prompt and kept text per sequence, cut before a stop string; with a
     tokenizer), and `made`, the new tokens per sequence the plans computed."""
 
     new_ids: np.ndarray
-    lengths: np.ndarray
+    new_lengths: np.ndarray
     made: int
     logits: np.ndarray | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
@@ -213,7 +213,7 @@ class Stopped:
     @property
     def tokens(self) -> int:
         """Tokens kept, in all sequences (what tokens/s counts)."""
-        return int(self.lengths.sum())
+        return int(self.new_lengths.sum())
 
 
 def run_stopping(

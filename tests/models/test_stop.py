@@ -86,7 +86,7 @@ def test_one_sequence_stops_and_the_other_goes_on(setup, way):
                    plan=Planning(way=way))  # fmt: skip
     np.testing.assert_array_equal(out.ids, want)
     kept = first_at(free[0], eos) + 1
-    assert out.lengths.tolist() == [kept, NEW]
+    assert out.new_lengths.tolist() == [kept, NEW]
     assert out.stats.tokens == kept + NEW
     assert np.all(out.new_ids[0, kept:] == eos)  # masked with the pad id (here the eos)
 
@@ -100,11 +100,11 @@ def test_when_every_sequence_stops_step_plans_run_no_more(setup, way):
                    plan=Planning(way=way))  # fmt: skip
     np.testing.assert_array_equal(out.ids, want)
     kept = [min(first_at(free[b], e) for e in eos if e in free[b]) + 1 for b in range(2)]
-    assert out.lengths.tolist() == kept and max(kept) < NEW
+    assert out.new_lengths.tolist() == kept and max(kept) < NEW
     assert out.stats.tokens == sum(kept)
     full = generate(cfg, ids, NEW, "100%", weights=weights, page_size=4, eos=(), logits=True,
                     plan=Planning(way=way))  # fmt: skip
-    assert full.stats.tokens == 2 * NEW and full.lengths.tolist() == [NEW, NEW]
+    assert full.stats.tokens == 2 * NEW and full.new_lengths.tolist() == [NEW, NEW]
     # the kept tokens' logits are those of the unstopped run; masked ones are NaN
     for b, n in enumerate(kept):
         np.testing.assert_array_equal(out.logits[b, :n], full.logits[b, :n])
@@ -148,7 +148,7 @@ def test_the_checkpoints_eos_ids_stop_it_by_default(setup, checkpoint, way):
     out = generate(folder, ids, NEW, "100%", page_size=4, plan=Planning(way=way))
     assert out.stopping == Stopping(eos, pad_id=1)
     np.testing.assert_array_equal(out.ids, want)
-    assert max(out.lengths) < NEW
+    assert max(out.new_lengths) < NEW
     ignored = generate(folder, ids, NEW, "100%", page_size=4, eos=(), plan=Planning(way=way))
     np.testing.assert_array_equal(ignored.ids, hf_generate(hf, ids, NEW, NEVER, 0))
 
@@ -224,10 +224,10 @@ def test_stop_strings_cut_the_text_where_a_reference_cuts_it(text_checkpoint, wa
         want_text, want_kept = reference_cut(tok, free.ids[b, :prompt_len],
                                              free.ids[b, prompt_len:], [stop])  # fmt: skip
         assert out.text[b] == want_text
-        assert out.lengths[b] == want_kept
+        assert out.new_lengths[b] == want_kept
         np.testing.assert_array_equal(out.new_ids[b, :want_kept], free.new_ids[b, :want_kept])
-    assert out.lengths[0] < 10 and stop not in out.text[0][len(PROMPTS[0]) :]
-    assert out.stats.tokens == int(out.lengths.sum())
+    assert out.new_lengths[0] < 10 and stop not in out.text[0][len(PROMPTS[0]) :]
+    assert out.stats.tokens == int(out.new_lengths.sum())
 
 
 def test_the_command_line_stops_and_counts_the_tokens_kept(text_checkpoint, capsys):
@@ -241,7 +241,7 @@ def test_the_command_line_stops_and_counts_the_tokens_kept(text_checkpoint, caps
             "--ignore-eos"]  # fmt: skip
     assert main([*argv, "--stop", stop]) == EXIT_OK
     printed = capsys.readouterr().out
-    kept = int(out.lengths[0])
+    kept = int(out.new_lengths[0])
     assert f"{kept} of 10 tokens kept ({kept})" in printed
     line = printed.split("text (prompt | new)")[1].strip().splitlines()[0]
     assert "".join(line.split(None, 1)[1].replace(" | ", "", 1).split()) == "".join(
