@@ -1,9 +1,10 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
     einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
-                     [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
-                     [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
-                     [--dtype D] [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
+                     [--new-tokens N] [--prompt TEXT ...] [--sample] [--temperature T]
+                     [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
+                     [--run --backend B] [--dtype D] [--quant int8|int4]
+                     [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
@@ -15,10 +16,12 @@ tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json`
 the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
 `plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
 `--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
-text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens. A checkpoint
-runs in its own dtype unless `--dtype` says otherwise; `--chat` writes the prompt (the
-user's message) with its chat template, `--messages` a whole chat; a sequence stops at
-its end-of-sequence ids (not with `--ignore-eos`) or a `--stop` string.
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens; several
+`--prompt` are one batch, left padded to the longest. A checkpoint runs in its own dtype
+unless `--dtype` says otherwise; `--quant` stores its weights in int8 or int4; `--chat`
+writes each prompt (the user's message) with its chat template, `--messages` a whole
+chat; each sequence stops at its end-of-sequence ids (not with `--ignore-eos`) or a
+`--stop` string.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES, pad_prompts
+from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.workloads.chat import ChatTemplate, encode_chat
 from einpage.workloads.generate import (
     Generation,
@@ -59,7 +62,14 @@ from einpage.workloads.generate import (
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
 from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
-from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
+from einpage.workloads.text import (
+    decode,
+    encode_rows,
+    find_tokenizer,
+    load_tokenizer,
+    missing_tokenizer,
+    padded,
+)
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes
@@ -135,7 +145,8 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         action="append",
         help="the prompt as text (needs a tokenizer); several --prompt make a batch of "
-        "different prompts, left padded to the longest (no --batch needed)",
+        "different prompts, left padded to the longest (no --batch needed; with --chat, "
+        "each is the user's message of its own chat)",
     )
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
@@ -337,17 +348,23 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
             f"--batch {args.batch} but {len(texts)} prompts are given (several --prompt make "
             "the batch: leave --batch out)"
         )
-    rows = [encode(tokenizer, text, 1)[0] for text in texts]
+    rows = encode_rows(tokenizer, texts)
     if len({len(row) for row in rows}) > 1:
         if args.prompt_len is not None:
             raise GenerationError("--prompt-len is for one prompt length: leave it out")
-        return [list(row) for row in rows], tokenizer
+        return _rows_or_ids(rows), tokenizer
     ids = np.array(rows) if len(rows) > 1 else np.repeat(np.array(rows), batch, axis=0)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
         raise GenerationError(
             f"--prompt encodes to {ids.shape[1]} tokens but --prompt-len is {args.prompt_len}"
         )
     return ids, tokenizer
+
+
+def _rows_or_ids(rows: list[list[int]]) -> Any:
+    """Prompt rows as `generate` takes them: ids [batch, prompt_len] when they are as
+    long, else the lists (a ragged batch, which `generate` left pads)."""
+    return np.array(rows, dtype=np.int64) if len({len(r) for r in rows}) == 1 else rows
 
 
 def cmd_generate(args: argparse.Namespace, console: Console) -> int:
@@ -397,16 +414,14 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                     program_weights(cfg, weights, dtype, checkpoint)
                 )
                 started = time.perf_counter()
-                ids = prompt if planned.prompt_lengths is None else pad_prompts(
-                    prompt, cfg.vocab_size
-                )[0]
+                ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
                 ran = run_stopping(
-                    planned.plan, values, np.asarray(ids), stopping, tokenizer,
-                    running.backend, running.mode,
+                    planned.plan, values, ids, stopping, tokenizer, running.backend,
+                    running.mode,
                 )  # fmt: skip
                 seconds = time.perf_counter() - started
             _print_run(planned, ran, seconds, checkpoint is None, console)
-            prompts = unpadded(np.asarray(ids), planned.prompt_lengths, planned.spec.prompt_len)
+            prompts = unpadded(ids, planned.prompt_lengths, planned.spec.prompt_len)
             _print_tokens(prompts, ran, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)

@@ -380,16 +380,9 @@ def _prompt_ids(
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
-    if isinstance(prompt, str) or len({len(tokenizer.encode(p).ids) for p in prompt}) == 1:
-        return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer, None
-    if batch is not None and len(prompt) != batch:
+    if not isinstance(prompt, str) and batch is not None and len(prompt) != batch:
         raise GenerationError(f"batch={batch} but {len(prompt)} prompts are given")
-    rows = []
-    for i, line in enumerate(prompt):
-        rows.append(tokenizer.encode(line).ids)
-        if not rows[-1]:
-            raise GenerationError(f"prompt {i} ({line!r}) encodes to no tokens")
-    ids, lengths = pad_prompts(rows, vocab)
+    ids, lengths = text.encode_padded(tokenizer, prompt, vocab, batch)
     return ids, tokenizer, lengths
 
 

@@ -142,19 +142,21 @@ def checkpoint_stopping(
 class StopWatch:
     """Which sequences have stopped, and where, as new ids come in (`update`): `kept[b]`
     is the new tokens sequence b keeps (-1 while it runs), `cut[b]` its new text's
-    length up to a stop string (None when none stopped it)."""
+    length up to a stop string (None when none stopped it). `prompts` are each
+    sequence's prompt ids without padding (a ragged batch's left padding is not text):
+    only new ids are looked at, never the prompt's."""
 
-    def __init__(self, stopping: Stopping, prompt: np.ndarray, tokenizer: Any = None):
+    def __init__(self, stopping: Stopping, prompts: Sequence[np.ndarray], tokenizer: Any = None):
         if stopping.strings and tokenizer is None:
             raise GenerationError(
                 f"stop strings {list(stopping.strings)!r} need a tokenizer to read the text: "
                 "give a text prompt with a tokenizer, or stop at token ids (eos)"
             )
         self.stopping = stopping
-        self.prompt = np.asarray(prompt)
+        self.prompts = [np.asarray(p) for p in prompts]
         self.tokenizer = tokenizer
-        self.kept = np.full(self.prompt.shape[0], -1, np.int64)
-        self.cut: list[int | None] = [None] * self.prompt.shape[0]
+        self.kept = np.full(len(self.prompts), -1, np.int64)
+        self.cut: list[int | None] = [None] * len(self.prompts)
         self.seen = 0
 
     def update(self, new_ids: np.ndarray) -> bool:
@@ -167,7 +169,7 @@ class StopWatch:
                 if int(new_ids[b, t]) in eos:
                     self.kept[b] = t + 1
                 elif self.stopping.strings:
-                    at = self._string_at(self.prompt[b], new_ids[b, : t + 1])
+                    at = self._string_at(self.prompts[b], new_ids[b, : t + 1])
                     if at is not None:
                         self.kept[b], self.cut[b] = t + 1, at
         self.seen = new_ids.shape[1]
@@ -200,7 +202,7 @@ class Stopped:
     """A run with its stops applied: `new_ids` [batch, n] (n: the longest kept; masked
     positions are the pad id), `new_lengths` [batch] (new tokens each keeps), each step's
     `logits` [batch, n, vocab] when asked for (NaN where masked), the run `reports`,
-    `text` (prompt and kept text per sequence, cut before a stop string; with a
+    `text` (prompt, without padding, and kept text per sequence, cut before a stop string; with a
     tokenizer), and `made`, the new tokens per sequence the plans computed."""
 
     new_ids: np.ndarray
@@ -227,9 +229,13 @@ def run_stopping(
 ) -> Stopped:
     """Run `plan` on `prompt` [batch, prompt_len] with `stopping` applied (module
     docstring): step plans end once every sequence has stopped; an unrolled plan runs
-    whole, then its tokens after each stop are masked."""
+    whole, then its tokens after each stop are masked. In a ragged batch (the plan's
+    `spec.pads`) each sequence's left padding is left out of its text and its stop
+    strings' search."""
     prompt = np.asarray(prompt)
-    watch = StopWatch(stopping, prompt, tokenizer)
+    pads = plan.spec.pads or (0,) * prompt.shape[0]
+    prompts = [row[pad:] for row, pad in zip(prompt, pads, strict=True)]
+    watch = StopWatch(stopping, prompts, tokenizer)
     if isinstance(plan, StepPlans) and stopping.active:
         out = plan.run(weights, prompt, backend=backend, mode=mode, until=watch.update)
     else:
@@ -249,10 +255,10 @@ def run_stopping(
         texts = []
         for b, kept in enumerate(lengths):
             if watch.cut[b] is None:
-                whole = np.concatenate([prompt[b], out.ids[b, :kept]])
+                whole = np.concatenate([prompts[b], out.ids[b, :kept]])
                 texts.append(tokenizer.decode([int(i) for i in whole]))
             else:
-                prompt_text, new_text = split_text(tokenizer, prompt[b], out.ids[b, :kept])
+                prompt_text, new_text = split_text(tokenizer, prompts[b], out.ids[b, :kept])
                 texts.append(prompt_text + new_text[: watch.cut[b]])
     return Stopped(new_ids, lengths, made, logits, out.reports, texts)
 
