@@ -49,7 +49,7 @@ from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
-from einpage.workloads.chat import ChatTemplate, encode_chat
+from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
     Generation,
     Running,
@@ -323,8 +323,9 @@ def _chat_messages(args: argparse.Namespace) -> Any:
 
 
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
-    """(prompt ids [batch, prompt_len] – or, for several --prompt of different lengths,
-    one id list per prompt, which `generate` pads –, tokenizer or None)."""
+    """(prompt ids [batch, prompt_len] – or, for several --prompt (or chats) of
+    different lengths, one id list per prompt, which `generate` pads –, tokenizer or
+    None)."""
     batch = args.batch or 1
     if args.chat or args.messages is not None:
         messages = _chat_messages(args)
@@ -333,8 +334,8 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
             raise GenerationError(f"--chat: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
         template = ChatTemplate.of_checkpoint(checkpoint or source)
         tokenizer = load_tokenizer(source)
-        ids, _ = encode_chat(template, tokenizer, messages, batch)
-        return ids, tokenizer
+        rows, _ = chat_rows(template, tokenizer, messages, args.batch)
+        return _rows_or_ids(rows), tokenizer
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None

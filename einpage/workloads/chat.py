@@ -50,6 +50,7 @@ __all__ = [
     "ChatError",
     "ChatTemplate",
     "check_messages",
+    "chat_rows",
     "encode_chat",
 ]
 
@@ -247,15 +248,16 @@ def check_messages(messages: Any) -> list[list[dict[str, Any]]]:
     return checked
 
 
-def encode_chat(
+def chat_rows(
     template: ChatTemplate, tokenizer: Any, messages: Any, batch: int | None = None
-) -> tuple[np.ndarray, list[str]]:
-    """The token ids [batch, prompt_len] of each conversation of `messages` rendered by
-    `template` with the generation prompt, encoded by `tokenizer` (a
-    `tokenizers.Tokenizer`) without adding special tokens, as transformers'
-    `apply_chat_template(..., add_generation_prompt=True)`; and the rendered texts. One
-    conversation is repeated `batch` times; several must number `batch` when it is given.
-    """
+) -> tuple[list[list[int]], list[str]]:
+    """The token ids of each conversation of `messages` rendered by `template` with the
+    generation prompt, encoded by `tokenizer` (a `tokenizers.Tokenizer`) without adding
+    special tokens, as transformers' `apply_chat_template(...,
+    add_generation_prompt=True)` – one list per sequence, of any lengths (conversations
+    of different lengths are a ragged batch: `generate` left pads them) –, and the
+    rendered texts. One conversation is repeated `batch` times; several must number
+    `batch` when it is given."""
     from einpage.workloads import text
 
     conversations = check_messages(messages)
@@ -264,7 +266,23 @@ def encode_chat(
     rendered = [template.render(c) for c in conversations]
     if len(rendered) == 1 and batch is not None:
         rendered = rendered * batch
-    return text.encode(tokenizer, rendered, add_special_tokens=False), rendered
+    return text.encode_rows(tokenizer, rendered, add_special_tokens=False), rendered
+
+
+def encode_chat(
+    template: ChatTemplate, tokenizer: Any, messages: Any, batch: int | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """The token ids [batch, prompt_len] of the conversations of `messages` (as
+    `chat_rows`), and the rendered texts. `ChatError` when they encode to different
+    lengths: `chat_rows` gives those as lists, which `generate` left pads."""
+    rows, rendered = chat_rows(template, tokenizer, messages, batch)
+    lengths = sorted({len(row) for row in rows})
+    if len(lengths) > 1:
+        raise ChatError(
+            f"the conversations encode to different lengths {lengths}: one [batch, "
+            "prompt_len] array has one (chat_rows gives them as lists; generate pads them)"
+        )
+    return np.array(rows, dtype=np.int64), rendered
 
 
 def _special_tokens(config: Mapping[str, Any]) -> dict[str, str]:

@@ -67,7 +67,7 @@ from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
 from einpage.program.quantize import Quantization
 from einpage.workloads import text
-from einpage.workloads.chat import ChatError, ChatTemplate, encode_chat
+from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
 from einpage.workloads.generation import (
     GenerationSpec,
     GenerationStats,
@@ -410,9 +410,11 @@ def _chat_ids(
     checkpoint: Path | None,
     batch: int | None,
     vocab: int,
-) -> tuple[np.ndarray, Any]:
+) -> tuple[np.ndarray, Any, tuple[int, ...] | None]:
     """The ids of a chat prompt (`messages` as `template` writes them, by default the
-    checkpoint's, or that of the tokenizer's folder), and the tokenizer used."""
+    checkpoint's, or that of the tokenizer's folder), the tokenizer used, and each
+    conversation's length when they differ (a ragged batch, left padded to the longest,
+    as `_prompt_ids` pads prompts of different lengths)."""
     if tokenizer is None:
         found = None if checkpoint is None else text.find_tokenizer(checkpoint)
         if found is None:
@@ -430,8 +432,9 @@ def _chat_ids(
         raise ChatError(f"chat_template must be a ChatTemplate, got {type(template).__name__}")
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
-    ids, _ = encode_chat(template, tokenizer, messages, batch)
-    return check_tokens(ids, vocab), tokenizer
+    rows, _ = chat_rows(template, tokenizer, messages, batch)
+    ids, lengths = text.padded(rows, vocab)
+    return ids, tokenizer, lengths
 
 
 def generate(
@@ -497,8 +500,9 @@ def generate(
             raise GenerationError(
                 "give a prompt or messages, not both (messages are the chat's prompt)"
             )
-        ids, used = _chat_ids(messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size)
-        lengths = None
+        ids, used, lengths = _chat_ids(
+            messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size
+        )
     else:
         if chat_template is not None:
             raise ChatError("chat_template= is for messages=: give the chat's messages too")

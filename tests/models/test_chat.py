@@ -208,8 +208,8 @@ def test_the_generated_text_equals_transformers_generate(checkpoints, model, nam
 
 
 def test_a_batch_of_conversations(checkpoints, model):
-    """One conversation repeated (batch=2), and one per sequence (same length here: a
-    batch has one prompt length)."""
+    """One conversation repeated (batch=2), and one per sequence (of the same length
+    here; of different lengths below)."""
     folder, hf_tok = checkpoints["chatml"]
     first = [{"role": "user", "content": "What is a page?"}]
     second = [{"role": "user", "content": "What are pages?"}]
@@ -219,6 +219,58 @@ def test_a_batch_of_conversations(checkpoints, model):
     np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 4))
     out = generate(folder, messages=first, new_tokens=4, budget="100%", page_size=8, batch=2)
     np.testing.assert_array_equal(out.ids, hf_greedy(model, ids[[0, 0]], 4))
+
+
+@pytest.mark.parametrize("way", ["unrolled", "steps"])
+def test_conversations_of_different_lengths_are_a_ragged_batch(checkpoints, model, way):
+    """Each conversation its own length: left padded (id 0, masked) as transformers'
+    generate is given them with padding_side="left" and an attention mask, stopping at
+    the checkpoint's eos as transformers does."""
+    folder, hf_tok = checkpoints["chatml"]
+    chats = [CHATS["user"], CHATS["turns"]]
+    rows = [hf_chat_ids(hf_tok, c)[0] for c in chats]
+    assert len(rows[0]) < len(rows[1])
+    ids = np.zeros((2, len(rows[1])), np.int64)
+    mask = np.zeros_like(ids)
+    for b, row in enumerate(rows):
+        ids[b, ids.shape[1] - len(row) :], mask[b, ids.shape[1] - len(row) :] = row, 1
+    eos = model.config.eos_token_id
+    with torch.no_grad():
+        want = model.generate(
+            torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), max_new_tokens=5,
+            do_sample=False, eos_token_id=eos, pad_token_id=eos,
+        ).numpy()  # fmt: skip
+    out = generate(folder, messages=chats, new_tokens=5, budget="100%", page_size=8,
+                   plan=Planning(way=way))  # fmt: skip
+    assert out.prompt_lengths == (len(rows[0]), len(rows[1]))
+    np.testing.assert_array_equal(out.ids, want)
+    for b, row in enumerate(rows):  # the text leaves the padding out
+        kept = want[b, ids.shape[1] : ids.shape[1] + out.new_lengths[b]]
+        whole = np.concatenate([row, kept])
+        assert out.text[b] == hf_tok.decode(whole, skip_special_tokens=True)
+
+
+def test_a_chat_with_quantized_weights_equals_the_reference_evaluator(checkpoints, model):
+    import taskgraph
+    from einpage.models import llama
+    from einpage.program.quantize import Quantization
+    from einpage.workloads.generation import GenerationSpec
+
+    folder, hf_tok = checkpoints["chatml"]
+    ids = hf_chat_ids(hf_tok, CHATS["system"])
+    quant = Quantization(4, 16)
+    cfg = llama.LlamaConfig.from_hf(model.config)
+    spec = GenerationSpec(llama.FAMILY, cfg, 1, ids.shape[1], 5, page_size=8, quant=quant)
+    weights = spec.program_weights(llama.weights_from_state_dict(cfg, model.state_dict()))
+    inputs = {"tokens": ids, **llama.FAMILY.position_inputs(cfg, spec.positions, "float32")}
+    free = taskgraph.evaluate(spec.generation_program().build(), {**inputs, **weights})["ids"]
+    out = generate(folder, messages=CHATS["system"], new_tokens=5, budget="100%",
+                   page_size=8, quant=quant, eos=(), logits=True)  # fmt: skip
+    assert out.spec.quant == quant
+    np.testing.assert_array_equal(out.ids, np.concatenate([ids, free], axis=1))
+    floats = generate(folder, messages=CHATS["system"], new_tokens=5, budget="100%",
+                      page_size=8, eos=(), logits=True)  # fmt: skip
+    assert not np.allclose(out.logits, floats.logits, rtol=1e-4, atol=1e-4)  # int4 counted
 
 
 def joined(out):
@@ -246,6 +298,27 @@ def test_the_command_line_chat(checkpoints, model, tmp_path, capsys):
                          skip_special_tokens=True)  # fmt: skip
     assert main([*argv, "--chat", "--prompt", user]) == EXIT_OK
     assert joined(capsys.readouterr().out) == "".join(want.split())
+
+
+def test_the_command_line_chats_with_several_prompts(checkpoints, model, capsys):
+    """Each --prompt with --chat is the user's message of its own chat; chats of
+    different lengths are one ragged batch, each line its own chat's text."""
+    folder, hf_tok = checkpoints["chatml"]
+    users = ["Hello, how are you?", "What is a page? A page holds keys and values."]
+    chats = [[{"role": "user", "content": u}] for u in users]
+    out = generate(folder, messages=chats, new_tokens=4, budget="100%", page_size=8)
+    assert out.prompt_lengths is not None  # ragged
+    argv = ["generate", "--checkpoint", str(folder), "--budget", "100%", "--new-tokens", "4",
+            "--page-size", "8", "--chat", "--prompt", users[0], "--prompt", users[1],
+            "--run", "--backend", "numpy"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    printed = capsys.readouterr().out
+    assert "left padded" in printed
+    lines = printed.split("text (prompt | new)")[1].strip().splitlines()[:2]
+    for line, want in zip(lines, out.text, strict=True):
+        assert "".join(line.split(None, 1)[1].replace(" | ", "", 1).split()) == "".join(
+            want.split()
+        )
 
 
 # -- errors ------------------------------------------------------------------------------
