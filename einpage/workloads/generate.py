@@ -12,16 +12,18 @@ with the plans and their stats.
   string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
   of different lengths – a list of strings, or of id lists – are one ragged batch: left
   padded to the longest, with each sequence's positions and an attention mask that hides
-  its padding (`GenerationSpec.lengths`), as Hugging Face generates with
-  `padding_side="left"`.
+  its padding (`GenerationSpec.lengths`, `Generation.prompt_lengths`), as Hugging Face
+  generates with `padding_side="left"`.
 * `messages=` instead of a prompt: a conversation (`[{"role": "user", "content": ...}]`,
-  repeated `batch` times) or one per sequence, written as the checkpoint's chat template
-  says (`einpage.workloads.chat`: as transformers' `apply_chat_template(...,
-  add_generation_prompt=True)`), or as `chat_template=` (a `ChatTemplate`) says.
+  repeated `batch` times) or one per sequence (of different lengths: a ragged batch),
+  written as the checkpoint's chat template says (`einpage.workloads.chat`: as
+  transformers' `apply_chat_template(..., add_generation_prompt=True)`), or as
+  `chat_template=` (a `ChatTemplate`) says.
 * `stop=`: strings that end a sequence (with a tokenizer), and `eos=`: the ids that do
   (None: the checkpoint's `eos_token_id`; `()`: none), per sequence
-  (`einpage.workloads.stop`): step plans end once every sequence has stopped, an
-  unrolled plan's tokens after a stop are masked; the stats count the tokens kept.
+  (`einpage.workloads.stop`; a ragged batch's padding never stops one): step plans end
+  once every sequence has stopped, an unrolled plan's tokens after a stop are masked;
+  the stats count the tokens kept (`Generation.new_lengths`: each sequence's).
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
