@@ -1,13 +1,15 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
-    einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
+    einpage generate MODEL|--checkpoint DIR|--gguf FILE --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
                      [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
-`tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
+`tokenizer.json` for `--prompt` text); `--gguf` a GGUF file (llama.cpp's: config, weights
+and tokenizer in one file, planned in the file's float dtype unless `--dtype` says,
+`einpage.models.gguf`). It plans the prefill and decode steps
 (`einpage.workloads.generation`), prints each plan's stats and the simulated tokens/s on the
 cost model, and with `--run` executes the plan and prints its measured time and the
 tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
@@ -20,6 +22,7 @@ text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,16 +43,18 @@ from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.models.gguf import is_gguf, opened_gguf
 from einpage.workloads.generate import (
     Generation,
     Running,
     check_run_memory,
+    checkpoint_tokenizer,
     generate,
     program_weights,
     resolve_model,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
-from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
+from einpage.workloads.text import decode, encode, load_tokenizer, missing_tokenizer
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes
@@ -97,6 +102,9 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("model", nargs="?", metavar="MODEL", help="a model preset (llama:7b, ...)")
     gen.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained folder instead")
     gen.add_argument(
+        "--gguf", metavar="FILE", help="a GGUF file instead (llama, qwen2, mistral; its tokenizer)"
+    )
+    gen.add_argument(
         "--budget",
         "-b",
         required=True,
@@ -134,7 +142,10 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
+    gen.add_argument(
+        "--dtype",
+        help="float16, bfloat16, float32 or float64 (default float32; a GGUF file's own)",
+    )
     gen.add_argument(
         "--cost-model",
         choices=list(COST_MODELS),
@@ -157,17 +168,26 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _model(args: argparse.Namespace) -> Any:
-    """The config (a preset) or checkpoint path the arguments name."""
-    if args.model is not None and args.checkpoint is not None:
+    """The config (a preset) or checkpoint path (a folder or a GGUF file) the arguments
+    name."""
+    given = [f"MODEL {args.model!r}"] if args.model is not None else []
+    given += [f"--checkpoint {args.checkpoint!r}"] if args.checkpoint is not None else []
+    given += [f"--gguf {args.gguf!r}"] if args.gguf is not None else []
+    if len(given) > 1:
         raise GenerationError(
-            f"give a MODEL preset or --checkpoint DIR, not both (got {args.model!r} and "
-            f"--checkpoint {args.checkpoint!r})"
+            "give one of a MODEL preset, --checkpoint DIR or --gguf FILE, not both (got "
+            + " and ".join(given)
+            + ")"
         )
-    if args.model is None and args.checkpoint is None:
+    if not given:
         raise GenerationError(
             "give the model: a MODEL preset (family:size, e.g. llama:tiny; `einpage presets` "
-            "lists them) or --checkpoint DIR (a save_pretrained folder)"
+            "lists them), --checkpoint DIR (a save_pretrained folder) or --gguf FILE"
         )
+    if args.gguf is not None:
+        if not is_gguf(args.gguf):
+            raise GenerationError(f"--gguf {args.gguf!r}: a GGUF file's name ends in .gguf")
+        return Path(args.gguf)
     if args.checkpoint is not None:
         return Path(args.checkpoint)
     family, _, size = args.model.partition(":")
@@ -225,16 +245,23 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
-    source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+    source = args.tokenizer or (checkpoint and checkpoint_tokenizer(checkpoint))
     if not source:
         raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source) if isinstance(source, str | os.PathLike) else source
     ids = encode(tokenizer, args.prompt, batch)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
         raise GenerationError(
             f"--prompt encodes to {ids.shape[1]} tokens but --prompt-len is {args.prompt_len}"
         )
     return ids, tokenizer
+
+
+def _dtype(args: argparse.Namespace, checkpoint: Path | None) -> str:
+    """--dtype, else a GGUF file's own float dtype, else float32."""
+    if args.dtype is not None:
+        return args.dtype
+    return opened_gguf(checkpoint).dtype if is_gguf(checkpoint) else "float32"
 
 
 def cmd_generate(args: argparse.Namespace, console: Console) -> int:
@@ -256,7 +283,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 prompt,
                 args.new_tokens,
                 args.budget,
-                dtype=args.dtype,
+                dtype=_dtype(args, checkpoint),
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,

@@ -5,9 +5,11 @@
 weights, KV pages and activations), runs it (NumPy or CuPy runtime) and returns the ids
 with the plans and their stats.
 
-* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...) or a checkpoint
+* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...), a checkpoint
   folder as `save_pretrained` writes it (its `config.json` names the family; its
-  safetensors are the weights unless given; its `tokenizer.json` encodes text).
+  safetensors are the weights unless given; its `tokenizer.json` encodes text), or a
+  GGUF file (`.gguf`: config, weights and tokenizer from the one file,
+  `einpage.models.gguf`; quantized tensors dequantized on the host).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer.
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
@@ -53,6 +55,7 @@ from einpage.models.checkpoint import require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
+from einpage.models.gguf import is_gguf, opened_gguf
 from einpage.workloads import text
 from einpage.workloads.generation import (
     GenerationSpec,
@@ -154,6 +157,9 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     """(family, config, checkpoint folder or None) of a config or a checkpoint path."""
     if isinstance(model, ModelConfig):
         return family_of(model), model, None
+    if is_gguf(model):
+        opened = opened_gguf(model)
+        return opened.family, opened.config, Path(model)
     if isinstance(model, str | os.PathLike):
         config, _ = require_hf_config(model, "", caller="generate")
         kind = config.get("model_type")
@@ -225,6 +231,8 @@ def _read_weights(
     cfg: ModelConfig, source: Path | Mapping[str, Any], dtype: str
 ) -> dict[str, np.ndarray]:
     """The weights of a checked `source` (`_weights_source`) as arrays of `dtype`."""
+    if isinstance(source, Path) and is_gguf(source):
+        return opened_gguf(source).weights(dtype)
     if isinstance(source, Path):
         return weights_from_safetensors(cfg, source, dtype)
     return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}
@@ -303,13 +311,21 @@ def _prompt_ids(
             raise GenerationError(f"batch={batch} but the prompt has {ids.shape[0]} rows")
         return ids, None
     if tokenizer is None:
-        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        found = None if checkpoint is None else checkpoint_tokenizer(checkpoint)
         if found is None:
             raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
     return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
+
+
+def checkpoint_tokenizer(checkpoint: Path) -> Any:
+    """The tokenizer a checkpoint brings: a GGUF file's own (built from its vocabulary),
+    else the path of the `tokenizer.json` beside it, or None."""
+    if is_gguf(checkpoint):
+        return opened_gguf(checkpoint).tokenizer()
+    return text.find_tokenizer(checkpoint)
 
 
 def generate(
