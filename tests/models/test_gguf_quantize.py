@@ -66,3 +66,35 @@ def test_a_minimum_must_be_given_exactly_when_the_quantization_has_them():
 def test_flags_must_be_booleans():
     with pytest.raises(ConfigError, match="minimum must be True or False"):
         Quantization(8, 32, minimum="yes")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_cupy_kernels_rebuild_gguf_formats_as_numpy_on_the_cpu_stand_in(dtype):
+    """Every task of a LLaMA prefill whose weights have minimums and transposed groups –
+    uint4 and uint8 casts, the three-operand `a * b + c`, the transpose – run by the CuPy
+    backend's kernels on the CPU stand-in (`tests/runtime/cpu_cuda.py`) equals NumPy's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from cpu_cuda import CXX, fake_cupy
+    from dtype_checks import compare_every_task
+
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++)")
+    from einpage.cli.presets import random_inputs
+    from einpage.models import llama
+    from runtime.cupy_backend import CupyKernels
+
+    tiny = llama.PRESETS["tiny"]
+    quant = {
+        name: Quantization(4 if "attn" in name else 8, 32, minimum=True, transposed=spec)
+        for name, spec in ((s.name, s.transpose) for s in tiny.weight_specs())
+        if name in tiny.quantized_weights()
+    }
+    tg = llama.prefill_program(tiny, 1, 8, dtype, "last", quant=quant).build()
+    cp = fake_cupy()
+    counts = compare_every_task(
+        tg, random_inputs(tg, 0), CupyKernels(cp), to_device=cp.asarray, to_host=cp.asnumpy
+    )
+    assert counts["bit for bit"] >= 20, counts
