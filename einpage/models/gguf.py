@@ -4,8 +4,8 @@
 memory-mapped, never read whole) and returns a `GGUFModel`:
 
 * `config`: the family's config from the file's metadata (`general.architecture`
-  "llama" – "mistral" when `general.name` says Mistral, as transformers reads it – or
-  "qwen2"; any other architecture is refused by name, `UnsupportedConfigError`);
+  "llama" – Mistral when `general.name` contains "mistral": llama.cpp writes Mistral
+  as "llama" – or "qwen2"; any other architecture is refused by name, `UnsupportedConfigError`);
 * `source()`: a checkpoint source (`einpage.models.checkpoint.Source`) under the Hugging
   Face tensor names, so the families' weight specs load from it as from safetensors
   (`weights(dtype)`): quantized tensors are dequantized there, one tensor at a time;
@@ -79,7 +79,7 @@ ARCHITECTURES: dict[str, ModelFamily] = {
     "qwen2": qwen2.FAMILY,
 }
 """The GGUF architectures read (`general.architecture`), and their families. Mistral
-files say "llama" and are told by their `general.name`, as transformers tells them."""
+files say "llama" and are told by their `general.name`."""
 
 REQUIRED = ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
 """The metadata keys (under the architecture's name) every file must have."""

@@ -192,6 +192,24 @@ def test_the_file_dtype_is_the_default(files):
     assert from_gguf(files[1]["qwen2-q4k"]).dtype == "float32"  # every matrix is Q4_K
 
 
+def test_a_llama_file_named_mistral_is_mistral(tmp_path):
+    """llama.cpp writes Mistral as "llama"; its name tells. (transformers makes a name of
+    exactly "mistral" a Mistral, then fails in gguf 0.19 – "Unknown gguf model_type" – so
+    the reference here is transformers' LLaMA reading of the file: within the sliding
+    window the two compute the same.)"""
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama", layers=1), "llama", "Q8_0",
+                      name="Mistral-7B-Instruct-v0.2")  # fmt: skip
+    opened = from_gguf(path)
+    assert opened.family.name == "mistral"
+    theirs = _transformers(path)
+    with torch.no_grad():
+        want = theirs(torch.from_numpy(IDS)).logits.numpy()
+    inputs = llama.prefill_inputs(opened.config, IDS, dtype="float32")
+    prog = llama.prefill_program(opened.config, *IDS.shape, "float32").build()
+    got = taskgraph.evaluate(prog, {**opened.weights("float32"), **inputs})["logits"]
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+
+
 # -- bad files ---------------------------------------------------------------------------
 
 
@@ -252,6 +270,23 @@ def test_a_file_without_a_tokenizer_says_so(tmp_path):
     opened = from_gguf(_tiny_file(tmp_path / "t.gguf"))
     with pytest.raises(CheckpointError, match="has no tokenizer"):
         opened.tokenizer()
+
+
+def test_a_sentencepiece_vocabulary_is_refused_by_name(tmp_path):
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in [("embedding_length", 256), ("block_count", 1),
+                       ("attention.head_count", 4), ("feed_forward_length", 256)]:  # fmt: skip
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(["<unk>", "<s>", "</s>"])
+    writer.add_tensor("token_embd.weight", np.ones((3, 256), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UnsupportedConfigError, match="tokenizer model 'llama'.*gpt2"):
+        from_gguf(path).tokenizer()
 
 
 def test_random_k_blocks_have_finite_scales():
