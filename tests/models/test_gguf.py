@@ -272,20 +272,75 @@ def test_a_file_without_a_tokenizer_says_so(tmp_path):
         opened.tokenizer()
 
 
-def test_a_sentencepiece_vocabulary_is_refused_by_name(tmp_path):
-    path = tmp_path / "spm.gguf"
+def _vocabulary_file(path, model, tokens, types, scores=None, **flags):
     writer = gguf.GGUFWriter(str(path), "llama")
     for key, value in [("embedding_length", 256), ("block_count", 1),
                        ("attention.head_count", 4), ("feed_forward_length", 256)]:  # fmt: skip
         writer.add_uint32(f"llama.{key}", value)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(["<unk>", "<s>", "</s>"])
-    writer.add_tensor("token_embd.weight", np.ones((3, 256), np.float32))
+    writer.add_tokenizer_model(model)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    if scores is not None:
+        writer.add_token_scores(scores)
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    for flag, value in flags.items():
+        getattr(writer, f"add_{flag}")(value)
+    writer.add_tensor("token_embd.weight", np.ones((len(tokens), 256), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(UnsupportedConfigError, match="tokenizer model 'llama'.*gpt2"):
+    return path
+
+
+def sentencepiece_vocabulary():
+    """Llama 2's kind of vocabulary, small: <unk>, <s>, </s>, the 256 byte tokens, then
+    pieces with scores (no merges: they are implied by the scores)."""
+    tokens, types, scores = ["<unk>", "<s>", "</s>"], [2, 3, 3], [0.0, 0.0, 0.0]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [6] * 256
+    scores += [0.0] * 256
+    pieces = ["▁", "t", "h", "e", "a", "n", "i", "o", "s", "r", "▁t", "th", "he", "▁th",
+              "▁the", "an", "▁a", "▁an", "in", "on", "er", "▁in", "at", "is", "▁is"]  # fmt: skip
+    tokens += pieces
+    types += [1] * len(pieces)
+    scores += [-float(i) for i in range(len(pieces))]
+    tokens.append("<tool>")  # user-defined: matched whole
+    types.append(4)
+    scores.append(0.0)
+    return tokens, types, scores
+
+
+def test_a_sentencepiece_vocabulary_gives_transformers_ids(tmp_path):
+    tokens, types, scores = sentencepiece_vocabulary()
+    path = _vocabulary_file(tmp_path / "spm.gguf", "llama", tokens, types, scores)
+    ours = from_gguf(path).tokenizer()
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file="spm.gguf")
+    for text in ["the thin hen is in an inn", "  the  é 中 <tool> </s>x", "hat\nis"]:
+        assert ours.encode(text).ids == theirs(text).input_ids, text
+        ids = theirs(text).input_ids
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+
+
+def test_a_sentencepiece_file_without_the_space_prefix_gets_none(tmp_path):
+    """`tokenizer.ggml.add_space_prefix = false` is llama.cpp's word for "put no '▁'
+    before the text"; einpage follows the file (transformers' GGUF reader ignores the
+    flag, so it is no reference here)."""
+    tokens, types, scores = sentencepiece_vocabulary()
+    path = _vocabulary_file(tmp_path / "spm.gguf", "llama", tokens, types, scores,
+                            add_space_prefix=False, add_bos_token=False)  # fmt: skip
+    ours = from_gguf(path).tokenizer()
+    assert ours.encode("the is").tokens == ["th", "e", "▁is"]
+    assert ours.decode(ours.encode("the is").ids) == "the is"
+    prefixed = _vocabulary_file(tmp_path / "p.gguf", "llama", tokens, types, scores)
+    assert from_gguf(prefixed).tokenizer().encode("the is").tokens == ["<s>", "▁the", "▁is"]
+
+
+def test_another_tokenizer_model_is_refused_by_name(tmp_path):
+    path = _vocabulary_file(tmp_path / "t5.gguf", "t5", ["<pad>", "</s>", "<unk>"], [3, 3, 2])
+    with pytest.raises(UnsupportedConfigError, match="tokenizer model 't5'.*gpt2, llama"):
         from_gguf(path).tokenizer()
 
 
