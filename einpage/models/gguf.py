@@ -13,8 +13,9 @@ memory-mapped, never read whole) and returns a `GGUFModel`:
   minimums, the inputs of a program built with `quantization()` – so they stay
   quantized on the host and over the link and are dequantized on the device by tasks
   (`einpage.program.quantize.dequantized_weight`);
-* `tokenizer()`: a `tokenizers.Tokenizer` built from the file's vocabulary and merges
-  (byte-level BPE, `tokenizer.ggml.model` "gpt2"; others are refused by name).
+* `tokenizer()`: a `tokenizers.Tokenizer` built from the file's vocabulary
+  (`einpage.models.gguf_tokenizer`: byte-level BPE "gpt2" and sentencepiece "llama";
+  others are refused by name).
 
 Tensor types (`TYPES`): F32, F16 and BF16 as they are; the block formats Q8_0, Q4_0,
 Q4_1, Q4_K, Q5_K and Q6_K as a `Quantization` each (`BLOCK_FORMATS`: how a block's
@@ -488,9 +489,9 @@ class GGUFModel:
         return out
 
     def tokenizer(self) -> Any:
-        """A `tokenizers.Tokenizer` from the file's vocabulary and merges (module
-        docstring); `CheckpointError` when the file has none, `UnsupportedConfigError`
-        for a tokenizer model other than byte-level BPE ("gpt2")."""
+        """A `tokenizers.Tokenizer` from the file's vocabulary (`gguf_tokenizer`);
+        `CheckpointError` when the file has none, `UnsupportedConfigError` for a
+        tokenizer model other than "gpt2" (byte-level BPE) and "llama" (sentencepiece)."""
         from einpage.models.gguf_tokenizer import tokenizer_from_gguf
 
         return tokenizer_from_gguf(self.reader, self.where)
