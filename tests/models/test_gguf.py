@@ -19,7 +19,6 @@ from einpage.program.quantize import Quantization, dequantize, dequantized_weigh
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-pytest.importorskip("accelerate", reason="transformers loads GGUF files with accelerate")
 
 MIXED = {  # every supported type in one file: a Q4_K_M-like mixture and more
     "token_embd.weight": "Q8_0",
@@ -100,6 +99,7 @@ def files(tmp_path_factory):
 
 
 def _transformers(path):
+    pytest.importorskip("accelerate", reason="transformers loads GGUF models with accelerate")
     return transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     ).eval()
