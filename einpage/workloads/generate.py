@@ -56,6 +56,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
 from einpage.models.gguf import is_gguf, opened_gguf
+from einpage.models.weights import load_weights
 from einpage.workloads import text
 from einpage.workloads.generation import (
     GenerationSpec,
@@ -231,8 +232,8 @@ def _read_weights(
     cfg: ModelConfig, source: Path | Mapping[str, Any], dtype: str
 ) -> dict[str, np.ndarray]:
     """The weights of a checked `source` (`_weights_source`) as arrays of `dtype`."""
-    if isinstance(source, Path) and is_gguf(source):
-        return opened_gguf(source).weights(dtype)
+    if isinstance(source, Path) and is_gguf(source):  # read against `cfg`, checked
+        return load_weights(cfg.weight_specs(), opened_gguf(source).source(), dtype)
     if isinstance(source, Path):
         return weights_from_safetensors(cfg, source, dtype)
     return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}

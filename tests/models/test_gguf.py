@@ -6,6 +6,8 @@ tokenizer's ids against transformers', and bad files refused with typed errors."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from gguf_files import encode_tensor, gguf, hf_model, random_blocks, write_gguf
@@ -163,6 +165,22 @@ def test_greedy_generation_equals_transformers(files, name):
         )
     out = generate(str(path), ids, 5, "100%", page_size=4)
     np.testing.assert_array_equal(out.ids, want.numpy())
+
+
+def test_a_gguf_file_as_the_weights_of_a_config(files):
+    """`weights="model.gguf"` beside a config: read against that config, whose shapes
+    must match (a config of another size is refused naming the weight)."""
+    from einpage.errors import WeightError
+    from einpage.workloads.generate import generate
+
+    path = files[1]["qwen2-q4k"]
+    cfg = from_gguf(path).config
+    out = generate(cfg, IDS[:1, :5], 3, "100%", weights=str(path))
+    same = generate(str(path), IDS[:1, :5], 3, "100%")
+    np.testing.assert_array_equal(out.ids, same.ids)
+    smaller = dataclasses.replace(cfg, intermediate_size=256)
+    with pytest.raises(WeightError, match="mlp.w_gate"):
+        generate(smaller, IDS[:1, :5], 3, "100%", weights=str(path))
 
 
 def test_the_tokenizer_gives_transformers_ids(files):
