@@ -1,6 +1,6 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
-    einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
+    einpage generate MODEL|--checkpoint DIR|--gguf FILE --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT ...] [--sample] [--temperature T]
                      [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
                      [--run --backend B] [--dtype D] [--quant int8|int4]
@@ -9,7 +9,9 @@
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
-`tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
+`tokenizer.json` for `--prompt` text); `--gguf` a GGUF file (llama.cpp's: config, weights
+and tokenizer in one file, planned in the file's float dtype unless `--dtype` says,
+`einpage.models.gguf`). It plans the prefill and decode steps
 (`einpage.workloads.generation`), prints each plan's stats and the simulated tokens/s on the
 cost model, and with `--run` executes the plan and prints its measured time and the
 tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -49,11 +52,13 @@ from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
+from einpage.models.gguf import is_gguf
 from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
     Generation,
     Running,
     check_run_memory,
+    checkpoint_tokenizer,
     choose_dtype,
     generate,
     program_weights,
@@ -131,6 +136,9 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("model", nargs="?", metavar="MODEL", help="a model preset (llama:7b, ...)")
     gen.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained folder instead")
     gen.add_argument(
+        "--gguf", metavar="FILE", help="a GGUF file instead (llama, qwen2, mistral; its tokenizer)"
+    )
+    gen.add_argument(
         "--budget",
         "-b",
         required=True,
@@ -205,7 +213,7 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         "--dtype",
         type=_dtype,
         help=f"the weights' and activations' type: {', '.join(dtypes.FLOAT_DTYPES)} (default: "
-        "the checkpoint's own, as its config.json names it; float32 for a preset)",
+        "the checkpoint's own, as its config.json or GGUF file names it; float32 for a preset)",
     )
     gen.add_argument(
         "--quant",
@@ -235,17 +243,26 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _model(args: argparse.Namespace) -> Any:
-    """The config (a preset) or checkpoint path the arguments name."""
-    if args.model is not None and args.checkpoint is not None:
+    """The config (a preset) or checkpoint path (a folder or a GGUF file) the arguments
+    name."""
+    given = [f"MODEL {args.model!r}"] if args.model is not None else []
+    given += [f"--checkpoint {args.checkpoint!r}"] if args.checkpoint is not None else []
+    given += [f"--gguf {args.gguf!r}"] if args.gguf is not None else []
+    if len(given) > 1:
         raise GenerationError(
-            f"give a MODEL preset or --checkpoint DIR, not both (got {args.model!r} and "
-            f"--checkpoint {args.checkpoint!r})"
+            "give one of a MODEL preset, --checkpoint DIR or --gguf FILE, not both (got "
+            + " and ".join(given)
+            + ")"
         )
-    if args.model is None and args.checkpoint is None:
+    if not given:
         raise GenerationError(
             "give the model: a MODEL preset (family:size, e.g. llama:tiny; `einpage presets` "
-            "lists them) or --checkpoint DIR (a save_pretrained folder)"
+            "lists them), --checkpoint DIR (a save_pretrained folder) or --gguf FILE"
         )
+    if args.gguf is not None:
+        if not is_gguf(args.gguf):
+            raise GenerationError(f"--gguf {args.gguf!r}: a GGUF file's name ends in .gguf")
+        return Path(args.gguf)
     if args.checkpoint is not None:
         return Path(args.checkpoint)
     family, _, size = args.model.partition(":")
@@ -339,10 +356,10 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
-    source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+    source = args.tokenizer or (checkpoint and checkpoint_tokenizer(checkpoint))
     if not source:
         raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source) if isinstance(source, str | os.PathLike) else source
     texts = args.prompt
     if len(texts) > 1 and args.batch is not None and args.batch != len(texts):
         raise GenerationError(

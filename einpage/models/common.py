@@ -138,12 +138,15 @@ def weight_input(
     """A function `weight(name)` declaring the weight input `name` with its shape; with
     `quant` (an `einpage.program.quantize.Quantization`), the weights named in `quantized`
     (the model's `quantized_weights()`) are declared as their quantized inputs and rebuilt
-    on the device (`dequantized_weight`)."""
+    on the device (`dequantized_weight`). `quant` may also map weight names to their
+    own quantizations (a GGUF file's tensors each have their type): those named are
+    quantized, the others are not."""
     from einpage.program.quantize import dequantized_weight
 
     def weight(name: str) -> Tensor:
-        if quant is not None and name in quantized:
-            return dequantized_weight(prog, name, shapes[name], dtype, quant)
+        chosen = quant.get(name) if isinstance(quant, Mapping) else quant
+        if chosen is not None and (name in quantized or isinstance(quant, Mapping)):
+            return dequantized_weight(prog, name, shapes[name], dtype, chosen)
         return prog.input(name, shapes[name], dtype, role="weight")
 
     return weight
@@ -164,13 +167,13 @@ def cached_weight_input(
     from einpage.program.quantize import quantized_weight_inputs, rebuilt_weight
 
     declared: dict[str, Tensor] = {}
-    stored: dict[str, tuple[Tensor, Tensor]] = {}
+    stored: dict[str, dict[str, Tensor]] = {}
 
     def weight(name: str) -> Tensor:
         if quant is not None and name in quantized:
             if name not in stored:
                 stored[name] = quantized_weight_inputs(prog, name, shapes[name], dtype, quant)
-            return rebuilt_weight(prog, name, *stored[name], shapes[name], quant)
+            return rebuilt_weight(prog, name, stored[name], shapes[name], quant)
         if name not in declared:
             declared[name] = prog.input(name, shapes[name], dtype, role="weight")
         return declared[name]
@@ -282,11 +285,23 @@ def begin_prefill(
     if quant is not None:
         from einpage.program.quantize import Quantization
 
-        if not isinstance(quant, Quantization):
+        if isinstance(quant, Mapping):
+            shapes = cfg.weight_shapes()
+            for name, chosen in quant.items():
+                if name not in shapes:
+                    raise ProgramError(f"prefill_program: quant names {name!r}, not a weight")
+                if not isinstance(chosen, Quantization):
+                    raise ProgramError(
+                        f"prefill_program: quant[{name!r}] must be a Quantization, got {chosen!r}"
+                    )
+            suffix = "-quantized"
+        elif not isinstance(quant, Quantization):
             raise ProgramError(
-                f"prefill_program: quant must be an einpage.quantize.Quantization, got {quant!r}"
+                f"prefill_program: quant must be an einpage.quantize.Quantization (or a "
+                f"mapping of weight names to them), got {quant!r}"
             )
-        suffix = f"-int{quant.bits}"
+        else:
+            suffix = f"-int{quant.bits}"
     prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}{suffix}")
     quantized = cfg.quantized_weights() if quant is not None else frozenset()
     weight = weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)

@@ -5,9 +5,11 @@
 weights, KV pages and activations), runs it (NumPy or CuPy runtime) and returns the ids
 with the plans and their stats.
 
-* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...) or a checkpoint
+* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...), a checkpoint
   folder as `save_pretrained` writes it (its `config.json` names the family; its
-  safetensors are the weights unless given; its `tokenizer.json` encodes text).
+  safetensors are the weights unless given; its `tokenizer.json` encodes text), or a
+  GGUF file (`.gguf`: config, weights and tokenizer from the one file,
+  `einpage.models.gguf`; quantized tensors dequantized on the host).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
   of different lengths – a list of strings, or of id lists – are one ragged batch: left
@@ -67,6 +69,8 @@ from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
+from einpage.models.gguf import is_gguf, opened_gguf
+from einpage.models.weights import load_weights
 from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
@@ -191,6 +195,9 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     """(family, config, checkpoint folder or None) of a config or a checkpoint path."""
     if isinstance(model, ModelConfig):
         return family_of(model), model, None
+    if is_gguf(model):
+        opened = opened_gguf(model)
+        return opened.family, opened.config, Path(model)
     if isinstance(model, str | os.PathLike):
         config, _ = require_hf_config(model, "", caller="generate")
         kind = config.get("model_type")
@@ -210,10 +217,13 @@ def choose_dtype(dtype: str | None, checkpoint: Path | None) -> tuple[str, str]:
     """The dtype a generation is planned in, and why: `dtype` when given ("given"); else
     the checkpoint's own, as its config.json names it (`checkpoint_dtype`: "the
     checkpoint's"; a bfloat16 checkpoint planned in float32 would silently take twice
-    its memory); else `DEFAULT_DTYPE` ("the default"). `CheckpointError` when the
-    checkpoint names a dtype einpage does not plan in and none is given."""
+    its memory) or a GGUF file's float tensors are stored (`GGUFModel.dtype`); else
+    `DEFAULT_DTYPE` ("the default"). `CheckpointError` when the checkpoint names a dtype
+    einpage does not plan in and none is given."""
     if dtype is not None:
         return dtype, "given"
+    if checkpoint is not None and is_gguf(checkpoint):
+        return opened_gguf(checkpoint).dtype, "the GGUF file's"
     if checkpoint is not None:
         config, _ = require_hf_config(checkpoint, "", caller="generate")
         folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
@@ -279,6 +289,8 @@ def _read_weights(
     cfg: ModelConfig, source: Path | Mapping[str, Any], dtype: str
 ) -> dict[str, np.ndarray]:
     """The weights of a checked `source` (`_weights_source`) as arrays of `dtype`."""
+    if isinstance(source, Path) and is_gguf(source):  # read against `cfg`, checked
+        return load_weights(cfg.weight_specs(), opened_gguf(source).source(), dtype)
     if isinstance(source, Path):
         return weights_from_safetensors(cfg, source, dtype)
     return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}
@@ -376,7 +388,7 @@ def _prompt_ids(
             raise GenerationError(f"batch={batch} but the prompt has {ids.shape[0]} rows")
         return ids, None, lengths
     if tokenizer is None:
-        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        found = None if checkpoint is None else checkpoint_tokenizer(checkpoint)
         if found is None:
             raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found
@@ -437,6 +449,14 @@ def _chat_ids(
     rows, _ = chat_rows(template, tokenizer, messages, batch)
     ids, lengths = text.padded(rows, vocab)
     return ids, tokenizer, lengths
+
+
+def checkpoint_tokenizer(checkpoint: Path) -> Any:
+    """The tokenizer a checkpoint brings: a GGUF file's own (built from its vocabulary),
+    else the path of the `tokenizer.json` beside it, or None."""
+    if is_gguf(checkpoint):
+        return opened_gguf(checkpoint).tokenizer()
+    return text.find_tokenizer(checkpoint)
 
 
 def generate(
