@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.models.gguf import is_gguf
+from einpage.program.quantize import Quantization
 from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
     Generation,
@@ -61,8 +63,8 @@ from einpage.workloads.generate import (
     checkpoint_tokenizer,
     choose_dtype,
     generate,
-    program_weights,
     resolve_model,
+    run_weights,
     unpadded,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
@@ -428,9 +430,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
                 check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
-                values = planned.spec.program_weights(
-                    program_weights(cfg, weights, dtype, checkpoint)
-                )
+                values = run_weights(planned.spec, weights, checkpoint)
                 started = time.perf_counter()
                 ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
                 ran = run_stopping(
@@ -483,10 +483,15 @@ def _prompt_lengths(spec: Any) -> str:
 
 
 def _quant_note(spec: Any) -> str:
-    """What the model row adds for a quantized generation (its bits and group), or nothing."""
+    """What the model row adds for a quantized generation (its bits and group, or for one
+    quantization per weight – a GGUF file's – how many weights have each), or nothing."""
     if spec.quant is None:
         return ""
-    return f", weights int{spec.quant.bits} (groups of up to {spec.quant.group})"
+    if isinstance(spec.quant, Quantization):
+        return f", weights int{spec.quant.bits} (groups of up to {spec.quant.group})"
+    labels = Counter(q.label for q in spec.quant.values())
+    each = ", ".join(f"{n} {label}" for label, n in sorted(labels.items()))
+    return f", quantized weights as stored ({each})"
 
 
 def _largest(out: Generation) -> Any:

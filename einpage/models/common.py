@@ -163,17 +163,19 @@ def cached_weight_input(
     program reads every weight once per step. A quantized weight (with `quant`, one
     named in `quantized`) declares its quantized inputs once and is rebuilt from them at
     every call (`rebuilt_weight`): each step's float weight is a transient of that step,
-    so what stays on the host and crosses PCIe between steps is the quantized bytes."""
+    so what stays on the host and crosses PCIe between steps is the quantized bytes.
+    `quant` may map weight names to their own quantizations, as `weight_input`'s."""
     from einpage.program.quantize import quantized_weight_inputs, rebuilt_weight
 
     declared: dict[str, Tensor] = {}
     stored: dict[str, dict[str, Tensor]] = {}
 
     def weight(name: str) -> Tensor:
-        if quant is not None and name in quantized:
+        chosen = quant.get(name) if isinstance(quant, Mapping) else quant
+        if chosen is not None and (name in quantized or isinstance(quant, Mapping)):
             if name not in stored:
-                stored[name] = quantized_weight_inputs(prog, name, shapes[name], dtype, quant)
-            return rebuilt_weight(prog, name, stored[name], shapes[name], quant)
+                stored[name] = quantized_weight_inputs(prog, name, shapes[name], dtype, chosen)
+            return rebuilt_weight(prog, name, stored[name], shapes[name], chosen)
         if name not in declared:
             declared[name] = prog.input(name, shapes[name], dtype, role="weight")
         return declared[name]

@@ -46,11 +46,13 @@ program takes `positions` [batch, steps] and `kv.mask` [batch, pages, page_size]
 (`decode_inputs(..., pads=...)`). The cache keeps one slot index for the batch, so
 pages, buckets and the step loop are those of a batch of equal prompts.
 
-With `quant=` (int8 or int4, `einpage.program.quantize`), each weight the model
-quantizes is the inputs `{name}.q` and `{name}.scale` instead (`quantize_weights` makes
-them from float weights), rebuilt on the device by tasks at every step that reads it:
-each step's float weight is a transient of the step, and what the planner keeps on the
-host and moves is the quantized bytes.
+With `quant=` (int8 or int4, `einpage.program.quantize`; or one `Quantization` per
+weight, as a GGUF file stores them), each weight the model quantizes is the inputs
+`{name}.q` and `{name}.scale` (and `{name}.min`, with minimums) instead
+(`quantize_weights` makes them from float weights; a GGUF file holds them), rebuilt
+on the device by tasks at every step that reads it: each step's float weight is a
+transient of the step, and what the planner keeps on the host and moves is the
+quantized bytes.
 
 Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
 `positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
@@ -116,6 +118,7 @@ __all__ = [
     "check_page_size",
     "check_tokens",
     "check_quant",
+    "quant_by_weight",
     "check_lengths",
     "pad_prompts",
     "padding_inputs",
@@ -196,29 +199,66 @@ def check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
     return ids
 
 
-def check_quant(quant: Any) -> Quantization | None:
+def check_quant(quant: Any) -> Quantization | dict[str, Quantization] | None:
     """`quant` as a `Quantization` (None: float weights): a `Quantization`, or "int8" /
-    "int4" (the default group); `GenerationError` naming what is valid otherwise."""
+    "int4" (the default group); or a mapping of weight names to their own
+    `Quantization`s (a GGUF file's, `GGUFModel.quantization()`), as a dict (an empty one
+    is None); `GenerationError` naming what is valid otherwise."""
     if quant is None or isinstance(quant, Quantization):
         return quant
-    if quant in QUANT_NAMES:
+    if isinstance(quant, Mapping):
+        bad = {name: q for name, q in quant.items() if not isinstance(q, Quantization)}
+        if bad:
+            name, value = next(iter(bad.items()))
+            raise GenerationError(
+                f"quant maps weight names to einpage.quantize.Quantization, but "
+                f"{name!r} maps to {value!r}"
+            )
+        return dict(quant) or None
+    if isinstance(quant, str) and quant in QUANT_NAMES:
         return Quantization(bits=QUANT_NAMES[quant])
     raise GenerationError(
         f"quant must be one of {', '.join(map(repr, QUANT_NAMES))}, an "
-        f"einpage.quantize.Quantization or None, got {quant!r}"
+        f"einpage.quantize.Quantization, a mapping of weight names to them, or None, got "
+        f"{quant!r}"
     )
 
 
-def _quant_suffix(quant: Quantization | None) -> str:
-    return "" if quant is None else f"-int{check_quant(quant).bits}"  # type: ignore[union-attr]
+def quant_by_weight(cfg: ModelConfig, quant: Any) -> dict[str, Quantization]:
+    """Each quantized weight of `cfg` and its `Quantization`: one `quant` for every
+    weight the model quantizes (`cfg.quantized_weights()`), or a mapping's own (its names
+    checked against the program's weights: `GenerationError` naming one that is not)."""
+    quant = check_quant(quant)
+    if quant is None:
+        return {}
+    if isinstance(quant, Quantization):
+        return dict.fromkeys(sorted(cfg.quantized_weights()), quant)
+    shapes = cfg.weight_shapes()
+    unknown = sorted(name for name in quant if name not in shapes)
+    if unknown:
+        raise GenerationError(
+            f"quant names {unknown[0]!r}, not a weight of {cfg.name} (its weights: "
+            "cfg.weight_shapes())"
+        )
+    return quant
+
+
+def _quant_suffix(quant: Any) -> str:
+    """The programs' name suffix: `-int8`, `-int4`, or for one quantization per weight
+    the labels of those used (`-int8-uint4+min`)."""
+    quant = check_quant(quant)
+    if quant is None:
+        return ""
+    if isinstance(quant, Quantization):
+        return f"-int{quant.bits}"
+    return "".join(f"-{label}" for label in sorted({q.label for q in quant.values()}))
 
 
 def _weights(prog: Program, cfg: ModelConfig, dtype: str, quant: Any) -> Any:
     """The program's `weight(name)`: each weight one input, or with `quant` the weights
     the model quantizes as their quantized inputs, rebuilt at each use."""
-    quant = check_quant(quant)
-    quantized = cfg.quantized_weights() if quant is not None else frozenset()
-    return cached_weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)
+    quants = quant_by_weight(cfg, quant)
+    return cached_weight_input(prog, cfg.weight_shapes(), dtype, quants or None, quants)
 
 
 @dataclass
@@ -311,7 +351,7 @@ def generation_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     cache_outputs: bool = False,
-    quant: Quantization | None = None,
+    quant: Quantization | Mapping[str, Quantization] | None = None,
     ragged: bool = False,
 ) -> Program:
     """The prefill and `new_tokens - 1` decode steps of `family`'s model `cfg`, unrolled
@@ -452,7 +492,7 @@ def decode_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     positions: int | None = None,
-    quant: Quantization | None = None,
+    quant: Quantization | Mapping[str, Quantization] | None = None,
     ragged: bool = False,
 ) -> Program:
     """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then

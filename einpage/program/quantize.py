@@ -51,6 +51,7 @@ __all__ = [
     "quantize",
     "dequantize",
     "quantize_weights",
+    "quantize_each",
     "quantized_inputs",
     "dequantized_weight",
     "quantized_weight_inputs",
@@ -198,8 +199,20 @@ def quantize_weights(
     through. Round to nearest, per group of `group` elements along the last axis (see the
     module docstring)."""
     quant = Quantization(bits, group)
+    return quantize_each(cfg, weights, dict.fromkeys(cfg.quantized_weights(), quant), dtype)
+
+
+def quantize_each(
+    cfg: Any,
+    weights: Mapping[str, np.ndarray],
+    quants: Mapping[str, Quantization],
+    dtype: Any = None,
+) -> dict[str, np.ndarray]:
+    """The inputs of a program built with one `Quantization` per weight (`quants`, as a
+    GGUF file's tensors each have their type) from float weights: each weight named in
+    `quants` becomes `name.q`, `name.scale` (and `name.min`, with minimums), scales in
+    the weights' dtype or `dtype`; the others are passed through."""
     shapes = cfg.weight_shapes()
-    quantized = cfg.quantized_weights()
     out: dict[str, np.ndarray] = {}
     for name, array in weights.items():
         array = np.asarray(array)
@@ -207,10 +220,10 @@ def quantize_weights(
             raise ConfigError(
                 f"quantize_weights: {name} has shape {array.shape}, the config says {shapes[name]}"
             )
-        if name not in quantized:
+        if name not in quants:
             out[name] = array
             continue
-        q, scale, *minimum = quantize(array, quant)
+        q, scale, *minimum = quantize(array, quants[name])
         out[f"{name}.q"] = q
         out[f"{name}.scale"] = scale.astype(dtype or array.dtype)
         if minimum:

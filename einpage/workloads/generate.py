@@ -9,7 +9,8 @@ with the plans and their stats.
   folder as `save_pretrained` writes it (its `config.json` names the family; its
   safetensors are the weights unless given; its `tokenizer.json` encodes text), or a
   GGUF file (`.gguf`: config, weights and tokenizer from the one file,
-  `einpage.models.gguf`; quantized tensors dequantized on the host).
+  `einpage.models.gguf`; its quantized tensors planned and held quantized, rebuilt on
+  the device: `run_weights`).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
   string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
   of different lengths – a list of strings, or of id lists – are one ragged batch: left
@@ -68,7 +69,12 @@ from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetenso
 from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens, pad_prompts
+from einpage.models.generation import (
+    DEFAULT_PAGE_SIZE,
+    check_tokens,
+    pad_prompts,
+    quant_by_weight,
+)
 from einpage.models.gguf import is_gguf, opened_gguf
 from einpage.models.weights import load_weights
 from einpage.program.quantize import Quantization
@@ -108,6 +114,8 @@ __all__ = [
     "Stopping",
     "unpadded",
     "quantized_weight_bytes",
+    "run_weights",
+    "file_quantization",
 ]
 
 DEFAULT_DTYPE = "float32"
@@ -296,6 +304,32 @@ def _read_weights(
     return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}
 
 
+def run_weights(
+    spec: GenerationSpec, weights: Any, checkpoint: Path | None
+) -> dict[str, np.ndarray]:
+    """The inputs a run of `spec`'s plans reads for its weights, from what `generate` was
+    given (`weights`, else the checkpoint): a GGUF file planned with its own quantization
+    (`GGUFModel.quantization()`, `generate`'s default for one) gives its stored integers,
+    scales and minimums as they are (`GGUFModel.quantized`: never dequantized on the
+    host); other weights are read as floats in the spec's dtype and, with `spec.quant`,
+    quantized (`GenerationSpec.program_weights`)."""
+    source = _weights_source(spec.cfg, weights, checkpoint)
+    if isinstance(source, Path) and is_gguf(source) and spec.quant is not None:
+        opened = opened_gguf(source)
+        if opened.config == spec.cfg and spec.weight_quants == opened.quantization():
+            return opened.quantized(spec.dtype)
+    return spec.program_weights(_read_weights(spec.cfg, source, spec.dtype))
+
+
+def file_quantization(checkpoint: Path | None, quant: Any) -> Any:
+    """`quant` as given, else a GGUF checkpoint's own quantization (one `Quantization` per
+    block-quantized tensor, `GGUFModel.quantization()`; None when it has none): a GGUF
+    file's quantized tensors stay quantized on the host and over the link."""
+    if quant is not None or checkpoint is None or not is_gguf(checkpoint):
+        return quant
+    return opened_gguf(checkpoint).quantization() or None
+
+
 class HostMemoryError(GenerationError):
     """A run would need more host memory than is available (checked before any weight is
     read or drawn, so it fails in a second, not killed by the kernel minutes in)."""
@@ -307,13 +341,15 @@ def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
     return sum(math.prod(shape) for shape in cfg.weight_shapes().values()) * size
 
 
-def quantized_weight_bytes(cfg: ModelConfig, quant: Quantization, dtype: str) -> int:
-    """Bytes of the quantized inputs (`{name}.q`, `{name}.scale` in `dtype`) that
-    `GenerationSpec.program_weights` makes beside the float weights it is given."""
+def quantized_weight_bytes(cfg: ModelConfig, quant: Any, dtype: str) -> int:
+    """Bytes of the quantized inputs (`{name}.q`, `{name}.scale` and `{name}.min` in
+    `dtype`) of the weights `quant` quantizes (`quant_by_weight`: one `Quantization` for
+    all, or one per weight): what `GenerationSpec.program_weights` makes beside the float
+    weights it is given, or what `run_weights` reads from a GGUF file."""
     total = 0
     shapes = cfg.weight_shapes()
-    for name in cfg.quantized_weights():
-        for shape, stored in quant.stored(shapes[name], dtype).values():
+    for name, chosen in quant_by_weight(cfg, quant).items():
+        for shape, stored in chosen.stored(shapes[name], dtype).values():
             total += math.prod(shape) * dtypes.itemsize(dtypes.canonical(stored))
     return total
 
@@ -338,7 +374,8 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
                      "while it is made"))  # fmt: skip
     if spec.quant is not None:
         stored = quantized_weight_bytes(spec.cfg, spec.quant, spec.dtype)
-        rows.append((stored, f"their int{spec.quant.bits} copy, {format_bytes(stored)}"))
+        kind = f"int{spec.quant.bits}" if isinstance(spec.quant, Quantization) else "quantized"
+        rows.append((stored, f"their {kind} copy, {format_bytes(stored)}"))
     runs = plan.host_bytes(chosen)
     parts = ["the plans' host storage", "the inputs"]
     if chosen.arena_on_host:
@@ -498,7 +535,8 @@ def generate(
     "int8" or "int4" (or an `einpage.quantize.Quantization`) plans and runs the model
     with those weights quantized (`GenerationSpec.quant`): the weights given are float,
     quantized here before the run; only the quantized bytes are kept on the host and
-    cross PCIe.
+    cross PCIe. A GGUF file's quantized tensors are so by default (`quant=None`: the
+    file's own `Quantization`s, read as stored: `file_quantization`, `run_weights`).
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -535,8 +573,10 @@ def generate(
             f"stop={list(stopping.strings)!r}: stop strings need a tokenizer to read the "
             "text; give a text prompt (or messages) with a tokenizer, or stop at ids (eos=)"
         )
-    source = None if run is None else _weights_source(cfg, weights, checkpoint)
+    if run is not None:
+        _weights_source(cfg, weights, checkpoint)  # checked before anything is planned
     dtype, _ = choose_dtype(dtype, checkpoint)
+    quant = file_quantization(checkpoint, quant)
     spec = GenerationSpec(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
         quant, lengths,
@@ -545,9 +585,9 @@ def generate(
     stats = planned.stats()
     if run is None:
         return Generation(spec, planned, stats, prompt_lengths=spec.lengths)
-    reads = isinstance(source, Path)
+    reads = weights is None or isinstance(weights, str | os.PathLike)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
-    values = spec.program_weights(_read_weights(cfg, source, spec.dtype))
+    values = run_weights(spec, weights, checkpoint)
     out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
     full = np.concatenate([ids, out.new_ids], axis=1)
     stats = kept_stats(planned, stats, out)

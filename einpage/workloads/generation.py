@@ -67,11 +67,12 @@ from einpage.models.generation import (
     decode_program,
     generation_inputs,
     generation_program,
+    quant_by_weight,
 )
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
-from einpage.program.quantize import Quantization, quantize_weights
+from einpage.program.quantize import Quantization, quantize_each
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
@@ -231,11 +232,12 @@ class GenerationSpec:
     """What a generation plan is for: the model, the shapes, the KV cache's page size and
     how tokens are chosen; `quant` (a `Quantization`, "int8" or "int4"; None: float
     weights) stores the weights the model quantizes in fewer bits
-    (`einpage.program.quantize`); `lengths` (one per sequence, each at most
-    `prompt_len`; None: every prompt is `prompt_len` long) makes a ragged batch, its
-    prompts left padded to `prompt_len` (`ragged`). Checked once, here (`check_generation`:
-    `GenerationError` naming the bad value); `generate` and `plan_generation` take it as
-    it is."""
+    (`einpage.program.quantize`), or a mapping gives the weights it names their own
+    `Quantization`s (a GGUF file's: `GGUFModel.quantization()`); `lengths` (one per
+    sequence, each at most `prompt_len`; None: every prompt is `prompt_len` long) makes
+    a ragged batch, its prompts left padded to `prompt_len` (`ragged`). Checked once,
+    here (`check_generation`: `GenerationError` naming the bad value); `generate` and
+    `plan_generation` take it as it is."""
 
     family: ModelFamily
     cfg: ModelConfig
@@ -246,7 +248,7 @@ class GenerationSpec:
     page_size: int = DEFAULT_PAGE_SIZE
     sampling: Sampling | None = None
     logits: bool = False
-    quant: Quantization | None = None
+    quant: Quantization | Mapping[str, Quantization] | None = None
     lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -262,6 +264,7 @@ class GenerationSpec:
         )
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "quant", check_quant(self.quant))
+        quant_by_weight(self.cfg, self.quant)  # a mapping's names are the program's
         if self.lengths is not None:
             lengths = check_lengths(self.lengths, self.prompt_len, self.batch)
             ragged = min(lengths) < self.prompt_len
@@ -281,13 +284,18 @@ class GenerationSpec:
 
     def program_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The weight inputs of the spec's programs from float `weights` (keyed by
-        `cfg.weight_shapes()`): as they are, or with `quant` quantized
-        (`quantize_weights`: `{name}.q` and `{name}.scale`, scales in the spec's dtype)."""
+        `cfg.weight_shapes()`): as they are, or with `quant` quantized, each weight by its
+        own `Quantization` (`quantize_each`: `{name}.q`, `{name}.scale` and, with
+        minimums, `{name}.min`, scales in the spec's dtype)."""
         if self.quant is None:
             return dict(weights)
-        return quantize_weights(
-            self.cfg, weights, self.quant.bits, self.quant.group, dtype=self.dtype
-        )
+        return quantize_each(self.cfg, weights, self.weight_quants, dtype=self.dtype)
+
+    @property
+    def weight_quants(self) -> dict[str, Quantization]:
+        """Each quantized weight and its `Quantization` (`quant_by_weight`; empty when
+        the weights are float)."""
+        return quant_by_weight(self.cfg, self.quant)
 
     @property
     def tokens(self) -> int:
