@@ -138,3 +138,16 @@ def test_the_cli_generates_from_the_files_quantized_weights(files, capsys):
     ours = from_gguf(path).tokenizer()
     same = generate(str(path), "the hen", 3, "100%", tokenizer=ours)
     assert same.spec.quant and f"the hen | {same.text[0][len('the hen') :]}" in out
+
+
+def test_the_files_dtype_is_the_default_in_python_and_on_the_command_line(tmp_path, capsys):
+    """A bfloat16 GGUF plans in bfloat16 unless a dtype is given (`choose_dtype`, one
+    function for config.json and GGUF files), in `generate()` as with `--gguf`."""
+    path = write_gguf(tmp_path / "bf16.gguf", hf_model("llama"), "llama", "BF16")
+    assert generate(str(path), IDS, 2, "100%", run=None).spec.dtype == "bfloat16"
+    assert generate(str(path), IDS, 2, "100%", dtype="float32", run=None).spec.dtype == "float32"
+    code = main(["generate", "--gguf", str(path), "--prompt-len", "4", "--new-tokens", "2",
+                 "--budget", "100%"])  # fmt: skip
+    assert code == EXIT_OK
+    assert "bfloat16 (the GGUF file's)" in capsys.readouterr().out
+
