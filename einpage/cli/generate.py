@@ -72,7 +72,6 @@ from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run
 from einpage.workloads.text import (
     decode,
     encode_rows,
-    find_tokenizer,
     load_tokenizer,
     missing_tokenizer,
     padded,
@@ -348,11 +347,11 @@ def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tu
     batch = args.batch or 1
     if args.chat or args.messages is not None:
         messages = _chat_messages(args)
-        source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+        source = args.tokenizer or (checkpoint and checkpoint_tokenizer(checkpoint))
         if not source:
             raise GenerationError(f"--chat: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
         template = ChatTemplate.of_checkpoint(checkpoint or source)
-        tokenizer = load_tokenizer(source)
+        tokenizer = load_tokenizer(source) if isinstance(source, str | os.PathLike) else source
         rows, _ = chat_rows(template, tokenizer, messages, args.batch)
         return _rows_or_ids(rows), tokenizer
     if args.prompt is None:

@@ -89,6 +89,16 @@ FLOAT_TYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 """Unquantized tensor types and the dtype each is read as."""
 
 
+SPECIAL_TOKEN_IDS = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+"""The special tokens a chat template may read, and the metadata key (after
+`tokenizer.ggml.`) of each one's id."""
+
+
 def _import_gguf() -> Any:
     try:
         import gguf
@@ -487,6 +497,35 @@ class GGUFModel:
                     dtypes.numpy_dtype(dtype)
                 )
         return out
+
+    def chat_template(self) -> str | None:
+        """The file's chat template (`tokenizer.chat_template`, Jinja2 source), or None."""
+        template = _field(self.reader, "tokenizer.chat_template")
+        return None if template is None else str(template)
+
+    def special_tokens(self) -> dict[str, str]:
+        """The text of the special tokens the file names by id (`tokenizer.ggml.
+        bos_token_id`, `eos_token_id`, `unknown_token_id`, `padding_token_id`), under the
+        names a chat template reads them by (`bos_token`, `eos_token`, ...)."""
+        tokens = _field(self.reader, "tokenizer.ggml.tokens", [])
+        found = {}
+        for name, key in SPECIAL_TOKEN_IDS.items():
+            token_id = _field(self.reader, f"tokenizer.ggml.{key}")
+            if token_id is not None and 0 <= int(token_id) < len(tokens):
+                found[name] = str(tokens[int(token_id)])
+        return found
+
+    def eos_ids(self) -> tuple[int, ...]:
+        """The end-of-sequence id the file names (`tokenizer.ggml.eos_token_id`; empty
+        when it names none): where a generation stops by default, as transformers reads
+        the file's."""
+        eos = _field(self.reader, "tokenizer.ggml.eos_token_id")
+        return () if eos is None else (int(eos),)
+
+    def pad_id(self) -> int | None:
+        """The padding id the file names (`tokenizer.ggml.padding_token_id`), or None."""
+        pad = _field(self.reader, "tokenizer.ggml.padding_token_id")
+        return None if pad is None else int(pad)
 
     def tokenizer(self) -> Any:
         """A `tokenizers.Tokenizer` from the file's vocabulary (`gguf_tokenizer`);

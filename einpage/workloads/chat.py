@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from einpage.models.errors import CheckpointError, GenerationError
+from einpage.models.gguf import is_gguf, opened_gguf
 from einpage_core.errors import MissingDependencyError
 
 __all__ = [
@@ -149,9 +150,12 @@ class ChatTemplate:
     def of_checkpoint(cls, folder: str | os.PathLike[str]) -> ChatTemplate:
         """The chat template of a checkpoint folder (or of the folder of a file in it):
         `chat_template.jinja`, else `tokenizer_config.json`'s `chat_template`, with the
-        special tokens of `tokenizer_config.json` (or `special_tokens_map.json`).
-        `ChatError` naming both places when neither has one."""
+        special tokens of `tokenizer_config.json` (or `special_tokens_map.json`); for a
+        GGUF file, its own (`of_gguf`). `ChatError` naming both places when neither has
+        one."""
         path = Path(folder)
+        if is_gguf(path):
+            return cls.of_gguf(path)
         folder = path if path.is_dir() else path.parent
         config = _json_object(folder / TOKENIZER_CONFIG_FILE) or {}
         special = _special_tokens(_json_object(folder / SPECIAL_TOKENS_FILE) or {})
@@ -186,6 +190,21 @@ class ChatTemplate:
                 f"{where}: chat_template must be a string, got {type(template).__name__}"
             )
         return cls(template, where, special)
+
+    @classmethod
+    def of_gguf(cls, path: str | os.PathLike[str]) -> ChatTemplate:
+        """The chat template of a GGUF file (`tokenizer.chat_template`) with the special
+        tokens it names by id (`GGUFModel.special_tokens`: its bos and eos tokens' text),
+        as transformers reads a template from the file. `ChatError` when it has none."""
+        opened = opened_gguf(path)
+        source = opened.chat_template()
+        if source is None:
+            raise ChatError(
+                f"a chat prompt needs the checkpoint's chat template, and the "
+                f"{opened.where} has none (no tokenizer.chat_template in its metadata); "
+                "give chat_template=ChatTemplate(source, where), or the prompt as plain text"
+            )
+        return cls(source, f"{opened.where} (tokenizer.chat_template)", opened.special_tokens())
 
     def render(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True

@@ -467,7 +467,7 @@ def _chat_ids(
     conversation's length when they differ (a ragged batch, left padded to the longest,
     as `_prompt_ids` pads prompts of different lengths)."""
     if tokenizer is None:
-        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        found = None if checkpoint is None else checkpoint_tokenizer(checkpoint)
         if found is None:
             raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found

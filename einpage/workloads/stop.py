@@ -30,6 +30,7 @@ import numpy as np
 
 from einpage.models.checkpoint import CONFIG_FILE
 from einpage.models.errors import CheckpointError, GenerationError
+from einpage.models.gguf import is_gguf, opened_gguf
 from einpage.workloads.generation import GenerationStats, StepPlans, UnrolledPlan
 
 __all__ = [
@@ -126,9 +127,13 @@ def checkpoint_stopping(
     """How a generation stops: `eos` – None for the checkpoint's own end-of-sequence ids
     (`generation_config.json`'s `eos_token_id`, else `config.json`'s; none without a
     checkpoint), `()` for none, or ids –, the stop `strings`, and the checkpoint's
-    `pad_token_id` for masked positions (the same files)."""
+    `pad_token_id` for masked positions (the same files); a GGUF file's own eos and pad
+    ids (`tokenizer.ggml.eos_token_id`, `padding_token_id`)."""
     pad = None
-    if checkpoint is not None:
+    if checkpoint is not None and is_gguf(checkpoint):
+        opened = opened_gguf(checkpoint)
+        own, pad = opened.eos_ids(), opened.pad_id()
+    elif checkpoint is not None:
         path = Path(checkpoint)
         folder = path if path.is_dir() else path.parent
         found = [_config_ids(folder, n) for n in (GENERATION_CONFIG_FILE, CONFIG_FILE)]

@@ -84,10 +84,13 @@ def write_gguf(
     name: str = "tiny",
     seed: int = 0,
     tokenizer: bool = True,
+    chat_template: str | None = None,
+    eos: int | None = None,
 ) -> Path:
     """Write the transformers model `hf_model` (LLaMA or Qwen2) to `path` as architecture
     `arch`, each tensor of llama.cpp name `n` as type `types[n]` (or the `types` for
-    every matrix; norms and biases stay F32). Returns `path`."""
+    every matrix; norms and biases stay F32), with a `chat_template` if given and `eos`
+    as the end-of-sequence id (default: "<|endoftext|>"'s). Returns `path`."""
     rng = np.random.default_rng(seed)
     cfg = hf_model.config
     sd = {k: v.detach().float().numpy() for k, v in hf_model.state_dict().items()}
@@ -136,9 +139,11 @@ def write_gguf(
         writer.add_token_list(tokens)
         writer.add_token_merges(merges)
         writer.add_token_types(token_types)
-        writer.add_eos_token_id(len(tokens) - 2)
+        writer.add_eos_token_id(len(tokens) - 2 if eos is None else eos)
         writer.add_bos_token_id(len(tokens) - 2)
         writer.add_add_bos_token(False)
+        if chat_template is not None:
+            writer.add_chat_template(chat_template)
     for hf, ours in names.items():
         if hf not in sd:  # LLaMA has no Q/K/V biases
             continue

@@ -151,3 +151,66 @@ def test_the_files_dtype_is_the_default_in_python_and_on_the_command_line(tmp_pa
     assert code == EXIT_OK
     assert "bfloat16 (the GGUF file's)" in capsys.readouterr().out
 
+
+TEMPLATE = (  # a ChatML-like template that reads the file's eos token by name
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT = [
+    {"role": "system", "content": "an inn"},
+    {"role": "user", "content": "the hen at the inn"},
+]
+
+
+def test_a_chat_uses_the_files_template_and_tokens_as_transformers(tmp_path, capsys):
+    """`generate(path, messages=...)` and `--chat` write the prompt with the file's
+    `tokenizer.chat_template` and its eos token's text, as transformers'
+    `apply_chat_template` does on a tokenizer loaded from the same file, and generate its
+    greedy tokens."""
+    from einpage.workloads.chat import ChatTemplate, chat_rows
+
+    path = write_gguf(tmp_path / "chat.gguf", hf_model("qwen2"), "qwen2", "Q8_0",
+                      chat_template=TEMPLATE)  # fmt: skip
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    want_ids = theirs.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=True)
+    want_ids = list(getattr(want_ids, "input_ids", want_ids))
+    template = ChatTemplate.of_checkpoint(path)
+    assert template.special_tokens["eos_token"] == "<|endoftext|>"
+    rows, _ = chat_rows(template, from_gguf(path).tokenizer(), CHAT, None)
+    assert rows[0] == want_ids
+    got = generate(str(path), messages=CHAT, new_tokens=3, dtype="float32", eos=())
+    assert got.ids[0, : len(want_ids)].tolist() == want_ids
+    with torch.no_grad():
+        want = _transformers(path).generate(
+            torch.tensor([want_ids]), max_new_tokens=3, do_sample=False, eos_token_id=None,
+            pad_token_id=0,
+        )  # fmt: skip
+    np.testing.assert_array_equal(got.ids, want.numpy())
+    code = main(["generate", "--gguf", str(path), "--chat", "--prompt", "the hen at the inn",
+                 "--new-tokens", "2", "--budget", "100%", "--run",
+                 "--backend", "numpy"])  # fmt: skip
+    assert code == EXIT_OK
+    # the chat's prompt as written by the template (special tokens are not printed)
+    assert "user\nthe hen at the inn\nassistant\n |" in capsys.readouterr().out
+
+
+def test_a_generation_stops_at_the_files_eos_as_transformers(tmp_path):
+    """The file's `tokenizer.ggml.eos_token_id` stops a sequence by default (and
+    `eos=()` does not): written as the id greedy decoding makes second, the sequence
+    stops there, as transformers' `generate` stops reading the same file."""
+    model = hf_model("llama")
+    plain = write_gguf(tmp_path / "plain.gguf", model, "llama", "Q4_0")
+    going = generate(str(plain), IDS[:1], 6, "100%", dtype="float32", eos=())
+    eos = int(going.new_ids[0, 1])
+    path = write_gguf(tmp_path / "eos.gguf", model, "llama", "Q4_0", eos=eos)
+    stops = generate(str(path), IDS[:1], 6, "100%", dtype="float32")
+    assert stops.stopping.eos_ids == (eos,)
+    assert stops.new_lengths.tolist() == [2]
+    np.testing.assert_array_equal(stops.new_ids[0], going.new_ids[0, :2])
+    hf = _transformers(path)
+    assert hf.generation_config.eos_token_id == eos  # transformers reads the same id
+    with torch.no_grad():
+        want = hf.generate(torch.from_numpy(IDS[:1]), max_new_tokens=6, do_sample=False)
+    np.testing.assert_array_equal(stops.ids, want.numpy())
+    ignored = generate(str(path), IDS[:1], 6, "100%", dtype="float32", eos=())
+    np.testing.assert_array_equal(ignored.new_ids, going.new_ids)
