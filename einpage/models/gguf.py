@@ -4,8 +4,11 @@
 memory-mapped, never read whole) and returns a `GGUFModel`:
 
 * `config`: the family's config from the file's metadata (`general.architecture`
-  "llama" – Mistral when `general.name` contains "mistral": llama.cpp writes Mistral
-  as "llama" – or "qwen2"; any other architecture is refused by name, `UnsupportedConfigError`);
+  "llama", "qwen2" or "mistral"; any other architecture is refused by name,
+  `UnsupportedConfigError`). llama.cpp writes Mistral models as "llama", records no
+  sliding window, and runs them as LLaMA with full attention: so does einpage (a fact is
+  never read from a file's name); a file whose metadata says "mistral" is Mistral, with
+  the window its `mistral.attention.sliding_window` gives, else full attention;
 * `source()`: a checkpoint source (`einpage.models.checkpoint.Source`) under the Hugging
   Face tensor names, so the families' weight specs load from it as from safetensors
   (`weights(dtype)`): quantized tensors are dequantized there, one tensor at a time;
@@ -36,9 +39,9 @@ Q6_K    16         int8 holding 6 bits (q - 32), an 8-bit scale times the super-
 llama.cpp stores LLaMA's Q and K projections with the rows of each head interleaved
 (its rotary embedding pairs neighbouring features); transformers' GGUF loader undoes
 that, and so does `source()`/`quantized()`, on rows (whole blocks), for the "llama"
-architecture (Qwen2's rows are as Hugging Face's). Each format's split is checked
-against `gguf.quants.dequantize` in the tests, and the models' logits against
-transformers loading the same file (`gguf_file=`).
+and "mistral" architectures (`INTERLEAVED`; Qwen2's rows are as Hugging Face's). Each
+format's split is checked against `gguf.quants.dequantize` in the tests, and the
+models' logits against transformers loading the same file (`gguf_file=`).
 """
 
 from __future__ import annotations
@@ -78,9 +81,14 @@ __all__ = [
 ARCHITECTURES: dict[str, ModelFamily] = {
     "llama": llama.FAMILY,
     "qwen2": qwen2.FAMILY,
+    "mistral": mistral.FAMILY,
 }
-"""The GGUF architectures read (`general.architecture`), and their families. Mistral
-files say "llama" and are told by their `general.name`."""
+"""The GGUF architectures read (`general.architecture`), and their families. llama.cpp
+writes Mistral models as "llama" (read as LLaMA, as llama.cpp runs them); only a file
+whose metadata says "mistral" is read as Mistral."""
+
+INTERLEAVED = frozenset({"llama", "mistral"})
+"""The architectures whose Q/K rows llama.cpp interleaves per head (`GGUFSource._rows`)."""
 
 REQUIRED = ("embedding_length", "block_count", "attention.head_count", "feed_forward_length")
 """The metadata keys (under the architecture's name) every file must have."""
@@ -381,11 +389,7 @@ class GGUFModel:
             raise UnsupportedConfigError(
                 f"{self.where} has architecture {arch!r}; supported: "
                 + ", ".join(ARCHITECTURES)
-                + " (mistral files say 'llama')"
             )
-        named = str(_field(self.reader, "general.name", "") or "")
-        if arch == "llama" and "mistral" in named.lower():
-            return mistral.FAMILY
         return ARCHITECTURES[arch]
 
     def _hf_config(self) -> dict[str, Any]:
@@ -428,8 +432,10 @@ class GGUFModel:
             "rope_theta": get("rope.freq_base", 10000.0),
             "tie_word_embeddings": "output.weight" not in self.tensors,
         }
-        if arch == "llama" and get("rope.dimension_count") is not None:
+        if arch in INTERLEAVED and get("rope.dimension_count") is not None:
             config["head_dim"] = get("rope.dimension_count")
+        if arch == "mistral":  # no window recorded: full attention, as llama.cpp runs it
+            config["sliding_window"] = get("attention.sliding_window")
         return {k: (int(v) if isinstance(v, np.integer) else v) for k, v in config.items()}
 
     @cached_property
@@ -558,8 +564,9 @@ class GGUFSource:
 
     def _rows(self, key: str, rows: np.ndarray) -> np.ndarray:
         """`rows` [out, ...] of tensor `key` in Hugging Face's order: llama.cpp interleaves
-        the two halves of each head's Q and K rows for the "llama" architecture."""
-        if self.model.architecture != "llama":
+        the two halves of each head's Q and K rows for the "llama" and "mistral"
+        architectures (`INTERLEAVED`)."""
+        if self.model.architecture not in INTERLEAVED:
             return rows
         cfg = self.model.config
         if key.endswith("self_attn.q_proj.weight"):

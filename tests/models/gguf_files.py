@@ -86,11 +86,13 @@ def write_gguf(
     tokenizer: bool = True,
     chat_template: str | None = None,
     eos: int | None = None,
+    sliding_window: int | None = None,
 ) -> Path:
     """Write the transformers model `hf_model` (LLaMA or Qwen2) to `path` as architecture
     `arch`, each tensor of llama.cpp name `n` as type `types[n]` (or the `types` for
-    every matrix; norms and biases stay F32), with a `chat_template` if given and `eos`
-    as the end-of-sequence id (default: "<|endoftext|>"'s). Returns `path`."""
+    every matrix; norms and biases stay F32), with a `chat_template` if given, `eos`
+    as the end-of-sequence id (default: "<|endoftext|>"'s) and a `sliding_window` key if
+    given. Returns `path`."""
     rng = np.random.default_rng(seed)
     cfg = hf_model.config
     sd = {k: v.detach().float().numpy() for k, v in hf_model.state_dict().items()}
@@ -131,6 +133,8 @@ def write_gguf(
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     writer.add_rope_dimension_count(head_dim)
     writer.add_vocab_size(cfg.vocab_size)
+    if sliding_window is not None:
+        writer.add_uint32(f"{arch}.attention.sliding_window", sliding_window)
     if tokenizer:
         tokens, merges, token_types = byte_vocab()
         assert len(tokens) == cfg.vocab_size, (len(tokens), cfg.vocab_size)
@@ -148,9 +152,9 @@ def write_gguf(
         if hf not in sd:  # LLaMA has no Q/K/V biases
             continue
         array = sd[hf]
-        if arch == "llama" and ours.endswith("attn_q.weight"):
+        if arch in ("llama", "mistral") and ours.endswith("attn_q.weight"):
             array = permute(array, cfg.num_attention_heads)
-        if arch == "llama" and ours.endswith("attn_k.weight"):
+        if arch in ("llama", "mistral") and ours.endswith("attn_k.weight"):
             array = permute(array, cfg.num_key_value_heads)
         kind = types.get(ours, "F32") if isinstance(types, dict) else types
         if array.ndim == 1:

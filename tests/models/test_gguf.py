@@ -210,15 +210,14 @@ def test_the_file_dtype_is_the_default(files):
     assert from_gguf(files[1]["qwen2-q4k"]).dtype == "float32"  # every matrix is Q4_K
 
 
-def test_a_llama_file_named_mistral_is_mistral(tmp_path):
-    """llama.cpp writes Mistral as "llama"; its name tells. (transformers makes a name of
-    exactly "mistral" a Mistral, then fails in gguf 0.19 – "Unknown gguf model_type" – so
-    the reference here is transformers' LLaMA reading of the file: within the sliding
-    window the two compute the same.)"""
+def test_a_llama_file_named_mistral_is_llama(tmp_path):
+    """llama.cpp writes Mistral models as "llama" and runs them as LLaMA (no sliding
+    window is recorded): a file's name is not a fact, so one named Mistral is LLaMA, with
+    transformers' logits for the same file."""
     path = write_gguf(tmp_path / "m.gguf", hf_model("llama", layers=1), "llama", "Q8_0",
                       name="Mistral-7B-Instruct-v0.2")  # fmt: skip
     opened = from_gguf(path)
-    assert opened.family.name == "mistral"
+    assert opened.family.name == "llama"
     theirs = _transformers(path)
     with torch.no_grad():
         want = theirs(torch.from_numpy(IDS)).logits.numpy()
@@ -226,6 +225,33 @@ def test_a_llama_file_named_mistral_is_mistral(tmp_path):
     prog = llama.prefill_program(opened.config, *IDS.shape, "float32").build()
     got = taskgraph.evaluate(prog, {**opened.weights("float32"), **inputs})["logits"]
     np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_a_file_whose_metadata_says_mistral_is_mistral(tmp_path, window):
+    """An architecture key "mistral" is the Mistral family (Q/K rows interleaved as for
+    "llama"), with the sliding window its metadata gives (none: full attention). Its
+    weights are those of the same model written as "llama", and with no window its
+    logits are transformers' for that file. (transformers does not read a "mistral"
+    GGUF in gguf 0.19.)"""
+    from einpage.models import mistral
+
+    model = hf_model("llama", layers=1)
+    as_llama = write_gguf(tmp_path / "l.gguf", model, "llama", "Q8_0")
+    path = write_gguf(tmp_path / "m.gguf", model, "mistral", "Q8_0", sliding_window=window)
+    opened = from_gguf(path)
+    assert opened.family.name == "mistral"
+    assert opened.config.sliding_window == window
+    want_weights = from_gguf(as_llama).weights("float32")
+    for name, array in opened.weights("float32").items():
+        np.testing.assert_array_equal(array, want_weights[name], err_msg=name)
+    if window is None:
+        with torch.no_grad():
+            want = _transformers(as_llama)(torch.from_numpy(IDS)).logits.numpy()
+        inputs = mistral.FAMILY.prefill_inputs(opened.config, IDS, dtype="float32")
+        prog = mistral.FAMILY.prefill_program(opened.config, *IDS.shape, "float32").build()
+        got = taskgraph.evaluate(prog, {**opened.weights("float32"), **inputs})["logits"]
+        np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), rtol=0)
 
 
 # -- bad files ---------------------------------------------------------------------------
