@@ -54,11 +54,21 @@ _config = transformers.LlamaConfig(
 torch.manual_seed(0)
 transformers.LlamaForCausalLM(_config).save_pretrained("checkpoint")
 _tok.save("checkpoint/tokenizer.json")
-'''
+
+# and a GGUF file for the GGUF example (its path replaced by this one): a random LLaMA with
+# Q4_1 matrices and a byte-level vocabulary, as tests/models/test_gguf.py writes them
+import sys as _sys
+_sys.path.insert(0, {models!r})
+from gguf_files import hf_model as _hf_model, write_gguf as _write_gguf
+_write_gguf(__import__("pathlib").Path("model.gguf"), _hf_model("llama"), "llama", "Q4_1")
+'''.replace("{models!r}", repr(str(Path(__file__).resolve().parent / "models")))
 
 MODEL_CHECKS = """
 assert np.isfinite(logits.astype("float32")).all() and logits.shape == (1, cfg.vocab_size)
+assert set(quant) and "layers.0.attn.wq.min" in stored  # the GGUF example's Q4_1 weights
+assert answer.ids.shape[1] == len(prompt_ids) + 8
 assert set(qweights) > {"layers.0.attn.wq.q", "layers.0.attn.wq.scale"}
+assert quantized.new_ids.shape == (1, 4) and quantized.spec.quant.bits == 4
 assert more.new_ids.shape == (1, 16) and more.ids.shape[1] > 32 + 16
 assert float(out["loss"]) > 0 and set(weights) < set(state)  # new weights and their states
 print("README model examples ran")
@@ -73,7 +83,9 @@ def test_every_other_readme_python_block_runs(tmp_path):
     pytest.importorskip("tokenizers")
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[1:]
     assert len(blocks) >= 4, "the README's model, quantization, generation and training blocks"
+    pytest.importorskip("gguf")
     source = "\n".join(blocks).replace("path/to/checkpoint", "checkpoint")
+    source = source.replace("/tmp/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "model.gguf")
     script = tmp_path / "examples.py"
     script.write_text(CHECKPOINT_PRELUDE + source + MODEL_CHECKS)
     result = subprocess.run(

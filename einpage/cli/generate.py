@@ -1,26 +1,38 @@
 """The `einpage generate` subcommand: plan a generation under a budget, simulate it, run it.
 
-    einpage generate MODEL|--checkpoint DIR --budget 8GiB [--batch B] [--prompt-len P]
-                     [--new-tokens N] [--prompt TEXT] [--sample] [--temperature T] [--top-k K]
-                     [--seed S] [--way unrolled|steps] [--page-size 64] [--run --backend B]
+    einpage generate MODEL|--checkpoint DIR|--gguf FILE --budget 8GiB [--batch B] [--prompt-len P]
+                     [--new-tokens N] [--prompt TEXT ...] [--sample] [--temperature T]
+                     [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
+                     [--run --backend B] [--dtype D] [--quant int8|int4]
+                     [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
 `--checkpoint` a folder as `save_pretrained` writes it (its weights, and its
-`tokenizer.json` for `--prompt` text). It plans the prefill and decode steps
+`tokenizer.json` for `--prompt` text); `--gguf` a GGUF file (llama.cpp's: config, weights
+and tokenizer in one file, planned in the file's float dtype unless `--dtype` says,
+`einpage.models.gguf`). It plans the prefill and decode steps
 (`einpage.workloads.generation`), prints each plan's stats and the simulated tokens/s on the
 cost model, and with `--run` executes the plan and prints its measured time and the
 tokens, ` | ` where the prompt ends (the text, with a tokenizer). `-o plan.json` writes
 the plan for `einpage run` and `einpage stats`; step plans one file each, beside it:
 `plan.prefill.json`, `plan.decode-pagesP[-stepsS].json`. A preset has no weights:
 `--run` then draws random ones (`--seed`), which shows the mechanics, not meaningful
-text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens.
+text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens; several
+`--prompt` are one batch, left padded to the longest. A checkpoint runs in its own dtype
+unless `--dtype` says otherwise; `--quant` stores its weights in int8 or int4; `--chat`
+writes each prompt (the user's message) with its chat template, `--messages` a whole
+chat; each sequence stops at its end-of-sequence ids (not with `--ignore-eos`) or a
+`--stop` string.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +47,35 @@ from einpage.cli.outputs import (
     plan_pictures,
     wrote,
 )
+from einpage.errors import EinpageError
 from einpage.models import FAMILIES
 from einpage.models.base import ModelConfig
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE
+from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
+from einpage.models.gguf import is_gguf
+from einpage.program.quantize import Quantization
+from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
     Generation,
     Running,
     check_run_memory,
+    checkpoint_tokenizer,
+    choose_dtype,
     generate,
-    program_weights,
     resolve_model,
+    run_weights,
+    unpadded,
 )
 from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
-from einpage.workloads.text import decode, encode, find_tokenizer, load_tokenizer, missing_tokenizer
+from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
+from einpage.workloads.text import (
+    decode,
+    encode_rows,
+    load_tokenizer,
+    missing_tokenizer,
+    padded,
+)
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes
@@ -86,6 +112,20 @@ def _seed(text: str) -> int:
     return value
 
 
+def _dtype(text: str) -> str:
+    """An argparse type: a float dtype einpage plans in (`taskgraph.dtypes.FLOAT_DTYPES`,
+    or a short name such as bf16), canonical."""
+    try:
+        name = dtypes.canonical(text)
+    except EinpageError:
+        name = None
+    if name is None or not dtypes.is_float(name):
+        raise argparse.ArgumentTypeError(
+            f"expected one of {', '.join(dtypes.FLOAT_DTYPES)}, got {text!r}"
+        )
+    return name
+
+
 def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     """Register the `generate` subcommand on the CLI's subparsers."""
     gen = commands.add_parser(
@@ -97,6 +137,9 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("model", nargs="?", metavar="MODEL", help="a model preset (llama:7b, ...)")
     gen.add_argument("--checkpoint", metavar="DIR", help="a save_pretrained folder instead")
     gen.add_argument(
+        "--gguf", metavar="FILE", help="a GGUF file instead (llama, qwen2, mistral; its tokenizer)"
+    )
+    gen.add_argument(
         "--budget",
         "-b",
         required=True,
@@ -106,9 +149,28 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--batch", type=positive_int, help="sequences (default 1)")
     gen.add_argument("--prompt-len", type=positive_int, help="random prompt ids of this length")
     gen.add_argument("--new-tokens", type=positive_int, default=16, help="tokens to generate")
-    gen.add_argument("--prompt", metavar="TEXT", help="the prompt as text (needs a tokenizer)")
+    gen.add_argument(
+        "--prompt",
+        metavar="TEXT",
+        action="append",
+        help="the prompt as text (needs a tokenizer); several --prompt make a batch of "
+        "different prompts, left padded to the longest (no --batch needed; with --chat, "
+        "each is the user's message of its own chat)",
+    )
     gen.add_argument(
         "--tokenizer", metavar="FILE", help="a tokenizer.json (default: the checkpoint's)"
+    )
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="write the prompt as the checkpoint's chat template does: --prompt is the "
+        "user's message (or give --messages)",
+    )
+    gen.add_argument(
+        "--messages",
+        metavar="FILE.json",
+        help='a chat\'s messages, [{"role": "user", "content": "..."}, ...], written '
+        "as the checkpoint's chat template does (implies --chat)",
     )
     gen.add_argument(
         "--sample",
@@ -129,12 +191,37 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         metavar="K",
         help="sample among the K largest logits only (default: all); implies --sample",
     )
+    gen.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sequence where its text reaches TEXT (needs a tokenizer; repeatable); "
+        "the text printed ends before it",
+    )
+    gen.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="do not stop at the checkpoint's end-of-sequence ids (eos_token_id of its "
+        "generation_config.json or config.json): make every --new-tokens",
+    )
     gen.add_argument("--seed", type=_seed, default=0, help="sampling noise, random prompt/weights")
     gen.add_argument("--way", choices=WAYS, default="unrolled", help="one plan, or step plans")
     gen.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, help="KV page")
     gen.add_argument("--bucket-pages", type=positive_int, default=1, help="pages per step bucket")
     gen.add_argument("--chunk-steps", type=positive_int, default=1, help="steps per step plan")
-    gen.add_argument("--dtype", default="float32", help="float16, bfloat16, float32 or float64")
+    gen.add_argument(
+        "--dtype",
+        type=_dtype,
+        help=f"the weights' and activations' type: {', '.join(dtypes.FLOAT_DTYPES)} (default: "
+        "the checkpoint's own, as its config.json or GGUF file names it; float32 for a preset)",
+    )
+    gen.add_argument(
+        "--quant",
+        choices=tuple(QUANT_NAMES),
+        help="store the matmul weights in int8 or int4 (group-wise scales), rebuilt on the "
+        "device at each step: only the quantized bytes stay on the host and cross PCIe",
+    )
     gen.add_argument(
         "--cost-model",
         choices=list(COST_MODELS),
@@ -157,17 +244,26 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _model(args: argparse.Namespace) -> Any:
-    """The config (a preset) or checkpoint path the arguments name."""
-    if args.model is not None and args.checkpoint is not None:
+    """The config (a preset) or checkpoint path (a folder or a GGUF file) the arguments
+    name."""
+    given = [f"MODEL {args.model!r}"] if args.model is not None else []
+    given += [f"--checkpoint {args.checkpoint!r}"] if args.checkpoint is not None else []
+    given += [f"--gguf {args.gguf!r}"] if args.gguf is not None else []
+    if len(given) > 1:
         raise GenerationError(
-            f"give a MODEL preset or --checkpoint DIR, not both (got {args.model!r} and "
-            f"--checkpoint {args.checkpoint!r})"
+            "give one of a MODEL preset, --checkpoint DIR or --gguf FILE, not both (got "
+            + " and ".join(given)
+            + ")"
         )
-    if args.model is None and args.checkpoint is None:
+    if not given:
         raise GenerationError(
             "give the model: a MODEL preset (family:size, e.g. llama:tiny; `einpage presets` "
-            "lists them) or --checkpoint DIR (a save_pretrained folder)"
+            "lists them), --checkpoint DIR (a save_pretrained folder) or --gguf FILE"
         )
+    if args.gguf is not None:
+        if not is_gguf(args.gguf):
+            raise GenerationError(f"--gguf {args.gguf!r}: a GGUF file's name ends in .gguf")
+        return Path(args.gguf)
     if args.checkpoint is not None:
         return Path(args.checkpoint)
     family, _, size = args.model.partition(":")
@@ -219,22 +315,75 @@ def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndar
     return weights
 
 
+def _chat_messages(args: argparse.Namespace) -> Any:
+    """The chat's messages: --messages FILE.json, or --prompt as the user's message (each
+    of several --prompt its own conversation, one sequence of the batch)."""
+    if args.messages is not None and args.prompt is not None:
+        raise GenerationError(
+            "give --prompt (the user's message) or --messages FILE.json, not both"
+        )
+    if args.messages is None:
+        if args.prompt is None:
+            raise GenerationError(
+                "--chat needs the user's message as --prompt TEXT, or --messages FILE.json"
+            )
+        chats = [[{"role": "user", "content": text}] for text in args.prompt]
+        return chats[0] if len(chats) == 1 else chats
+    try:
+        return json.loads(Path(args.messages).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise GenerationError(f"--messages: cannot read {args.messages!r}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise GenerationError(
+            f"--messages: {args.messages!r} is not valid JSON: {err.msg} at line {err.lineno} "
+            f"column {err.colno}"
+        ) from None
+
+
 def _prompt(args: argparse.Namespace, checkpoint: Path | None, vocab: int) -> tuple[Any, Any]:
-    """(prompt ids or text, tokenizer or None)."""
+    """(prompt ids [batch, prompt_len] – or, for several --prompt (or chats) of
+    different lengths, one id list per prompt, which `generate` pads –, tokenizer or
+    None)."""
     batch = args.batch or 1
+    if args.chat or args.messages is not None:
+        messages = _chat_messages(args)
+        source = args.tokenizer or (checkpoint and checkpoint_tokenizer(checkpoint))
+        if not source:
+            raise GenerationError(f"--chat: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
+        template = ChatTemplate.of_checkpoint(checkpoint or source)
+        tokenizer = load_tokenizer(source) if isinstance(source, str | os.PathLike) else source
+        rows, _ = chat_rows(template, tokenizer, messages, args.batch)
+        return _rows_or_ids(rows), tokenizer
     if args.prompt is None:
         length = args.prompt_len or DEFAULT_PROMPT_LEN
         return np.random.default_rng(args.seed).integers(0, vocab, (batch, length)), None
-    source = args.tokenizer or (checkpoint and find_tokenizer(checkpoint))
+    source = args.tokenizer or (checkpoint and checkpoint_tokenizer(checkpoint))
     if not source:
         raise GenerationError(f"--prompt: {missing_tokenizer(checkpoint, '--tokenizer FILE')}")
-    tokenizer = load_tokenizer(source)
-    ids = encode(tokenizer, args.prompt, batch)
+    tokenizer = load_tokenizer(source) if isinstance(source, str | os.PathLike) else source
+    texts = args.prompt
+    if len(texts) > 1 and args.batch is not None and args.batch != len(texts):
+        raise GenerationError(
+            f"--batch {args.batch} but {len(texts)} prompts are given (several --prompt make "
+            "the batch: leave --batch out)"
+        )
+    rows = encode_rows(tokenizer, texts)
+    if len({len(row) for row in rows}) > 1:
+        if args.prompt_len is not None:
+            raise GenerationError("--prompt-len is for one prompt length: leave it out")
+        return _rows_or_ids(rows), tokenizer
+    ids = np.array(rows) if len(rows) > 1 else np.repeat(np.array(rows), batch, axis=0)
     if args.prompt_len is not None and ids.shape[1] != args.prompt_len:
         raise GenerationError(
             f"--prompt encodes to {ids.shape[1]} tokens but --prompt-len is {args.prompt_len}"
         )
     return ids, tokenizer
+
+
+def _rows_or_ids(rows: list[list[int]]) -> Any:
+    """Prompt rows as `generate` takes them: ids [batch, prompt_len] when they are as
+    long, else the lists (a ragged batch, which `generate` left pads)."""
+    return np.array(rows, dtype=np.int64) if len({len(r) for r in rows}) == 1 else rows
 
 
 def cmd_generate(args: argparse.Namespace, console: Console) -> int:
@@ -244,25 +393,33 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *OUTPUTS)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
+    dtype, why = choose_dtype(args.dtype, checkpoint)
+    stopping = checkpoint_stopping(checkpoint, () if args.ignore_eos else None, args.stop)
     sampling = _sampling(args)
     planning = _planning(args, console)
     running = Running(args.backend, args.mode)
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
+            if stopping.strings and tokenizer is None:
+                raise GenerationError(
+                    "--stop: stop strings need a text prompt (--prompt, --chat or "
+                    "--messages) and a tokenizer"
+                )
         with console.stage("planning"):
             planned = generate(
                 model,
                 prompt,
                 args.new_tokens,
                 args.budget,
-                dtype=args.dtype,
+                dtype=dtype,
                 page_size=args.page_size,
                 sampling=sampling,
                 plan=planning,
+                quant=args.quant,
                 run=None,  # run below: the host memory is checked before weights are drawn
             )
-        _print_plans(planned, console)
+        _print_plans(planned, why, console)
         if args.output:
             _write_plans(planned.plan, args.output, console)
         failed = plan_pictures(args, _largest(planned), console)
@@ -272,28 +429,40 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
                 check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
-                values = program_weights(cfg, weights, dtype, checkpoint)
+                values = run_weights(planned.spec, weights, checkpoint)
                 started = time.perf_counter()
-                ran = planned.plan.run(values, prompt, backend=running.backend, mode=running.mode)
+                ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
+                ran = run_stopping(
+                    planned.plan, values, ids, stopping, tokenizer, running.backend,
+                    running.mode,
+                )  # fmt: skip
                 seconds = time.perf_counter() - started
-            _print_run(planned, ran.reports, seconds, checkpoint is None, console)
-            _print_tokens(np.asarray(prompt), ran.ids, tokenizer, console)
+            _print_run(planned, ran, seconds, checkpoint is None, console)
+            prompts = unpadded(ids, planned.prompt_lengths, planned.spec.prompt_len)
+            _print_tokens(prompts, ran, tokenizer, console)
     if failed:
         raise PicturesFailedError(failed)
     return 0
 
 
-def _print_plans(out: Generation, console: Console) -> None:
+def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
+    """The generation's table (what was planned: the model and its dtype, and why that
+    dtype – given, the checkpoint's own or the default –, the shapes, the budget, the
+    stats), then each plan's."""
     spec = out.spec
     how = "greedy" if spec.sampling is None else (
         f"sampled (temperature {spec.sampling.temperature}, top-k {spec.sampling.top_k})"
     )  # fmt: skip
     rows = [
-        ("model", f"{spec.cfg.name} ({spec.family.name}), {spec.dtype}"),
+        (
+            "model",
+            f"{spec.cfg.name} ({spec.family.name}), {spec.dtype} ({dtype_why})"
+            f"{_quant_note(spec)}",
+        ),
         (
             "generation",
-            f"batch {spec.batch}, prompt {spec.prompt_len}, {spec.new_tokens} new tokens, "
-            f"{how}, KV pages of {spec.page_size}",
+            f"batch {spec.batch}, prompt {_prompt_lengths(spec)}, {spec.new_tokens} new "
+            f"tokens, {how}, KV pages of {spec.page_size}",
         ),
         ("budget", str(out.plan.budget)),
         *out.stats.rows(),
@@ -302,6 +471,26 @@ def _print_plans(out: Generation, console: Console) -> None:
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
+
+
+def _prompt_lengths(spec: Any) -> str:
+    """The prompt length, and for a ragged batch each prompt's: "7 (lengths 3, 7; left
+    padded)"."""
+    if spec.lengths is None:
+        return str(spec.prompt_len)
+    return f"{spec.prompt_len} (lengths {', '.join(map(str, spec.lengths))}; left padded)"
+
+
+def _quant_note(spec: Any) -> str:
+    """What the model row adds for a quantized generation (its bits and group, or for one
+    quantization per weight – a GGUF file's – how many weights have each), or nothing."""
+    if spec.quant is None:
+        return ""
+    if isinstance(spec.quant, Quantization):
+        return f", weights int{spec.quant.bits} (groups of up to {spec.quant.group})"
+    labels = Counter(q.label for q in spec.quant.values())
+    each = ", ".join(f"{n} {label}" for label, n in sorted(labels.items()))
+    return f", quantized weights as stored ({each})"
 
 
 def _largest(out: Generation) -> Any:
@@ -333,16 +522,21 @@ def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) ->
 
 
 def _print_run(
-    planned: Generation, reports: Any, seconds: float, random: bool, console: Console
+    planned: Generation, ran: Stopped, seconds: float, random: bool, console: Console
 ) -> None:
-    """The run's table: where it ran, the weights, the device memory, and its measured
-    time beside the simulated one."""
+    """The run's table: where it ran, the weights, the device memory, the tokens kept
+    (when a sequence stopped), and its measured time beside the simulated one, both in
+    tokens kept per second (`einpage.workloads.stop.kept_stats`)."""
+    reports = ran.reports
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
-    tokens, stats = planned.spec.tokens, planned.stats
+    tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)
+    if tokens < planned.spec.tokens:
+        kept = ", ".join(map(str, ran.new_lengths))
+        rows.append(("stopped", f"{tokens} of {planned.spec.tokens} tokens kept ({kept})"))
     in_plans = sum(r.seconds for r in reports)
     rows.append(
         (
@@ -366,27 +560,28 @@ PROMPT_END = " | "
 """What the token lines put between the prompt and the new tokens."""
 
 
-def _print_tokens(prompt: np.ndarray, new: np.ndarray, tokenizer: Any, console: Console) -> None:
-    """Each sequence, the prompt then the new tokens, `PROMPT_END` between them: ids, or
-    the text with a tokenizer."""
+def _print_tokens(prompt: Any, ran: Stopped, tokenizer: Any, console: Console) -> None:
+    """Each sequence, the prompt (without its padding) then the new tokens it kept,
+    `PROMPT_END` between them: ids, or the text with a tokenizer (ending before a stop
+    string)."""
     lines = []
-    for i, (head, tail) in enumerate(zip(prompt, new, strict=True)):
+    for i, (head, kept) in enumerate(zip(prompt, ran.new_lengths, strict=True)):
+        tail = ran.new_ids[i, :kept]
         if tokenizer is None:
             line = " ".join(map(str, head)) + PROMPT_END + " ".join(map(str, tail))
         else:
-            line = _marked_text(tokenizer, head, tail)
+            line = _marked_text(tokenizer, head, tail, ran.text[i])
         lines.append((f"{i}", line))
     console.print()
     title = "tokens" if tokenizer is None else "text"
     console.print(format_table(lines, f"{title} (prompt{PROMPT_END}new)"))
 
 
-def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray) -> str:
-    """The sequence's text with `PROMPT_END` where the prompt's text ends: the whole
-    decoded at once (decoding the new tokens alone may lose a leading space), cut after
-    the prompt's own text when that is its start, else the two parts decoded apart."""
+def _marked_text(tokenizer: Any, head: np.ndarray, tail: np.ndarray, whole: str) -> str:
+    """The sequence's text `whole` (the run's, cut before a stop string) with
+    `PROMPT_END` where the prompt's text ends: cut after the prompt's own text when that
+    is its start, else the two parts decoded apart."""
     (prompt_text,) = decode(tokenizer, [head])
-    (whole,) = decode(tokenizer, [np.concatenate([head, tail])])
     if whole.startswith(prompt_text):
         return prompt_text + PROMPT_END + whole[len(prompt_text) :].lstrip(" ")
     return prompt_text + PROMPT_END + decode(tokenizer, [tail])[0]

@@ -40,6 +40,7 @@ __all__ = [
     "open_source",
     "read_hf_config",
     "require_hf_config",
+    "checkpoint_dtype",
     "to_numpy",
     "INDEX_FILE",
     "SINGLE_FILE",
@@ -245,6 +246,38 @@ def require_hf_config(
         alternative = "" if caller else f", or build the config with {owner}.from_hf(...)"
         raise CheckpointError(f"{who}: no {CONFIG_FILE} in {where}; {GET_A_FOLDER}{alternative}")
     return config, folder.resolve().name
+
+
+DTYPE_KEYS = ("dtype", "torch_dtype")
+"""Where a `config.json` names the dtype its weights were saved in (transformers 5 writes
+`dtype`; earlier versions `torch_dtype`)."""
+
+
+def checkpoint_dtype(config: Mapping[str, Any], where: str) -> str | None:
+    """The float dtype a checkpoint's `config.json` (`config`, read from `where`) says its
+    weights are in (`DTYPE_KEYS`: "bfloat16", "float16", "float32", "float64", or
+    "torch.bfloat16" as some writers spell it), canonical; None when it names none (or
+    "auto"). `CheckpointError` naming the key, the value and the float dtypes einpage
+    plans in when it names another (int8, float8, ...): planning such a checkpoint in a
+    dtype it was not saved in would silently change its memory and its numbers.
+
+    >>> checkpoint_dtype({"dtype": "bfloat16"}, "config.json")
+    'bfloat16'
+    >>> checkpoint_dtype({"torch_dtype": "torch.float16"}, "config.json")
+    'float16'
+    """
+    for key in DTYPE_KEYS:
+        value = config.get(key)
+        if value is None or value == "auto":
+            continue
+        name = value.removeprefix("torch.") if isinstance(value, str) else value
+        if isinstance(name, str) and name in dtypes.TABLE and dtypes.is_float(name):
+            return name
+        raise CheckpointError(
+            f"{where}: {key} is {value!r}, which einpage does not plan in; it plans in "
+            f"{', '.join(dtypes.FLOAT_DTYPES)} (give one as --dtype / dtype=)"
+        )
+    return None
 
 
 def _load_json(file: Path) -> Any:

@@ -58,9 +58,11 @@ LOGITS = ("all", "last")
 """What `prefill_program(..., logits=...)` may return: every position's logits, or the last's."""
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, keys: Tensor | None = None) -> Tensor:
     """`softmax(q kᵀ + causal mask) v` per batch and head; `q` is already scaled by
-    1/sqrt(head_dim).
+    1/sqrt(head_dim). `keys` [b, k] (1 at a sequence's real positions, 0 at its left
+    padding: a ragged batch) also masks the padding: a padded key's score is replaced by
+    `decode.masked_score`, as the paged attention's masks do, so its weight is exactly 0.
 
     Multi-head: q, k, v are [b, h, s, e]; the specs are `bhqe,bhke->bhqk` and
     `bhqk,bhke->bhqe`. Grouped-query: q is [b, g, r, s, e] (kv-head g, group member r)
@@ -76,6 +78,13 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     else:
         raise ProgramError(f"causal_attention: q must have rank 4 or 5, got shape {q.shape}")
     scores = prog.einsum(f"{qh}qe,{kh}ke->{qh}qk", q, k, label="scores")
+    if keys is not None:
+        from einpage.models.decode import masked_score
+
+        floor = masked_score(scores.dtype)
+        scores = prog.einsum(
+            f"{qh}qk,bk->{qh}qk", scores, keys, join=f"where(b, a, {floor!r})", label="padding"
+        )
     probs = ops.softmax(ops.causal_mask(scores), axis=-1)
     return prog.einsum(f"{qh}qk,{kh}ke->{qh}qe", probs, v, label="attn")
 
@@ -129,23 +138,44 @@ def weight_input(
     """A function `weight(name)` declaring the weight input `name` with its shape; with
     `quant` (an `einpage.program.quantize.Quantization`), the weights named in `quantized`
     (the model's `quantized_weights()`) are declared as their quantized inputs and rebuilt
-    on the device (`dequantized_weight`)."""
+    on the device (`dequantized_weight`). `quant` may also map weight names to their
+    own quantizations (a GGUF file's tensors each have their type): those named are
+    quantized, the others are not."""
     from einpage.program.quantize import dequantized_weight
 
     def weight(name: str) -> Tensor:
-        if quant is not None and name in quantized:
-            return dequantized_weight(prog, name, shapes[name], dtype, quant)
+        chosen = quant.get(name) if isinstance(quant, Mapping) else quant
+        if chosen is not None and (name in quantized or isinstance(quant, Mapping)):
+            return dequantized_weight(prog, name, shapes[name], dtype, chosen)
         return prog.input(name, shapes[name], dtype, role="weight")
 
     return weight
 
 
-def cached_weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dtype: str) -> Weight:
+def cached_weight_input(
+    prog: Program,
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str,
+    quant: Any = None,
+    quantized: Collection[str] = (),
+) -> Weight:
     """Like `weight_input`, but a weight asked for again is the same input: a generation
-    program reads every weight once per step."""
+    program reads every weight once per step. A quantized weight (with `quant`, one
+    named in `quantized`) declares its quantized inputs once and is rebuilt from them at
+    every call (`rebuilt_weight`): each step's float weight is a transient of that step,
+    so what stays on the host and crosses PCIe between steps is the quantized bytes.
+    `quant` may map weight names to their own quantizations, as `weight_input`'s."""
+    from einpage.program.quantize import quantized_weight_inputs, rebuilt_weight
+
     declared: dict[str, Tensor] = {}
+    stored: dict[str, dict[str, Tensor]] = {}
 
     def weight(name: str) -> Tensor:
+        chosen = quant.get(name) if isinstance(quant, Mapping) else quant
+        if chosen is not None and (name in quantized or isinstance(quant, Mapping)):
+            if name not in stored:
+                stored[name] = quantized_weight_inputs(prog, name, shapes[name], dtype, chosen)
+            return rebuilt_weight(prog, name, stored[name], shapes[name], chosen)
         if name not in declared:
             declared[name] = prog.input(name, shapes[name], dtype, role="weight")
         return declared[name]
@@ -160,7 +190,9 @@ def cached_weight_input(prog: Program, shapes: Mapping[str, tuple[int, ...]], dt
 class Positions:
     """The positions of a chunk of tokens: `count` positions from `start`, known when the
     program is built, or – with `ids`, an int64 tensor [count] – given when it runs (one
-    plan then serves every position, as a decode step plan reused across steps does)."""
+    plan then serves every position, as a decode step plan reused across steps does).
+    `ids` [batch, count] gives each sequence its own positions (a ragged batch, left
+    padded): the rows are then [batch, count, width]."""
 
     count: int
     start: int = 0
@@ -168,7 +200,8 @@ class Positions:
 
     def rows(self, table: Tensor, label: str = "") -> Tensor:
         """The rows of `table` [n, width] at these positions: [count, width] – the table
-        itself when it is exactly those rows, else a slice (or a gather of `ids`)."""
+        itself when it is exactly those rows, else a slice (or a gather of `ids`, [batch,
+        count, width] for ids per sequence)."""
         prog = table.program
         n, width = table.shape
         if self.ids is not None:
@@ -254,11 +287,23 @@ def begin_prefill(
     if quant is not None:
         from einpage.program.quantize import Quantization
 
-        if not isinstance(quant, Quantization):
+        if isinstance(quant, Mapping):
+            shapes = cfg.weight_shapes()
+            for name, chosen in quant.items():
+                if name not in shapes:
+                    raise ProgramError(f"prefill_program: quant names {name!r}, not a weight")
+                if not isinstance(chosen, Quantization):
+                    raise ProgramError(
+                        f"prefill_program: quant[{name!r}] must be a Quantization, got {chosen!r}"
+                    )
+            suffix = "-quantized"
+        elif not isinstance(quant, Quantization):
             raise ProgramError(
-                f"prefill_program: quant must be an einpage.quantize.Quantization, got {quant!r}"
+                f"prefill_program: quant must be an einpage.quantize.Quantization (or a "
+                f"mapping of weight names to them), got {quant!r}"
             )
-        suffix = f"-int{quant.bits}"
+        else:
+            suffix = f"-int{quant.bits}"
     prog = Program(f"{cfg.name}-prefill-b{batch}-s{seq}{suffix}")
     quantized = cfg.quantized_weights() if quant is not None else frozenset()
     weight = weight_input(prog, cfg.weight_shapes(), dtype, quant, quantized)

@@ -36,7 +36,8 @@ computed from the per-page statistics stacked along a page axis n (a Concat of t
 small m_j, l_j, o_j, never of the pages): `M` by agg "max" over n, then two sums.
 
 A page may carry a mask [n] (1 at filled positions, 0 at unfilled ones): a decode step
-plan reused for many cache lengths reads pages of which only a prefix is filled. Its
+plan reused for many cache lengths reads pages of which only a prefix is filled; in a
+ragged batch the mask is [b, n], hiding each sequence's left padding too. Its
 statistics read `where(mask, s, masked_score(dtype))` in place of `s`: an unfilled
 position scores `masked_score` – a power of two, exactly representable, far below any
 real score – so its weight `exp(masked_score - M)` is exactly 0. The score is replaced,
@@ -87,7 +88,8 @@ def masked_score(dtype: str) -> float:
 @dataclass(frozen=True)
 class Page:
     """One page of a layer's cache: `k` and `v` [b, heads, n, e], and an optional `mask`
-    [n], 1 at filled positions and 0 at unfilled ones (None: every position is filled)."""
+    [n], 1 at filled positions and 0 at unfilled ones (None: every position is filled),
+    or [b, n], one row per sequence (a ragged batch, whose left padding is masked)."""
 
     k: Tensor
     v: Tensor
@@ -203,7 +205,9 @@ def paged_attention(q: Tensor, pages: Sequence[Page]) -> Tensor:
             operands, terms, score = [s], [f"{qh}qk"], "a"
         else:
             floor = masked_score(q.dtype)
-            operands, terms, score = [s, page.mask], [f"{qh}qk", "k"], f"where(b, a, {floor!r})"
+            positions = "bk" if page.mask.ndim == 2 else "k"  # per sequence, or shared
+            operands, terms = [s, page.mask], [f"{qh}qk", positions]
+            score = f"where(b, a, {floor!r})"
         stat = ",".join(terms)
         join = None if page.mask is None else score
         m = prog.einsum(f"{stat}->{qh}q", *operands, join=join, agg="max", label="page.max")

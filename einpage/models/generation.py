@@ -36,6 +36,24 @@ Outputs: `ids` int64 [batch, new_tokens]; with `logits=True`, `logits`
 prefill of the step loop, `new_tokens=1`), also the prompt's keys and values
 `kv.{i}.k`, `kv.{i}.v` [batch, kv heads, prompt_len, head_dim] of each layer.
 
+With `ragged=True` (prompts of different lengths, left padded to `prompt_len`: a
+batch as Hugging Face pads it with `padding_side="left"`), a generation program also
+takes `position_ids` int64 and `attention_mask` [batch, prompt_len + new_tokens - 1]
+(`padding_inputs`: each sequence's position at each cache slot, and 0 on its padding):
+the position features are each sequence's rows, and the padding is masked in the
+prefill's causal attention and on every page holding prompt slots. A ragged decode
+program takes `positions` [batch, steps] and `kv.mask` [batch, pages, page_size]
+(`decode_inputs(..., pads=...)`). The cache keeps one slot index for the batch, so
+pages, buckets and the step loop are those of a batch of equal prompts.
+
+With `quant=` (int8 or int4, `einpage.program.quantize`; or one `Quantization` per
+weight, as a GGUF file stores them), each weight the model quantizes is the inputs
+`{name}.q` and `{name}.scale` (and `{name}.min`, with minimums) instead
+(`quantize_weights` makes them from float weights; a GGUF file holds them), rebuilt
+on the device by tasks at every step that reads it: each step's float weight is a
+transient of the step, and what the planner keeps on the host and moves is the
+quantized bytes.
+
 Inputs of a decode program of `steps` steps: `tokens` int64 [batch] (the previous ids),
 `positions` int64 [steps] (L, L + 1, ...: the cache length L is the first new token's
 position), the position inputs for its `positions` positions, `kv.mask`
@@ -59,8 +77,8 @@ program makes `KVPage` too, and the ids an unrolled program chooses at step t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -86,6 +104,7 @@ from einpage.models.decode import (
 )
 from einpage.models.errors import GenerationError
 from einpage.program.program import Program, Tensor
+from einpage.program.quantize import Quantization
 from taskgraph import dtypes
 from taskgraph.facts import ChosenIds, KVEntries, KVPage
 
@@ -98,11 +117,20 @@ __all__ = [
     "check_generation",
     "check_page_size",
     "check_tokens",
+    "check_quant",
+    "quant_by_weight",
+    "check_lengths",
+    "pad_prompts",
+    "padding_inputs",
     "kv_mask",
+    "QUANT_NAMES",
 ]
 
 DEFAULT_PAGE_SIZE = 64
 """Positions per KV page unless told otherwise."""
+
+QUANT_NAMES = {"int8": 8, "int4": 4}
+"""The names `quant=` takes for weight-only quantization, and their bits."""
 
 
 def _positive(what: str, value: Any) -> int:
@@ -171,6 +199,94 @@ def check_tokens(tokens: Any, vocab_size: int) -> np.ndarray:
     return ids
 
 
+def check_quant(quant: Any) -> Quantization | dict[str, Quantization] | None:
+    """`quant` as a `Quantization` (None: float weights): a `Quantization`, or "int8" /
+    "int4" (the default group); or a mapping of weight names to their own
+    `Quantization`s (a GGUF file's, `GGUFModel.quantization()`), as a dict (an empty one
+    is None); `GenerationError` naming what is valid otherwise."""
+    if quant is None or isinstance(quant, Quantization):
+        return quant
+    if isinstance(quant, Mapping):
+        bad = {name: q for name, q in quant.items() if not isinstance(q, Quantization)}
+        if bad:
+            name, value = next(iter(bad.items()))
+            raise GenerationError(
+                f"quant maps weight names to einpage.quantize.Quantization, but "
+                f"{name!r} maps to {value!r}"
+            )
+        return dict(quant) or None
+    if isinstance(quant, str) and quant in QUANT_NAMES:
+        return Quantization(bits=QUANT_NAMES[quant])
+    raise GenerationError(
+        f"quant must be one of {', '.join(map(repr, QUANT_NAMES))}, an "
+        f"einpage.quantize.Quantization, a mapping of weight names to them, or None, got "
+        f"{quant!r}"
+    )
+
+
+def quant_by_weight(cfg: ModelConfig, quant: Any) -> dict[str, Quantization]:
+    """Each quantized weight of `cfg` and its `Quantization`: one `quant` for every
+    weight the model quantizes (`cfg.quantized_weights()`), or a mapping's own (its names
+    checked against the program's weights: `GenerationError` naming one that is not)."""
+    quant = check_quant(quant)
+    if quant is None:
+        return {}
+    if isinstance(quant, Quantization):
+        return dict.fromkeys(sorted(cfg.quantized_weights()), quant)
+    shapes = cfg.weight_shapes()
+    unknown = sorted(name for name in quant if name not in shapes)
+    if unknown:
+        raise GenerationError(
+            f"quant names {unknown[0]!r}, not a weight of {cfg.name} (its weights: "
+            "cfg.weight_shapes())"
+        )
+    return quant
+
+
+def _quant_suffix(quant: Any) -> str:
+    """The programs' name suffix: `-int8`, `-int4`, or for one quantization per weight
+    the labels of those used (`-int8-uint4+min`)."""
+    quant = check_quant(quant)
+    if quant is None:
+        return ""
+    if isinstance(quant, Quantization):
+        return f"-int{quant.bits}"
+    return "".join(f"-{label}" for label in sorted({q.label for q in quant.values()}))
+
+
+def _weights(prog: Program, cfg: ModelConfig, dtype: str, quant: Any) -> Any:
+    """The program's `weight(name)`: each weight one input, or with `quant` the weights
+    the model quantizes as their quantized inputs, rebuilt at each use."""
+    quants = quant_by_weight(cfg, quant)
+    return cached_weight_input(prog, cfg.weight_shapes(), dtype, quants or None, quants)
+
+
+@dataclass
+class _Padding:
+    """A ragged batch's inputs in an unrolled program: `position_ids` int64 [batch,
+    slots] (each sequence's position at each cache slot; 0 at its left padding) and
+    `mask` [batch, slots] (1 at its real slots, 0 at its padding), of a prompt of
+    `prompt_len` slots. Slices of them are made once per slot range."""
+
+    position_ids: Tensor
+    mask: Tensor
+    prompt_len: int
+    made: dict[tuple[int, int, int], Tensor] = field(default_factory=dict)
+
+    def slots(self, table: Tensor, start: int, count: int) -> Tensor:
+        """`table`'s columns `start` .. `start + count - 1`: [batch, count]."""
+        key = (table.id, start, count)
+        if key not in self.made:
+            batch, slots = table.shape
+            if start == 0 and count == slots:
+                self.made[key] = table
+            else:
+                label = "positions" if table is self.position_ids else "kv.mask"
+                part = table.program.slice(table, (0, start), (batch, count), label=label)
+                self.made[key] = part
+        return self.made[key]
+
+
 @dataclass
 class _Build:
     """What the builders share: the program, the config, the family's decoder, options."""
@@ -181,6 +297,29 @@ class _Build:
     dtype: str
     sampling: Sampling | None
     batch: int
+    padding: _Padding | None = None
+
+    def positions(self, count: int, start: int) -> Positions:
+        """The positions of slots `start` .. `start + count - 1` of the cache: the slots
+        themselves, or in a ragged batch each sequence's own (`position_ids`)."""
+        if self.padding is None:
+            return Positions(count, start)
+        ids = self.padding.slots(self.padding.position_ids, start, count)
+        return Positions(count, start, ids=ids)
+
+    def page_masks(self, pages: list[Page]) -> list[Page]:
+        """`pages` (the cache from slot 0, in order) with each sequence's padding masked
+        on the pages that hold prompt slots (none without padding)."""
+        if self.padding is None:
+            return pages
+        masked, start = [], 0
+        for page in pages:
+            if start < self.padding.prompt_len:
+                mask = self.padding.slots(self.padding.mask, start, page.size)
+                page = Page(page.k, page.v, mask)
+            masked.append(page)
+            start += page.size
+        return masked
 
     def choose(self, logits: Tensor, gumbel: Tensor | None, step: int | None = None) -> Tensor:
         """The next ids from `logits`; `step`: the generation step they are chosen at (0:
@@ -212,21 +351,38 @@ def generation_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     cache_outputs: bool = False,
+    quant: Quantization | Mapping[str, Quantization] | None = None,
+    ragged: bool = False,
 ) -> Program:
     """The prefill and `new_tokens - 1` decode steps of `family`'s model `cfg`, unrolled
-    (module docstring). `sampling` None is greedy decoding. Raises `GenerationError` for
-    bad arguments (also a prompt plus new tokens beyond the model's positions)."""
+    (module docstring). `sampling` None is greedy decoding; `quant` (a `Quantization`)
+    stores the weights the model quantizes in int8 or int4, rebuilt on the device at
+    each step that reads them. `ragged`: prompts of different lengths, left padded to
+    `prompt_len` (module docstring: the inputs `position_ids` and `attention_mask`).
+    Raises `GenerationError` for bad arguments (also a prompt plus new tokens beyond the
+    model's positions)."""
     dtype = check_generation(family, cfg, batch, prompt_len, new_tokens, dtype, page_size, sampling)
     if cache_outputs and new_tokens != 1:
         raise GenerationError(f"cache_outputs needs new_tokens=1, got {new_tokens}")
-    prog = Program(f"{cfg.name}-generate-b{batch}-p{prompt_len}-n{new_tokens}")
-    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    name = f"{cfg.name}-generate-b{batch}-p{prompt_len}-n{new_tokens}{_quant_suffix(quant)}"
+    prog = Program(name)
+    weight = _weights(prog, cfg, dtype, quant)
     tokens = prog.input("tokens", (batch, prompt_len), "int64")
     positions = prompt_len + new_tokens - 1
     decoder = family.decoder(cfg, prog, weight, dtype, positions)  # type: ignore[misc]
     what = f"a prompt of {prompt_len} tokens and {new_tokens} new ones needs"
+    if ragged:
+        longest = f"a batch whose longest prompt has {prompt_len} tokens"
+        what = f"{longest}, and {new_tokens} new ones, needs"
     _check_positions(decoder, cfg, positions, what)
-    build = _Build(prog, cfg, decoder, dtype, sampling, batch)
+    padding = None
+    if ragged:
+        padding = _Padding(
+            prog.input("position_ids", (batch, positions), "int64"),
+            prog.input("attention_mask", (batch, positions), dtype),
+            prompt_len,
+        )
+    build = _Build(prog, cfg, decoder, dtype, sampling, batch, padding)
     gumbel = None
     if sampling is not None:
         gumbel = prog.input("gumbel", (new_tokens, batch, cfg.vocab_size), dtype, location="host")
@@ -237,7 +393,7 @@ def generation_program(
         ids = [build.choose(step_logits[0], build.step_gumbel(gumbel, 0), 0)]
     for t in range(1, new_tokens):
         with prog.scope(f"step{t}"):
-            x = _decode_step(build, ids[-1], Positions(1, prompt_len + t - 1), caches)
+            x = _decode_step(build, ids[-1], build.positions(1, prompt_len + t - 1), caches)
             with prog.scope("head"):
                 step_logits.append(build.decoder.head(prog.view(x, (batch, cfg.hidden_size))))
             ids.append(build.choose(step_logits[-1], build.step_gumbel(gumbel, t), t))
@@ -276,7 +432,10 @@ def _prefill(
     and values are outputs instead (`kv.{i}.k`, `kv.{i}.v`, stating `KVEntries`)."""
     prog, decoder = build.prog, build.decoder
     caches: dict[int, LayerCache] = {}
-    feats = decoder.features(Positions(tokens.shape[1]))
+    prompt_len = tokens.shape[1]
+    feats = decoder.features(build.positions(prompt_len, 0))
+    padding = build.padding
+    keys = None if padding is None else padding.slots(padding.mask, 0, prompt_len)
     with prog.scope("embed"):
         x = decoder.embed(tokens, feats)
 
@@ -287,7 +446,7 @@ def _prefill(
                 prog.output(prog.fact(tensor, KVEntries(layer, part)), f"kv.{layer}.{part}")
         else:
             caches[layer] = LayerCache.of_prompt(heads.k, heads.v, page_size, layer)
-        return decoder.attn_out(x, causal_attention(heads.q, heads.k, heads.v), prefix)
+        return decoder.attn_out(x, causal_attention(heads.q, heads.k, heads.v, keys), prefix)
 
     return caches, _layers(build, x, attention)
 
@@ -312,7 +471,10 @@ def _decode_step(
         cache = caches[layer]
         with prog.scope("kv"):
             cache.append(heads.k, heads.v)
-        pages = ([] if before is None else before(layer, heads)) + cache.all_pages
+        if before is None:  # the cache from slot 0
+            pages = build.page_masks(cache.all_pages)
+        else:  # the pages before this run (masked by the plan's inputs), then its own
+            pages = before(layer, heads) + cache.all_pages
         return decoder.attn_out(x, paged_attention(heads.q, pages), prefix)
 
     return _layers(build, x, attention)
@@ -330,6 +492,8 @@ def decode_program(
     sampling: Sampling | None = None,
     logits: bool = False,
     positions: int | None = None,
+    quant: Quantization | Mapping[str, Quantization] | None = None,
+    ragged: bool = False,
 ) -> Program:
     """`steps` decode steps (1: one step; more: a chunk of consecutive steps, which then
     keep weights on the device from one step to the next) of `family`'s model `cfg`
@@ -341,8 +505,10 @@ def decode_program(
     checked against the model's positions and sliding window. It must exceed `steps` (a
     cache of at least one position, then the steps); by default it is what the bucket
     reaches, `pages * page_size + steps`. A run at cache length L needs L + steps <=
-    `positions`. Raises `GenerationError` (`UnsupportedConfigError` beyond a sliding
-    window)."""
+    `positions`. `quant`: quantized weights, as `generation_program`'s. `ragged`: a
+    left-padded batch of prompts of different lengths, whose `positions` [batch, steps]
+    and `kv.mask` [batch, pages, page_size] are per sequence. Raises `GenerationError`
+    (`UnsupportedConfigError` beyond a sliding window)."""
     dtype = check_generation(family, cfg, batch, 1, 1, dtype, page_size, sampling)
     pages, steps = _positive("pages", pages), _positive("steps", steps)
     filled = pages * page_size + steps if positions is None else _positive("positions", positions)
@@ -352,20 +518,27 @@ def decode_program(
             f"step{'s' * (steps > 1)}: a generation fills at least {steps + 1} positions"
         )
     chunk = "" if steps == 1 else f"-steps{steps}"
-    prog = Program(f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}")
-    weight = cached_weight_input(prog, cfg.weight_shapes(), dtype)
+    prog = Program(
+        f"{cfg.name}-decode-b{batch}-pages{pages}x{page_size}{chunk}{_quant_suffix(quant)}"
+    )
+    weight = _weights(prog, cfg, dtype, quant)
     tokens = prog.input("tokens", (batch,), "int64")
-    at_positions = prog.input("positions", (steps,), "int64")
+    at_positions = prog.input("positions", (batch, steps) if ragged else (steps,), "int64")
     decoder = family.decoder(cfg, prog, weight, dtype, filled)  # type: ignore[misc]
     _check_positions(decoder, cfg, filled, f"decode steps up to position {filled - 1} need")
     build = _Build(prog, cfg, decoder, dtype, sampling, batch)
-    mask = prog.input("kv.mask", (pages, page_size), dtype)
+    rows = (batch,) if ragged else ()
+    mask = prog.input("kv.mask", (*rows, pages, page_size), dtype)
     gumbel = None
     if sampling is not None:
         gumbel = prog.input("gumbel", (steps, batch, cfg.vocab_size), dtype)
     with prog.scope("kv"):
+        starts, sizes = (0,) * len(rows), rows
         masks = [
-            prog.view(prog.slice(mask, (j, 0), (1, page_size), label="kv.mask"), (page_size,))
+            prog.view(
+                prog.slice(mask, (*starts, j, 0), (*sizes, 1, page_size), label="kv.mask"),
+                (*rows, page_size),
+            )
             for j in range(pages)
         ]
     inputs: dict[int, list[Page]] = {}
@@ -387,11 +560,12 @@ def decode_program(
     ids, step_logits = [tokens], []
     for s in range(steps):
         with prog.scope(f"step{s + 1}"):
-            at = (
-                at_positions
-                if steps == 1
-                else prog.slice(at_positions, (s,), (1,), label="position")
-            )
+            if steps == 1:
+                at = at_positions
+            elif ragged:
+                at = prog.slice(at_positions, (0, s), (batch, 1), label="position")
+            else:
+                at = prog.slice(at_positions, (s,), (1,), label="position")
             x = _decode_step(build, ids[-1], Positions(1, ids=at), caches, before)
             with prog.scope("head"):
                 step_logits.append(decoder.head(prog.view(x, (batch, cfg.hidden_size))))
@@ -418,17 +592,83 @@ def generation_inputs(
     dtype: Any = "float32",
     weights: Mapping[str, np.ndarray] | None = None,
     gumbel: np.ndarray | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """Every input of `generation_program(family, cfg, *tokens.shape, new_tokens, dtype)`
     but the weights unless given: the tokens (checked against the vocabulary), the
-    position inputs and, when sampling, the noise `gumbel` [new_tokens, batch, vocab]."""
+    position inputs, when sampling the noise `gumbel` [new_tokens, batch, vocab], and
+    for a ragged program the prompts' `lengths` as `padding_inputs`."""
     ids = check_tokens(tokens, cfg.vocab_size)
     name = dtypes.canonical(dtype)
     inputs = {"tokens": ids}
-    inputs.update(family.position_inputs(cfg, ids.shape[1] + new_tokens - 1, name))  # type: ignore[misc]
+    slots = ids.shape[1] + new_tokens - 1
+    inputs.update(family.position_inputs(cfg, slots, name))  # type: ignore[misc]
+    if lengths is not None:
+        inputs.update(padding_inputs(lengths, ids.shape[1], slots, name))
     if gumbel is not None:
         inputs["gumbel"] = np.asarray(gumbel, dtype=name)
     return {**inputs, **(weights or {})}
+
+
+def check_lengths(lengths: Any, prompt_len: int, batch: int) -> tuple[int, ...]:
+    """The prompt lengths of a left-padded batch, one per sequence, each in [1,
+    prompt_len]; `GenerationError` naming the sequence otherwise."""
+    lengths = tuple(int(n) for n in lengths)
+    if len(lengths) != batch:
+        raise GenerationError(f"{len(lengths)} prompt lengths for a batch of {batch}")
+    for row, n in enumerate(lengths):
+        if not 1 <= n <= prompt_len:
+            raise GenerationError(
+                f"prompt {row} has {n} tokens: a prompt has 1 to {prompt_len} (the padded length)"
+                if n
+                else f"prompt {row} is empty: every prompt needs a token"
+            )
+    return lengths
+
+
+def pad_prompts(rows: Sequence[Any], vocab_size: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """Prompts of token ids of different lengths as one left-padded batch: ids int64
+    [batch, longest] (padding id 0, never attended to) and each prompt's length.
+    `GenerationError` for an empty prompt or an id outside the vocabulary (naming it).
+
+    >>> pad_prompts([[5, 6, 7], [8]], 10)
+    (array([[5, 6, 7],
+           [0, 0, 8]]), (3, 1))
+    """
+    rows = [np.asarray(row).reshape(-1) for row in rows]
+    if not rows:
+        raise GenerationError("no prompt given: a batch needs at least one")
+    for i, row in enumerate(rows):
+        if row.size == 0:
+            raise GenerationError(f"prompt {i} is empty: every prompt needs a token")
+        if not np.issubdtype(row.dtype, np.integer):
+            raise GenerationError(f"prompt {i} has {row.dtype} ids: token ids are integers")
+    lengths = tuple(len(row) for row in rows)
+    ids = np.zeros((len(rows), max(lengths)), np.int64)
+    for i, row in enumerate(rows):
+        ids[i, ids.shape[1] - len(row) :] = row
+    return check_tokens(ids, vocab_size), lengths
+
+
+def padding_inputs(
+    lengths: Sequence[int], prompt_len: int, slots: int, dtype: Any = "float32"
+) -> dict[str, np.ndarray]:
+    """The inputs of a ragged generation program of `slots` cache slots whose prompts of
+    `lengths` are left padded to `prompt_len`: `position_ids` [batch, slots] (slot minus
+    the sequence's padding; 0 on the padding) and `attention_mask` [batch, slots] (0 on
+    the padding, 1 after it), as Hugging Face derives them from its attention mask.
+
+    >>> padding_inputs([3, 1], 3, 4)["position_ids"]
+    array([[0, 1, 2, 3],
+           [0, 0, 0, 1]])
+    """
+    pads = prompt_len - np.asarray(lengths, np.int64)
+    positions = np.arange(slots, dtype=np.int64)[None, :] - pads[:, None]
+    real = positions >= 0
+    return {
+        "position_ids": np.where(real, positions, 0),
+        "attention_mask": real.astype(dtypes.canonical(dtype)),
+    }
 
 
 def kv_mask(pages: int, page_size: int, length: int, dtype: Any = "float32") -> np.ndarray:
@@ -452,15 +692,24 @@ def decode_inputs(
     page_size: int,
     dtype: Any = "float32",
     steps: int = 1,
+    pads: Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The inputs of `decode_program(family, cfg, batch, pages, steps=steps)` that change
     from run to run, at cache length `length`: the previous ids, the positions of the
     steps and the mask (the position tables – `family.position_inputs(cfg, positions,
     dtype)` for the program's `positions` –, the pages, the noise and the weights are the
-    caller's)."""
+    caller's). `pads`: a ragged program's left padding per sequence, which its positions
+    start after and its mask hides."""
     name = dtypes.canonical(dtype)
+    slots = np.arange(length, length + steps, dtype=np.int64)
+    mask = kv_mask(pages, page_size, length, name)
+    if pads is not None:
+        pad = np.asarray(pads, np.int64)[:, None]
+        slots = slots[None, :] - pad
+        cache = np.arange(pages * page_size).reshape(1, pages, page_size)
+        mask = mask[None] * (cache >= pad[:, :, None]).astype(name)
     return {
         "tokens": np.asarray(previous, dtype=np.int64).reshape(-1),
-        "positions": np.arange(length, length + steps, dtype=np.int64),
-        "kv.mask": kv_mask(pages, page_size, length, name),
+        "positions": slots,
+        "kv.mask": mask,
     }

@@ -376,7 +376,8 @@ def decoder(cfg: GPT2Config, prog: Program, weight: Weight, dtype: str, position
 
     def embed(tokens: Tensor, rows: Tensor) -> Tensor:
         x = prog.gather(weight("embed"), tokens, label="tokens")
-        return prog.einsum("bsd,sd->bsd", x, rows, join="a + b", label="x")
+        spec = "bsd,bsd->bsd" if rows.ndim == 3 else "bsd,sd->bsd"  # rows per sequence
+        return prog.einsum(spec, x, rows, join="a + b", label="x")
 
     def norm(h: Tensor) -> Tensor:
         return ops.layernorm(h, weight("norm"), weight("norm_bias"), cfg.layer_norm_eps)

@@ -531,24 +531,27 @@ def prefill_program(
 
 
 def _rotation_tables(cos: Tensor, sin: Tensor, q_scale: float) -> tuple[Tensor, Tensor]:
-    """The rotation tables for queries and keys, from the [seq, e] cos/sin inputs.
+    """The rotation tables for queries and keys, from the [seq, e] cos/sin inputs (or
+    their rows [batch, seq, e] at each sequence's own positions: a ragged batch).
 
     `rot[s, t, u, c]` is the 2x2 matrix [[cos, -sin], [sin, cos]] that rotates the pair
     (feature c, feature c + e/2) at position s; the queries' table is also multiplied
     by `q_scale`. The identity δ and J = [[0, -1], [1, 0]] come from one causal fill
-    `up[t, u] = (u > t)`: δ = 1 - up[t,u] - up[u,t] and J = up[u,t] - up[t,u].
+    `up[t, u] = (u > t)`: δ = 1 - up[t,u] - up[u,t] and J = up[u,t] - up[t,u]. Rows per
+    sequence give tables `rot[b, s, t, u, c]`.
     """
     prog = cos.program
-    seq, e = cos.shape
-    halves = (seq, 2, e // 2)
+    *lead, seq, e = cos.shape
+    halves = (*lead, seq, 2, e // 2)
     cos3, sin3 = prog.view(cos, halves), prog.view(sin, halves)
     up = prog.fill((2, 2), 1.0, cos.dtype, pattern="causal", label="up")
     rotation = "a * (1 - c - d) + b * (d - c)"
+    batch = "b" if lead else ""
     tables = []
     for factor, label in ((q_scale, "rot_q"), (1.0, "rot_k")):
         tables.append(
             prog.einsum(
-                "stc,stc,tu,ut->stuc",
+                f"{batch}stc,{batch}stc,tu,ut->{batch}stuc",
                 cos3,
                 sin3,
                 up,
@@ -561,12 +564,14 @@ def _rotation_tables(cos: Tensor, sin: Tensor, q_scale: float) -> tuple[Tensor, 
 
 
 def _rotate(x: Tensor, rot: Tensor) -> Tensor:
-    """The rotary embedding of x ([..., s, e], heads first) with a table from `_rotation_tables`."""
+    """The rotary embedding of x ([..., s, e], heads first) with a table from
+    `_rotation_tables` (one for every sequence, or one per sequence: batch first)."""
     prog = x.program
     *lead, seq, e = x.shape
     halves = prog.view(x, (*lead, seq, 2, e // 2))
     heads = "bgr"[: len(lead)]
-    out = prog.einsum(f"{heads}suc,stuc->{heads}stc", halves, rot, label="rope")
+    table = "bstuc" if rot.ndim == 5 else "stuc"
+    out = prog.einsum(f"{heads}suc,{table}->{heads}stc", halves, rot, label="rope")
     return prog.view(out, x.shape)
 
 

@@ -5,11 +5,28 @@
 weights, KV pages and activations), runs it (NumPy or CuPy runtime) and returns the ids
 with the plans and their stats.
 
-* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...) or a checkpoint
+* `model`: a family config (`llama.LlamaConfig`, `gpt2.GPT2Config`, ...), a checkpoint
   folder as `save_pretrained` writes it (its `config.json` names the family; its
-  safetensors are the weights unless given; its `tokenizer.json` encodes text).
+  safetensors are the weights unless given; its `tokenizer.json` encodes text), or a
+  GGUF file (`.gguf`: config, weights and tokenizer from the one file,
+  `einpage.models.gguf`; its quantized tensors planned and held quantized, rebuilt on
+  the device: `run_weights`).
 * `prompt`: token ids [batch, prompt_len] (a NumPy array or torch tensor), or text (a
-  string, repeated `batch` times, or one string per sequence) with a tokenizer.
+  string, repeated `batch` times, or one string per sequence) with a tokenizer. Prompts
+  of different lengths – a list of strings, or of id lists – are one ragged batch: left
+  padded to the longest, with each sequence's positions and an attention mask that hides
+  its padding (`GenerationSpec.lengths`, `Generation.prompt_lengths`), as Hugging Face
+  generates with `padding_side="left"`.
+* `messages=` instead of a prompt: a conversation (`[{"role": "user", "content": ...}]`,
+  repeated `batch` times) or one per sequence (of different lengths: a ragged batch),
+  written as the checkpoint's chat template says (`einpage.workloads.chat`: as
+  transformers' `apply_chat_template(..., add_generation_prompt=True)`), or as
+  `chat_template=` (a `ChatTemplate`) says.
+* `stop=`: strings that end a sequence (with a tokenizer), and `eos=`: the ids that do
+  (None: the checkpoint's `eos_token_id`; `()`: none), per sequence
+  (`einpage.workloads.stop`; a ragged batch's padding never stops one): step plans end
+  once every sequence has stopped, an unrolled plan's tokens after a stop are masked;
+  the stats count the tokens kept (`Generation.new_lengths`: each sequence's).
 * `weights=`: the program's weights, a mapping whose keys are exactly the program's
   weight names (`cfg.weight_shapes()`; `<family>.weights_from_state_dict(cfg, sd)` makes
   one from a Hugging Face state dict, which is not taken as it is), or a safetensors
@@ -49,11 +66,20 @@ import runtime
 from einpage.errors import EinpageError
 from einpage.models import FAMILIES, family_of
 from einpage.models.base import ModelConfig, ModelFamily, weights_from_safetensors
-from einpage.models.checkpoint import require_hf_config
+from einpage.models.checkpoint import CONFIG_FILE, checkpoint_dtype, require_hf_config
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
-from einpage.models.generation import DEFAULT_PAGE_SIZE, check_tokens
+from einpage.models.generation import (
+    DEFAULT_PAGE_SIZE,
+    check_tokens,
+    pad_prompts,
+    quant_by_weight,
+)
+from einpage.models.gguf import is_gguf, opened_gguf
+from einpage.models.weights import load_weights
+from einpage.program.quantize import Quantization
 from einpage.workloads import text
+from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
 from einpage.workloads.generation import (
     GenerationSpec,
     GenerationStats,
@@ -64,6 +90,7 @@ from einpage.workloads.generation import (
     plan_generation,
     planning_homes,
 )
+from einpage.workloads.stop import Stopping, checkpoint_stopping, kept_stats, run_stopping
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
 from runtime.schedule import resolve_mode
@@ -81,7 +108,19 @@ __all__ = [
     "resolve_model",
     "family_of",
     "program_weights",
+    "choose_dtype",
+    "DEFAULT_DTYPE",
+    "ChatTemplate",
+    "Stopping",
+    "unpadded",
+    "quantized_weight_bytes",
+    "run_weights",
+    "file_quantization",
 ]
+
+DEFAULT_DTYPE = "float32"
+"""The dtype of a generation whose model names none (a config, or a checkpoint whose
+config.json has no `dtype`/`torch_dtype`) when none is given."""
 
 
 @dataclass(frozen=True)
@@ -128,17 +167,22 @@ MOVED = {
 
 PARAMETERS = (
     "model, prompt, new_tokens, budget, weights=, tokenizer=, batch=, dtype=, page_size=, "
-    "logits=, sampling=, plan=, run="
+    "logits=, sampling=, plan=, run=, quant=, messages=, chat_template=, stop=, eos="
 )
 """`generate`'s parameters, as its errors list them."""
 
 
 @dataclass(frozen=True)
 class Generation:
-    """What `generate` made: `ids` [batch, prompt_len + new_tokens] (the prompt, then the
-    new tokens; None when not run), `new_ids` [batch, new_tokens], each step's `logits`
-    when asked for, `text` (each sequence decoded, when a tokenizer was used), the `plan`
-    (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and its `stats`."""
+    """What `generate` made: `ids` [batch, prompt_len + n] (the prompt – left padded in a
+    ragged batch, see `prompt_lengths` –, then the new tokens; None when not run),
+    `new_ids` [batch, n], each step's `logits` when asked for, `text` (each sequence
+    decoded without its padding and up to where it stopped, when a tokenizer was used),
+    the `plan` (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and
+    its `stats` (after a run, of the tokens kept). `new_lengths` [batch]: the new tokens
+    each sequence kept – all `new_tokens` unless it stopped (`stopping`:
+    `einpage.workloads.stop`; then n is the longest kept, and a shorter sequence's later
+    ids are the pad id)."""
 
     spec: GenerationSpec
     plan: UnrolledPlan | StepPlans
@@ -148,12 +192,20 @@ class Generation:
     logits: np.ndarray | None = None
     text: list[str] | None = None
     reports: tuple[Any, ...] = field(default=(), repr=False)
+    new_lengths: np.ndarray | None = None
+    stopping: Stopping | None = None
+    prompt_lengths: tuple[int, ...] | None = None
+    """Each prompt's length in a ragged batch (None: every prompt is `prompt_len` long):
+    row i of `ids` starts with `prompt_len - prompt_lengths[i]` padding ids (0)."""
 
 
 def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     """(family, config, checkpoint folder or None) of a config or a checkpoint path."""
     if isinstance(model, ModelConfig):
         return family_of(model), model, None
+    if is_gguf(model):
+        opened = opened_gguf(model)
+        return opened.family, opened.config, Path(model)
     if isinstance(model, str | os.PathLike):
         config, _ = require_hf_config(model, "", caller="generate")
         kind = config.get("model_type")
@@ -167,6 +219,26 @@ def resolve_model(model: Any) -> tuple[ModelFamily, ModelConfig, Path | None]:
     raise GenerationError(
         f"model must be a model config or a checkpoint path, got {type(model).__name__}"
     )
+
+
+def choose_dtype(dtype: str | None, checkpoint: Path | None) -> tuple[str, str]:
+    """The dtype a generation is planned in, and why: `dtype` when given ("given"); else
+    the checkpoint's own, as its config.json names it (`checkpoint_dtype`: "the
+    checkpoint's"; a bfloat16 checkpoint planned in float32 would silently take twice
+    its memory) or a GGUF file's float tensors are stored (`GGUFModel.dtype`); else
+    `DEFAULT_DTYPE` ("the default"). `CheckpointError` when the checkpoint names a dtype
+    einpage does not plan in and none is given."""
+    if dtype is not None:
+        return dtype, "given"
+    if checkpoint is not None and is_gguf(checkpoint):
+        return opened_gguf(checkpoint).dtype, "the GGUF file's"
+    if checkpoint is not None:
+        config, _ = require_hf_config(checkpoint, "", caller="generate")
+        folder = checkpoint if checkpoint.is_dir() else checkpoint.parent
+        own = checkpoint_dtype(config, str(folder / CONFIG_FILE))
+        if own is not None:
+            return own, "the checkpoint's"
+    return DEFAULT_DTYPE, "the default"
 
 
 def program_weights(
@@ -225,9 +297,37 @@ def _read_weights(
     cfg: ModelConfig, source: Path | Mapping[str, Any], dtype: str
 ) -> dict[str, np.ndarray]:
     """The weights of a checked `source` (`_weights_source`) as arrays of `dtype`."""
+    if isinstance(source, Path) and is_gguf(source):  # read against `cfg`, checked
+        return load_weights(cfg.weight_specs(), opened_gguf(source).source(), dtype)
     if isinstance(source, Path):
         return weights_from_safetensors(cfg, source, dtype)
     return {name: np.asarray(source[name], dtype=dtype) for name in cfg.weight_shapes()}
+
+
+def run_weights(
+    spec: GenerationSpec, weights: Any, checkpoint: Path | None
+) -> dict[str, np.ndarray]:
+    """The inputs a run of `spec`'s plans reads for its weights, from what `generate` was
+    given (`weights`, else the checkpoint): a GGUF file planned with its own quantization
+    (`GGUFModel.quantization()`, `generate`'s default for one) gives its stored integers,
+    scales and minimums as they are (`GGUFModel.quantized`: never dequantized on the
+    host); other weights are read as floats in the spec's dtype and, with `spec.quant`,
+    quantized (`GenerationSpec.program_weights`)."""
+    source = _weights_source(spec.cfg, weights, checkpoint)
+    if isinstance(source, Path) and is_gguf(source) and spec.quant is not None:
+        opened = opened_gguf(source)
+        if opened.config == spec.cfg and spec.weight_quants == opened.quantization():
+            return opened.quantized(spec.dtype)
+    return spec.program_weights(_read_weights(spec.cfg, source, spec.dtype))
+
+
+def file_quantization(checkpoint: Path | None, quant: Any) -> Any:
+    """`quant` as given, else a GGUF checkpoint's own quantization (one `Quantization` per
+    block-quantized tensor, `GGUFModel.quantization()`; None when it has none): a GGUF
+    file's quantized tensors stay quantized on the host and over the link."""
+    if quant is not None or checkpoint is None or not is_gguf(checkpoint):
+        return quant
+    return opened_gguf(checkpoint).quantization() or None
 
 
 class HostMemoryError(GenerationError):
@@ -241,13 +341,27 @@ def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
     return sum(math.prod(shape) for shape in cfg.weight_shapes().values()) * size
 
 
+def quantized_weight_bytes(cfg: ModelConfig, quant: Any, dtype: str) -> int:
+    """Bytes of the quantized inputs (`{name}.q`, `{name}.scale` and `{name}.min` in
+    `dtype`) of the weights `quant` quantizes (`quant_by_weight`: one `Quantization` for
+    all, or one per weight): what `GenerationSpec.program_weights` makes beside the float
+    weights it is given, or what `run_weights` reads from a GGUF file."""
+    total = 0
+    shapes = cfg.weight_shapes()
+    for name, chosen in quant_by_weight(cfg, quant).items():
+        for shape, stored in chosen.stored(shapes[name], dtype).values():
+            total += math.prod(shape) * dtypes.itemsize(dtypes.canonical(stored))
+    return total
+
+
 def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str | None) -> int:
     """The host memory a run of `plan` on `backend` needs, checked against what is
     available now (`einpage_core.host.available_memory`) before anything is allocated;
     `HostMemoryError` with the numbers when it does not fit. `weights` says what the
     run will make besides the plans' own needs (`host_bytes`): "random" (drawn, one weight
     at a time in float32 at most, then cast), "checkpoint" (read, one tensor at a time
-    converted), or None (the caller holds them already)."""
+    converted), or None (the caller holds them already); a quantized generation also
+    holds the weights' quantized copy (`quantized_weight_bytes`)."""
     spec = plan.spec
     chosen = runtime.get_backend(backend, dtypes={spec.dtype})  # as the run will choose
     rows = []
@@ -258,6 +372,10 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
         rows.append((held + scratch, f"the weights in {spec.dtype}, {weights}, "
                      f"{format_bytes(held)}, and one weight's {format_bytes(scratch)} "
                      "while it is made"))  # fmt: skip
+    if spec.quant is not None:
+        stored = quantized_weight_bytes(spec.cfg, spec.quant, spec.dtype)
+        kind = f"int{spec.quant.bits}" if isinstance(spec.quant, Quantization) else "quantized"
+        rows.append((stored, f"their {kind} copy, {format_bytes(stored)}"))
     runs = plan.host_bytes(chosen)
     parts = ["the plans' host storage", "the inputs"]
     if chosen.arena_on_host:
@@ -285,8 +403,9 @@ def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str 
 
 def _prompt_ids(
     prompt: Any, tokenizer: Any, checkpoint: Path | None, batch: int | None, vocab: int
-) -> tuple[np.ndarray, Any]:
-    """The prompt as ids, and the tokenizer used (None for ids)."""
+) -> tuple[np.ndarray, Any, tuple[int, ...] | None]:
+    """The prompt as ids [batch, prompt_len] (left padded when the prompts have different
+    lengths), the tokenizer used (None for ids) and the prompts' lengths when ragged."""
     if prompt is None:
         raise GenerationError("a prompt is needed: token ids [batch, prompt_len] or text")
     if isinstance(prompt, Mapping):
@@ -298,35 +417,105 @@ def _prompt_ids(
         isinstance(prompt, Sequence) and bool(prompt) and all(isinstance(p, str) for p in prompt)
     )
     if not is_text:
-        ids = check_tokens(prompt, vocab)
+        if _is_ragged(prompt):
+            ids, lengths = pad_prompts(prompt, vocab)
+        else:
+            ids, lengths = check_tokens(prompt, vocab), None
         if batch is not None and ids.shape[0] != batch:
             raise GenerationError(f"batch={batch} but the prompt has {ids.shape[0]} rows")
-        return ids, None
+        return ids, None, lengths
     if tokenizer is None:
-        found = None if checkpoint is None else text.find_tokenizer(checkpoint)
+        found = None if checkpoint is None else checkpoint_tokenizer(checkpoint)
         if found is None:
             raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
         tokenizer = found
     if isinstance(tokenizer, str | os.PathLike):
         tokenizer = text.load_tokenizer(tokenizer)
-    return check_tokens(text.encode(tokenizer, prompt, batch), vocab), tokenizer
+    if not isinstance(prompt, str) and batch is not None and len(prompt) != batch:
+        raise GenerationError(f"batch={batch} but {len(prompt)} prompts are given")
+    ids, lengths = text.encode_padded(tokenizer, prompt, vocab, batch)
+    return ids, tokenizer, lengths
+
+
+def _is_ragged(prompt: Any) -> bool:
+    """Whether `prompt` is a list of id rows of different lengths (a ragged batch)."""
+    if isinstance(prompt, np.ndarray) or not isinstance(prompt, Sequence) or not prompt:
+        return False
+    if not all(isinstance(row, Sequence | np.ndarray) for row in prompt):
+        return False
+    return len({len(row) for row in prompt}) > 1 or any(len(row) == 0 for row in prompt)
+
+
+def unpadded(ids: np.ndarray, lengths: tuple[int, ...] | None, prompt_len: int) -> list[Any]:
+    """Each row of `ids` [batch, prompt_len + n] without its left padding (all of each
+    row when not ragged)."""
+    if lengths is None:
+        return list(ids)
+    return [row[prompt_len - n :] for row, n in zip(ids, lengths, strict=True)]
+
+
+def _chat_ids(
+    messages: Any,
+    template: ChatTemplate | None,
+    tokenizer: Any,
+    checkpoint: Path | None,
+    batch: int | None,
+    vocab: int,
+) -> tuple[np.ndarray, Any, tuple[int, ...] | None]:
+    """The ids of a chat prompt (`messages` as `template` writes them, by default the
+    checkpoint's, or that of the tokenizer's folder), the tokenizer used, and each
+    conversation's length when they differ (a ragged batch, left padded to the longest,
+    as `_prompt_ids` pads prompts of different lengths)."""
+    if tokenizer is None:
+        found = None if checkpoint is None else checkpoint_tokenizer(checkpoint)
+        if found is None:
+            raise GenerationError(text.missing_tokenizer(checkpoint, "tokenizer=..."))
+        tokenizer = found
+    if template is None:
+        folder = checkpoint if checkpoint is not None else tokenizer
+        if not isinstance(folder, str | os.PathLike):
+            raise ChatError(
+                "messages need a chat template: give a checkpoint folder that has one as "
+                "the model, or chat_template=ChatTemplate(source, where)"
+            )
+        template = ChatTemplate.of_checkpoint(folder)
+    elif not isinstance(template, ChatTemplate):
+        raise ChatError(f"chat_template must be a ChatTemplate, got {type(template).__name__}")
+    if isinstance(tokenizer, str | os.PathLike):
+        tokenizer = text.load_tokenizer(tokenizer)
+    rows, _ = chat_rows(template, tokenizer, messages, batch)
+    ids, lengths = text.padded(rows, vocab)
+    return ids, tokenizer, lengths
+
+
+def checkpoint_tokenizer(checkpoint: Path) -> Any:
+    """The tokenizer a checkpoint brings: a GGUF file's own (built from its vocabulary),
+    else the path of the `tokenizer.json` beside it, or None."""
+    if is_gguf(checkpoint):
+        return opened_gguf(checkpoint).tokenizer()
+    return text.find_tokenizer(checkpoint)
 
 
 def generate(
     model: Any,
-    prompt: Any,
+    prompt: Any = None,
     new_tokens: int = 16,
     budget: int | str = "100%",
     *,
     weights: Any = None,
     tokenizer: Any = None,
     batch: int | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     page_size: int = DEFAULT_PAGE_SIZE,
     logits: bool = False,
     sampling: Sampling | None = None,
     plan: Planning = DEFAULT_PLANNING,
     run: Running | None = DEFAULT_RUNNING,
+    messages: Any = None,
+    chat_template: ChatTemplate | None = None,
+    stop: Any = (),
+    eos: Any = None,
+    quant: Any = None,
     **moved: Any,
 ) -> Generation:
     """Generate `new_tokens` tokens after `prompt` (module docstring) with the model
@@ -337,10 +526,17 @@ def generate(
 
     `weights`, `tokenizer`: see the module docstring; `batch`: the sequences of a text
     prompt (a string is repeated), checked against an ids prompt's rows; `dtype`: the
-    weights' and activations' float type; `page_size`: positions per KV page; `logits`:
+    weights' and activations' float type (None: the checkpoint's own, as its config.json
+    names it, else float32: `choose_dtype`); `page_size`: positions per KV page; `logits`:
     return each step's logits too. `sampling` (None: greedy), `plan` and `run` (None:
     plan only, no weights needed) are the records that say how tokens are drawn, how it
-    is planned and how it runs.
+    is planned and how it runs. `messages` (instead of `prompt`) and `chat_template`:
+    a chat prompt; `stop` and `eos`: when sequences stop (module docstring). `quant`:
+    "int8" or "int4" (or an `einpage.quantize.Quantization`) plans and runs the model
+    with those weights quantized (`GenerationSpec.quant`): the weights given are float,
+    quantized here before the run; only the quantized bytes are kept on the host and
+    cross PCIe. A GGUF file's quantized tensors are so by default (`quant=None`: the
+    file's own `Quantization`s, read as stored: `file_quantization`, `run_weights`).
 
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
@@ -359,19 +555,43 @@ def generate(
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
     family, cfg, checkpoint = resolve_model(model)
-    ids, used = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
-    source = None if run is None else _weights_source(cfg, weights, checkpoint)
+    if messages is not None:
+        if prompt is not None:
+            raise GenerationError(
+                "give a prompt or messages, not both (messages are the chat's prompt)"
+            )
+        ids, used, lengths = _chat_ids(
+            messages, chat_template, tokenizer, checkpoint, batch, cfg.vocab_size
+        )
+    else:
+        if chat_template is not None:
+            raise ChatError("chat_template= is for messages=: give the chat's messages too")
+        ids, used, lengths = _prompt_ids(prompt, tokenizer, checkpoint, batch, cfg.vocab_size)
+    stopping = checkpoint_stopping(checkpoint, eos, stop)
+    if stopping.strings and used is None:
+        raise GenerationError(
+            f"stop={list(stopping.strings)!r}: stop strings need a tokenizer to read the "
+            "text; give a text prompt (or messages) with a tokenizer, or stop at ids (eos=)"
+        )
+    if run is not None:
+        _weights_source(cfg, weights, checkpoint)  # checked before anything is planned
+    dtype, _ = choose_dtype(dtype, checkpoint)
+    quant = file_quantization(checkpoint, quant)
     spec = GenerationSpec(
-        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits
-    )
+        family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
+        quant, lengths,
+    )  # fmt: skip
     planned = plan_generation(spec, budget, plan)
     stats = planned.stats()
     if run is None:
-        return Generation(spec, planned, stats)
-    reads = isinstance(source, Path)
+        return Generation(spec, planned, stats, prompt_lengths=spec.lengths)
+    reads = weights is None or isinstance(weights, str | os.PathLike)
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
-    values = _read_weights(cfg, source, spec.dtype)
-    out = planned.run(values, ids, backend=run.backend, mode=run.mode)
-    full = np.concatenate([ids, out.ids], axis=1)
-    decoded = None if used is None else text.decode(used, full)
-    return Generation(spec, planned, stats, full, out.ids, out.logits, decoded, out.reports)
+    values = run_weights(spec, weights, checkpoint)
+    out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
+    full = np.concatenate([ids, out.new_ids], axis=1)
+    stats = kept_stats(planned, stats, out)
+    return Generation(
+        spec, planned, stats, full, out.new_ids, out.logits, out.text, out.reports,
+        out.new_lengths, stopping, spec.lengths,
+    )  # fmt: skip

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
@@ -60,15 +60,19 @@ from einpage.models.errors import GenerationBudgetError, GenerationError
 from einpage.models.generation import (
     DEFAULT_PAGE_SIZE,
     check_generation,
+    check_lengths,
+    check_quant,
     check_tokens,
     decode_inputs,
     decode_program,
     generation_inputs,
     generation_program,
+    quant_by_weight,
 )
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
 from einpage.program.program import Program
+from einpage.program.quantize import Quantization, quantize_each
 from einpage_core.errors import EinpageError, InfeasibleBudgetError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
@@ -226,8 +230,14 @@ def planning_homes(argument: str) -> dict[str, str]:
 @dataclass(frozen=True)
 class GenerationSpec:
     """What a generation plan is for: the model, the shapes, the KV cache's page size and
-    how tokens are chosen. Checked once, here (`check_generation`: `GenerationError`
-    naming the bad value); `generate` and `plan_generation` take it as it is."""
+    how tokens are chosen; `quant` (a `Quantization`, "int8" or "int4"; None: float
+    weights) stores the weights the model quantizes in fewer bits
+    (`einpage.program.quantize`), or a mapping gives the weights it names their own
+    `Quantization`s (a GGUF file's: `GGUFModel.quantization()`); `lengths` (one per
+    sequence, each at most `prompt_len`; None: every prompt is `prompt_len` long) makes
+    a ragged batch, its prompts left padded to `prompt_len` (`ragged`). Checked once,
+    here (`check_generation`: `GenerationError` naming the bad value); `generate` and
+    `plan_generation` take it as it is."""
 
     family: ModelFamily
     cfg: ModelConfig
@@ -238,6 +248,8 @@ class GenerationSpec:
     page_size: int = DEFAULT_PAGE_SIZE
     sampling: Sampling | None = None
     logits: bool = False
+    quant: Quantization | Mapping[str, Quantization] | None = None
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         dtype = check_generation(
@@ -251,6 +263,39 @@ class GenerationSpec:
             self.sampling,
         )
         object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "quant", check_quant(self.quant))
+        quant_by_weight(self.cfg, self.quant)  # a mapping's names are the program's
+        if self.lengths is not None:
+            lengths = check_lengths(self.lengths, self.prompt_len, self.batch)
+            ragged = min(lengths) < self.prompt_len
+            object.__setattr__(self, "lengths", lengths if ragged else None)
+
+    @property
+    def ragged(self) -> bool:
+        """Whether the prompts have different lengths (left padded to `prompt_len`)."""
+        return self.lengths is not None
+
+    @property
+    def pads(self) -> tuple[int, ...] | None:
+        """Each sequence's left padding (None when not ragged)."""
+        if self.lengths is None:
+            return None
+        return tuple(self.prompt_len - n for n in self.lengths)
+
+    def program_weights(self, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The weight inputs of the spec's programs from float `weights` (keyed by
+        `cfg.weight_shapes()`): as they are, or with `quant` quantized, each weight by its
+        own `Quantization` (`quantize_each`: `{name}.q`, `{name}.scale` and, with
+        minimums, `{name}.min`, scales in the spec's dtype)."""
+        if self.quant is None:
+            return dict(weights)
+        return quantize_each(self.cfg, weights, self.weight_quants, dtype=self.dtype)
+
+    @property
+    def weight_quants(self) -> dict[str, Quantization]:
+        """Each quantized weight and its `Quantization` (`quant_by_weight`; empty when
+        the weights are float)."""
+        return quant_by_weight(self.cfg, self.quant)
 
     @property
     def tokens(self) -> int:
@@ -289,6 +334,8 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             cache_outputs=cache_outputs,
+            quant=self.quant,
+            ragged=self.ragged,
         )
 
     def decode_program(self, pages: int, steps: int = 1) -> Program:
@@ -303,6 +350,8 @@ class GenerationSpec:
             sampling=self.sampling,
             logits=self.logits,
             positions=self.positions,
+            quant=self.quant,
+            ragged=self.ragged,
         )
 
 
@@ -651,8 +700,9 @@ class UnrolledPlan:
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         inputs = generation_inputs(
-            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed)
-        )
+            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed),
+            spec.lengths,
+        )  # fmt: skip
         with runtime.Session(self.plan, backend, mode=mode) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
@@ -863,14 +913,20 @@ class StepPlans:
         backend: Any = "numpy",
         mode: str | None = None,
         run_seed: int = 0,
+        until: Callable[[np.ndarray], bool] | None = None,
     ) -> GenerationOutput:
         """Generate with the step loop (module docstring): one session over every plan,
-        the weights and position tables staged once; arguments as `UnrolledPlan.run`."""
+        the weights and position tables staged once; arguments as `UnrolledPlan.run`.
+        `until(new_ids)`, called with the new ids [batch, n] so far after the prefill and
+        after each chunk, ends the loop early when it returns True (every sequence has
+        stopped: `einpage.workloads.stop`); the output then has the ids made so far."""
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         gumbel = spec.gumbel(seed)
         first = None if gumbel is None else gumbel[:1]
-        prompt = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, None, first)
+        prompt = generation_inputs(
+            spec.family, spec.cfg, ids, 1, spec.dtype, None, first, spec.lengths
+        )
         positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
         prefill = self.prefill.program
         with runtime.Session(self.session_plans, backend, mode=mode) as session:
@@ -885,6 +941,8 @@ class StepPlans:
                 session.stage(positions)  # the decode plans' tables, for every position
             staged: dict[str, int] = {}  # page inputs the session holds current: their page
             for chunk in self.chunks:
+                if until is not None and until(np.concatenate(chosen, axis=1)):
+                    break
                 tg = self.decoders[chunk.key].program
                 pages = cache.page_numbers(tg, range(chunk.pages))
                 fresh = {name: page for name, page in pages.items() if name not in staged}
@@ -892,7 +950,7 @@ class StepPlans:
                 staged |= fresh
                 step = decode_inputs(
                     chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
-                    chunk.steps,
+                    chunk.steps, spec.pads,
                 )  # fmt: skip
                 if gumbel is not None:
                     step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]

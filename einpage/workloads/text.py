@@ -1,9 +1,10 @@
 """Text in and out of generation: a checkpoint's `tokenizer.json`, read with `tokenizers`.
 
 The `tokenizers` library (the `text` extra: `pip install 'einpage[text]'`) loads the
-`tokenizer.json` that Hugging Face checkpoints carry. A batch of prompts must encode to
-the same number of tokens (a generation program has one prompt length; there is no
-padding), which `encode` checks.
+`tokenizer.json` that Hugging Face checkpoints carry. `encode` makes one [batch,
+prompt_len] array of prompts that encode to the same number of tokens; `encode_padded`
+also takes prompts of different lengths, left padded to the longest as one ragged batch
+(`einpage.models.generation.pad_prompts`: what `generate` does with them).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from einpage.models.errors import CheckpointError, GenerationError
+from einpage.models.generation import check_tokens, pad_prompts
 from einpage_core.errors import MissingDependencyError
 
 __all__ = [
@@ -23,7 +25,10 @@ __all__ = [
     "find_tokenizer",
     "missing_tokenizer",
     "load_tokenizer",
+    "encode_rows",
     "encode",
+    "encode_padded",
+    "padded",
     "decode",
 ]
 
@@ -81,25 +86,70 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         raise CheckpointError(f"cannot read the tokenizer {str(file)!r}: {err}") from None
 
 
-def encode(tokenizer: Any, texts: str | Sequence[str], batch: int | None = None) -> np.ndarray:
-    """The token ids of `texts` (one string per sequence; a single string is repeated
-    `batch` times) as int64 [batch, prompt_len]. `GenerationError` when they encode to
-    different lengths or to no tokens."""
+def encode_rows(
+    tokenizer: Any,
+    texts: str | Sequence[str],
+    batch: int | None = None,
+    add_special_tokens: bool = True,
+) -> list[list[int]]:
+    """The token ids of each of `texts` (one string per sequence; a single string is
+    repeated `batch` times), one list per sequence, of any lengths;
+    `add_special_tokens=False` leaves out what the tokenizer adds around a text (a BOS: a
+    chat template writes its own). `GenerationError` naming a text that encodes to no
+    tokens."""
     if isinstance(texts, str):
         texts = [texts] * (batch or 1)
     texts = list(texts)
     if not texts:
         raise GenerationError("encode: no text given")
-    rows = [tokenizer.encode(text).ids for text in texts]
+    rows = []
+    for i, line in enumerate(texts):
+        rows.append(list(tokenizer.encode(line, add_special_tokens=add_special_tokens).ids))
+        if not rows[-1]:
+            raise GenerationError(f"prompt {i} ({line!r}) encodes to no tokens")
+    return rows
+
+
+def encode(
+    tokenizer: Any,
+    texts: str | Sequence[str],
+    batch: int | None = None,
+    add_special_tokens: bool = True,
+) -> np.ndarray:
+    """The token ids of `texts` (as `encode_rows`) as int64 [batch, prompt_len].
+    `GenerationError` when they encode to different lengths (`encode_padded` pads them)
+    or to no tokens."""
+    rows = encode_rows(tokenizer, texts, batch, add_special_tokens)
     lengths = sorted({len(row) for row in rows})
-    if lengths[0] == 0:
-        raise GenerationError("encode: a prompt encodes to no tokens")
     if len(lengths) > 1:
         raise GenerationError(
-            f"encode: the prompts encode to different lengths {lengths}; a batch has one "
-            "prompt length (there is no padding)"
+            f"encode: the prompts encode to different lengths {lengths}; one [batch, "
+            "prompt_len] array has one: encode_padded (or generate) left pads them"
         )
     return np.array(rows, dtype=np.int64)
+
+
+def encode_padded(
+    tokenizer: Any,
+    texts: str | Sequence[str],
+    vocab_size: int,
+    batch: int | None = None,
+    add_special_tokens: bool = True,
+) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """The token ids of `texts` (as `encode_rows`) as one batch int64 [batch,
+    prompt_len] checked against `vocab_size`, and each prompt's length when they differ
+    (None when they do not): then left padded to the longest (`pad_prompts`: padding id
+    0, which a ragged generation never attends to)."""
+    return padded(encode_rows(tokenizer, texts, batch, add_special_tokens), vocab_size)
+
+
+def padded(rows: Sequence[Any], vocab_size: int) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """Token id rows as one batch int64 [batch, prompt_len] and, when their lengths
+    differ, each one's length (left padded to the longest: `pad_prompts`); `lengths`
+    None when they are all as long."""
+    if len({len(row) for row in rows}) == 1:
+        return check_tokens(np.array(rows, dtype=np.int64), vocab_size), None
+    return pad_prompts(rows, vocab_size)
 
 
 def decode(tokenizer: Any, ids: Any) -> list[str]:

@@ -220,8 +220,14 @@ def test_a_budget_below_the_minimum_names_the_step_and_the_task(way):
 
 def test_text_prompts_of_different_lengths(checkpoint):
     folder, _, tok = checkpoint
-    with pytest.raises(GenerationError, match="different lengths"):
+    with pytest.raises(GenerationError, match="different lengths .* encode_padded"):
         text.encode(tok, ["the", "the planner keeps the pages"])
+    ids, lengths = text.encode_padded(tok, ["the", "the planner keeps the pages"], 90)
+    short, long = (tok.encode(t).ids for t in ["the", "the planner keeps the pages"])
+    assert lengths == (len(short), len(long)) and ids.shape == (2, len(long))
+    assert ids[1].tolist() == long and ids[0].tolist() == [0] * (len(long) - len(short)) + short
+    same, none = text.encode_padded(tok, "the planner", 90, batch=2)
+    assert none is None and same.tolist() == [tok.encode("the planner").ids] * 2
     with pytest.raises(CheckpointError, match="no tokenizer.json"):
         text.load_tokenizer(folder.parent)
 
