@@ -892,7 +892,7 @@ def read_output_program_graph(batch: int) -> taskgraph.TaskGraph:
 def test_generate_without_a_model_says_to_give_one(capsys):
     code, _, err = cli(capsys, "generate", "--budget", "1MiB")
     assert code == EXIT_BAD_INPUT
-    assert_one_error(err, "give the model: a MODEL preset", "or --checkpoint DIR")
+    assert_one_error(err, "give the model: a MODEL preset", "--checkpoint DIR", "or --gguf FILE")
     assert "not both" not in err
 
 
