@@ -38,7 +38,10 @@ TABLES = {
 def _cpu_cuda():
     """`tests/runtime/cpu_cuda.py` (the CPU stand-in for CuPy), loaded by path."""
     if "cpu_cuda" not in sys.modules:
-        path = Path(__file__).parent / "runtime" / "cpu_cuda.py"
+        folder = Path(__file__).parent / "runtime"
+        if str(folder) not in sys.path:  # its own imports (fake_cublas) sit beside it
+            sys.path.insert(0, str(folder))
+        path = folder / "cpu_cuda.py"
         spec = importlib.util.spec_from_file_location("cpu_cuda", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules["cpu_cuda"] = module
