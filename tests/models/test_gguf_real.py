@@ -133,3 +133,28 @@ def test_smollm2_chat_stops_at_its_eos_as_transformers(smollm2):
     np.testing.assert_array_equal(out.ids, want.numpy())
     assert out.new_lengths.tolist() == [want.shape[1] - len(ids)]
     assert out.text[0].endswith("assistant\nThe capital of France is Paris.")
+
+
+@pytest.mark.slow
+def test_smollm2_ragged_batch_equals_transformers_with_left_padding(smollm2):
+    """Two prompts of different lengths in one batch: einpage left pads them with
+    positions and a mask; its new tokens are transformers' `generate` on the same file
+    with `padding_side="left"` and an attention mask, for each sequence."""
+    from einpage.workloads.generate import generate
+
+    path, theirs, model = smollm2
+    prompts = ["The capital of France is", "Water boils at a temperature of one hundred"]
+    lengths = [len(theirs(p).input_ids) for p in prompts]
+    assert lengths[0] != lengths[1]
+    out = generate(str(path), prompts, 5, "100%")
+    assert out.prompt_lengths == tuple(lengths)
+    theirs.padding_side = "left"
+    if theirs.pad_token is None:
+        theirs.pad_token = theirs.eos_token
+    batch = theirs(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        want = model.generate(**batch, max_new_tokens=5, do_sample=False)
+    new = want[:, batch.input_ids.shape[1] :].numpy()
+    for i, kept in enumerate(out.new_lengths):
+        np.testing.assert_array_equal(out.new_ids[i, :kept], new[i, :kept])
+    assert out.new_lengths.tolist() == [5, 5]  # neither reaches the eos in 5 tokens
