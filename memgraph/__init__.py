@@ -23,7 +23,9 @@ Where things live:
   `orders` (registries of policies and orders);
 * judging plans – `verify` (with `happens_before`, `verify_ranges`), `cost` and
   `simulate`, `baselines`, `bounds`, `optimal/` (the exact optimum and its LP bound);
-* pictures – `render`, `plots`, `trace`, `snapshot` (PyTorch memory snapshots).
+* pictures – `render`, `plots`, `trace`, `snapshot` (PyTorch memory snapshots);
+* several devices – `placement` (`pipeline_placement`, `split`: a TaskGraph per device
+  and the links between them), `multi` (the types, `plan_devices`, `verify_multi`).
 """
 
 from memgraph.allocator import Allocator
@@ -34,9 +36,20 @@ from memgraph.cost import PRESETS as COST_MODELS
 from memgraph.cost import CostModel, get_cost_model, register_cost_model
 from memgraph.eviction import POLICIES, EvictionContext, Rank, register_policy
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
+from memgraph.multi import (
+    DevicePart,
+    DevicePlan,
+    Link,
+    MultiPlan,
+    MultiVerifyReport,
+    PlacedGraph,
+    plan_devices,
+    verify_multi,
+)
 from memgraph.nodes import NODE_FIELDS, HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.optimal import OptimalTransfers, lp_transfer_bound, optimal_transfers
 from memgraph.orders import ORDERS, register_order
+from memgraph.placement import REPLICATED, pipeline_placement, place, split
 from memgraph.planner import (
     PlanOptions,
     min_budget,
@@ -102,6 +115,18 @@ __all__ = [
     "memory_snapshot",
     "write_memory_snapshot",
     "Allocator",
+    "Link",
+    "DevicePart",
+    "PlacedGraph",
+    "DevicePlan",
+    "MultiPlan",
+    "MultiVerifyReport",
+    "plan_devices",
+    "verify_multi",
+    "pipeline_placement",
+    "split",
+    "place",
+    "REPLICATED",
 ]
 
 

@@ -22,13 +22,27 @@ node once its dependencies and its link have arrived cannot deadlock.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from einpage_core.errors import InfeasibleBudgetError, PlanError, VerificationError
+from einpage_core.units import format_bytes, format_exact
+from memgraph.budgets import BudgetReading
 from memgraph.graph import MemGraph
+from memgraph.nodes import MemNode, NodeKind
+from taskgraph import dtypes
 
-__all__ = ["Link", "DevicePart", "PlacedGraph", "DevicePlan", "MultiPlan"]
+__all__ = [
+    "Link",
+    "DevicePart",
+    "PlacedGraph",
+    "DevicePlan",
+    "MultiPlan",
+    "plan_devices",
+    "verify_multi",
+    "MultiVerifyReport",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +62,9 @@ class Link:
 
     def describe(self) -> str:
         """`%12 f32[2,64] 512 B: device 0 "send:%12" -> device 1 "recv:%12"`."""
-        from einpage_core.units import format_bytes
-
         dims = ",".join(map(str, self.shape))
         return (
-            f"%{self.task} {self.dtype}[{dims}] {format_bytes(self.nbytes)}: "
+            f"%{self.task} {dtypes.short(self.dtype)}[{dims}] {format_bytes(self.nbytes)}: "
             f'device {self.source} "{self.output}" -> device {self.target} "{self.input}"'
         )
 
@@ -68,6 +80,9 @@ class DevicePart:
     tg: Any  # taskgraph.TaskGraph (memgraph reads TaskGraphs; it does not build them)
     origin: tuple[int, ...]
 
+    def __repr__(self) -> str:
+        return f"<DevicePart device={self.device} {self.tg!r}>"
+
 
 @dataclass(frozen=True)
 class PlacedGraph:
@@ -80,6 +95,30 @@ class PlacedGraph:
     links: tuple[Link, ...]
     outputs: Mapping[str, tuple[int, str]]
     strategy: str = "pipeline"
+    inputs: tuple[str, ...] = ()
+    """The original program's input names: the driver stages each (from the one host
+    array it is given) on every device whose graph has an input of that name; every
+    other input of a device's graph is a link's (`verify_multi` checks it)."""
+
+    def __repr__(self) -> str:
+        tasks = [len(part.tg) for part in self.parts]
+        return (
+            f"<PlacedGraph {self.strategy} devices={self.devices} tasks={tasks} "
+            f"links={len(self.links)} sent={format_bytes(sum(k.nbytes for k in self.links))}>"
+        )
+
+    def lines(self) -> list[str]:
+        """A header per device (its graph's summary), then one line per link and where
+        each original output ends."""
+        out = []
+        for part in self.parts:
+            out.append(f"device {part.device}: {part.tg!r}")
+        out.extend(f"  link {link.describe()}" for link in self.links)
+        out.extend(f'  output "{n}" on device {d} as "{m}"' for n, (d, m) in self.outputs.items())
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join([repr(self), *self.lines()])
 
 
 @dataclass(frozen=True)
@@ -89,6 +128,9 @@ class DevicePlan:
     device: int
     mg: MemGraph
     budget: int
+
+    def __repr__(self) -> str:
+        return f"<DevicePlan device={self.device} {self.mg!r}>"
 
 
 @dataclass(frozen=True)
@@ -116,3 +158,343 @@ class MultiPlan:
     @property
     def outputs(self) -> Mapping[str, tuple[int, str]]:
         return self.placed.outputs
+
+    def __repr__(self) -> str:
+        budgets = ", ".join(format_bytes(p.budget) for p in self.plans)
+        peaks = ", ".join(format_bytes(p.mg.stats.peak_bytes) for p in self.plans)
+        moved = sum(p.mg.stats.offload_bytes + p.mg.stats.reload_bytes for p in self.plans)
+        return (
+            f"<MultiPlan {self.placed.strategy} devices={self.devices} links={len(self.links)} "
+            f"sent={format_bytes(sum(k.nbytes for k in self.links))} budgets=[{budgets}] "
+            f"peaks=[{peaks}] moved={format_bytes(moved)}>"
+        )
+
+    def lines(self, nodes: bool = True) -> list[str]:
+        """A header per device (its plan's summary: nodes, budget, peak, bytes moved), its
+        plan's node lines (unless `nodes` is False), then one line per link and where each
+        original output ends."""
+        out = []
+        for plan in self.plans:
+            s = plan.mg.stats
+            sends = sum(1 for k in self.links if k.source == plan.device)
+            receives = sum(1 for k in self.links if k.target == plan.device)
+            out.append(
+                f"device {plan.device}: {len(plan.mg)} nodes, budget {format_bytes(plan.budget)},"
+                f" peak {format_bytes(s.peak_bytes)}, offloaded {format_bytes(s.offload_bytes)}"
+                f" ({s.offload_count}), reloaded {format_bytes(s.reload_bytes)} "
+                f"({s.reload_count}), sends {sends}, receives {receives}"
+            )
+            if nodes:
+                out.extend(f"  {line}" for line in plan.mg.lines())
+        out.append(f"links ({len(self.links)}):")
+        out.extend(f"  {link.describe()}" for link in self.links)
+        out.extend(f'output "{n}" on device {d} as "{m}"' for n, (d, m) in self.outputs.items())
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join([repr(self), *self.lines()])
+
+
+# -- planning every device -----------------------------------------------------------
+
+
+def plan_devices(
+    tg: Any, devices: int, budget: Any, *, placement: str = "pipeline", **plan_options: Any
+) -> MultiPlan:
+    """Place `tg` on `devices` devices and plan each device's graph; the `MultiPlan`.
+
+    `tg` is a TaskGraph, placed by the strategy `placement` names
+    (`memgraph.placement.PLACEMENTS`) and split, or a `PlacedGraph` already split over
+    `devices` devices. `budget` is one budget for every device or a sequence of one per
+    device: bytes, a size string, or a percentage read (as `memgraph.plan` reads it)
+    against *that device's* graph ("50%": half of that device's resident peak). Every
+    device is planned with `memgraph.plan(part, budget, outputs="host", **plan_options)`,
+    so each tensor a link sends leaves its device as soon as it is computed.
+
+    Raises `InfeasibleBudgetError` for a budget below a device's `min_budget`, naming the
+    device, its budget and its smallest feasible budget (`error.device` is the device,
+    `error.task` the task of `tg` that needs it); `PlanError` for a wrong number of
+    budgets, `outputs` other than "host", or a placement problem.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program("two")
+    >>> x = prog.input("x", (64, 64))
+    >>> for i in range(4):
+    ...     x = ep.tanh(x @ prog.input(f"w{i}", (64, 64), role="weight"))
+    >>> prog.output(x, "y")
+    >>> mp = plan_devices(prog.build(), 2, "80%")
+    >>> [len(mp.links), mp.outputs["y"]]
+    [1, (1, 'y')]
+    >>> verify_multi(mp).links
+    1
+    """
+    from memgraph.budgets import infeasible_message, min_budget, read_budget
+    from memgraph.options import PlanOptions
+    from memgraph.placement import check_devices, place
+    from memgraph.planner import plan
+
+    check_devices(devices, "plan_devices")
+    if isinstance(tg, PlacedGraph):
+        placed = tg
+        if placed.devices != devices:
+            raise PlanError(
+                f"plan_devices: the placed graph is split over {placed.devices} devices, "
+                f"not {devices}"
+            )
+    else:
+        placed = place(tg, devices, placement)
+    if plan_options.get("outputs", "host") != "host":
+        raise PlanError(
+            f"plan_devices plans every device with outputs='host' (a link's tensor leaves "
+            f"its device once computed); got outputs={plan_options['outputs']!r}"
+        )
+    options = {**plan_options, "outputs": "host"}
+    opts = PlanOptions.from_keywords(options, "memgraph.plan_devices", ("budget", "placement"))
+    budgets = _budgets(budget, devices)
+    plans = []
+    for part, asked in zip(placed.parts, budgets, strict=True):
+        reading = read_budget(part.tg, asked, opts)
+        needed, task = min_budget(part.tg, opts.alignment, opts.inputs)
+        if reading.nbytes // opts.alignment * opts.alignment < needed:
+            why = infeasible_message(part.tg, reading, needed, task, opts.alignment)
+            where = (
+                ""
+                if task is None
+                else f" (device {part.device}'s %{task} is the program's %{part.origin[task]})"
+            )
+            error = InfeasibleBudgetError(
+                f"device {part.device}: {why}{where}. Give device {part.device} at least "
+                f"{format_exact(needed)}, or partition the graph so that its tasks fit "
+                f"(taskgraph.partition_for_budget)",
+                reading.nbytes,
+                needed,
+                None if task is None else part.origin[task],
+            )
+            error.device = part.device
+            raise error
+        mg = plan(part.tg, reading, **options)
+        plans.append(DevicePlan(part.device, mg, mg.budget))
+    info = {
+        "placement": placed.strategy,
+        "budget_requests": [b if isinstance(b, int) else str(b) for b in budgets],
+        "plan_options": opts.info(),
+    }
+    return MultiPlan(placed, tuple(plans), info)
+
+
+def _budgets(budget: Any, devices: int) -> list[Any]:
+    """One budget per device: `budget` repeated, or the sequence given, checked in length."""
+    if isinstance(budget, str | int | BudgetReading) and not isinstance(budget, bool):
+        return [budget] * devices
+    if isinstance(budget, Sequence):
+        if len(budget) != devices:
+            raise PlanError(
+                f"plan_devices: {len(budget)} budgets given for {devices} devices; give one "
+                f"budget for all or one per device"
+            )
+        return list(budget)
+    raise PlanError(
+        f"plan_devices: a budget is bytes, a size string or a percentage (or a sequence of "
+        f"one per device), got {budget!r}"
+    )
+
+
+# -- verifying the whole ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MultiVerifyReport:
+    """What a successful `verify_multi` saw: each device plan's `VerifyReport`, the links,
+    and the nodes and edges of the union graph it found acyclic."""
+
+    devices: int
+    links: int
+    nodes: int
+    edges: int
+    plans: tuple[Any, ...]  # memgraph.verify.VerifyReport, one per device
+
+
+def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
+    """Check a `MultiPlan`; raise `VerificationError` naming the first violation.
+
+    * each device's plan passes `memgraph.verify` (the error says which device), and the
+      plans are those of devices 0, 1, ... in order, one per part;
+    * each link goes between two devices of the plan, not from a device to itself; its
+      output is an `output` node of the source plan that ends on the host (`storage`),
+      and its input an `input` node of the target plan that starts on the host; both
+      host storages (the plans' `storages` tables) have the link's shape, dtype and bytes;
+    * every input of every device plan is fed exactly once: by the driver (an input of
+      the original program, `PlacedGraph.inputs`) or by one link – not by nothing, not
+      by both, not by two links;
+    * every original output is an output of the device plan `MultiPlan.outputs` names;
+    * the union of all plans' dependencies and one edge per link (the source's `output`
+      node before the target's `input` node) is acyclic, so that executing each node
+      once its dependencies are done and its link has arrived cannot deadlock (the
+      error names a cycle: device and node line of each of its nodes). Linear time.
+    """
+    from memgraph.verify import verify
+
+    if not isinstance(mp, MultiPlan):
+        raise VerificationError(f"verify_multi takes a MultiPlan, got {type(mp).__name__}")
+    placed = mp.placed
+    if len(mp.plans) != placed.devices or len(placed.parts) != placed.devices:
+        raise VerificationError(
+            f"the plan is over {placed.devices} devices but has {len(mp.plans)} device plans "
+            f"and {len(placed.parts)} parts"
+        )
+    reports = []
+    for index, device_plan in enumerate(mp.plans):
+        if device_plan.device != index:
+            raise VerificationError(f"device plan {index} says it is device {device_plan.device}")
+        try:
+            reports.append(verify(device_plan.mg))
+        except VerificationError as error:
+            raise VerificationError(f"device {index}: {error}", error.node) from None
+    inputs = [_named(p.mg, NodeKind.INPUT) for p in mp.plans]
+    outputs = [_named(p.mg, NodeKind.OUTPUT) for p in mp.plans]
+    fed: dict[tuple[int, str], list[Link]] = {}
+    for link in mp.links:
+        _check_link(mp, link, inputs, outputs)
+        fed.setdefault((link.target, link.input), []).append(link)
+    staged = set(placed.inputs)
+    for device, named in enumerate(inputs):
+        for name, node in named.items():
+            feeders = fed.get((device, name), [])
+            where = f'input "{name}" of device {device} (n{node.id})'
+            if len(feeders) > 1:
+                sources = ", ".join(k.describe() for k in feeders)
+                raise VerificationError(f"{where} is fed by {len(feeders)} links: {sources}")
+            if feeders and name in staged:
+                raise VerificationError(
+                    f"{where} is fed twice: the driver stages the program's input of that name, "
+                    f"and link {feeders[0].describe()} ends there"
+                )
+            if not feeders and name not in staged:
+                raise VerificationError(
+                    f"{where} is fed by nothing: no link ends there and the program has no "
+                    f"input of that name"
+                )
+    for name, (device, local) in mp.outputs.items():
+        if not 0 <= device < placed.devices or local not in outputs[device]:
+            raise VerificationError(
+                f'output "{name}" is said to end on device {device} as "{local}", which is no '
+                f"output of that device's plan"
+            )
+    nodes, edges = _check_acyclic(mp, inputs, outputs)
+    return MultiVerifyReport(placed.devices, len(mp.links), nodes, edges, tuple(reports))
+
+
+def _named(mg: MemGraph, kind: NodeKind) -> dict[str, MemNode]:
+    """The plan's nodes of `kind` (inputs or outputs) by name."""
+    return {node.name: node for node in mg.nodes if node.kind is kind}
+
+
+def _check_link(
+    mp: MultiPlan,
+    link: Link,
+    inputs: list[dict[str, MemNode]],
+    outputs: list[dict[str, MemNode]],
+) -> None:
+    """The checks of one link (see `verify_multi`)."""
+    devices = mp.devices
+    what = f"link {link.describe()}"
+    for end, device in (("source", link.source), ("target", link.target)):
+        if not 0 <= device < devices:
+            raise VerificationError(
+                f"{what}: its {end} device {device} is not one of 0..{devices - 1}"
+            )
+    if link.source == link.target:
+        raise VerificationError(f"{what}: goes from device {link.source} to itself")
+    ends = (
+        ("output", link.source, outputs[link.source].get(link.output), link.output),
+        ("input", link.target, inputs[link.target].get(link.input), link.input),
+    )
+    for kind, device, node, name in ends:
+        if node is None:
+            raise VerificationError(f'{what}: device {device}\'s plan has no {kind} "{name}"')
+        if node.storage is None:
+            raise VerificationError(
+                f"{what}: device {device}'s {kind} n{node.id} is on the device "
+                f"({node.region}), not the host: {node.line()}"
+            )
+        held = mp.plans[device].mg.storages[node.storage]
+        if (held.shape, held.dtype, held.nbytes) != (link.shape, link.dtype, link.nbytes):
+            raise VerificationError(
+                f"{what}: device {device}'s {kind} n{node.id} holds {held} "
+                f"({held.dtype}{list(held.shape)}, {held.nbytes} B), but the link carries "
+                f"{link.dtype}{list(link.shape)}, {link.nbytes} B"
+            )
+
+
+def _check_acyclic(
+    mp: MultiPlan, inputs: list[dict[str, MemNode]], outputs: list[dict[str, MemNode]]
+) -> tuple[int, int]:
+    """Kahn's algorithm over the union of the plans' dependencies and the links; the
+    number of nodes and edges, or a `VerificationError` naming a cycle."""
+    offsets, total = [], 0
+    for plan in mp.plans:
+        offsets.append(total)
+        total += len(plan.mg.nodes)
+    successors: list[list[int]] = [[] for _ in range(total)]
+    preds = [0] * total
+    edges = 0
+    for plan, base in zip(mp.plans, offsets, strict=True):
+        for node in plan.mg.nodes:
+            for dep in node.deps:
+                successors[base + dep].append(base + node.id)
+            preds[base + node.id] += len(node.deps)
+            edges += len(node.deps)
+    for link in mp.links:
+        sent = offsets[link.source] + outputs[link.source][link.output].id
+        received = offsets[link.target] + inputs[link.target][link.input].id
+        successors[sent].append(received)
+        preds[received] += 1
+        edges += 1
+    waiting = list(preds)
+    ready = [g for g in range(total) if waiting[g] == 0]
+    done = 0
+    while ready:
+        g = ready.pop()
+        done += 1
+        for s in successors[g]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+    if done == total:
+        return total, edges
+    cycle = _a_cycle(successors, waiting)
+
+    def line(g: int) -> str:
+        device = max(d for d, base in enumerate(offsets) if base <= g)
+        return f"device {device} {mp.plans[device].mg.nodes[g - offsets[device]].line()}"
+
+    shown = " -> ".join(f"[{line(g)}]" for g in cycle)
+    raise VerificationError(
+        f"the plans and their links wait for each other in a cycle of {len(cycle)} nodes "
+        f"(each before the next, the last before the first): {shown}"
+    )
+
+
+def _a_cycle(successors: list[list[int]], waiting: list[int]) -> list[int]:
+    """A cycle among the nodes Kahn's algorithm left (`waiting[g] > 0`), in edge order.
+
+    Every node left has a predecessor left; walking from one to a left predecessor
+    repeats a node within as many steps as nodes are left: the walk from that node's
+    first visit is a cycle (backwards)."""
+    predecessor: dict[int, int] = {}
+    for g, after in enumerate(successors):
+        if waiting[g] > 0:
+            for s in after:
+                if waiting[s] > 0:
+                    predecessor.setdefault(s, g)
+    start = next(g for g in range(len(waiting)) if waiting[g] > 0)
+    seen: dict[int, int] = {}
+    walk = []
+    g = start
+    while g not in seen:
+        seen[g] = len(walk)
+        walk.append(g)
+        g = predecessor[g]
+    cycle = walk[seen[g] :]
+    cycle.reverse()
+    return cycle

@@ -1,0 +1,362 @@
+"""Placement: which device computes each task of a TaskGraph, and the split into one
+TaskGraph per device (`memgraph.multi` holds the types: `PlacedGraph`, `Link`, ...).
+
+A placement is a tuple with one entry per task: the device (0 .. devices-1) that
+computes it, or `REPLICATED` (-1) for a task that every device which needs it makes
+for itself – an `Input` (the driver stages it on each such device from the same host
+array), a `Fill`, and whatever reads only such tasks and no weight (a View or Slice of
+an input, the RoPE tables' arithmetic): copying it costs no transfer.
+
+`pipeline_placement(tg, devices)` places by weights (facts, not names: `Input.role`):
+
+* the weights – `Input`s with role "weight" that some compute task reads (directly or
+  through Views) – in the order of their first use are cut into `devices` contiguous
+  groups, balanced by bytes (`weight_groups`: the largest group's weight bytes is as
+  small as any contiguous cut can make it); group g lives on device g;
+* a compute task that reads a weight goes to that weight's device (the largest weight
+  it reads if several, ties to the first read);
+* any other task that reads a non-replicated tensor goes to the device of its
+  non-replicated operand with the largest task id (so a View goes with its base);
+* the rest is replicated.
+
+`split(tg, placement, devices)` makes the `PlacedGraph`: per device, the tasks placed
+there, the replicated tasks they need (transitively), and for each tensor computed on
+another device a *link*: an output of the source device's graph (`send:%7`) and an
+`Input(role="activation", location="host")` of the reading device's (`recv:%7`). A
+View is never linked: a device that reads a View of another device's tensor receives
+the View's base and makes the View itself (Views cost nothing), so a link always moves
+a whole tensor, as its host storage holds it. Original outputs keep their names, on the
+device that computes them (a replicated output: on the first device that has it, else
+device 0); original inputs keep theirs, on every device that reads them (an input that
+nothing reads is kept on device 0). Each device's graph keeps the original order (a
+sub-order of a topological order) and each task's scope, label, block, workspace and
+facts (renumbered: `Fact.renumbered`, dropped where their subject is not on the device).
+A link's input states no facts: what its tensor is stays stated on its source.
+
+>>> import einpage as ep
+>>> prog = ep.Program("two")
+>>> x = prog.input("x", (4, 8))
+>>> w0 = prog.input("w0", (8, 8), role="weight")
+>>> w1 = prog.input("w1", (8, 8), role="weight")
+>>> prog.output((x @ w0) @ w1, "y")
+>>> tg = prog.build()
+>>> pipeline_placement(tg, 2)
+(-1, -1, -1, 0, 1)
+>>> placed = split(tg, pipeline_placement(tg, 2), 2)
+>>> [link.describe() for link in placed.links]
+['%3 f32[4,8] 128 B: device 0 "send:%3" -> device 1 "recv:%3"']
+>>> placed.outputs["y"]
+(1, 'y')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from einpage_core.errors import PlanError, expect_graph
+from memgraph.multi import DevicePart, Link, PlacedGraph
+from taskgraph.builder import GraphBuilder
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input, with_blocks
+
+__all__ = [
+    "REPLICATED",
+    "PLACEMENTS",
+    "pipeline_placement",
+    "weight_groups",
+    "used_weights",
+    "split",
+    "place",
+]
+
+REPLICATED = -1
+"""The placement of a task that every device needing it makes for itself (see the
+module docstring)."""
+
+
+def check_devices(devices: object, where: str) -> int:
+    """`devices` as an int >= 1, or a `PlanError` naming `where`."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"{where}: devices must be an int >= 1, got {devices!r}")
+    return devices
+
+
+def used_weights(tg: TaskGraph) -> list[int]:
+    """The task ids of `tg`'s weights (`Input` role "weight") that some compute task reads
+    (directly or through Views), in the order of their first use."""
+    order: dict[int, None] = {}
+    for task in tg:
+        if not task.is_compute:
+            continue
+        for operand in task.inputs:
+            root = tg[tg.storage_root(operand)]
+            if isinstance(root.op, Input) and root.op.role == "weight":
+                order.setdefault(root.id, None)
+    return list(order)
+
+
+def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
+    """`tg`'s used weights (`used_weights`, in first-use order) cut into `devices`
+    non-empty contiguous groups: the cut whose largest group has the fewest bytes (the
+    bottleneck device's weight bytes, a pipeline's slowest stage when weights dominate),
+    found by binary search on that bound; at the bound, each group takes weights greedily
+    while they fit and enough are left for the groups after it.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (1, 4))
+    >>> for i, n in enumerate([4, 4, 4, 12]):  # 64, 64, 64 and 192 bytes
+    ...     prog.output(x @ prog.input(f"w{i}", (4, n), role="weight"), f"y{i}")
+    >>> tg = prog.build()
+    >>> [[tg[w].op.name for w in group] for group in weight_groups(tg, 2)]
+    [['w0', 'w1', 'w2'], ['w3']]
+
+    Raises `PlanError` when there are fewer used weights than devices (with more than
+    one device: each device needs a weight to anchor its stage).
+    """
+    check_devices(devices, "weight_groups")
+    weights = used_weights(tg)
+    if devices > 1 and not weights:
+        raise PlanError(
+            f"pipeline placement of {devices} devices needs weights to place (inputs with "
+            f"role 'weight' that tasks read); this program reads none. Plan it on one device"
+        )
+    if devices > len(weights):
+        raise PlanError(
+            f"pipeline placement of {devices} devices needs at least {devices} weights; this "
+            f"program has {len(weights)}. Use at most {len(weights)} devices"
+        )
+    if devices == 1:
+        return (tuple(weights),)
+    sizes = [tg[w].nbytes for w in weights]
+    low, high = max(sizes), sum(sizes)
+    while low < high:  # the smallest bound whose greedy cut needs at most `devices` groups
+        middle = (low + high) // 2
+        if _groups_needed(sizes, middle) <= devices:
+            high = middle
+        else:
+            low = middle + 1
+    groups: list[tuple[int, ...]] = []
+    start = 0
+    for g in range(devices):
+        later = devices - 1 - g  # groups after this one, each needing a weight
+        end, held = start + 1, sizes[start]
+        while end < len(sizes) - later and (g == devices - 1 or held + sizes[end] <= low):
+            held += sizes[end]
+            end += 1
+        groups.append(tuple(weights[start:end]))
+        start = end
+    return tuple(groups)
+
+
+def _groups_needed(sizes: Sequence[int], bound: int) -> int:
+    """How many contiguous groups of at most `bound` bytes a greedy cut of `sizes` makes."""
+    groups, held = 1, 0
+    for size in sizes:
+        if held + size > bound:
+            groups, held = groups + 1, 0
+        held += size
+    return groups
+
+
+def pipeline_placement(tg: TaskGraph, devices: int) -> tuple[int, ...]:
+    """The device of every task of `tg` in a pipeline over `devices` devices
+    (`REPLICATED` for tasks every device makes for itself); see the module docstring.
+    Raises `PlanError` for devices < 1 and for fewer weights than devices."""
+    expect_graph(tg, TaskGraph, "memgraph.placement.pipeline_placement")
+    check_devices(devices, "pipeline_placement")
+    groups = weight_groups(tg, devices)
+    weight_device = {w: g for g, group in enumerate(groups) for w in group}
+    device_of = [REPLICATED] * len(tg)
+    for task in tg:
+        if task.is_compute:
+            read = [tg.storage_root(i) for i in task.inputs]
+            weights = [w for w in read if w in weight_device]
+            if weights:
+                largest = weights[0]
+                for w in weights[1:]:
+                    if tg[w].nbytes > tg[largest].nbytes:
+                        largest = w
+                device_of[task.id] = weight_device[largest]
+                continue
+        placed = [i for i in task.inputs if device_of[i] != REPLICATED]
+        if placed:
+            device_of[task.id] = device_of[max(placed)]
+    return tuple(device_of)
+
+
+PLACEMENTS = {"pipeline": pipeline_placement}
+"""Placement strategies by name: `(tg, devices) -> placement`."""
+
+
+def place(tg: TaskGraph, devices: int, strategy: str = "pipeline") -> PlacedGraph:
+    """`tg` placed on `devices` devices by the strategy named `strategy` (`PLACEMENTS`)
+    and split (`split`)."""
+    if strategy not in PLACEMENTS:
+        raise PlanError(
+            f"unknown placement {strategy!r}; valid: {', '.join(map(repr, PLACEMENTS))}"
+        )
+    return split(tg, PLACEMENTS[strategy](tg, devices), devices, strategy=strategy)
+
+
+def _check_placement(tg: TaskGraph, placement: Sequence[int], devices: int) -> tuple[int, ...]:
+    """`placement` as a tuple, checked: one device (or `REPLICATED`) per task, and no
+    replicated task reading a placed one (a copy on every device would need links)."""
+    device_of = tuple(placement)
+    if len(device_of) != len(tg):
+        raise PlanError(f"a placement names {len(device_of)} devices for {len(tg)} tasks")
+    for task, device in zip(tg, device_of, strict=True):
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise PlanError(f"task %{task.id}: its device must be an int, got {device!r}")
+        if not REPLICATED <= device < devices:
+            raise PlanError(
+                f"task %{task.id}: device {device} is not one of 0..{devices - 1} (or "
+                f"{REPLICATED}, replicated)"
+            )
+        if device == REPLICATED:
+            for i in task.inputs:
+                if device_of[i] != REPLICATED:
+                    raise PlanError(
+                        f"task %{task.id} is replicated but reads %{i}, placed on device "
+                        f"{device_of[i]}: a replicated task reads only replicated tasks"
+                    )
+    return device_of
+
+
+def split(
+    tg: TaskGraph, placement: Sequence[int], devices: int, *, strategy: str = "pipeline"
+) -> PlacedGraph:
+    """`tg` split by `placement` (one device or `REPLICATED` per task) over `devices`
+    devices: a TaskGraph per device and the links between them (see the module
+    docstring). `strategy` is recorded on the result. Raises `PlanError` for a placement
+    of the wrong length, an unknown device, or a replicated task reading a placed one."""
+    expect_graph(tg, TaskGraph, "memgraph.placement.split")
+    check_devices(devices, "split")
+    device_of = _check_placement(tg, placement, devices)
+    needed = [_Needs(tg, device_of, d) for d in range(devices)]
+    for d in range(devices):
+        needed[d].add(t for t in range(len(tg)) if device_of[t] == d)
+    outputs: dict[str, tuple[int, str]] = {}
+    output_device: dict[int, int] = {}
+    for name, task_id in tg.outputs.items():
+        device = device_of[task_id]
+        if device == REPLICATED:
+            holders = [d for d in range(devices) if task_id in needed[d].local]
+            device = output_device.get(task_id, holders[0] if holders else 0)
+        output_device[task_id] = device
+        outputs[name] = (device, name)
+    for task_id, device in output_device.items():
+        needed[device].add([task_id])
+    for task in tg:  # an input that nothing reads: kept on device 0
+        if isinstance(task.op, Input) and not any(task.id in n.local for n in needed):
+            needed[0].add([task.id])
+
+    links: list[Link] = []
+    taken_inputs, taken_outputs = set(tg.inputs), set(tg.outputs)
+    send_name: dict[int, str] = {}
+    recv_name: dict[tuple[int, int], str] = {}
+    for d in range(devices):
+        for task_id in sorted(needed[d].received):
+            task = tg[task_id]
+            if task_id not in send_name:
+                send_name[task_id] = _fresh(f"send:%{task_id}", taken_outputs)
+            recv_name[task_id, d] = _fresh(f"recv:%{task_id}", taken_inputs)
+            links.append(
+                Link(
+                    task_id,
+                    device_of[task_id],
+                    d,
+                    send_name[task_id],
+                    recv_name[task_id, d],
+                    task.shape,
+                    task.dtype,
+                    task.nbytes,
+                )
+            )
+    links.sort(key=lambda link: (link.task, link.target))
+    parts = []
+    for d in range(devices):
+        sends = {t: n for t, n in send_name.items() if device_of[t] == d}
+        mine = {name: t for name, t in tg.outputs.items() if outputs[name][0] == d}
+        parts.append(_part(tg, d, needed[d], recv_name, sends, mine))
+    return PlacedGraph(devices, tuple(parts), tuple(links), outputs, strategy, tuple(tg.inputs))
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    """`name`, or `name#1`, `name#2`, ... : the first not in `taken` (then added to it)."""
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}#{k}"
+    taken.add(candidate)
+    return candidate
+
+
+class _Needs:
+    """What device `device` holds of `tg` under a placement: `local` (tasks it makes:
+    its own, replicated ones, copies of Views) and `received` (tensors linked in)."""
+
+    def __init__(self, tg: TaskGraph, device_of: tuple[int, ...], device: int):
+        self.tg = tg
+        self.device_of = device_of
+        self.device = device
+        self.local: set[int] = set()
+        self.received: set[int] = set()
+
+    def add(self, tasks) -> None:
+        """Make the device hold `tasks` and, transitively, what they read."""
+        stack = list(tasks)
+        while stack:
+            task_id = stack.pop()
+            if task_id in self.local or task_id in self.received:
+                continue
+            device = self.device_of[task_id]
+            task = self.tg[task_id]
+            if device in (self.device, REPLICATED) or task.op.aliases_input:
+                self.local.add(task_id)
+                stack.extend(task.inputs)
+            else:
+                self.received.add(task_id)
+
+
+def _part(
+    tg: TaskGraph,
+    device: int,
+    needs: _Needs,
+    recv_name: dict[tuple[int, int], str],
+    sends: dict[int, str],
+    outputs: dict[str, int],
+) -> DevicePart:
+    """Device `device`'s TaskGraph: its tasks in the original order, a link input in place
+    of each tensor it receives, its original outputs and its sends as outputs."""
+    builder = GraphBuilder(f"{tg.name}:device{device}")
+    origin = sorted(needs.local | needs.received)
+    new_id: dict[int, int] = {}
+    blocks = []
+    for task_id in origin:
+        task = tg[task_id]
+        if task_id in needs.received:
+            op = Input(recv_name[task_id, device], role="activation", location="host")
+            new_id[task_id] = builder.add(op, (), task.shape, task.dtype, task.scope, task.label)
+            blocks.append(None)
+            continue
+        facts = [f for f in (fact.renumbered(new_id) for fact in task.facts) if f is not None]
+        new_id[task_id] = builder.add(
+            task.op,
+            [new_id[i] for i in task.inputs],
+            task.shape,
+            task.dtype,
+            task.scope,
+            task.label,
+            facts,
+            task.workspace,
+        )
+        blocks.append(task.block)
+    for name, task_id in outputs.items():
+        builder.output(new_id[task_id], name)
+    for task_id, name in sorted(sends.items()):
+        builder.output(new_id[task_id], name)
+    built = builder.build()
+    if any(block is not None for block in blocks):
+        built = TaskGraph(with_blocks(built.tasks, blocks), built.outputs, built.name)
+    return DevicePart(device, built, tuple(origin))
