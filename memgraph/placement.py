@@ -121,13 +121,13 @@ def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
             f"pipeline placement of {devices} devices needs weights to place (inputs with "
             f"role 'weight' that tasks read); this program reads none. Plan it on one device"
         )
+    if devices == 1:
+        return (tuple(weights),)
     if devices > len(weights):
         raise PlanError(
             f"pipeline placement of {devices} devices needs at least {devices} weights; this "
             f"program has {len(weights)}. Use at most {len(weights)} devices"
         )
-    if devices == 1:
-        return (tuple(weights),)
     sizes = [tg[w].nbytes for w in weights]
     low, high = max(sizes), sum(sizes)
     while low < high:  # the smallest bound whose greedy cut needs at most `devices` groups

@@ -1,0 +1,360 @@
+"""Pipeline placement and the split (`memgraph.placement`): where each task goes, that the
+weight groups are balanced, which inputs are replicated, that links appear exactly where
+a computed tensor crosses devices, and that the split graphs compute the original's
+outputs (the driver of `test_placement_driver`, against `taskgraph.evaluate`) – on
+hand-made programs, random ones, LLaMA-tiny prefill and a training step."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import einsum_programs, program_inputs
+from test_placement_driver import assert_same_outputs, chain, llama_case, run_split
+
+import einpage as ep
+import taskgraph
+from einpage.models import llama
+from einpage.program.optim import SGD
+from einpage.workloads.training import training_graph, training_inputs
+from einpage_core.errors import PlanError
+from memgraph.placement import (
+    REPLICATED,
+    pipeline_placement,
+    place,
+    split,
+    used_weights,
+    weight_groups,
+)
+from taskgraph.builder import GraphBuilder
+from taskgraph.einsum import EinsumSpec
+from taskgraph.expr import parse as parse_join
+from taskgraph.facts import Update, fact_of
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Einsum, Input
+
+
+def best_contiguous_bound(sizes, groups):
+    """The smallest largest-group sum over every cut of `sizes` into `groups` non-empty
+    contiguous groups, by brute force."""
+    best = None
+    for cuts in itertools.combinations(range(1, len(sizes)), groups - 1):
+        bounds = (0, *cuts, len(sizes))
+        largest = max(sum(sizes[a:b]) for a, b in itertools.pairwise(bounds))
+        best = largest if best is None else min(best, largest)
+    return best
+
+
+def crossings(tg, device_of):
+    """(task, reading device) for each tensor placed on one device and read by a task
+    placed on another, Views resolved to their bases (independent of `split`)."""
+    found = set()
+    for task in tg:
+        device = device_of[task.id]
+        if device == REPLICATED:
+            continue
+        for operand in task.inputs:
+            root = tg.storage_root(operand)
+            if device_of[root] not in (REPLICATED, device):
+                found.add((root, device))
+    return found
+
+
+# -- hand-made programs ----------------------------------------------------------------
+
+
+def test_each_weight_s_readers_go_to_its_device_and_the_rest_follows_its_operands():
+    tg, _ = chain((16, 32, 8, 16))  # w0 1 KiB, w1 2 KiB, w2 1 KiB, w3 512 B
+    device_of = pipeline_placement(tg, 2)
+    groups = weight_groups(tg, 2)
+    assert [[tg[w].op.name for w in g] for g in groups] == [["w0", "w1"], ["w2", "w3"]]
+    device_of_weight = {w: g for g, group in enumerate(groups) for w in group}
+    for task in tg:
+        if isinstance(task.op, Input):
+            assert device_of[task.id] == REPLICATED
+            continue
+        weights = [i for i in task.inputs if i in device_of_weight]
+        if weights:  # a matmul: its weight's device
+            assert device_of[task.id] == device_of_weight[weights[0]]
+        else:  # tanh of the matmul before: the matmul's device
+            assert device_of[task.id] == device_of[task.inputs[0]]
+    placed = split(tg, device_of, 2)
+    assert {(k.task, k.target) for k in placed.links} == crossings(tg, device_of)
+    assert len(placed.links) == 1 and placed.outputs == {"y": (1, "y")}
+
+
+@pytest.mark.parametrize(
+    "sizes", [(4, 4, 4, 12), (1, 2, 3, 4, 5, 6, 7), (16, 1, 1, 1, 1, 16), (3, 3, 3, 3, 3, 3, 3)]
+)
+@pytest.mark.parametrize("devices", [1, 2, 3, 4])
+def test_weight_groups_are_contiguous_cover_every_weight_and_have_the_smallest_largest_group(
+    sizes, devices
+):
+    prog = ep.Program("groups")
+    x = prog.input("x", (1, 4))
+    for i, width in enumerate(sizes):
+        prog.output(x @ prog.input(f"w{i}", (4, width), role="weight"), f"y{i}")
+    tg = prog.build()
+    groups = weight_groups(tg, devices)
+    assert [w for g in groups for w in g] == used_weights(tg)  # contiguous, in order
+    assert len(groups) == devices and all(groups)
+    largest = max(sum(tg[w].nbytes for w in g) for g in groups)
+    bytes_ = [tg[w].nbytes for w in used_weights(tg)]
+    assert largest == best_contiguous_bound(bytes_, devices)
+
+
+def test_weights_are_ordered_by_first_use_not_by_input_order():
+    prog = ep.Program("order")
+    x = prog.input("x", (2, 8))
+    late = prog.input("late", (8, 8), role="weight")  # declared first, used second
+    early = prog.input("early", (8, 8), role="weight")
+    prog.output((x @ early) @ late, "y")
+    tg = prog.build()
+    assert [tg[w].op.name for w in used_weights(tg)] == ["early", "late"]
+    device_of = pipeline_placement(tg, 2)
+    assert device_of[tg.inputs["early"]] == device_of[tg.inputs["late"]] == REPLICATED
+    placed = split(tg, device_of, 2)
+    assert [list(p.tg.inputs) for p in placed.parts] == [["x", "early"], ["late", "recv:%3"]]
+
+
+def test_inputs_and_fills_are_replicated_on_every_device_that_reads_them():
+    """An activation input and a constant read on both devices are in both graphs, under
+    their own names, and never linked; a weight is only where it is read."""
+    prog = ep.Program("shared")
+    x = prog.input("x", (4, 8))
+    bias = prog.input("bias", (4, 8))
+    w0 = prog.input("w0", (8, 8), role="weight")
+    w1 = prog.input("w1", (8, 8), role="weight")
+    half = prog.fill((4, 8), 0.5)
+    h = prog.einsum("ij,jk,ik->ik", x, w0, bias, join="a * b + c") * half
+    prog.output(prog.einsum("ij,jk,ik->ik", h, w1, bias, join="a * b + c") * half, "y")
+    tg = prog.build()
+    placed = place(tg, 2)
+    names = [set(p.tg.inputs) for p in placed.parts]
+    assert names == [{"x", "bias", "w0"}, {"bias", "w1", "recv:%" + str(placed.links[0].task)}]
+    fills = [[t for t in p.tg if t.kind == "fill"] for p in placed.parts]
+    assert [len(f) for f in fills] == [1, 1]
+    assert all(tg[k.task].is_compute for k in placed.links)
+    rng = np.random.default_rng(1)
+    arrays = {n: rng.standard_normal(tg[i].shape).astype(np.float32) for n, i in tg.inputs.items()}
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_a_view_of_another_device_s_tensor_is_made_where_it_is_read_from_its_linked_base():
+    prog = ep.Program("view")
+    x = prog.input("x", (4, 8))
+    w0 = prog.input("w0", (8, 8), role="weight")
+    w1 = prog.input("w1", (32, 2), role="weight")
+    flat = (x @ w0).reshape(1, 32)
+    prog.output(flat @ w1, "y")
+    prog.output(flat, "flat")
+    tg = prog.build()
+    device_of = pipeline_placement(tg, 2)
+    placed = split(tg, device_of, 2)
+    (link,) = placed.links
+    assert tg[link.task].kind == "einsum" and link.shape == (4, 8)
+    assert [t.kind for t in placed.parts[1].tg] == ["input", "input", "view", "einsum"]
+    assert placed.outputs == {"y": (1, "y"), "flat": (0, "flat")}
+    arrays = {n: np.ones(tg[i].shape, np.float32) for n, i in tg.inputs.items()}
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_the_split_keeps_scopes_labels_order_and_renumbered_facts():
+    tg, arrays = llama_case(llama.PRESETS["tiny"])
+    placed = place(tg, 2)
+    for part in placed.parts:
+        assert list(part.origin) == sorted(part.origin)
+        for task, original in zip(part.tg, part.origin, strict=True):
+            source = tg[original]
+            assert (task.scope, task.label, task.shape, task.dtype) == (
+                source.scope,
+                source.label,
+                source.shape,
+                source.dtype,
+            )
+            if not isinstance(task.op, Input) or task.op == source.op:
+                assert task.op == source.op and task.workspace == source.workspace
+                assert [part.origin[i] for i in task.inputs] == list(source.inputs)
+                assert len(task.facts) == len(source.facts)
+                for fact, old in zip(task.facts, source.facts, strict=True):
+                    assert [part.origin[r] for r in fact.refs()] == list(old.refs())
+
+
+# -- errors ----------------------------------------------------------------------------
+
+
+def test_more_devices_than_weights_is_refused_with_the_numbers():
+    tg, _ = chain((16, 16, 16))
+    with pytest.raises(PlanError, match="pipeline placement of 4 devices needs at least 4 "
+                       "weights; this program has 3"):  # fmt: skip
+        pipeline_placement(tg, 4)
+
+
+def test_no_weights_on_several_devices_is_refused_and_one_device_holds_everything():
+    prog = ep.Program("plain")
+    x = prog.input("x", (4, 4))
+    prog.output(ep.exp(x), "y")
+    tg = prog.build()
+    with pytest.raises(PlanError, match="2 devices needs weights.*reads none"):
+        pipeline_placement(tg, 2)
+    placed = place(tg, 1)
+    assert len(placed.parts[0].tg) == len(tg) and not placed.links
+
+
+@pytest.mark.parametrize("devices", [0, -1, 1.5, True, "2"])
+def test_devices_must_be_a_positive_int(devices):
+    tg, _ = chain()
+    with pytest.raises(PlanError, match="devices must be an int >= 1"):
+        pipeline_placement(tg, devices)
+
+
+def test_split_refuses_bad_placements():
+    tg, _ = chain()
+    device_of = list(pipeline_placement(tg, 2))
+    with pytest.raises(PlanError, match=f"names 3 devices for {len(tg)} tasks"):
+        split(tg, device_of[:3], 2)
+    with pytest.raises(PlanError, match="device 2 is not one of 0..1"):
+        split(tg, [2 if d == 1 else d for d in device_of], 2)
+    matmul = next(t.id for t in tg if t.kind == "einsum")
+    reader = tg.consumers[matmul][0]
+    device_of[reader] = REPLICATED
+    with pytest.raises(PlanError, match=f"%{reader} is replicated but reads %{matmul}"):
+        split(tg, device_of, 2)
+
+
+# -- random programs -------------------------------------------------------------------
+
+
+@st.composite
+def weighted_programs(draw):
+    """A random program (`einsum_programs`) whose inputs are mostly made weights (each
+    with probability 3/4: the strategy's own roles rarely give several weights), and a
+    number of devices its weights can fill (1 when it reads none)."""
+    tg = draw(einsum_programs(max_tasks=20))
+    tasks = tuple(
+        replace(t, op=replace(t.op, role="weight"))
+        if isinstance(t.op, Input) and draw(st.integers(0, 3))
+        else t
+        for t in tg
+    )
+    tg = TaskGraph(tasks, tg.outputs, tg.name)
+    devices = draw(st.integers(1, max(1, min(4, len(used_weights(tg))))))
+    return tg, devices
+
+
+@st.composite
+def layered_programs(draw):
+    """2-4 random programs (`einsum_programs`, every input a weight) run one after the
+    other, as a pipeline's stages: in each stage after the first, the first input is
+    replaced by itself times tanh of the sum of the previous stage's output "out" (so
+    the stage reads the one before), and the number of stages as the devices. Weights
+    are grouped by bytes, not by stage, so the crossings fall anywhere."""
+    devices = draw(st.integers(2, 4))
+    builder = GraphBuilder("layered")
+    previous = None
+    for stage in range(devices):
+        tg = draw(einsum_programs(max_tasks=10))
+        new: dict[int, int] = {}
+        for task in tg:
+            if not isinstance(task.op, Input):
+                inputs = [new[i] for i in task.inputs]
+                new[task.id] = builder.add(task.op, inputs, task.shape, task.dtype)
+                continue
+            op = replace(task.op, name=f"s{stage}.{task.op.name}", role="weight")
+            new[task.id] = builder.add(op, (), task.shape, task.dtype)
+            if previous is not None and task.id == 0:
+                letters = "abcdefgh"
+                whole = letters[: len(builder.tasks[previous].shape)]
+                total = builder.add(Einsum(EinsumSpec.parse(f"{whole}->")), [previous])
+                mine = letters[: len(task.shape)]
+                mix = Einsum(EinsumSpec.parse(f"{mine},->{mine}"), parse_join("a * tanh(b)", 2))
+                new[task.id] = builder.add(mix, [new[task.id], total])
+        for name, task_id in tg.outputs.items():
+            builder.output(new[task_id], f"s{stage}.{name}")
+        previous = new[tg.outputs["out"]]
+    return builder.build(), devices
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=st.one_of(weighted_programs(), layered_programs()), seed=st.integers(0, 2**16))
+def test_random_programs_split_compute_the_original_outputs(case, seed):
+    tg, devices = case
+    device_of = pipeline_placement(tg, devices)
+    placed = split(tg, device_of, devices)
+    links = {(k.task, k.target) for k in placed.links}
+    assert links == crossings(tg, device_of)
+    for link in placed.links:
+        assert link.source == device_of[link.task] != link.target
+        assert (link.shape, link.dtype) == (tg[link.task].shape, tg[link.task].dtype)
+    used = set(used_weights(tg))
+    for part in placed.parts:  # weights appear only where a task reads them
+        for name, i in part.tg.inputs.items():
+            if part.tg[i].op.role == "weight" and part.origin[i] in used:
+                assert part.tg.consumers[i], name
+    arrays = program_inputs(tg, seed)
+    want = taskgraph.evaluate(tg, arrays)
+    assert_same_outputs(run_split(placed, arrays), want)
+
+
+# -- models ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_llama_tiny_prefill_split_equals_the_unsplit_reference(devices):
+    tg, arrays = llama_case(llama.PRESETS["tiny"])
+    placed = place(tg, devices)
+    assert {link.source for link in placed.links} == set(range(devices - 1))
+    for group in weight_groups(tg, devices):  # each device computes with its weights
+        device = weight_groups(tg, devices).index(group)
+        names = {tg[w].op.name for w in group}
+        assert names <= set(placed.parts[device].tg.inputs)
+    want = taskgraph.evaluate(tg, arrays)
+    assert_same_outputs(run_split(placed, arrays, per_device=True), want)  # device by device
+    assert_same_outputs(run_split(placed, arrays), want)
+
+
+def test_llama_with_tied_embeddings_sends_the_last_hidden_state_back_to_the_first_device():
+    """The logits read the embedding table (a weight of device 0): device 1 sends its
+    hidden state back, so the devices wait for each other and only task-level dataflow
+    runs the split."""
+    cfg = replace(llama.PRESETS["tiny"], tie_embeddings=True)
+    tg, arrays = llama_case(cfg)
+    placed = place(tg, 2)
+    assert {(k.source, k.target) for k in placed.links} == {(0, 1), (1, 0)}
+    assert placed.outputs["logits"][0] == 0
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def training_case(seed: int = 0):
+    cfg = llama.PRESETS["tiny"]
+    optimizer = SGD(lr=0.1, momentum=0.9)
+    tg = training_graph(cfg, 2, 4, optimizer)
+    rng = np.random.default_rng(seed)
+    weights = {
+        name: (rng.standard_normal(shape) * 0.2 + (len(shape) == 1)).astype(np.float32)
+        for name, shape in llama.weight_shapes(cfg).items()
+    }
+    tokens, labels = rng.integers(0, cfg.vocab_size, (2, 2, 4))
+    return tg, training_inputs(cfg, optimizer, tokens, labels, weights)
+
+
+def test_a_training_step_split_on_two_devices_equals_the_unsplit_reference():
+    tg, arrays = training_case()
+    placed = place(tg, 2)
+    directions = {(k.source, k.target) for k in placed.links}
+    assert directions == {(0, 1), (1, 0)}  # forward to device 1, gradients back to 0
+    updated = []
+    for name, (device, local) in placed.outputs.items():  # each update with its weight
+        update = fact_of(tg[tg.outputs[name]], Update)
+        if update is not None and tg[update.of].op.role == "weight":
+            part = placed.parts[device].tg
+            assert tg[update.of].op.name in part.inputs
+            moved = fact_of(part[part.outputs[local]], Update)
+            assert part[moved.of].op == tg[update.of].op  # renumbered to the same weight
+            updated.append(tg[update.of].op.name)
+    assert sorted(updated) == sorted(llama.weight_shapes(llama.PRESETS["tiny"]))
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
