@@ -463,15 +463,34 @@ def _check_acyclic(
     if done == total:
         return total, edges
     cycle = _a_cycle(successors, waiting)
+    device_of = [max(d for d, base in enumerate(offsets) if base <= g) for g in cycle]
+    crossings = [k for k in range(len(cycle)) if device_of[k] != device_of[k - 1]]
+    start = crossings[0] if crossings else 0  # begin where a link arrives
+    cycle, device_of = cycle[start:] + cycle[:start], device_of[start:] + device_of[:start]
+    runs: list[list[int]] = []  # the cycle's stretches on one device each, in order
+    for k, g in enumerate(cycle):
+        if not runs or device_of[k] != device_of[k - 1]:
+            runs.append([])
+        runs[-1].append(g)
 
     def line(g: int) -> str:
         device = max(d for d, base in enumerate(offsets) if base <= g)
-        return f"device {device} {mp.plans[device].mg.nodes[g - offsets[device]].line()}"
+        return mp.plans[device].mg.nodes[g - offsets[device]].line()
 
-    shown = " -> ".join(f"[{line(g)}]" for g in cycle)
+    shown = []
+    for run in runs:
+        device = max(d for d, base in enumerate(offsets) if base <= run[0])
+        if len(run) == 1:
+            shown.append(f"[device {device} {line(run[0])}]")
+        else:
+            shown.append(
+                f"[device {device} {line(run[0])} ... through {len(run) - 2} more nodes to "
+                f"{line(run[-1])}]"
+            )
     raise VerificationError(
         f"the plans and their links wait for each other in a cycle of {len(cycle)} nodes "
-        f"(each before the next, the last before the first): {shown}"
+        f"over {len(runs)} links (each stretch before the next, the last before the "
+        f"first): {' -> '.join(shown)}"
     )
 
 
