@@ -19,6 +19,7 @@ from test_placement_driver import assert_same_outputs, chain, llama_case, run_sp
 import einpage as ep
 import taskgraph
 from einpage.models import llama
+from einpage.models.generation import generation_inputs
 from einpage.program.optim import SGD
 from einpage.workloads.training import training_graph, training_inputs
 from einpage_core.errors import PlanError
@@ -33,9 +34,10 @@ from memgraph.placement import (
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import parse as parse_join
-from taskgraph.facts import Update, fact_of
+from taskgraph.facts import KVPage, Update, fact_of
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Einsum, Input
+from taskgraph.partition import partition
 
 
 def best_contiguous_bound(sizes, groups):
@@ -358,3 +360,60 @@ def test_a_training_step_split_on_two_devices_equals_the_unsplit_reference():
             updated.append(tg[update.of].op.name)
     assert sorted(updated) == sorted(llama.weight_shapes(llama.PRESETS["tiny"]))
     assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_an_unrolled_generation_split_on_two_devices_chooses_the_same_ids():
+    """Each step's chosen ids come back from the last device to the embedding's."""
+    cfg = llama.PRESETS["tiny"]
+    tg = llama.generation_program(cfg, 2, 5, 3).build()
+    _, prefill = llama_case(cfg)
+    weights = {n: a for n, a in prefill.items() if n in llama.weight_shapes(cfg)}
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 5))
+    arrays = generation_inputs(llama.FAMILY, cfg, tokens, 3, weights=weights)
+    placed = place(tg, 2)
+    assert {(k.source, k.target) for k in placed.links} == {(0, 1), (1, 0)}
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_a_decode_step_keeps_each_kv_page_with_its_layer_s_device():
+    """A KV page (an input stating `KVPage`) is in the graph of exactly one device: the
+    one whose tasks read it, where its layer's attention runs."""
+    cfg = llama.PRESETS["tiny"]
+    tg = llama.decode_program(cfg, 2, 2).build()
+    placed = place(tg, 2)
+    device_of = pipeline_placement(tg, 2)
+    pages = {i: fact_of(tg[i], KVPage) for i in tg.inputs.values() if fact_of(tg[i], KVPage)}
+    assert len(pages) == 8
+    layer_devices: dict[int, set[int]] = {}
+    for page, fact in pages.items():
+        holders = [p.device for p in placed.parts if tg[page].op.name in p.tg.inputs]
+        readers = {device_of[t] for t in tg.consumers[page]}
+        assert readers == set(holders) and len(holders) == 1
+        layer_devices.setdefault(fact.layer, set()).update(holders)
+    assert all(len(devices) == 1 for devices in layer_devices.values())
+    arrays = program_inputs(tg, 5)
+    arrays["tokens"] = np.array([1, 2])
+    arrays["positions"] = np.array([3])
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_a_partitioned_prefill_splits_with_its_blocks_and_slices_of_weights():
+    """Block tasks keep their `Block`; a Slice of a weight goes with the weight."""
+    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=8)
+    blocks = partition(tg, "24KiB")
+    placed = place(blocks, 2)
+    device_of = pipeline_placement(blocks, 2)
+    groups = weight_groups(blocks, 2)
+    weight_device = {w: g for g, group in enumerate(groups) for w in group}
+    slices = [t for t in blocks if blocks.is_input_slice(t.id)]
+    assert slices
+    for task in slices:
+        if task.inputs[0] in weight_device:
+            assert device_of[task.id] == weight_device[task.inputs[0]]
+    kept = sum(t.block is not None for part in placed.parts for t in part.tg)
+    assert kept >= sum(t.block is not None and device_of[t.id] != REPLICATED for t in blocks)
+    for part in placed.parts:
+        for task, original in zip(part.tg, part.origin, strict=True):
+            if not isinstance(task.op, Input):
+                assert task.block == blocks[original].block
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(blocks, arrays))

@@ -9,7 +9,10 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from test_placement import training_case
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import program_inputs
+from test_placement import layered_programs, training_case
 from test_placement_driver import assert_same_outputs, chain, llama_case
 
 import runtime
@@ -21,6 +24,7 @@ from memgraph import NodeKind, min_budget, read_budget
 from memgraph.multi import MultiPlan, plan_devices, verify_multi
 from memgraph.options import PlanOptions
 from memgraph.placement import place
+from taskgraph.partition import partition
 
 HOST = PlanOptions(outputs="host")
 
@@ -159,3 +163,39 @@ def test_a_multiplan_prints_a_summary_line_and_a_header_per_device():
     assert mp.links[0].describe() in str(mp)
     assert len(mp.lines(nodes=False)) == 2 + 1 + len(mp.links) + len(mp.outputs)
     assert "device=1" in repr(mp.plans[1]) and "tasks=" in repr(replace(mp.placed))
+
+
+def test_a_partitioned_prefill_plans_at_each_device_s_smallest_budget_and_runs():
+    """Weights streamed in sliced reloads, the logits assembled on the host of the last
+    device: the whole verifies and runs equal to the reference."""
+    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=8)
+    blocks = partition(tg, "24KiB")
+    placed = place(blocks, 2)
+    mp = plan_devices(placed, 2, [min_budget(part.tg)[0] for part in placed.parts])
+    verify_multi(mp)
+    assert any(n.box is not None for p in mp.plans for n in p.mg.of_kind(NodeKind.RELOAD))
+    want = taskgraph.evaluate(tg, arrays)["logits"]
+    got = run_plans(mp, arrays)["logits"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@settings(max_examples=15, deadline=None)
+@given(case=layered_programs(), seed=st.integers(0, 2**16), tight=st.floats(0.0, 1.0))
+def test_random_programs_plan_verify_and_run_on_their_devices(case, seed, tight):
+    """Budgets between each device's smallest and its resident peak; where the devices
+    can run one after the other (links only forward), the NumPy runtime's outputs equal
+    the reference's."""
+    tg, devices = case
+    placed = place(tg, devices)
+    budgets = []
+    for part in placed.parts:
+        low, high = min_budget(part.tg)[0], read_budget(part.tg, "100%", HOST).nbytes
+        budgets.append(max(low, int(low + tight * (high - low))))
+    mp = plan_devices(placed, devices, budgets)
+    verify_multi(mp)
+    if all(k.source < k.target for k in mp.links):
+        arrays = program_inputs(tg, seed)
+        want = taskgraph.evaluate(tg, arrays)
+        got = run_plans(mp, arrays)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=name)
