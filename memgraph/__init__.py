@@ -37,6 +37,7 @@ from memgraph.cost import CostModel, get_cost_model, register_cost_model
 from memgraph.eviction import POLICIES, EvictionContext, Rank, register_policy
 from memgraph.graph import MemGraph, MemGraphBuilder, PlanStats
 from memgraph.multi import (
+    DeviceBudgetError,
     DevicePart,
     DevicePlan,
     Link,
@@ -121,6 +122,7 @@ __all__ = [
     "DevicePlan",
     "MultiPlan",
     "MultiVerifyReport",
+    "DeviceBudgetError",
     "plan_devices",
     "verify_multi",
     "pipeline_placement",

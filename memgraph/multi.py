@@ -42,6 +42,7 @@ __all__ = [
     "plan_devices",
     "verify_multi",
     "MultiVerifyReport",
+    "DeviceBudgetError",
 ]
 
 
@@ -198,23 +199,34 @@ class MultiPlan:
 # -- planning every device -----------------------------------------------------------
 
 
+class DeviceBudgetError(InfeasibleBudgetError):
+    """A device's budget is below the smallest its graph needs: `device` is the device,
+    `budget` and `needed` its budget and smallest feasible budget (bytes), `task` the
+    task of the program that needs it."""
+
+    def __init__(self, message: str, budget: int, needed: int, task: int | None, device: int):
+        super().__init__(message, budget, needed, task)
+        self.device = device
+
+
 def plan_devices(
-    tg: Any, devices: int, budget: Any, *, placement: str = "pipeline", **plan_options: Any
+    tg: Any, devices: int, budget: Any, *, strategy: str = "pipeline", **plan_options: Any
 ) -> MultiPlan:
     """Place `tg` on `devices` devices and plan each device's graph; the `MultiPlan`.
 
-    `tg` is a TaskGraph, placed by the strategy `placement` names
-    (`memgraph.placement.PLACEMENTS`) and split, or a `PlacedGraph` already split over
+    `tg` is a TaskGraph, placed by the strategy `strategy` names
+    (`memgraph.placement.STRATEGIES`) and split, or a `PlacedGraph` already split over
     `devices` devices. `budget` is one budget for every device or a sequence of one per
     device: bytes, a size string, or a percentage read (as `memgraph.plan` reads it)
     against *that device's* graph ("50%": half of that device's resident peak). Every
     device is planned with `memgraph.plan(part, budget, outputs="host", **plan_options)`,
     so each tensor a link sends leaves its device as soon as it is computed.
 
-    Raises `InfeasibleBudgetError` for a budget below a device's `min_budget`, naming the
-    device, its budget and its smallest feasible budget (`error.device` is the device,
-    `error.task` the task of `tg` that needs it); `PlanError` for a wrong number of
-    budgets, `outputs` other than "host", or a placement problem.
+    Raises `DeviceBudgetError` (an `InfeasibleBudgetError`) for a budget below a device's
+    `min_budget`, naming the device, its budget and its smallest feasible budget
+    (`error.device` is the device, `error.task` the task of `tg` that needs it);
+    `PlanError` for a wrong number of budgets, `outputs` other than "host", or a
+    placement problem. The plans are not verified here: `verify_multi` does it.
 
     >>> import einpage as ep
     >>> prog = ep.Program("two")
@@ -242,14 +254,14 @@ def plan_devices(
                 f"not {devices}"
             )
     else:
-        placed = place(tg, devices, placement)
+        placed = place(tg, devices, strategy)
     if plan_options.get("outputs", "host") != "host":
         raise PlanError(
             f"plan_devices plans every device with outputs='host' (a link's tensor leaves "
             f"its device once computed); got outputs={plan_options['outputs']!r}"
         )
     options = {**plan_options, "outputs": "host"}
-    opts = PlanOptions.from_keywords(options, "memgraph.plan_devices", ("budget", "placement"))
+    opts = PlanOptions.from_keywords(options, "memgraph.plan_devices", ("budget", "strategy"))
     budgets = _budgets(budget, devices)
     plans = []
     for part, asked in zip(placed.parts, budgets, strict=True):
@@ -262,16 +274,15 @@ def plan_devices(
                 if task is None
                 else f" (device {part.device}'s %{task} is the program's %{part.origin[task]})"
             )
-            error = InfeasibleBudgetError(
+            raise DeviceBudgetError(
                 f"device {part.device}: {why}{where}. Give device {part.device} at least "
                 f"{format_exact(needed)}, or partition the graph so that its tasks fit "
                 f"(taskgraph.partition_for_budget)",
                 reading.nbytes,
                 needed,
                 None if task is None else part.origin[task],
+                part.device,
             )
-            error.device = part.device
-            raise error
         mg = plan(part.tg, reading, **options)
         plans.append(DevicePlan(part.device, mg, mg.budget))
     info = {

@@ -61,7 +61,8 @@ from taskgraph.nodes import Input, with_blocks
 
 __all__ = [
     "REPLICATED",
-    "PLACEMENTS",
+    "STRATEGIES",
+    "contiguous_groups",
     "pipeline_placement",
     "weight_groups",
     "used_weights",
@@ -128,25 +129,43 @@ def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
             f"pipeline placement of {devices} devices needs at least {devices} weights; this "
             f"program has {len(weights)}. Use at most {len(weights)} devices"
         )
-    sizes = [tg[w].nbytes for w in weights]
+    lengths = contiguous_groups([tg[w].nbytes for w in weights], devices)
+    groups, start = [], 0
+    for length in lengths:
+        groups.append(tuple(weights[start : start + length]))
+        start += length
+    return tuple(groups)
+
+
+def contiguous_groups(sizes: Sequence[int], groups: int) -> list[int]:
+    """The lengths of `groups` non-empty contiguous groups of `sizes` (at least `groups`
+    of them) whose largest sum is as small as any such cut's: the smallest bound whose
+    greedy cut needs at most `groups` groups (binary search), then at that bound each
+    group takes items while they fit and enough are left for the groups after it.
+
+    >>> contiguous_groups([64, 64, 64, 192], 2), contiguous_groups([5, 1, 1, 1], 3)
+    ([3, 1], [1, 2, 1])
+    """
+    if not 1 <= groups <= len(sizes):
+        raise PlanError(f"cannot cut {len(sizes)} items into {groups} non-empty groups")
     low, high = max(sizes), sum(sizes)
-    while low < high:  # the smallest bound whose greedy cut needs at most `devices` groups
+    while low < high:
         middle = (low + high) // 2
-        if _groups_needed(sizes, middle) <= devices:
+        if _groups_needed(sizes, middle) <= groups:
             high = middle
         else:
             low = middle + 1
-    groups: list[tuple[int, ...]] = []
+    lengths: list[int] = []
     start = 0
-    for g in range(devices):
-        later = devices - 1 - g  # groups after this one, each needing a weight
+    for g in range(groups):
+        later = groups - 1 - g  # groups after this one, each needing an item
         end, held = start + 1, sizes[start]
-        while end < len(sizes) - later and (g == devices - 1 or held + sizes[end] <= low):
+        while end < len(sizes) - later and (g == groups - 1 or held + sizes[end] <= low):
             held += sizes[end]
             end += 1
-        groups.append(tuple(weights[start:end]))
+        lengths.append(end - start)
         start = end
-    return tuple(groups)
+    return lengths
 
 
 def _groups_needed(sizes: Sequence[int], bound: int) -> int:
@@ -185,18 +204,19 @@ def pipeline_placement(tg: TaskGraph, devices: int) -> tuple[int, ...]:
     return tuple(device_of)
 
 
-PLACEMENTS = {"pipeline": pipeline_placement}
-"""Placement strategies by name: `(tg, devices) -> placement`."""
+STRATEGIES = {"pipeline": pipeline_placement}
+"""Placement strategies by name, each `(tg, devices) -> placement` (the allocator's
+`PlanOptions.placement`, where in the arena a tensor goes, is another matter)."""
 
 
 def place(tg: TaskGraph, devices: int, strategy: str = "pipeline") -> PlacedGraph:
-    """`tg` placed on `devices` devices by the strategy named `strategy` (`PLACEMENTS`)
+    """`tg` placed on `devices` devices by the strategy named `strategy` (`STRATEGIES`)
     and split (`split`)."""
-    if strategy not in PLACEMENTS:
+    if strategy not in STRATEGIES:
         raise PlanError(
-            f"unknown placement {strategy!r}; valid: {', '.join(map(repr, PLACEMENTS))}"
+            f"unknown placement strategy {strategy!r}; valid: {', '.join(map(repr, STRATEGIES))}"
         )
-    return split(tg, PLACEMENTS[strategy](tg, devices), devices, strategy=strategy)
+    return split(tg, STRATEGIES[strategy](tg, devices), devices, strategy=strategy)
 
 
 def _check_placement(tg: TaskGraph, placement: Sequence[int], devices: int) -> tuple[int, ...]:

@@ -25,6 +25,7 @@ from einpage.workloads.training import training_graph, training_inputs
 from einpage_core.errors import PlanError
 from memgraph.placement import (
     REPLICATED,
+    contiguous_groups,
     pipeline_placement,
     place,
     split,
@@ -417,3 +418,20 @@ def test_a_partitioned_prefill_splits_with_its_blocks_and_slices_of_weights():
             if not isinstance(task.op, Input):
                 assert task.block == blocks[original].block
     assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(blocks, arrays))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 1000), min_size=1, max_size=9),
+    groups=st.integers(1, 9),
+)
+def test_contiguous_groups_have_the_smallest_largest_sum_of_any_cut(sizes, groups):
+    if groups > len(sizes):
+        with pytest.raises(PlanError, match=f"cannot cut {len(sizes)} items into {groups}"):
+            contiguous_groups(sizes, groups)
+        return
+    lengths = contiguous_groups(sizes, groups)
+    assert len(lengths) == groups and all(n >= 1 for n in lengths) and sum(lengths) == len(sizes)
+    bounds = list(itertools.accumulate([0, *lengths]))
+    largest = max(sum(sizes[a:b]) for a, b in itertools.pairwise(bounds))
+    assert largest == best_contiguous_bound(sizes, groups)

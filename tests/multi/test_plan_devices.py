@@ -21,7 +21,7 @@ from einpage.models import llama
 from einpage_core.errors import InfeasibleBudgetError, PlanError
 from einpage_core.units import format_exact
 from memgraph import NodeKind, min_budget, read_budget
-from memgraph.multi import MultiPlan, plan_devices, verify_multi
+from memgraph.multi import DeviceBudgetError, MultiPlan, plan_devices, verify_multi
 from memgraph.options import PlanOptions
 from memgraph.placement import place
 from taskgraph.partition import partition
@@ -124,9 +124,10 @@ def test_a_budget_below_a_device_s_smallest_names_the_device_and_that_budget():
     tg, _ = chain()
     placed = place(tg, 2)
     needed, task = min_budget(placed.parts[1].tg)
-    with pytest.raises(InfeasibleBudgetError) as caught:
+    with pytest.raises(DeviceBudgetError) as caught:
         plan_devices(placed, 2, ["100%", needed - 256])
     error = caught.value
+    assert isinstance(error, InfeasibleBudgetError)
     assert (error.device, error.budget, error.needed) == (1, needed - 256, needed)
     assert error.task == placed.parts[1].origin[task]
     message = str(error)
@@ -145,8 +146,8 @@ def test_bad_arguments_are_refused_with_what_was_wrong():
         plan_devices(tg, 2, "1MiB", colour="red")
     with pytest.raises(PlanError, match="split over 2 devices, not 3"):
         plan_devices(place(tg, 2), 3, "1MiB")
-    with pytest.raises(PlanError, match="unknown placement 'ring'"):
-        plan_devices(tg, 2, "1MiB", placement="ring")
+    with pytest.raises(PlanError, match="unknown placement strategy 'ring'"):
+        plan_devices(tg, 2, "1MiB", strategy="ring")
     with pytest.raises(PlanError, match="a budget is bytes"):
         plan_devices(tg, 2, None)
 
@@ -199,3 +200,12 @@ def test_random_programs_plan_verify_and_run_on_their_devices(case, seed, tight)
         got = run_plans(mp, arrays)
         for name in want:
             np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_the_planner_s_own_options_pass_through():
+    """`placement` is the allocator's option (where in the arena), not the strategy."""
+    tg, _ = chain()
+    mp = plan_devices(tg, 2, "100%", placement="best_fit", eviction="lru")
+    assert all(p.mg.info["placement"] == "best_fit" for p in mp.plans)
+    assert all(p.mg.info["eviction"] == "lru" for p in mp.plans)
+    assert mp.info["plan_options"]["outputs"] == "host"
