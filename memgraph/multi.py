@@ -286,7 +286,7 @@ def plan_devices(
         mg = plan(part.tg, reading, **options)
         plans.append(DevicePlan(part.device, mg, mg.budget))
     info = {
-        "placement": placed.strategy,
+        "strategy": placed.strategy,
         "budget_requests": [b if isinstance(b, int) else str(b) for b in budgets],
         "plan_options": opts.info(),
     }
