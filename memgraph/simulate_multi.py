@@ -24,11 +24,11 @@ previous node. Two things tie the devices together:
   only finishes some copies earlier. With one device per host link (the default), a
   lane is simply that device's h2d or d2h stream.
 
-The whole is simulated as events in time order: a node whose dependencies (and link)
-have ended is started at the earliest time its stream and its host-link lane allow,
-earliest first. With no shared lanes this gives every node the same times as a
-sequential replay in any topological order; with shared lanes it is a first-come,
-first-served list schedule.
+The whole is simulated as events in time order: nodes are started in the order they
+become ready (their dependencies and link ended; ties by device, then node id), each at
+the earliest time its stream and its host-link lane allow. With no shared lanes this
+gives every node the same times as a sequential replay in any topological order; with
+shared lanes it is a first-come, first-served list schedule.
 
 In-order streams can wait where the plans do not: a copy queued on a stream behind the
 reload of a tensor that another device has yet to send, itself waiting for this copy,
@@ -342,11 +342,15 @@ class _MultiReplay:
         return stream, self.model.topology.host_link(device)
 
     def run(self) -> None:
-        heap: list[tuple[float, float, int, int]] = []  # (earliest start, ready, device, node)
+        # Nodes start in the order they become ready (their dependencies and link ended),
+        # ties by device then node: a node's ready time is at least the ready time of
+        # every node started before it, so each lane serves its copies first come, first
+        # served, and a lane's copies never overlap.
+        heap: list[tuple[float, int, int]] = []  # (ready, device, node)
         for d, pending in enumerate(self.pending):
             for i, count in enumerate(pending):
                 if count == 0:
-                    heap.append((0.0, 0.0, d, i))
+                    heap.append((0.0, d, i))
         heapq.heapify(heap)
         while True:
             if not heap:
@@ -354,18 +358,13 @@ class _MultiReplay:
                 if out_of_order is None:
                     break
                 heap.append(out_of_order)
-            key, ready, d, i = heapq.heappop(heap)
+            ready, d, i = heapq.heappop(heap)
             stream, seconds, nbytes = self.cost[d][i]
             if stream is None:
                 begin = ready
             else:
                 lane = self._lane(d, stream)
                 begin = max(ready, self.lane_free.get(lane, 0.0))
-                if begin > key:
-                    # Its lane is taken until `begin`: queue it again at that time, behind
-                    # any node that can start earlier or has waited longer.
-                    heapq.heappush(heap, (begin, ready, d, i))
-                    continue
                 self.lane_free[lane] = begin + seconds
                 if stream != "compute":
                     k = self.model.topology.host_link(d)
@@ -381,22 +380,22 @@ class _MultiReplay:
                 self.ready[wd][wi] = max(self.ready[wd][wi], finish)
                 self.pending[wd][wi] -= 1
                 if self.pending[wd][wi] == 0:
-                    heapq.heappush(heap, (self.ready[wd][wi], self.ready[wd][wi], wd, wi))
+                    heapq.heappush(heap, (self.ready[wd][wi], wd, wi))
         self._check_all_ran()
 
-    def _out_of_order(self) -> tuple[float, float, int, int] | None:
+    def _out_of_order(self) -> tuple[float, int, int] | None:
         """When no node can start: the first node (earliest ready, then device, node) that
         waits only for its stream's previous node, released from that wait; or None."""
-        best: tuple[float, float, int, int] | None = None
+        best: tuple[float, int, int] | None = None
         for d, preds in enumerate(self.stream_pred):
             done, pending = self.done[d], self.pending[d]
             for i, prev in preds.items():
                 if not done[i] and pending[i] == 1 and not done[prev]:
-                    entry = (self.ready[d][i], self.ready[d][i], d, i)
+                    entry = (self.ready[d][i], d, i)
                     if best is None or entry < best:
                         best = entry
         if best is not None:
-            _, _, d, i = best
+            _, d, i = best
             self.waiters[d][self.stream_pred[d][i]].remove((d, i))
             self.pending[d][i] = 0
             self.reordered += 1

@@ -100,6 +100,22 @@ def independent(sizes: Sequence[int] = (256, 256)) -> MultiPlan:
     return multi_plan(parts, [], {f"y{d}": (d, f"y{d}") for d in range(devices)})
 
 
+def two_loads_and_one(n: int = 256) -> MultiPlan:
+    """Device 0 loads two weights, u and v, and outputs y0 = exp(u) * v; device 1 loads one,
+    w, and outputs y1 = exp(w); no links. Original tasks: %0 u, %1 v, %2 w, %3 exp(u),
+    %4 exp(u) * v, %5 exp(w)."""
+    d0 = ep.Program("two_loads.0")
+    u, v = (d0.input(name, (n,), role="weight") for name in ("u", "v"))
+    d0.output(ep.exp(u) * v, "y0")
+    d1 = ep.Program("two_loads.1")
+    d1.output(ep.exp(d1.input("w", (n,), role="weight")), "y1")
+    return multi_plan(
+        [(d0.build(), (0, 1, 3, 4)), (d1.build(), (2, 5))],
+        [],
+        {"y0": (0, "y0"), "y1": (1, "y1")},
+    )
+
+
 def round_trip(n: int = 256) -> MultiPlan:
     """Device 0 -> device 1 -> device 0: x, a = exp(x) on 0; b = exp(a) on 1; c = exp(b) on
     0, output "y". Original tasks %0 x, %1 a, %2 b, %3 c. Device 0: x, a (sent), recv(b),

@@ -199,6 +199,21 @@ def test_devices_on_one_host_link_serialise_their_copies():
     assert together.stall_seconds[1] - alone.stall_seconds[1] >= H2D * (1 - 1e-12)
 
 
+def test_a_shared_lane_serves_copies_in_the_order_they_became_ready():
+    # Device 0 queues two loads, device 1 one; all on one host link. Device 1's load has
+    # waited since 0, device 0's second since its first ended: device 1's goes first.
+    mp = sim_plans.two_loads_and_one()
+    result = simulate_multi(mp, shared(TOY, 2), timeline=True)
+    loads = sorted(
+        (event.start, device)
+        for device, r in enumerate(result.per_device)
+        for event in r.events
+        if event.stream == "h2d"
+    )
+    assert [device for _, device in loads] == [0, 1, 0]
+    assert [start for start, _ in loads] == pytest.approx([0.0, H2D, 2 * H2D], rel=1e-12)
+
+
 def test_host_links_are_shared_only_by_their_own_devices():
     two = simulate_multi(sim_plans.independent((256, 256)), shared(TOY, 2))
     four = simulate_multi(sim_plans.independent((256,) * 4), shared(TOY, 2))
