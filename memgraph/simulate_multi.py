@@ -283,6 +283,7 @@ class _MultiReplay:
         self.done = [[False] * len(mg.nodes) for mg in self.mgs]
         self.stream_pred: list[dict[int, int]] = [{} for _ in self.mgs]  # node -> previous
         self.reordered = 0
+        self.named: dict[tuple[int, NodeKind, str], int] | None = None
         self.lane_free: dict[tuple[str, int], float] = {}
         self.link_busy: dict[int, dict[str, float]] = {}
         self.link_moved: dict[int, dict[str, int]] = {}
@@ -323,14 +324,20 @@ class _MultiReplay:
                 f"link {link.describe()}: device {device} is not one of the plan's "
                 f"{len(self.mgs)} devices"
             )
-        found = [n.id for n in self.mgs[device].nodes if n.kind is kind and n.name == name]
-        if not found:
+        if self.named is None:  # (device, kind, name) -> first such node, built once
+            self.named = {}
+            for d, mg in enumerate(self.mgs):
+                for n in mg.nodes:
+                    if n.kind in (NodeKind.INPUT, NodeKind.OUTPUT):
+                        self.named.setdefault((d, n.kind, n.name), n.id)
+        found = self.named.get((device, kind, name))
+        if found is None:
             have = sorted({n.name for n in self.mgs[device].nodes if n.kind is kind})
             raise GraphError(
                 f"link {link.describe()}: device {device}'s plan has no {kind} node named "
                 f"{name!r}; its {kind}s: {', '.join(map(repr, have)) or 'none'}"
             )
-        return found[0]
+        return found
 
     # -- running --------------------------------------------------------------------
 
