@@ -163,7 +163,7 @@ class MultiSimResult:
         span = self.makespan or 1.0
         topology = self.cost_model.topology
         rows = [
-            ("device", "host link", "finish ms", "compute ms", "busy %", "stall ms",
+            ("device", "host link", "finish ms", "compute ms", "compute %", "stall ms",
              "h2d ms", "d2h ms", "h2d bytes", "d2h bytes"),
         ]  # fmt: skip
         for d, r in enumerate(self.per_device):
