@@ -14,15 +14,20 @@ previous node. Two things tie the devices together:
   offload of the tensor. So a tensor sent from A to B costs A's device-to-host copy,
   then B's host-to-device reload: transfers between devices are staged through host
   memory, the only path built (`memgraph.multi`); `Topology.peer_bytes_per_s` is not
-  read.
+  read. The copy that brings a received tensor onto the device (a node depending on a
+  link's `input` node) is put on its stream when the tensor has arrived, as the
+  devices' dependency-driven executor (`memgraph.multi`) issues it, not at its place in
+  the stream's order: the copies queued behind it (the next layers' weights of a
+  pipeline stage) do not wait for another device. Every other node keeps its stream's
+  order.
 * **shared host links** (`Topology.devices_per_host_link`): the devices on one host
   link share it by serialising their copies: each link has one lane per direction, and
   a copy holds its lane for its whole time (`CostModel.transfer_seconds`, at the full
   bandwidth). The lane serves copies in the order they become ready (first come, first
   served; ties by device, then node). Serialising at full bandwidth moves the same bytes
-  in the same total time as sharing the bandwidth fairly among the copies in flight; it
-  only finishes some copies earlier. With one device per host link (the default), a
-  lane is simply that device's h2d or d2h stream.
+  in the same total time (latencies aside) as sharing the bandwidth fairly among the
+  copies in flight; it only finishes some copies earlier. With one device per host link
+  (the default), a lane is simply that device's h2d or d2h stream.
 
 The whole is simulated as events in time order: nodes are started in the order they
 become ready (their dependencies and link ended; ties by device, then node id), each at
@@ -30,13 +35,13 @@ the earliest time its stream and its host-link lane allow. With no shared lanes 
 gives every node the same times as a sequential replay in any topological order; with
 shared lanes it is a first-come, first-served list schedule.
 
-In-order streams can wait where the plans do not: a copy queued on a stream behind the
-reload of a tensor that another device has yet to send, itself waiting for this copy,
-deadlocks the streams though no dependency or link forms a cycle. The devices'
-executor (dependency-driven, `memgraph.multi`) runs such a copy anyway, so the
-simulator does too: when no node can start, the first node (earliest ready, then by
-device and node id) that waits only for its stream's previous node starts out of
-stream order; `MultiSimResult.reordered` counts them. A plan whose dependencies and
+In-order streams can still wait where the plans do not (a node queued behind an apply
+that reads a received tensor, on a stream whose later nodes another device waits for):
+the streams would deadlock though no dependency or link forms a cycle. The devices'
+executor runs such a node anyway, so the simulator does too: when no node can start,
+the first node (earliest ready, then by device and node id) that waits only for its
+stream's previous node starts out of stream order; `MultiSimResult.reordered` counts
+them. A plan whose dependencies and
 links form a cycle cannot run at all: the error names, for each device, the first node
 that never became ready.
 
@@ -296,6 +301,12 @@ class _MultiReplay:
         self.waiters[on_device][on_node].append((device, node))
 
     def _wire(self) -> None:
+        received: list[set[int]] = [set() for _ in self.mgs]  # link inputs, by device
+        for link in self.links:
+            source = self._link_node(link, link.source, NodeKind.OUTPUT, link.output)
+            target = self._link_node(link, link.target, NodeKind.INPUT, link.input)
+            self._wait(link.target, target, link.source, source)
+            received[link.target].add(target)
         for d, mg in enumerate(self.mgs):
             last_on: dict[str, int] = {}
             for node in mg.nodes:
@@ -308,15 +319,16 @@ class _MultiReplay:
                         )
                     self._wait(d, i, d, dep)
                 stream = self.cost[d][i][0]
-                if stream is not None:
-                    if stream in last_on:
-                        self._wait(d, i, d, last_on[stream])
-                        self.stream_pred[d][i] = last_on[stream]
-                    last_on[stream] = i
-        for link in self.links:
-            source = self._link_node(link, link.source, NodeKind.OUTPUT, link.output)
-            target = self._link_node(link, link.target, NodeKind.INPUT, link.input)
-            self._wait(link.target, target, link.source, source)
+                if stream is None:
+                    continue
+                if received[d].intersection(node.deps):
+                    # The copy of a received tensor: on its stream when the tensor has
+                    # arrived, holding up nothing queued behind it.
+                    continue
+                if stream in last_on:
+                    self._wait(d, i, d, last_on[stream])
+                    self.stream_pred[d][i] = last_on[stream]
+                last_on[stream] = i
 
     def _link_node(self, link: Link, device: int, kind: NodeKind, name: str) -> int:
         if not 0 <= device < len(self.mgs):

@@ -133,10 +133,12 @@ def round_trip(n: int = 256) -> MultiPlan:
 
 
 def round_trip_out_of_order(n: int = 256) -> MultiPlan:
-    """`round_trip`, device 0's plan written by hand so that its host-to-device stream
-    reloads recv(b) *before* x: in stream order device 0 waits for b before loading x,
-    which b needs – a deadlock of in-order streams, though no dependency or link makes a
-    cycle (a dependency-driven executor loads x first)."""
+    """`round_trip`, device 0's plan written by hand so that its compute stream runs c,
+    which reads the tensor coming back from device 1, *before* a, which device 1 needs:
+    in stream order device 0 waits for b before computing a, which b needs – a deadlock
+    of in-order streams, though no dependency or link makes a cycle (a dependency-driven
+    executor computes a first). Its h2d stream also queues the received tensor's reload
+    before x's."""
     mp = round_trip(n)
     tg0 = mp.placed.parts[0].tg
     x, a, got, c = (tg0.inputs["x"], tg0.outputs[send(1)], tg0.inputs[recv(2)], tg0.outputs["y"])
@@ -147,15 +149,15 @@ def round_trip_out_of_order(n: int = 256) -> MultiPlan:
     in_got = b.input(recv(2), got, storage=1)
     load_got = b.reload(got, 1, regions[got], deps=[in_got, b.alloc(got, regions[got])])
     load_x = b.reload(x, 0, regions[x], deps=[in_x, b.alloc(x, regions[x])])
+    make_c = b.apply(c, [regions[got]], regions[c], deps=[load_got, b.alloc(c, regions[c])])
+    b.free(got, regions[got], deps=[make_c])
+    out_c = b.offload(c, regions[c], 3, deps=[make_c])
+    b.free(c, regions[c], deps=[out_c])
     make_a = b.apply(a, [regions[x]], regions[a], deps=[load_x, b.alloc(a, regions[a])])
     b.free(x, regions[x], deps=[make_a])
     out_a = b.offload(a, regions[a], 2, deps=[make_a])
     b.free(a, regions[a], deps=[out_a])
     b.output(send(1), a, storage=2, deps=[out_a])
-    make_c = b.apply(c, [regions[got]], regions[c], deps=[load_got, b.alloc(c, regions[c])])
-    b.free(got, regions[got], deps=[make_c])
-    out_c = b.offload(c, regions[c], 3, deps=[make_c])
-    b.free(c, regions[c], deps=[out_c])
     b.output("y", c, storage=3, deps=[out_c])
     mg0 = b.build()
     plans = (DevicePlan(0, mg0, mg0.budget), mp.plans[1])
@@ -174,3 +176,54 @@ def deadlock(n: int = 256) -> MultiPlan:
         [link(0, 0, 1, n), link(1, 1, 0, n)],
         {},
     )
+
+
+def pipeline(devices: int, batch: int, width: int, layers: int, budget_share: float) -> MultiPlan:
+    """A stack of `devices * layers` layers h = tanh(h @ W) (float32, `batch` x `width`, each
+    W a `width` x `width` weight), `layers` consecutive layers per device; device d sends
+    its last h to device d + 1 (a link); the last device outputs "y". Each device is
+    planned under `budget_share` of the way from its smallest budget to its resident peak
+    (0: the smallest, so weights are reloaded just in time and activations may be
+    offloaded).
+
+    Original tasks: %0 x (host), then per layer its weight, its matmul and its tanh; a
+    device's first input stands for x or for the previous device's last tanh."""
+    from memgraph.planner import min_budget, resident_peak
+
+    parts, links = [], []
+    previous = 0  # the original task the device's first input stands for
+    for d in range(devices):
+        prog = ep.Program(f"pipeline.{d}")
+        first = "x" if d == 0 else recv(previous)
+        h = prog.input(first, (batch, width), location="host")
+        origin = [previous]
+        for layer in range(d * layers, (d + 1) * layers):
+            w = prog.input(f"w{layer}", (width, width), role="weight")
+            h = ep.tanh(h @ w)
+            base = 1 + 3 * layer
+            origin += [base, base + 1, base + 2]
+        previous = origin[-1]
+        last = d == devices - 1
+        prog.output(h, "y" if last else send(previous))
+        if not last:
+            links.append(
+                Link(previous, d, d + 1, send(previous), recv(previous), (batch, width),
+                     "float32", 4 * batch * width)
+            )  # fmt: skip
+        parts.append((prog.build(), tuple(origin)))
+    budgets = []
+    for tg, _ in parts:
+        low, _ = min_budget(tg, 256)
+        high = resident_peak(tg)
+        budgets.append(int(low + budget_share * (high - low)))
+    placed = PlacedGraph(
+        devices,
+        tuple(DevicePart(d, tg, origin) for d, (tg, origin) in enumerate(parts)),
+        tuple(links),
+        {"y": (devices - 1, "y")},
+    )
+    plans = tuple(
+        DevicePlan(d, memgraph.plan(tg, budget, outputs="host"), budget)
+        for d, ((tg, _), budget) in enumerate(zip(parts, budgets, strict=True))
+    )
+    return MultiPlan(placed, plans)
