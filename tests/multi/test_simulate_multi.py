@@ -288,3 +288,69 @@ def test_a_missing_device_plan_is_an_error():
     mp = sim_plans.chain()
     with pytest.raises(GraphError, match=r"devices 0..1; got devices \[0\]"):
         simulate_multi(MultiPlan(mp.placed, mp.plans[:1]), TOY)
+
+
+# -- invariants on pipelines planned under tight budgets -------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    devices=st.integers(2, 4),
+    layers=st.integers(1, 3),
+    width=st.sampled_from([16, 48]),
+    batch=st.integers(1, 8),
+    share=st.sampled_from([0.0, 0.3, 1.0]),
+    per_link=st.integers(1, 4),
+    model=st.sampled_from([TOY, PRESETS["h100-pcie5"], PRESETS["cpu"]]),
+)
+def test_pipelines_keep_every_dependency_link_and_lane(
+    devices, layers, width, batch, share, per_link, model
+):
+    mp = sim_plans.pipeline(devices, batch, width, layers, share)
+    machine = shared(model, per_link)
+    result = simulate_multi(mp, machine, timeline=True)
+    eps = 1e-12 * max(1.0, result.makespan)
+    times = [r.node_times for r in result.per_device]
+    # Every node starts after its dependencies end, and a link's input after its output.
+    for d, plan in enumerate(mp.plans):
+        for node in plan.mg.nodes:
+            start, end = times[d][node.id]
+            assert end >= start
+            assert all(start + eps >= times[d][dep][1] for dep in node.deps)
+    for link in mp.links:
+        (out,) = [n for n in mp.plans[link.source].mg.of_kind(memgraph.NodeKind.OUTPUT)
+                  if n.name == link.output]  # fmt: skip
+        (got,) = [n for n in mp.plans[link.target].mg.of_kind(memgraph.NodeKind.INPUT)
+                  if n.name == link.input]  # fmt: skip
+        assert times[link.target][got.id][0] + eps >= times[link.source][out.id][1]
+    # No two copies overlap on a host link's lane, nor two applies on a device.
+    lanes: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    for d, r in enumerate(result.per_device):
+        for event in r.events:
+            owner = d if event.stream == "compute" else machine.topology.host_link(d)
+            lanes.setdefault((event.stream, owner), []).append((event.start, event.end))
+    for spans in lanes.values():
+        spans.sort()
+        pairs = zip(spans, spans[1:], strict=False)
+        assert all(a_end <= b_start + eps for (_, a_end), (b_start, _) in pairs)
+    # Device 0 receives nothing: alone on its host link it runs as `simulate` times it,
+    # sharing one it is no sooner done. Every device moves the bytes it moves alone and
+    # is busy on each stream as long as alone. Nothing takes longer than every node one
+    # after another.
+    first = memgraph.simulate(mp.plans[0].mg, model, timeline=True)
+    if per_link == 1:
+        assert times[0] == first.node_times
+    assert result.finish_seconds[0] + eps >= first.makespan
+    for d, plan in enumerate(mp.plans):
+        alone = memgraph.simulate(plan.mg, model)
+        assert dict(result.per_device[d].bytes_moved) == dict(alone.bytes_moved)
+        assert result.per_device[d].busy == pytest.approx(dict(alone.busy), rel=1e-12)
+        assert result.finish_seconds[d] + eps >= max(alone.busy.values())
+    serial = sum(sum(r.busy.values()) for r in result.per_device)
+    assert result.makespan <= serial + eps
+    # Each link moves its devices' bytes; each link between devices is sent once.
+    for k, moved in result.host_link_bytes.items():
+        on_link = [r for d, r in enumerate(result.per_device) if machine.topology.host_link(d) == k]
+        assert moved == {s: sum(r.bytes_moved[s] for r in on_link) for s in ("h2d", "d2h")}
+    assert result.sent_bytes == {(d, d + 1): 4 * batch * width for d in range(devices - 1)}
+    assert result.reordered == 0
