@@ -252,7 +252,8 @@ def simulate_multi(
 
 
 class _MultiReplay:
-    """The devices' streams and the host links' lanes, nodes started earliest first."""
+    """The devices' streams and the host links' lanes, nodes started in the order they
+    become ready."""
 
     def __init__(self, mp: MultiPlan, model: CostModel, timeline: bool):
         topology = model.topology
@@ -273,7 +274,8 @@ class _MultiReplay:
         self.mgs: list[MemGraph] = [p.mg for p in plans]
         self.durations = [NodeDurations(mg, model) for mg in self.mgs]
         self.links = mp.links
-        # Per device and node: (stream, seconds, bytes); the nodes each waits for.
+        # Per device and node: (stream, seconds, bytes), then the bookkeeping of waits:
+        # how many nodes each still waits for, when the last of them ended, who waits on it.
         self.cost = [
             [durations(node) for node in mg.nodes]
             for durations, mg in zip(self.durations, self.mgs, strict=True)
