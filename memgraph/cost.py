@@ -10,6 +10,15 @@ bandwidth of its direction.
 >>> round(h100.transfer_seconds(2**30, "h2d") * 1e3, 1)  # ms for 1 GiB host -> device
 21.5
 
+Several devices: `CostModel.topology` (a `Topology`) says how many devices the machine
+has, how many of them share one host link, and how tensors travel between devices
+(staged through host memory: a device-to-host copy on the sender, then a host-to-device
+copy on the receiver, the only path built). The rates above are each device's.
+`memgraph.simulate_multi` reads it; a single-device plan never does.
+
+>>> PRESETS["8xh100-sxm"].topology.describe()
+'8 devices, 1 per host link, sends staged through the host; peer link 450 GB/s (unused)'
+
 Machines are found by name in `PRESETS`; `register_cost_model(name, model)` adds one,
 so that `memgraph.simulate(mg, name)`, the planner's `cost_model=` and the CLI's
 `--cost-model` (choices read at startup) know it.
@@ -22,12 +31,98 @@ from dataclasses import dataclass
 from einpage_core.errors import EinpageError
 from taskgraph.graph import TaskGraph
 
-__all__ = ["CostModel", "PRESETS", "get_cost_model", "register_cost_model", "rebuild_bytes"]
+__all__ = [
+    "CostModel",
+    "Topology",
+    "PRESETS",
+    "get_cost_model",
+    "register_cost_model",
+    "rebuild_bytes",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How the devices of a machine connect to the host and to each other.
+
+    * `devices`: how many devices the machine has (None: as many as a plan uses);
+    * `devices_per_host_link`: how many devices share one host link (a PCIe root port or
+      switch uplink): devices `k * n .. k * n + n - 1` share link `k`. Devices on one link
+      share its bandwidth in each direction (`memgraph.simulate_multi` says how);
+    * `staged_through_host`: transfers between devices go through pinned host memory (a
+      device-to-host copy on the sender, then a host-to-device copy on the receiver over
+      the host links). This is the only path built (`memgraph.multi`), so it must be True;
+    * `peer_bytes_per_s`: the bandwidth of a direct device-to-device link per direction
+      (NVLink through NVSwitch: ~450 GB/s on H100 SXM), or None. **Stated, not used**:
+      nothing sends device to device yet, so no plan and no simulation reads it; it is
+      here so that a preset describes its machine, for when direct sends exist;
+    * `device_memory_bytes`: each device's memory (None: unstated), a ceiling for
+      per-device budgets.
+    """
+
+    devices: int | None = None
+    devices_per_host_link: int = 1
+    staged_through_host: bool = True
+    peer_bytes_per_s: float | None = None
+    device_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.devices is not None and (
+            not isinstance(self.devices, int) or isinstance(self.devices, bool)
+            or self.devices < 1
+        ):  # fmt: skip
+            raise EinpageError(
+                f"topology: devices must be a positive int or None, got {self.devices!r}"
+            )
+        per_link = self.devices_per_host_link
+        if not isinstance(per_link, int) or isinstance(per_link, bool) or per_link < 1:
+            raise EinpageError(
+                f"topology: devices_per_host_link must be a positive int, got {per_link!r}"
+            )
+        if not self.staged_through_host:
+            raise EinpageError(
+                "topology: staged_through_host=False (direct device-to-device sends) is not "
+                "built: transfers between devices go through host memory (memgraph.multi)"
+            )
+        if self.peer_bytes_per_s is not None and not self.peer_bytes_per_s > 0:
+            raise EinpageError(
+                f"topology: peer_bytes_per_s must be positive or None, "
+                f"got {self.peer_bytes_per_s!r}"
+            )
+        if self.device_memory_bytes is not None and not self.device_memory_bytes > 0:
+            raise EinpageError(
+                f"topology: device_memory_bytes must be positive or None, "
+                f"got {self.device_memory_bytes!r}"
+            )
+
+    def host_link(self, device: int) -> int:
+        """The host link device `device` sits on (`device // devices_per_host_link`).
+
+        >>> Topology(devices=4, devices_per_host_link=2).host_link(3)
+        1
+        """
+        return device // self.devices_per_host_link
+
+    def describe(self) -> str:
+        """One line: `4 devices, 2 per host link, sends staged through the host`."""
+        count = "any number of devices" if self.devices is None else f"{self.devices} devices"
+        text = f"{count}, {self.devices_per_host_link} per host link, sends staged through the host"
+        if self.peer_bytes_per_s is not None:
+            text += f"; peer link {self.peer_bytes_per_s / 1e9:.0f} GB/s (unused)"
+        return text
+
+
+SINGLE_DEVICE = Topology()
+"""The topology of a cost model that states none: any number of devices, each on a host
+link of its own, transfers between devices staged through the host."""
 
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    """Rates of one machine. Bandwidths in bytes/s, compute in FLOP/s, latencies in s."""
+    """Rates of one machine. Bandwidths in bytes/s, compute in FLOP/s, latencies in s.
+
+    The rates are one device's; `topology` says how several devices connect (read only
+    by `memgraph.simulate_multi`)."""
 
     name: str
     flops_per_s: float
@@ -36,6 +131,7 @@ class CostModel:
     d2h_bytes_per_s: float
     kernel_latency_s: float = 0.0
     transfer_latency_s: float = 0.0
+    topology: Topology = SINGLE_DEVICE
 
     def __post_init__(self) -> None:
         for field_name in (
@@ -46,6 +142,11 @@ class CostModel:
         ):
             if not getattr(self, field_name) > 0:
                 raise EinpageError(f"cost model {self.name!r}: {field_name} must be positive")
+        if not isinstance(self.topology, Topology):
+            raise EinpageError(
+                f"cost model {self.name!r}: topology must be a Topology, "
+                f"got {type(self.topology).__name__}"
+            )
 
     def task_seconds(self, tg: TaskGraph, task_id: int) -> float:
         """Time of one task's apply: latency + max(FLOPs / rate, bytes touched / bandwidth).
@@ -92,6 +193,19 @@ PRESETS: dict[str, CostModel] = {
     "h100-pcie5": CostModel("h100-pcie5", 400e12, 2.0e12, 50e9, 50e9, 5e-6, 10e-6),
     # A many-core CPU running the NumPy backend: transfers are memcpy within RAM.
     "cpu": CostModel("cpu", 200e9, 20e9, 10e9, 10e9, 0.0, 0.0),
+    # 8 H100 SXM5 80 GB on an HGX/DGX H100 board (NVIDIA H100 datasheet,
+    # nvidia.com/en-us/data-center/h100: 989 TFLOP/s dense fp16 tensor, 3.35 TB/s HBM3,
+    # NVLink 900 GB/s bidirectional = 450 GB/s per direction, PCIe Gen5 x16 host link).
+    # Compute derated as on "h100-pcie5" (sustained ~53% of dense peak: 520 TFLOP/s);
+    # the host link as there (~50 GB/s per direction pinned, of 64). Host links: the
+    # DGX H100 user guide (network modules) pairs each GPU with its own ConnectX-7,
+    # whose integrated PCIe Gen5 switch gives each GPU its own x16 path to a CPU, so one
+    # GPU per host link (DGX A100 had two GPUs behind each PCIe Gen4 switch: 2).
+    "8xh100-sxm": CostModel(
+        "8xh100-sxm", 520e12, 3.35e12, 50e9, 50e9, 5e-6, 10e-6,
+        topology=Topology(devices=8, devices_per_host_link=1, peer_bytes_per_s=450e9,
+                          device_memory_bytes=80 * 10**9),
+    ),  # fmt: skip
 }
 """Machines by name."""
 

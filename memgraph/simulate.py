@@ -63,7 +63,7 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import STREAMS, StreamEvent, node_event, to_chrome_trace, write_chrome_trace
 
-__all__ = ["SimResult", "simulate", "resolve_cost_model", "DEFAULT_COST_MODEL"]
+__all__ = ["SimResult", "simulate", "resolve_cost_model", "NodeDurations", "DEFAULT_COST_MODEL"]
 
 DEFAULT_COST_MODEL = "h100-pcie5"
 """The machine `simulate` assumes when given neither a cost model nor rates."""
@@ -275,6 +275,37 @@ def simulate(
     return replay.result()
 
 
+class NodeDurations:
+    """How long each node of one plan takes on a cost model – the rule `simulate` uses,
+    shared with `memgraph.simulate_multi` – as (stream, seconds, bytes copied).
+
+    An apply runs on "compute" for `CostModel.task_seconds` (memoized per task: a
+    recomputed task costs what it cost the first time); a copy between host and device
+    (`MemNode.copies`) runs on its direction's stream ("h2d" or "d2h") for
+    `CostModel.transfer_seconds` of the tensor's bytes; any other node (alloc, free,
+    output, an input to host storage) occupies no stream: (None, 0.0, 0).
+    """
+
+    def __init__(self, mg: MemGraph, model: CostModel):
+        self.tg = mg.taskgraph
+        self.model = model
+        self.apply_time: dict[int, float] = {}
+
+    def __call__(self, node: MemNode) -> tuple[str | None, float, int]:
+        if node.kind is NodeKind.APPLY:
+            seconds = self.apply_time.get(node.tensor)
+            if seconds is None:
+                seconds = self.apply_time[node.tensor] = self.model.task_seconds(
+                    self.tg, node.tensor
+                )
+            return "compute", seconds, 0
+        direction = node.copies
+        if direction is None:
+            return None, 0.0, 0
+        nbytes = self.tg[node.tensor].nbytes
+        return direction, self.model.transfer_seconds(nbytes, direction), nbytes
+
+
 class _Replay:
     """The three streams as `simulate` runs the nodes through them, one node at a time."""
 
@@ -288,24 +319,15 @@ class _Replay:
         self.busy = dict.fromkeys(STREAMS, 0.0)
         self.moved = dict.fromkeys(STREAMS, 0)
         self.events: list[StreamEvent] = []
-        self.apply_time: dict[int, float] = {}
+        self.durations = NodeDurations(mg, model)
 
     def duration(self, node: MemNode) -> tuple[str | None, float]:
-        """The stream a node occupies (None: bookkeeping, no time) and for how long: an
-        apply on compute, a copy between host and device (`MemNode.copies`) on its own."""
-        if node.kind is NodeKind.APPLY:
-            seconds = self.apply_time.get(node.tensor)
-            if seconds is None:
-                seconds = self.apply_time[node.tensor] = self.model.task_seconds(
-                    self.mg.taskgraph, node.tensor
-                )
-            return "compute", seconds
-        direction = node.copies
-        if direction is None:
-            return None, 0.0
-        nbytes = self.mg.taskgraph[node.tensor].nbytes
-        self.moved[direction] += nbytes
-        return direction, self.model.transfer_seconds(nbytes, direction)
+        """The stream a node occupies (None: bookkeeping, no time) and for how long
+        (`NodeDurations`), counting the bytes a copy moves."""
+        stream, seconds, nbytes = self.durations(node)
+        if stream is not None and stream != "compute":
+            self.moved[stream] += nbytes
+        return stream, seconds
 
     def step(self, node: MemNode) -> None:
         i = node.id
