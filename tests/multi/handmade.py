@@ -1,0 +1,214 @@
+"""MultiPlans made by hand, for the multi-device runners' tests (no placement pass).
+
+Each case is a few TaskGraphs built with `einpage.Program`, one per device, where a
+tensor computed on one device is an output `send:%k` of its TaskGraph and an input
+`recv:%k` (an activation that starts on the host) of each TaskGraph that reads it; the
+`Link`s say so. Each device's TaskGraph is planned with `memgraph.plan(tg, budget,
+outputs="host")`, under its resident peak (`"100%"`, nothing moves) or under a budget
+that forces offloads. `reference(case, inputs)` composes `taskgraph.evaluate` of the
+parts in the order the links need, independently of the runners.
+
+Cases:
+
+* `chain`: device 0 computes `a` from `x`, device 1 computes `y` from `a`;
+* `fanout`: device 0 computes `a`, which devices 1 and 2 both read (one output, two
+  links);
+* `cycle`: device 0 computes `a`, device 1 computes `b` from it, device 0 computes `c`
+  from `b` (and `x` again): a link each way, as a pipeline's backward pass or a
+  generation step makes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+import einpage as ep
+import memgraph
+import taskgraph
+from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
+
+__all__ = ["Case", "CASES", "make_case", "plan_case", "case_inputs", "reference", "BUDGETS"]
+
+N = 48
+"""Rows and columns of every matrix: 9 KiB in float32, so a few matrices fill a budget."""
+
+LAYERS = 3
+"""Matmuls per stage: each reads its own weight, so a tight budget streams weights."""
+
+BUDGETS = ("100%", "tight")
+"""Budgets each case is planned under: the resident peak (nothing moves), and the
+smallest budget a device's plan is feasible at (`memgraph.min_budget`), which moves
+weights and activations."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A hand-made placement: the devices' TaskGraphs, the links, where the original
+    outputs are, and `steps`: the order in which a reference evaluates the parts (device
+    ids; a device appears once per stage it computes, the cycle's device 0 twice)."""
+
+    name: str
+    tgs: tuple[taskgraph.TaskGraph, ...]
+    links: tuple[Link, ...]
+    outputs: dict[str, tuple[int, str]]
+
+
+def _stage(prog: ep.Program, h, prefix: str, join: str | None = None):
+    """`LAYERS` matmuls of `h`, each with its own weight `prefix.w{i}`, the join in between."""
+    for i in range(LAYERS):
+        w = prog.input(f"{prefix}.w{i}", (N, N), "float32", role="weight")
+        h = prog.einsum("bd,df->bf", h, w)
+        if join is not None:
+            h = prog.einsum("bf->bf", h, join=join)
+    return h
+
+
+def _recv(prog: ep.Program, task: int) -> ep.program.program.Tensor:
+    return prog.input(f"recv:%{task}", (N, N), "float32", role="activation", location="host")
+
+
+def _link(task: int, source: int, target: int) -> Link:
+    return Link(
+        task=task,
+        source=source,
+        target=target,
+        output=f"send:%{task}",
+        input=f"recv:%{task}",
+        shape=(N, N),
+        dtype="float32",
+        nbytes=N * N * 4,
+    )
+
+
+# Task ids of the original program the links stand for (hand-made: any distinct ids).
+A, B = 10, 20
+
+
+def _chain() -> Case:
+    p0 = ep.Program("chain.dev0")
+    x = p0.input("x", (N, N), "float32")
+    p0.output(_stage(p0, x, "l0", "tanh(a)"), f"send:%{A}")
+    p1 = ep.Program("chain.dev1")
+    p1.output(_stage(p1, _recv(p1, A), "l1", "relu(a)"), "y")
+    return Case("chain", (p0.build(), p1.build()), (_link(A, 0, 1),), {"y": (1, "y")})
+
+
+def _fanout() -> Case:
+    p0 = ep.Program("fanout.dev0")
+    x = p0.input("x", (N, N), "float32")
+    a = _stage(p0, x, "l0", "tanh(a)")
+    p0.output(a, f"send:%{A}")
+    p0.output(p0.einsum("bf->b", a, agg="max"), "amax")  # an original output of device 0
+    p1 = ep.Program("fanout.dev1")
+    p1.output(_stage(p1, _recv(p1, A), "l1", "relu(a)"), "y1")
+    p2 = ep.Program("fanout.dev2")
+    r = _recv(p2, A)
+    bias = p2.input("bias", (N,), "float32")  # an input of device 2 only
+    h = p2.einsum("bf,f->bf", _stage(p2, r, "l2", "tanh(a)"), bias, join="a + b")
+    p2.output(h, "y2")
+    links = (_link(A, 0, 1), _link(A, 0, 2))
+    outputs = {"amax": (0, "amax"), "y1": (1, "y1"), "y2": (2, "y2")}
+    return Case("fanout", (p0.build(), p1.build(), p2.build()), links, outputs)
+
+
+def _cycle() -> Case:
+    p0 = ep.Program("cycle.dev0")
+    x = p0.input("x", (N, N), "float32")
+    p0.output(_stage(p0, x, "l0", "tanh(a)"), f"send:%{A}")
+    b = _recv(p0, B)
+    c = p0.einsum("bf,bf->bf", _stage(p0, b, "l2", "tanh(a)"), x, join="a + b")
+    p0.output(c, "c")
+    p1 = ep.Program("cycle.dev1")
+    p1.output(_stage(p1, _recv(p1, A), "l1", "relu(a)"), f"send:%{B}")
+    links = (_link(A, 0, 1), _link(B, 1, 0))
+    return Case("cycle", (p0.build(), p1.build()), links, {"c": (0, "c")})
+
+
+CASES: dict[str, Callable[[], Case]] = {"chain": _chain, "fanout": _fanout, "cycle": _cycle}
+
+
+def make_case(name: str) -> Case:
+    return CASES[name]()
+
+
+def plan_case(case: Case, budget: str = "100%", **options) -> MultiPlan:
+    """The case's MultiPlan: each device's TaskGraph planned with `outputs="host"` under
+    `budget` ("tight": the device's `memgraph.min_budget`)."""
+    parts = tuple(
+        DevicePart(device, tg, tuple(range(len(tg.tasks)))) for device, tg in enumerate(case.tgs)
+    )
+    placed = PlacedGraph(len(case.tgs), parts, case.links, case.outputs, strategy="handmade")
+    plans = []
+    for part in parts:
+        nbytes = memgraph.min_budget(part.tg)[0] if budget == "tight" else budget
+        mg = memgraph.plan(part.tg, nbytes, outputs="host", **options)
+        plans.append(DevicePlan(part.device, mg, mg.budget))
+    return MultiPlan(placed, tuple(plans))
+
+
+def case_inputs(case: Case, seed: int = 0) -> dict[str, np.ndarray]:
+    """Arrays for every original input (the devices' inputs that no link feeds)."""
+    rng = np.random.default_rng(seed)
+    linked = {link.input for link in case.links}
+    arrays = {}
+    for tg in case.tgs:
+        for name, task_id in tg.inputs.items():
+            if name not in linked and name not in arrays:
+                task = tg[task_id]
+                arrays[name] = (rng.standard_normal(task.shape) / np.sqrt(N)).astype(task.dtype)
+    return arrays
+
+
+def reference(case: Case, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The original outputs, from `taskgraph.evaluate` of each device's TaskGraph, run
+    whenever all of its inputs are known (the links' values added as they are computed);
+    a device whose inputs wait on itself (the cycle's device 0) is evaluated by its
+    parts: this helper evaluates a device once every input it reads is known, and the
+    cycle's device 0 needs `b`, which needs its own `a`: so `a` is computed first by
+    evaluating device 0 with a stand-in for `b`, whose value does not reach `a`."""
+    known = dict(inputs)
+    results: dict[int, dict[str, np.ndarray]] = {}
+    pending = list(range(len(case.tgs)))
+    while pending:
+        progressed = False
+        for device in list(pending):
+            tg = case.tgs[device]
+            if all(name in known for name in tg.inputs):
+                results[device] = taskgraph.evaluate(tg, {n: known[n] for n in tg.inputs})
+                pending.remove(device)
+                progressed = True
+                for link in case.links:
+                    if link.source == device:
+                        known[link.input] = results[device][link.output]
+        if progressed:
+            continue
+        # A cycle: evaluate the first pending device with zeros for what it lacks, and
+        # pass on only the links whose values do not depend on the stand-ins.
+        device = pending[0]
+        tg = case.tgs[device]
+        stand_in = {
+            n: known[n] if n in known else np.zeros(tg[i].shape, tg[i].dtype)
+            for n, i in tg.inputs.items()
+        }
+        partial = taskgraph.evaluate(tg, stand_in)
+        lacking = {tg.inputs[n] for n in tg.inputs if n not in known}
+        for link in case.links:
+            if link.source == device and not _reads_any(tg, tg.outputs[link.output], lacking):
+                known[link.input] = partial[link.output]
+    return {name: results[device][out] for name, (device, out) in case.outputs.items()}
+
+
+def _reads_any(tg: taskgraph.TaskGraph, task_id: int, sources: set[int]) -> bool:
+    """Whether task `task_id` of `tg` depends (transitively) on any task in `sources`."""
+    stack, seen = [task_id], set()
+    while stack:
+        t = stack.pop()
+        if t in sources:
+            return True
+        if t not in seen:
+            seen.add(t)
+            stack.extend(tg[t].inputs)
+    return False
