@@ -1,0 +1,260 @@
+"""runtime.multi: MultiPlans made by hand run in one process, a thread per device, equal to
+a reference composed of `taskgraph.evaluate` of each device's TaskGraph; failures name
+the device, waits are bounded and every thread is joined."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import handmade
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import TOLERANCE, einsum_programs, program_inputs
+
+import einpage as ep
+import memgraph
+import taskgraph
+from einpage_core.errors import BackendError, InputError, VerificationError
+from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
+from memgraph.nodes import NodeKind
+from runtime.multi import Inbox, run_devices
+
+CASES = tuple(handmade.CASES)
+ORDERS = [("ready", None)] + [("random", seed) for seed in range(4)]
+
+
+def _device_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("einpage-device-")]
+
+
+def _assert_equal(got, want, rtol=1e-5, atol=1e-6):
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.fixture(scope="module", params=CASES)
+def case(request):
+    made = handmade.make_case(request.param)
+    inputs = handmade.case_inputs(made, seed=1)
+    return made, inputs, handmade.reference(made, inputs)
+
+
+@pytest.mark.parametrize("budget", handmade.BUDGETS)
+@pytest.mark.parametrize("order,seed", ORDERS)
+def test_hand_made_plans_equal_the_reference(case, budget, order, seed):
+    made, inputs, want = case
+    mp = handmade.plan_case(made, budget)
+    got = run_devices(mp, inputs, order=order, seed=seed, timeout=30)
+    _assert_equal(got, want)
+    assert not _device_threads()
+
+
+def test_tight_budgets_move_more_than_the_links_and_outputs():
+    """The 'tight' budgets make the runs above exercise offloads, not only first loads."""
+    for name in CASES:
+        mp = handmade.plan_case(handmade.make_case(name), "tight")
+        for plan in mp.plans:
+            tg = plan.mg.taskgraph
+            sent = sum(tg[i].nbytes for i in tg.outputs.values())
+            assert plan.mg.stats.offload_bytes > sent, (name, plan.device)
+
+
+def test_the_cycle_really_goes_back_and_forth():
+    """Device 0's plan reads device 1's result after sending it its own: the run needs
+    the links in both directions, while device 0 is running."""
+    made = handmade.make_case("cycle")
+    mp = handmade.plan_case(made, "tight")
+    sources = {(link.source, link.target) for link in mp.links}
+    assert sources == {(0, 1), (1, 0)}
+    tg0 = mp.plans[0].mg.taskgraph
+    assert set(tg0.outputs) >= {"send:%10"} and "recv:%20" in tg0.inputs
+
+
+def test_a_device_that_fails_names_itself_and_stops_the_others(monkeypatch):
+    """Device 1 of the cycle fails in its first apply; device 0, waiting for device 1's
+    link, is cancelled at once (not after the timeout), and both threads are joined."""
+    made = handmade.make_case("cycle")
+    mp = handmade.plan_case(made, "100%")
+    inputs = handmade.case_inputs(made)
+    import runtime.numpy_backend
+
+    real = runtime.numpy_backend.evaluate_task
+    device1_tasks = {id(t) for t in mp.plans[1].mg.taskgraph.tasks}
+
+    def broken(task, operands, out):
+        if id(task) in device1_tasks:
+            raise ValueError(f"kernel of %{task.id} exploded")
+        return real(task, operands, out=out)
+
+    monkeypatch.setattr(runtime.numpy_backend, "evaluate_task", broken)
+    started = time.monotonic()
+    with pytest.raises(
+        BackendError, match=r"(?s)apply.*ValueError: kernel of %\d+ exploded.*device 1"
+    ):
+        run_devices(mp, inputs, timeout=20)
+    assert time.monotonic() - started < 10
+    assert not _device_threads()
+
+
+def _cross_wired() -> MultiPlan:
+    """Two devices that each wait for the other's link before computing what they send:
+    a cycle between devices in the union of the plans and the links (a deadlock)."""
+    tgs = []
+    for device, (mine, theirs) in enumerate(((1, 2), (2, 1))):
+        prog = ep.Program(f"deadlock.dev{device}")
+        r = prog.input(f"recv:%{theirs}", (4, 4), "float32", location="host")
+        w = prog.input(f"w{device}", (4, 4), "float32", role="weight")
+        prog.output(prog.einsum("ij,jk->ik", r, w), f"send:%{mine}")
+        tgs.append(prog.build())
+    links = tuple(
+        Link(mine, device, 1 - device, f"send:%{mine}", f"recv:%{mine}", (4, 4), "float32", 64)
+        for device, mine in ((0, 1), (1, 2))
+    )
+    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
+    placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")})
+    mgs = [memgraph.plan(tg, "100%", outputs="host") for tg in tgs]
+    return MultiPlan(placed, tuple(DevicePlan(d, mg, mg.budget) for d, mg in enumerate(mgs)))
+
+
+def test_a_link_that_never_arrives_times_out_naming_the_device_and_its_nodes():
+    mp = _cross_wired()
+    inputs = {"w0": np.eye(4, dtype="float32"), "w1": np.eye(4, dtype="float32")}
+    started = time.monotonic()
+    with pytest.raises(
+        BackendError,
+        match=r"device [01] waited more than 0.3 s for 1 link\(s\) that did not arrive: "
+        r"n\d+ \(input \"recv:%[12]\".*\) from device [01]'s output 'send:%[12]'",
+    ):
+        run_devices(mp, inputs, timeout=0.3)
+    assert time.monotonic() - started < 5
+    assert not _device_threads()
+
+
+def test_every_device_plan_is_verified_first_naming_the_device():
+    made = handmade.make_case("chain")
+    mp = handmade.plan_case(made, "tight")
+    mg = mp.plans[1].mg
+    apply = next(n for n in mg.nodes if n.kind is NodeKind.APPLY and n.deps)
+    broken_node = dataclasses.replace(apply, deps=())
+    nodes = tuple(broken_node if n.id == apply.id else n for n in mg.nodes)
+    broken = dataclasses.replace(mg, nodes=nodes)
+    plans = (mp.plans[0], dataclasses.replace(mp.plans[1], mg=broken))
+    bad = dataclasses.replace(mp, plans=plans)
+    with pytest.raises(VerificationError, match="^device 1: refusing to run a plan"):
+        run_devices(bad, handmade.case_inputs(made))
+    assert not _device_threads()
+
+
+def test_inputs_are_checked_against_every_device():
+    made = handmade.make_case("fanout")
+    mp = handmade.plan_case(made, "100%")
+    inputs = handmade.case_inputs(made)
+    less = {k: v for k, v in inputs.items() if k != "bias"}
+    with pytest.raises(InputError, match=r"missing input\(s\): 'bias' \(device\(s\) \[2\]\)"):
+        run_devices(mp, less)
+    with pytest.raises(InputError, match="unknown input.*'recv:%10'"):
+        run_devices(mp, {**inputs, "recv:%10": np.zeros((48, 48), "float32")})
+    wrong = {**inputs, "bias": np.zeros(3, "float32")}
+    with pytest.raises(InputError, match="bias"):
+        run_devices(mp, wrong)
+    with pytest.raises(BackendError, match="unknown order 'fifo'"):
+        run_devices(mp, inputs, order="fifo")
+
+
+def test_an_inbox_wait_is_bounded_and_cancellable():
+    inbox = Inbox()
+    started = time.monotonic()
+    assert inbox.take(["a"], 0.05) is None
+    assert time.monotonic() - started >= 0.05
+    inbox.put("a", np.ones(2))
+    assert set(inbox.take(["a", "b"], 1.0)) == {"a"}
+    waiter_error: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            inbox.take(["b"], 30.0)
+        except BaseException as err:
+            waiter_error.append(err)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    inbox.cancel("stopped: device 3 failed")
+    thread.join(5.0)
+    assert not thread.is_alive()
+    assert isinstance(waiter_error[0], BackendError) and "device 3" in str(waiter_error[0])
+
+
+# -- random programs, split by hand at a link ------------------------------------------
+
+
+def _tail(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
+    """Device 1: reads the link `recv:%0` and a weight of its own; sends a result on."""
+    idx = "abcdefgh"[: len(shape)]
+    prog = ep.Program("tail")
+    r = prog.input("recv:%0", shape, dtype, location="host")
+    w = prog.input("w.tail", shape, dtype, role="weight")
+    prog.output(prog.einsum(f"{idx},{idx}->{idx}", r, w, join="tanh(a) * b"), "y")
+    prog.output(prog.einsum(f"{idx}->{idx}", r, join="a * 0.5 + 1.0"), "send:%1")
+    return prog.build()
+
+
+def _back(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
+    """Device 2: reads device 1's `send:%1`."""
+    idx = "abcdefgh"[: len(shape)]
+    prog = ep.Program("back")
+    r = prog.input("recv:%1", shape, dtype, location="host")
+    prog.output(prog.einsum(f"{idx}->{idx}", r, join="exp(tanh(a))"), "z")
+    return prog.build()
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    head=einsum_programs(max_tasks=12),
+    fraction=st.floats(0.0, 1.0),
+    order=st.sampled_from(["ready", "random"]),
+    seed=st.integers(0, 2**16),
+)
+def test_random_programs_split_at_links_equal_the_reference(head, fraction, order, seed):
+    """A random program on device 0 whose output `out` feeds devices 1 and 2 through two
+    links, each device planned under a random budget between its smallest and its
+    resident peak: the outputs equal `taskgraph.evaluate` of the three parts in turn."""
+    shape, dtype = head[head.outputs["out"]].shape, head[head.outputs["out"]].dtype
+    head_outputs = {**head.outputs}
+    builder = taskgraph.builder.GraphBuilder("head")
+    for task in head.tasks:
+        builder.add(task.op, task.inputs, task.shape, task.dtype)
+    for name, task_id in head_outputs.items():
+        builder.output(task_id, "send:%0" if name == "out" else name)
+    tgs = (builder.build(), _tail(shape, dtype), _back(shape, dtype))
+    nbytes = tgs[0][tgs[0].outputs["send:%0"]].nbytes
+    links = (
+        Link(0, 0, 1, "send:%0", "recv:%0", shape, dtype, nbytes),
+        Link(1, 1, 2, "send:%1", "recv:%1", shape, dtype, nbytes),
+    )
+    outputs = {"y": (1, "y"), "z": (2, "z")}
+    outputs.update({name: (0, name) for name in head_outputs if name != "out"})
+    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
+    plans = []
+    for device, tg in enumerate(tgs):
+        low, high = memgraph.min_budget(tg)[0], memgraph.resident_peak(tg)
+        budget = max(low, int(low + fraction * (high - low)))
+        plans.append(DevicePlan(device, memgraph.plan(tg, budget, outputs="host"), budget))
+    mp = MultiPlan(PlacedGraph(3, parts, links, outputs), tuple(plans))
+
+    inputs = program_inputs(head, seed)
+    inputs["w.tail"] = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+    first = taskgraph.evaluate(head, {n: inputs[n] for n in head.inputs})
+    second = taskgraph.evaluate(tgs[1], {"recv:%0": first["out"], "w.tail": inputs["w.tail"]})
+    third = taskgraph.evaluate(tgs[2], {"recv:%1": second["send:%1"]})
+    want = {"y": second["y"], "z": third["z"]}
+    want.update({name: first[name] for name in head_outputs if name != "out"})
+
+    got = run_devices(mp, inputs, order=order, seed=seed, timeout=30)
+    tol = TOLERANCE[dtype]
+    _assert_equal(got, want, rtol=tol, atol=tol)
