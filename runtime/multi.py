@@ -157,6 +157,8 @@ class DeviceRunner(Session):
         for link in links:
             if link.source == device:
                 self.sends.setdefault(link.output, []).append(link)
+        self.progress = (0, len(mg.nodes))
+        """Nodes done in the current (or last) run, and nodes of the plan."""
         poison = order == "random" if poison is None else poison
         # Mode "random": each node's work is done before the next one starts.
         super().__init__(mg, backend, mode="random", poison=poison, **options)
@@ -263,6 +265,7 @@ class DeviceRunner(Session):
         heapq.heapify(ready)
         waiting: dict[str, int] = {}  # link input -> its input node, ready but not arrived
         done = 0
+        self.progress = (done, len(nodes))
         while done < len(nodes):
             if not ready:
                 if not waiting:  # cannot happen: dependencies point back (checked)
@@ -289,6 +292,7 @@ class DeviceRunner(Session):
                 for link in self.sends[node.name]:
                     send(link, value)
             done += 1
+            self.progress = (done, len(nodes))
             for user in users[node_id]:
                 remaining[user] -= 1
                 if remaining[user] == 0:
