@@ -16,6 +16,9 @@ Cases:
 * `cycle`: device 0 computes `a`, device 1 computes `b` from it, device 0 computes `c`
   from `b` (and `x` again): a link each way, as a pipeline's backward pass or a
   generation step makes.
+
+`cross_wired()` is a broken MultiPlan: two devices that each wait for the other's link
+before computing what they send (a cycle between devices: a deadlock).
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ import memgraph
 import taskgraph
 from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
 
-__all__ = ["Case", "CASES", "make_case", "plan_case", "case_inputs", "reference", "BUDGETS"]
+__all__ = [
+    "Case",
+    "CASES",
+    "make_case",
+    "plan_case",
+    "case_inputs",
+    "reference",
+    "BUDGETS",
+    "cross_wired",
+]
 
 N = 48
 """Rows and columns of every matrix: 9 KiB in float32, so a few matrices fill a budget."""
@@ -216,3 +228,23 @@ def _reads_any(tg: taskgraph.TaskGraph, task_id: int, sources: set[int]) -> bool
             seen.add(t)
             stack.extend(tg[t].inputs)
     return False
+
+
+def cross_wired() -> MultiPlan:
+    """Two devices that each wait for the other's link before computing what they send:
+    a cycle between devices in the union of the plans and the links (a deadlock)."""
+    tgs = []
+    for device, (mine, theirs) in enumerate(((1, 2), (2, 1))):
+        prog = ep.Program(f"deadlock.dev{device}")
+        r = prog.input(f"recv:%{theirs}", (4, 4), "float32", location="host")
+        w = prog.input(f"w{device}", (4, 4), "float32", role="weight")
+        prog.output(prog.einsum("ij,jk->ik", r, w), f"send:%{mine}")
+        tgs.append(prog.build())
+    links = tuple(
+        Link(mine, device, 1 - device, f"send:%{mine}", f"recv:%{mine}", (4, 4), "float32", 64)
+        for device, mine in ((0, 1), (1, 2))
+    )
+    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
+    placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")})
+    mgs = [memgraph.plan(tg, "100%", outputs="host") for tg in tgs]
+    return MultiPlan(placed, tuple(DevicePlan(d, mg, mg.budget) for d, mg in enumerate(mgs)))

@@ -102,28 +102,8 @@ def test_a_device_that_fails_names_itself_and_stops_the_others(monkeypatch):
     assert not _device_threads()
 
 
-def _cross_wired() -> MultiPlan:
-    """Two devices that each wait for the other's link before computing what they send:
-    a cycle between devices in the union of the plans and the links (a deadlock)."""
-    tgs = []
-    for device, (mine, theirs) in enumerate(((1, 2), (2, 1))):
-        prog = ep.Program(f"deadlock.dev{device}")
-        r = prog.input(f"recv:%{theirs}", (4, 4), "float32", location="host")
-        w = prog.input(f"w{device}", (4, 4), "float32", role="weight")
-        prog.output(prog.einsum("ij,jk->ik", r, w), f"send:%{mine}")
-        tgs.append(prog.build())
-    links = tuple(
-        Link(mine, device, 1 - device, f"send:%{mine}", f"recv:%{mine}", (4, 4), "float32", 64)
-        for device, mine in ((0, 1), (1, 2))
-    )
-    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
-    placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")})
-    mgs = [memgraph.plan(tg, "100%", outputs="host") for tg in tgs]
-    return MultiPlan(placed, tuple(DevicePlan(d, mg, mg.budget) for d, mg in enumerate(mgs)))
-
-
 def test_a_link_that_never_arrives_times_out_naming_the_device_and_its_nodes():
-    mp = _cross_wired()
+    mp = handmade.cross_wired()
     inputs = {"w0": np.eye(4, dtype="float32"), "w1": np.eye(4, dtype="float32")}
     started = time.monotonic()
     with pytest.raises(
