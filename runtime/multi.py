@@ -6,11 +6,12 @@ carry) that executes the plan *dependency-driven*. A node runs once its MemGraph
 dependencies are done and, for the `input` node of a link's input, once that link has
 arrived: the source device ran the link's `output` node and the host array it holds was
 put in this device's `Inbox`, then bound as the input's host storage (`Session.stage`).
-Among the nodes that can run, a link's `output` node goes first (so that a send never
-waits behind other work), then the lowest insertion order (`order="ready"`), or a seeded
-random choice (`order="random"`, with freed memory poisoned: a missing dependency, within
-a device or across a link, shows up as a wrong answer). Each node is done before the
-next starts. This cannot deadlock when the union of the plans' dependencies and the
+Among the nodes that can run, `order="ready"` runs a link's `output` node first (so
+that a send never waits behind other work), then the lowest insertion order;
+`order="random"` makes a seeded random choice (as `runtime.schedule.random_order` does,
+with freed memory poisoned: a missing dependency, within a device or across a link,
+shows up as a wrong answer; sends are delayed at random too). Each node is done before
+the next starts. This cannot deadlock when the union of the plans' dependencies and the
 links (source `output` node -> target `input` node) is acyclic (`verify_multi`).
 
 `run_devices(mp, inputs)` runs every device on a thread of its own and gathers the
@@ -237,15 +238,14 @@ class DeviceRunner(Session):
         return self._collect(plan)
 
     def _priorities(self, nodes: Sequence[MemNode]) -> list[tuple[int, float, int]]:
-        """Each node's place among ready ones (smallest first): links' outputs first, then
-        insertion order, or a seeded random draw."""
-        rng = random.Random(self.seed * 1_000_003 + self.device)
-        first = []
-        for node in nodes:
-            sends = node.kind is NodeKind.OUTPUT and node.name in self.sends
-            draw = rng.random() if self.order == "random" else 0.0
-            first.append((0 if sends else 1, draw, node.id))
-        return first
+        """Each node's place among ready ones (smallest first): in "ready" order links'
+        outputs first, then insertion order; in "random" order a seeded random draw (the
+        seed and the device's id: each device draws its own)."""
+        if self.order == "random":
+            rng = random.Random(self.seed * 1_000_003 + self.device)
+            return [(0, rng.random(), node.id) for node in nodes]
+        sends = [node.kind is NodeKind.OUTPUT and node.name in self.sends for node in nodes]
+        return [(0 if sends[node.id] else 1, 0.0, node.id) for node in nodes]
 
     def _issue_linked(self, plan: Any, inbox: Inbox, send: Send, timeout: float) -> None:
         nodes = plan.mg.nodes

@@ -238,3 +238,65 @@ def test_random_programs_split_at_links_equal_the_reference(head, fraction, orde
     got = run_devices(mp, inputs, order=order, seed=seed, timeout=30)
     tol = TOLERANCE[dtype]
     _assert_equal(got, want, rtol=tol, atol=tol)
+
+
+def test_random_orders_differ_by_seed_and_honour_dependencies_and_links(monkeypatch):
+    """The order a device runs its nodes in: in "ready" order a link's output node runs
+    as soon as it can; random orders differ between seeds, and every order runs a node
+    after its dependencies and a link's input node after the link arrived."""
+    from runtime.multi import DeviceRunner
+
+    made = handmade.make_case("cycle")
+    mp = handmade.plan_case(made, "tight")
+    inputs = handmade.case_inputs(made)
+    real = DeviceRunner._run_node
+    runs: dict[int, list[int]] = {}
+    arrived: dict[int, dict[str, int]] = {}
+    real_stage = DeviceRunner.stage
+
+    def run_node(self, plan, node):
+        runs[self.device].append(node.id)
+        return real(self, plan, node)
+
+    def stage(self, arrays):
+        for name in arrays:
+            if name in self.receives:
+                arrived[self.device][name] = len(runs[self.device])
+        return real_stage(self, arrays)
+
+    monkeypatch.setattr(DeviceRunner, "_run_node", run_node)
+    monkeypatch.setattr(DeviceRunner, "stage", stage)
+    orders = {}
+    for order, seed in (("ready", None), ("random", 0), ("random", 1)):
+        runs.update({d: [] for d in range(mp.devices)})
+        arrived.update({d: {} for d in range(mp.devices)})
+        run_devices(mp, inputs, order=order, seed=seed, timeout=30)
+        for plan in mp.plans:
+            done = runs[plan.device]
+            position = {node_id: k for k, node_id in enumerate(done)}
+            assert sorted(done) == list(range(len(plan.mg.nodes)))
+            for node in plan.mg.nodes:
+                assert all(position[dep] < position[node.id] for dep in node.deps)
+                if node.kind is NodeKind.INPUT and node.name.startswith("recv:"):
+                    assert arrived[plan.device][node.name] <= position[node.id]
+        orders[(order, seed)] = {d: tuple(r) for d, r in runs.items()}
+    assert orders[("random", 0)] != orders[("random", 1)]
+    assert orders[("random", 0)] != orders[("ready", None)]
+    send = next(
+        n for n in mp.plans[0].mg.nodes if n.kind is NodeKind.OUTPUT and n.name == "send:%10"
+    )
+    producer = max(send.deps)
+    ready = orders[("ready", None)][0]
+    assert ready.index(send.id) == ready.index(producer) + 1
+
+
+def test_ray_missing_names_the_extra(monkeypatch):
+    import sys
+
+    from einpage_core.errors import MissingDependencyError
+    from runtime.ray_cluster import RayDevices
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    mp = handmade.plan_case(handmade.make_case("chain"), "100%")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'einpage\[cluster\]'"):
+        RayDevices(mp)
