@@ -20,8 +20,9 @@ stages each original input on every device whose TaskGraph has an input of that 
 
 Waits are bounded: a device that waits more than `timeout` seconds for a link raises
 `BackendError` naming the device and the nodes it waits for; an error on one device
-cancels the others' waits (their inboxes), every thread is joined, and the error is
-raised naming the device it happened on.
+cancels the others (their inboxes: a waiting device wakes, a computing one stops before
+its next node), every thread is joined, and the error is raised naming the device it
+happened on.
 
 >>> out = run_devices(mp, {"x": xs, **weights})                       # doctest: +SKIP
 >>> out = run_devices(mp, inputs, order="random", seed=3, timeout=5)  # doctest: +SKIP
@@ -116,6 +117,13 @@ class Inbox:
                     return got or None
                 self._changed.wait(left)
 
+    def check(self) -> None:
+        """Raise `Cancelled` if the run was cancelled (a runner asks between nodes, so a
+        device that is computing stops too, not only one that waits)."""
+        reason = self._cancelled  # one read of one attribute: no lock needed
+        if reason is not None:
+            raise Cancelled(reason)
+
     def _check_cancelled(self) -> None:
         if self._cancelled is not None:
             raise Cancelled(self._cancelled)
@@ -158,12 +166,11 @@ class DeviceRunner(Session):
         for link in links:
             if link.source == device:
                 self.sends.setdefault(link.output, []).append(link)
-        self.progress = (0, len(mg.nodes))
-        """Nodes done in the current (or last) run, and nodes of the plan."""
+        self.progress = (0, len(mg.nodes))  # nodes done in the current or last run, of all
+        self._check_links(mg)
         poison = order == "random" if poison is None else poison
         # Mode "random": each node's work is done before the next one starts.
         super().__init__(mg, backend, mode="random", poison=poison, **options)
-        self._check_links()
 
     def __repr__(self) -> str:
         return (
@@ -171,8 +178,8 @@ class DeviceRunner(Session):
             f"receives={len(self.receives)} sends={sum(map(len, self.sends.values()))}>"
         )
 
-    def _check_links(self) -> None:
-        tg = self.tg
+    def _check_links(self, mg: MemGraph) -> None:
+        tg = mg.taskgraph
         for name, link in self.receives.items():
             if name not in tg.inputs:
                 raise VerificationError(
@@ -201,12 +208,14 @@ class DeviceRunner(Session):
         *,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> dict[str, np.ndarray]:
-        """Run the plan once: `inputs` are the driver's (every input no link feeds), the
-        links' arrays come through `inbox`, and `send(link, array)` is called for each
-        link whose source is this device as soon as its output node has run. Returns
-        every output of this device's TaskGraph (links' outputs too), as host arrays."""
+        """Run the plan once: `inputs` are the driver's (every input no link feeds, but
+        those staged before with `stage`), the links' arrays come through `inbox`, and
+        `send(link, array)` is called for each link whose source is this device as soon
+        as its output node has run. Returns every output of this device's TaskGraph
+        (links' outputs too), as host arrays."""
         self._check_open()
-        missing = [name for name in self.driver_inputs if name not in inputs]
+        staged = set(self.staged)
+        missing = [n for n in self.driver_inputs if n not in inputs and n not in staged]
         if missing:
             raise InputError(
                 f"device {self.device} needs input(s) {', '.join(map(repr, missing))}, "
@@ -277,6 +286,7 @@ class DeviceRunner(Session):
                 for name in arrived:
                     heapq.heappush(ready, priority[waiting.pop(name)])
                 continue
+            inbox.check()
             node_id = heapq.heappop(ready)[2]
             name = gates.pop(node_id, None)  # a gate is passed once: when its link is staged
             if name is not None:

@@ -300,3 +300,31 @@ def test_ray_missing_names_the_extra(monkeypatch):
     mp = handmade.plan_case(handmade.make_case("chain"), "100%")
     with pytest.raises(MissingDependencyError, match=r"pip install 'einpage\[cluster\]'"):
         RayDevices(mp)
+
+
+def test_a_failure_stops_a_device_that_is_computing(monkeypatch):
+    """Device 1 fails at its first apply while device 0 computes (slowly): device 0 stops
+    before its next node instead of finishing its plan."""
+    made = handmade.make_case("chain")
+    mp = handmade.plan_case(made, "100%")
+    unlinked = dataclasses.replace(mp, placed=dataclasses.replace(mp.placed, links=()))
+    inputs = {**handmade.case_inputs(made), "recv:%10": np.ones((48, 48), "float32")}
+    import runtime.numpy_backend
+
+    real = runtime.numpy_backend.evaluate_task
+    device0 = {id(t) for t in mp.plans[0].mg.taskgraph.tasks}
+    applies = mp.plans[0].mg.of_kind(NodeKind.APPLY)
+    ran: list[int] = []
+
+    def slow_or_broken(task, operands, out):
+        if id(task) not in device0:
+            raise ValueError("device 1's kernel exploded")
+        ran.append(task.id)
+        time.sleep(0.2)
+        return real(task, operands, out=out)
+
+    monkeypatch.setattr(runtime.numpy_backend, "evaluate_task", slow_or_broken)
+    with pytest.raises(BackendError, match="(?s)device 1's kernel exploded.*on device 1"):
+        run_devices(unlinked, inputs, timeout=20)
+    assert len(ran) < len(applies)
+    assert not _device_threads()
