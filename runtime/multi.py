@@ -30,7 +30,6 @@ happened on.
 
 from __future__ import annotations
 
-import heapq
 import random
 import threading
 import time
@@ -44,7 +43,7 @@ from memgraph.graph import MemGraph
 from memgraph.multi import Link, MultiPlan
 from memgraph.nodes import MemNode, NodeKind
 from runtime.backend import Backend, NodeFailure
-from runtime.schedule import check_dependencies
+from runtime.schedule import ReadyNodes, check_dependencies
 from runtime.session import Session, _naming, verified
 
 __all__ = [
@@ -259,19 +258,12 @@ class DeviceRunner(Session):
     def _issue_linked(self, plan: Any, inbox: Inbox, send: Send, timeout: float) -> None:
         nodes = plan.mg.nodes
         check_dependencies(plan.mg)
-        priority = self._priorities(nodes)
-        remaining = [len(set(node.deps)) for node in nodes]
-        users: list[list[int]] = [[] for _ in nodes]
-        for node in nodes:
-            for dep in sorted(set(node.deps)):
-                users[dep].append(node.id)
+        ready = ReadyNodes(plan.mg, self._priorities(nodes))
         gates = {
             node.id: node.name
             for node in nodes
             if node.kind is NodeKind.INPUT and node.name in self.receives
         }
-        ready = [priority[node.id] for node in nodes if remaining[node.id] == 0]
-        heapq.heapify(ready)
         waiting: dict[str, int] = {}  # link input -> its input node, ready but not arrived
         done = 0
         self.progress = (done, len(nodes))
@@ -284,10 +276,10 @@ class DeviceRunner(Session):
                     raise self._late(waiting, timeout)
                 self.stage(arrived)
                 for name in arrived:
-                    heapq.heappush(ready, priority[waiting.pop(name)])
+                    ready.push(waiting.pop(name))
                 continue
             inbox.check()
-            node_id = heapq.heappop(ready)[2]
+            node_id = ready.pop()
             name = gates.pop(node_id, None)  # a gate is passed once: when its link is staged
             if name is not None:
                 array = inbox.poll(name)
@@ -303,10 +295,7 @@ class DeviceRunner(Session):
                     send(link, value)
             done += 1
             self.progress = (done, len(nodes))
-            for user in users[node_id]:
-                remaining[user] -= 1
-                if remaining[user] == 0:
-                    heapq.heappush(ready, priority[user])
+            ready.done(node_id)
 
     def _run_node(self, plan: Any, node: MemNode) -> None:
         """Issue `node` and wait until its work is done; errors name the node."""
