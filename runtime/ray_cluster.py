@@ -278,9 +278,10 @@ class RayDevices:
             reason = f"stopped: device {failures[0][0]} failed"
             for ref in pending:
                 self.actors[calls[ref]].cancel.remote(run, reason)
-            done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout)
-            for ref in done:
-                self._outcome(ray, calls[ref], ref, results, failures)
+            if pending:  # the cancelled runs end at once; their outcomes are gathered too
+                done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout)
+                for ref in done:
+                    self._outcome(ray, calls[ref], ref, results, failures)
             device, error = first_failure(failures)
             public = on_device(error, device)
             if public is error:

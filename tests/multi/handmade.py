@@ -17,6 +17,9 @@ Cases:
   from `b` (and `x` again): a link each way, as a pipeline's backward pass or a
   generation step makes.
 
+`split_program(head, fraction)` splits a random program (`tests/strategies.py`) at two
+links: device 0 runs it, devices 1 and 2 a short chain after it.
+
 `cross_wired()` is a broken MultiPlan: two devices that each wait for the other's link
 before computing what they send (a cycle between devices: a deadlock).
 """
@@ -32,6 +35,7 @@ import einpage as ep
 import memgraph
 import taskgraph
 from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
+from taskgraph.builder import GraphBuilder
 
 __all__ = [
     "Case",
@@ -42,6 +46,10 @@ __all__ = [
     "reference",
     "BUDGETS",
     "cross_wired",
+    "Split",
+    "split_program",
+    "split_inputs",
+    "split_reference",
 ]
 
 N = 48
@@ -248,3 +256,88 @@ def cross_wired() -> MultiPlan:
     placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")})
     mgs = [memgraph.plan(tg, "100%", outputs="host") for tg in tgs]
     return MultiPlan(placed, tuple(DevicePlan(d, mg, mg.budget) for d, mg in enumerate(mgs)))
+
+
+# -- a random program split at links ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Split:
+    """A program `head` on device 0 whose output `out` is sent to device 1 (`tail`: it
+    reads a weight of its own, outputs `y` and sends a result on) and from there to
+    device 2 (`back`: outputs `z`); the head's other outputs stay original outputs."""
+
+    head: taskgraph.TaskGraph
+    tgs: tuple[taskgraph.TaskGraph, ...]
+    mp: MultiPlan
+
+    @property
+    def dtype(self) -> str:
+        return self.head[self.head.outputs["out"]].dtype
+
+
+def _tail(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
+    idx = "abcdefgh"[: len(shape)]
+    prog = ep.Program("tail")
+    r = prog.input("recv:%0", shape, dtype, location="host")
+    w = prog.input("w.tail", shape, dtype, role="weight")
+    prog.output(prog.einsum(f"{idx},{idx}->{idx}", r, w, join="tanh(a) * b"), "y")
+    prog.output(prog.einsum(f"{idx}->{idx}", r, join="a * 0.5 + 1.0"), "send:%1")
+    return prog.build()
+
+
+def _back(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
+    idx = "abcdefgh"[: len(shape)]
+    prog = ep.Program("back")
+    r = prog.input("recv:%1", shape, dtype, location="host")
+    prog.output(prog.einsum(f"{idx}->{idx}", r, join="exp(tanh(a))"), "z")
+    return prog.build()
+
+
+def split_program(head: taskgraph.TaskGraph, fraction: float) -> Split:
+    """`head` (a random program with an output `out`) split as `Split` says, each device
+    planned at `fraction` of the way from its smallest budget to its resident peak."""
+    out = head[head.outputs["out"]]
+    builder = GraphBuilder("head")
+    for task in head.tasks:
+        builder.add(task.op, task.inputs, task.shape, task.dtype)
+    for name, task_id in head.outputs.items():
+        builder.output(task_id, "send:%0" if name == "out" else name)
+    tgs = (builder.build(), _tail(out.shape, out.dtype), _back(out.shape, out.dtype))
+    links = (
+        Link(0, 0, 1, "send:%0", "recv:%0", out.shape, out.dtype, out.nbytes),
+        Link(1, 1, 2, "send:%1", "recv:%1", out.shape, out.dtype, out.nbytes),
+    )
+    outputs = {"y": (1, "y"), "z": (2, "z")}
+    outputs.update({name: (0, name) for name in head.outputs if name != "out"})
+    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
+    plans = []
+    for device, tg in enumerate(tgs):
+        low, high = memgraph.min_budget(tg)[0], memgraph.resident_peak(tg)
+        budget = max(low, int(low + fraction * (high - low)))
+        plans.append(DevicePlan(device, memgraph.plan(tg, budget, outputs="host"), budget))
+    mp = MultiPlan(PlacedGraph(3, parts, links, outputs), tuple(plans))
+    return Split(head, tgs, mp)
+
+
+def split_inputs(split: Split, seed: int) -> dict[str, np.ndarray]:
+    """Standard-normal arrays for the head's inputs and the tail's weight."""
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for tg in split.tgs:
+        for name, task_id in tg.inputs.items():
+            if not name.startswith("recv:"):
+                task = tg[task_id]
+                arrays[name] = rng.standard_normal(task.shape).astype(task.dtype)
+    return arrays
+
+
+def split_reference(split: Split, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """`taskgraph.evaluate` of the original head, then of the tail and of the back."""
+    head, tail, back = split.head, split.tgs[1], split.tgs[2]
+    first = taskgraph.evaluate(head, {n: inputs[n] for n in head.inputs})
+    second = taskgraph.evaluate(tail, {"recv:%0": first["out"], "w.tail": inputs["w.tail"]})
+    third = taskgraph.evaluate(back, {"recv:%1": second["send:%1"]})
+    want = {"y": second["y"], "z": third["z"]}
+    want.update({name: first[name] for name in head.outputs if name != "out"})
+    return want

@@ -10,6 +10,9 @@ import time
 import handmade
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import TOLERANCE, einsum_programs
 
 from einpage_core.errors import BackendError
 from runtime.ray_cluster import RayDevices, run_on_ray
@@ -67,6 +70,20 @@ def test_random_orders_run_on_ray(cluster, seed):
     inputs = handmade.case_inputs(made, seed=3)
     got = run_on_ray(handmade.plan_case(made, "tight"), inputs, order="random", seed=seed)
     _assert_equal(got, handmade.reference(made, inputs))
+
+
+@settings(max_examples=3, deadline=None)
+@given(head=einsum_programs(max_tasks=10), fraction=st.floats(0.0, 1.0), seed=st.integers(0, 99))
+def test_random_programs_split_at_links_run_on_ray(cluster, head, fraction, seed):
+    """Three actors per example (a few: each example starts its own)."""
+    split = handmade.split_program(head, fraction)
+    inputs = handmade.split_inputs(split, seed)
+    got = run_on_ray(split.mp, inputs, timeout=30)
+    tol = TOLERANCE[split.dtype]
+    want = handmade.split_reference(split, inputs)
+    assert sorted(got) == sorted(want)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=tol, atol=tol, err_msg=name)
 
 
 def _inputs() -> dict[str, np.ndarray]:

@@ -13,13 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import TOLERANCE, einsum_programs, program_inputs
+from strategies import TOLERANCE, einsum_programs
 
-import einpage as ep
-import memgraph
-import taskgraph
 from einpage_core.errors import BackendError, InputError, VerificationError
-from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
 from memgraph.nodes import NodeKind
 from runtime.multi import Inbox, run_devices
 
@@ -170,27 +166,7 @@ def test_an_inbox_wait_is_bounded_and_cancellable():
     assert isinstance(waiter_error[0], BackendError) and "device 3" in str(waiter_error[0])
 
 
-# -- random programs, split by hand at a link ------------------------------------------
-
-
-def _tail(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
-    """Device 1: reads the link `recv:%0` and a weight of its own; sends a result on."""
-    idx = "abcdefgh"[: len(shape)]
-    prog = ep.Program("tail")
-    r = prog.input("recv:%0", shape, dtype, location="host")
-    w = prog.input("w.tail", shape, dtype, role="weight")
-    prog.output(prog.einsum(f"{idx},{idx}->{idx}", r, w, join="tanh(a) * b"), "y")
-    prog.output(prog.einsum(f"{idx}->{idx}", r, join="a * 0.5 + 1.0"), "send:%1")
-    return prog.build()
-
-
-def _back(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
-    """Device 2: reads device 1's `send:%1`."""
-    idx = "abcdefgh"[: len(shape)]
-    prog = ep.Program("back")
-    r = prog.input("recv:%1", shape, dtype, location="host")
-    prog.output(prog.einsum(f"{idx}->{idx}", r, join="exp(tanh(a))"), "z")
-    return prog.build()
+# -- random programs, split by hand at links ------------------------------------------
 
 
 @settings(max_examples=15, deadline=None)
@@ -201,43 +177,14 @@ def _back(shape: tuple[int, ...], dtype: str) -> taskgraph.TaskGraph:
     seed=st.integers(0, 2**16),
 )
 def test_random_programs_split_at_links_equal_the_reference(head, fraction, order, seed):
-    """A random program on device 0 whose output `out` feeds devices 1 and 2 through two
-    links, each device planned under a random budget between its smallest and its
-    resident peak: the outputs equal `taskgraph.evaluate` of the three parts in turn."""
-    shape, dtype = head[head.outputs["out"]].shape, head[head.outputs["out"]].dtype
-    head_outputs = {**head.outputs}
-    builder = taskgraph.builder.GraphBuilder("head")
-    for task in head.tasks:
-        builder.add(task.op, task.inputs, task.shape, task.dtype)
-    for name, task_id in head_outputs.items():
-        builder.output(task_id, "send:%0" if name == "out" else name)
-    tgs = (builder.build(), _tail(shape, dtype), _back(shape, dtype))
-    nbytes = tgs[0][tgs[0].outputs["send:%0"]].nbytes
-    links = (
-        Link(0, 0, 1, "send:%0", "recv:%0", shape, dtype, nbytes),
-        Link(1, 1, 2, "send:%1", "recv:%1", shape, dtype, nbytes),
-    )
-    outputs = {"y": (1, "y"), "z": (2, "z")}
-    outputs.update({name: (0, name) for name in head_outputs if name != "out"})
-    parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
-    plans = []
-    for device, tg in enumerate(tgs):
-        low, high = memgraph.min_budget(tg)[0], memgraph.resident_peak(tg)
-        budget = max(low, int(low + fraction * (high - low)))
-        plans.append(DevicePlan(device, memgraph.plan(tg, budget, outputs="host"), budget))
-    mp = MultiPlan(PlacedGraph(3, parts, links, outputs), tuple(plans))
-
-    inputs = program_inputs(head, seed)
-    inputs["w.tail"] = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-    first = taskgraph.evaluate(head, {n: inputs[n] for n in head.inputs})
-    second = taskgraph.evaluate(tgs[1], {"recv:%0": first["out"], "w.tail": inputs["w.tail"]})
-    third = taskgraph.evaluate(tgs[2], {"recv:%1": second["send:%1"]})
-    want = {"y": second["y"], "z": third["z"]}
-    want.update({name: first[name] for name in head_outputs if name != "out"})
-
-    got = run_devices(mp, inputs, order=order, seed=seed, timeout=30)
-    tol = TOLERANCE[dtype]
-    _assert_equal(got, want, rtol=tol, atol=tol)
+    """A random program on device 0 whose output `out` feeds device 1, which feeds device
+    2, each device planned under a random budget between its smallest and its resident
+    peak: the outputs equal `taskgraph.evaluate` of the three parts in turn."""
+    split = handmade.split_program(head, fraction)
+    inputs = handmade.split_inputs(split, seed)
+    got = run_devices(split.mp, inputs, order=order, seed=seed, timeout=30)
+    tol = TOLERANCE[split.dtype]
+    _assert_equal(got, handmade.split_reference(split, inputs), rtol=tol, atol=tol)
 
 
 def test_random_orders_differ_by_seed_and_honour_dependencies_and_links(monkeypatch):
