@@ -341,8 +341,9 @@ class DeviceRunner(Session):
 
 def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
     """What a driver needs of `mp` before starting anything: one plan per device, in
-    order, links between existing devices, and each device plan passing
-    `memgraph.verify` (as `runtime.run` checks; errors name the device)."""
+    order, links between an output and an input of existing devices, and each device
+    plan passing `memgraph.verify` (as `runtime.run` checks; errors name the device).
+    Not the whole of `memgraph.multi.verify_multi` (shapes, the union's cycles)."""
     if not isinstance(mp, MultiPlan):
         raise BackendError(f"expected a memgraph.multi.MultiPlan, got {type(mp).__name__}")
     devices = [plan.device for plan in mp.plans]
@@ -357,6 +358,17 @@ def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
                 raise VerificationError(
                     f"{link.describe()}: device {end} is not one of the {mp.devices} devices"
                 )
+        source, target = mp.plans[link.source].mg.taskgraph, mp.plans[link.target].mg.taskgraph
+        if link.output not in source.outputs:
+            raise VerificationError(
+                f"device {link.source}: {link.describe()} reads output {link.output!r}, which "
+                f"its TaskGraph does not have; its outputs: {', '.join(map(repr, source.outputs))}"
+            )
+        if link.input not in target.inputs:
+            raise VerificationError(
+                f"device {link.target}: {link.describe()} feeds input {link.input!r}, which "
+                f"its TaskGraph does not have; its inputs: {', '.join(map(repr, target.inputs))}"
+            )
     for name, (device, output) in mp.outputs.items():
         tg = mp.plans[device].mg.taskgraph if 0 <= device < mp.devices else None
         if tg is None or output not in tg.outputs:

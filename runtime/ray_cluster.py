@@ -83,31 +83,38 @@ class DeviceActor:
         options: dict[str, Any],
     ):
         self.device = device
-        mg = MemGraph.from_json(plan_json)
-        self.runner = DeviceRunner(
-            device,
-            mg,
-            links,
-            backend,
-            order=order,
-            seed=seed,
-            poison=poison,
-            unsafe_skip_verify=True,  # the driver verified the plans
-            **options,
-        )
         self._inboxes: dict[int, Inbox] = {}
         self._lock = threading.Lock()
+        self.failure: Exception | None = None
+        self.runner: DeviceRunner | None = None
+        try:
+            self.runner = DeviceRunner(
+                device,
+                MemGraph.from_json(plan_json),
+                links,
+                backend,
+                order=order,
+                seed=seed,
+                poison=poison,
+                unsafe_skip_verify=True,  # the driver verified the plans
+                **options,
+            )
+        except Exception as err:  # raised by `ready`: a typed error, not a dead actor
+            self.failure = err
 
     def __repr__(self) -> str:
-        return f"<DeviceActor {self.runner!r}>"
+        return f"<DeviceActor device={self.device} {self.runner!r}>"
 
     def ready(self) -> int:
-        """The device id, once the actor is up (its arena allocated)."""
+        """The device id, once the actor is up (its arena allocated); raises what making
+        its runner raised."""
+        if self.failure is not None:
+            raise self.failure
         return self.device
 
     def progress(self) -> tuple[int, int]:
         """Nodes done in the current (or last) run, and nodes of the plan."""
-        return self.runner.progress
+        return self.runner.progress if self.runner is not None else (0, 0)
 
     def _inbox(self, run: int) -> Inbox:
         with self._lock:
@@ -133,14 +140,18 @@ class DeviceActor:
         def send(link: Link, value: np.ndarray) -> None:
             peers[link.target].deliver.remote(run, link.input, value)
 
+        runner = self.runner
+        if runner is None:  # `ready` raised it already; RayDevices do not run then
+            raise BackendError(f"device {self.device}'s actor has no runner: {self.failure}")
         try:
-            return self.runner.run_linked(arrays, self._inbox(run), send, timeout=timeout)
+            return runner.run_linked(arrays, self._inbox(run), send, timeout=timeout)
         finally:
             with self._lock:
                 self._inboxes.pop(run, None)
 
     def close(self) -> None:
-        self.runner.close()
+        if self.runner is not None:
+            self.runner.close()
 
 
 class RayDevices:
@@ -231,9 +242,12 @@ class RayDevices:
         for ref in done:
             try:
                 ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # the actor's constructor raised
+                cause = err.cause if isinstance(err.cause, BaseException) else err
+                raise on_device(cause, calls[ref]) from err
             except Exception as err:
                 raise BackendError(
-                    f"device {calls[ref]}'s Ray actor could not start: {_cause(ray, err)}"
+                    f"device {calls[ref]}'s Ray actor could not start: {_first_line(err)}"
                 ) from err
 
     def __repr__(self) -> str:
@@ -334,11 +348,6 @@ def _check_timeout(timeout: Any) -> float:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-def _cause(ray: Any, error: BaseException) -> str:
-    cause = getattr(error, "cause", None)
-    return _first_line(cause if isinstance(cause, BaseException) else error)
 
 
 def run_on_ray(

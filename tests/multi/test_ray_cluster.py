@@ -4,6 +4,7 @@ and a link that never arrives give a `BackendError` naming the device, within bo
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -14,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import TOLERANCE, einsum_programs
 
-from einpage_core.errors import BackendError
+from einpage_core.errors import BackendError, VerificationError
 from runtime.ray_cluster import RayDevices, run_on_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
@@ -133,3 +134,19 @@ def test_a_link_that_never_arrives_times_out_on_ray(cluster):
     ):
         run_on_ray(handmade.cross_wired(), _inputs(), timeout=0.5)
     assert time.monotonic() - started < 30
+
+
+def test_an_actor_that_cannot_make_its_runner_gives_the_typed_error(cluster):
+    """Each actor makes its own runner; what that raises (here: an option the NumPy
+    backend does not have) comes back with its type, naming the device."""
+    mp = handmade.plan_case(handmade.make_case("chain"), "100%")
+    with pytest.raises(BackendError, match=r"(?s)no option\(s\) \['sparkle'\].*on device 0"):
+        RayDevices(mp, sparkle=1)
+
+
+def test_a_link_to_an_input_that_does_not_exist_is_refused_before_any_actor(cluster):
+    mp = handmade.plan_case(handmade.make_case("chain"), "100%")
+    bad = dataclasses.replace(mp.links[0], input="recv:%99")
+    broken = dataclasses.replace(mp, placed=dataclasses.replace(mp.placed, links=(bad,)))
+    with pytest.raises(VerificationError, match=r"^device 1: .* feeds input 'recv:%99'"):
+        RayDevices(broken)

@@ -275,3 +275,15 @@ def test_a_failure_stops_a_device_that_is_computing(monkeypatch):
         run_devices(unlinked, inputs, timeout=20)
     assert len(ran) < len(applies)
     assert not _device_threads()
+
+
+@pytest.mark.parametrize("end", ["output", "input"])
+def test_a_link_between_names_the_devices_lack_is_refused_first(end):
+    made = handmade.make_case("chain")
+    mp = handmade.plan_case(made, "100%")
+    bad = dataclasses.replace(mp.links[0], **{end: "%99"})
+    broken = dataclasses.replace(mp, placed=dataclasses.replace(mp.placed, links=(bad,)))
+    device, verb = (0, "reads output") if end == "output" else (1, "feeds input")
+    with pytest.raises(VerificationError, match=rf"^device {device}: .* {verb} '%99'"):
+        run_devices(broken, handmade.case_inputs(made))
+    assert not _device_threads()
