@@ -55,7 +55,10 @@ __all__ = [
     "run_devices",
     "check_multi",
     "device_inputs",
+    "gather",
     "on_device",
+    "first_failure",
+    "Send",
 ]
 
 ORDERS = ("ready", "random")
