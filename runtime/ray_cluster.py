@@ -301,7 +301,11 @@ class RayDevices:
             if public is error:
                 raise public
             raise public from error
-        return gather(self.mp, results)
+        # Arrays from the object store are read-only views of it: hand out arrays of
+        # the caller's own, as `runtime.run` does.
+        return {
+            name: np.array(value, copy=True) for name, value in gather(self.mp, results).items()
+        }
 
     def _outcome(
         self,

@@ -61,7 +61,9 @@ def test_hand_made_plans_run_on_ray(cluster, name, budget):
         assert len(devices.actors) == mp.devices
         for seed in (1, 2):
             inputs = handmade.case_inputs(made, seed=seed)
-            _assert_equal(devices.run(inputs), handmade.reference(made, inputs))
+            got = devices.run(inputs)
+            _assert_equal(got, handmade.reference(made, inputs))
+            assert all(value.flags.writeable for value in got.values())
     assert ray.is_initialized()
 
 
