@@ -19,7 +19,7 @@ $(VENV)/.core: setup.cfg pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,test,viz,text,nvrtc]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,test,viz,text,nvrtc,cluster]'
 	touch $@ $(VENV)/.core
 
 dot:

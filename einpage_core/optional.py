@@ -22,7 +22,7 @@ from einpage_core.errors import MissingDependencyError
 
 __all__ = ["EXTRAS", "require"]
 
-EXTRAS = {"viz": "pictures"}
+EXTRAS = {"viz": "pictures", "cluster": "running plans on Ray (runtime.ray_cluster)"}
 """The extras of `setup.cfg` that `require` may name, and what each is for."""
 
 

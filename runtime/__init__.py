@@ -11,6 +11,12 @@ Backends copy boxes of host arrays with one strided primitive (`Backend.copy_box
 `runtime.boxcopy`); `register_backend(name, factory)` adds a backend by name.
 `declare_workspaces(tg)` states the device memory each GPU kernel needs besides its
 operands and output, for the planner to place (`runtime.workspace`).
+
+A plan for several devices (`memgraph.multi.MultiPlan`) runs in one process with
+`run_devices(mp, inputs)` (a thread and an arena per device, links between them,
+`runtime.multi`), or on Ray with `run_on_ray(mp, inputs)` / `RayDevices(mp)` (an actor
+per device running the same per-device executor, `DeviceRunner`; `runtime.ray_cluster`,
+the `cluster` extra).
 """
 
 from runtime.backend import (
@@ -26,6 +32,8 @@ from runtime.backend import (
 )
 from runtime.hostmem import SharedHost
 from runtime.interpreter import HostLayout, Interpreter
+from runtime.multi import DeviceRunner, run_devices
+from runtime.ray_cluster import RayDevices, run_on_ray
 from runtime.schedule import MODES, Schedule, random_order
 from runtime.session import (
     SYNC_VARIABLE,
@@ -67,4 +75,8 @@ __all__ = [
     "verified",
     "declare_workspaces",
     "kernel_workspace",
+    "run_devices",
+    "DeviceRunner",
+    "run_on_ray",
+    "RayDevices",
 ]

@@ -23,14 +23,24 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from einpage_core.errors import BackendError, VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import STREAMS  # the lane names, defined once
 
-__all__ = ["MODES", "STREAMS", "Schedule", "node_stream", "random_order", "resolve_mode"]
+__all__ = [
+    "MODES",
+    "STREAMS",
+    "Schedule",
+    "ReadyNodes",
+    "node_stream",
+    "random_order",
+    "resolve_mode",
+]
 
 MODES = ("sequential", "streams", "random")
 _ALIASES = {"threaded": "streams"}
@@ -152,6 +162,43 @@ def _event_waits(mg: MemGraph, stream_of: tuple[str | None, ...]) -> tuple[tuple
     return tuple(waits)
 
 
+class ReadyNodes:
+    """The nodes of `mg` whose dependencies are all done, smallest `keys[node id]` first
+    (ties: the smaller id): `pop()` the next, `done(node)` once it has run (its users
+    whose last dependency it was become ready), `push(node)` to put back one popped but
+    not run (a node held until something outside the plan happens: a link's arrival,
+    `runtime.multi`). Dependencies must point back (`check_dependencies`)."""
+
+    def __init__(self, mg: MemGraph, keys: Sequence[Any]):
+        nodes = mg.nodes
+        self._keys = keys
+        self._remaining = [len(set(node.deps)) for node in nodes]
+        self._users: list[list[int]] = [[] for _ in nodes]
+        for node in nodes:
+            for dep in sorted(set(node.deps)):
+                self._users[dep].append(node.id)
+        self._heap = [(keys[n.id], n.id) for n in nodes if self._remaining[n.id] == 0]
+        heapq.heapify(self._heap)
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    def __repr__(self) -> str:
+        return f"<ReadyNodes ready={len(self._heap)}>"
+
+    def pop(self) -> int:
+        return heapq.heappop(self._heap)[1]
+
+    def push(self, node_id: int) -> None:
+        heapq.heappush(self._heap, (self._keys[node_id], node_id))
+
+    def done(self, node_id: int) -> None:
+        for user in self._users[node_id]:
+            self._remaining[user] -= 1
+            if self._remaining[user] == 0:
+                self.push(user)
+
+
 def random_order(mg: MemGraph, seed: int) -> list[int]:
     """A seeded random topological order of `mg` by its dependencies alone.
 
@@ -163,21 +210,10 @@ def random_order(mg: MemGraph, seed: int) -> list[int]:
     """
     check_dependencies(mg)
     rng = random.Random(seed)
-    nodes = mg.nodes
-    priority = [rng.random() for _ in nodes]
-    remaining = [len(set(node.deps)) for node in nodes]
-    users: list[list[int]] = [[] for _ in nodes]
-    for node in nodes:
-        for dep in sorted(set(node.deps)):
-            users[dep].append(node.id)
-    ready = [(-priority[node.id], node.id) for node in nodes if remaining[node.id] == 0]
-    heapq.heapify(ready)
+    ready = ReadyNodes(mg, [-rng.random() for _ in mg.nodes])
     order: list[int] = []
     while ready:
-        _, current = heapq.heappop(ready)
+        current = ready.pop()
         order.append(current)
-        for user in users[current]:
-            remaining[user] -= 1
-            if remaining[user] == 0:
-                heapq.heappush(ready, (-priority[user], user))
+        ready.done(current)
     return order

@@ -1,0 +1,531 @@
+"""Running a plan for several devices (`memgraph.multi.MultiPlan`) in one process.
+
+Each device gets a `DeviceRunner`: a `runtime.Session` over its MemGraph (its own arena,
+host buffer and interpreter: nothing is shared between devices but the arrays that links
+carry) that executes the plan *dependency-driven*. A node runs once its MemGraph
+dependencies are done and, for the `input` node of a link's input, once that link has
+arrived: the source device ran the link's `output` node and the host array it holds was
+put in this device's `Inbox`, then bound as the input's host storage (`Session.stage`).
+Among the nodes that can run, `order="ready"` runs a link's `output` node first (so
+that a send never waits behind other work), then the lowest insertion order;
+`order="random"` makes a seeded random choice (as `runtime.schedule.random_order` does,
+with freed memory poisoned: a missing dependency, within a device or across a link,
+shows up as a wrong answer; sends are delayed at random too). Each node is done before
+the next starts. This cannot deadlock when the union of the plans' dependencies and the
+links (source `output` node -> target `input` node) is acyclic (`verify_multi`).
+
+`run_devices(mp, inputs)` runs every device on a thread of its own and gathers the
+outputs; `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. The driver
+stages each original input on every device whose TaskGraph has an input of that name.
+
+Waits are bounded: a device that waits more than `timeout` seconds for a link raises
+`BackendError` naming the device and the nodes it waits for; an error on one device
+cancels the others (their inboxes: a waiting device wakes, a computing one stops before
+its next node), every thread is joined, and the error is raised naming the device it
+happened on.
+
+>>> out = run_devices(mp, {"x": xs, **weights})                       # doctest: +SKIP
+>>> out = run_devices(mp, inputs, order="random", seed=3, timeout=5)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from einpage_core.errors import BackendError, EinpageError, InputError, VerificationError
+from memgraph.graph import MemGraph
+from memgraph.multi import Link, MultiPlan
+from memgraph.nodes import MemNode, NodeKind
+from runtime.backend import Backend, NodeFailure
+from runtime.schedule import ReadyNodes, check_dependencies
+from runtime.session import Session, _naming, verified
+
+__all__ = [
+    "ORDERS",
+    "DEFAULT_TIMEOUT",
+    "Inbox",
+    "Cancelled",
+    "DeviceRunner",
+    "run_devices",
+    "check_multi",
+    "device_inputs",
+    "gather",
+    "on_device",
+    "first_failure",
+    "Send",
+]
+
+ORDERS = ("ready", "random")
+"""How a device picks among the nodes that can run: insertion order, or seeded random."""
+
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a device waits for a link before it gives up (`run_devices(timeout=)`)."""
+
+Send = Callable[[Link, np.ndarray], None]
+"""Delivers a link's tensor (a host array) to the link's target device."""
+
+
+class Cancelled(BackendError):
+    """A device's run was stopped because another device failed (never the error a
+    driver reports when it knows the other one)."""
+
+
+class Inbox:
+    """The links that arrived on a device: input name -> host array, filled by other
+    devices (`put`, from any thread) and taken by the device's runner (`take`, `poll`).
+    `cancel(reason)` wakes a waiting runner, which then raises `Cancelled`."""
+
+    def __init__(self) -> None:
+        self._arrived: dict[str, np.ndarray] = {}
+        self._cancelled: str | None = None
+        self._changed = threading.Condition()
+
+    def __repr__(self) -> str:
+        return f"<Inbox arrived={sorted(self._arrived)} cancelled={self._cancelled is not None}>"
+
+    def put(self, name: str, array: np.ndarray) -> None:
+        with self._changed:
+            self._arrived[name] = array
+            self._changed.notify_all()
+
+    def cancel(self, reason: str) -> None:
+        with self._changed:
+            if self._cancelled is None:
+                self._cancelled = reason
+            self._changed.notify_all()
+
+    def poll(self, name: str) -> np.ndarray | None:
+        """The array of link input `name` if it has arrived (taken out), else None."""
+        with self._changed:
+            self._check_cancelled()
+            return self._arrived.pop(name, None)
+
+    def take(self, names: Sequence[str], timeout: float) -> dict[str, np.ndarray] | None:
+        """Every one of `names` that has arrived, waiting up to `timeout` seconds for at
+        least one; None when none came in time. Raises `Cancelled` once cancelled."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                self._check_cancelled()
+                got = {n: self._arrived.pop(n) for n in names if n in self._arrived}
+                left = deadline - time.monotonic()
+                if got or left <= 0:
+                    return got or None
+                self._changed.wait(left)
+
+    def check(self) -> None:
+        """Raise `Cancelled` if the run was cancelled (a runner asks between nodes, so a
+        device that is computing stops too, not only one that waits)."""
+        reason = self._cancelled  # one read of one attribute: no lock needed
+        if reason is not None:
+            raise Cancelled(reason)
+
+    def _check_cancelled(self) -> None:
+        if self._cancelled is not None:
+            raise Cancelled(self._cancelled)
+
+
+def _node_of(node: MemNode) -> str:
+    return f"n{node.id} ({node.describe()})"
+
+
+class DeviceRunner(Session):
+    """Device `device`'s share of a `MultiPlan`: a `Session` over its MemGraph `mg` that
+    runs it dependency-driven, receiving the `links` whose target it is through an
+    `Inbox` and sending those whose source it is (see the module docstring).
+
+    `order` is "ready" or "random" (ordered by `seed` and the device); `poison` (default:
+    on in random order) fills freed and unwritten memory with 0xFF bytes. Other keywords
+    go to `Session` (`unsafe_skip_verify`, `host_budget`, backend options).
+    """
+
+    def __init__(
+        self,
+        device: int,
+        mg: MemGraph,
+        links: Sequence[Link] = (),
+        backend: str | Backend = "numpy",
+        *,
+        order: str = "ready",
+        seed: int | None = None,
+        poison: bool | None = None,
+        **options: Any,
+    ):
+        if order not in ORDERS:
+            valid = ", ".join(map(repr, ORDERS))
+            raise BackendError(f"unknown order {order!r}; valid: {valid}")
+        self.device = device
+        self.order = order
+        self.seed = 0 if seed is None else seed
+        self.receives = {link.input: link for link in links if link.target == device}
+        self.sends: dict[str, list[Link]] = {}
+        for link in links:
+            if link.source == device:
+                self.sends.setdefault(link.output, []).append(link)
+        self.progress = (0, len(mg.nodes))  # nodes done in the current or last run, of all
+        self._check_links(mg)
+        poison = order == "random" if poison is None else poison
+        # Mode "random": each node's work is done before the next one starts.
+        super().__init__(mg, backend, mode="random", poison=poison, **options)
+
+    def __repr__(self) -> str:
+        return (
+            f"<DeviceRunner device={self.device} {self.tg.name!r} order={self.order} "
+            f"receives={len(self.receives)} sends={sum(map(len, self.sends.values()))}>"
+        )
+
+    def _check_links(self, mg: MemGraph) -> None:
+        tg = mg.taskgraph
+        for name, link in self.receives.items():
+            if name not in tg.inputs:
+                raise VerificationError(
+                    f"device {self.device}: {link.describe()} feeds input {name!r}, which its "
+                    f"TaskGraph does not have; its inputs: {', '.join(map(repr, tg.inputs))}"
+                )
+        for name, links in self.sends.items():
+            if name not in tg.outputs:
+                raise VerificationError(
+                    f"device {self.device}: {links[0].describe()} reads output {name!r}, which "
+                    f"its TaskGraph does not have; its outputs: {', '.join(map(repr, tg.outputs))}"
+                )
+
+    @property
+    def driver_inputs(self) -> tuple[str, ...]:
+        """The inputs the driver stages on this device: those no link feeds."""
+        return tuple(name for name in self.tg.inputs if name not in self.receives)
+
+    # -- a run -------------------------------------------------------------------
+
+    def run_linked(
+        self,
+        inputs: Mapping[str, Any],
+        inbox: Inbox,
+        send: Send,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> dict[str, np.ndarray]:
+        """Run the plan once: `inputs` are the driver's (every input no link feeds, but
+        those staged before with `stage`), the links' arrays come through `inbox`, and
+        `send(link, array)` is called for each link whose source is this device as soon
+        as its output node has run. Returns every output of this device's TaskGraph
+        (links' outputs too), as host arrays."""
+        self._check_open()
+        staged = set(self.staged)
+        missing = [n for n in self.driver_inputs if n not in inputs and n not in staged]
+        if missing:
+            raise InputError(
+                f"device {self.device} needs input(s) {', '.join(map(repr, missing))}, "
+                "which were not given"
+            )
+        plan = self._current
+        if inputs:
+            self.stage(inputs)
+        plan.interpreter.results = self._result_buffers(plan)
+        failure: BaseException | None = None
+        self._in_flight = []
+        with self.backend.running():
+            try:
+                if self.poison:
+                    self._poison_scratch(plan)
+                    self._barrier(plan)
+                self._issue_linked(plan, inbox, send, timeout)
+            except BaseException as err:
+                failure = err
+            for stream in self.streams.values():  # drain every stream, even after a failure
+                try:
+                    stream.synchronize()
+                except BaseException as err:
+                    failure = failure or err
+        if failure is not None:
+            raise self._failed(failure) from (
+                failure.error if isinstance(failure, NodeFailure) else failure
+            )
+        return self._collect(plan)
+
+    def _priorities(self, nodes: Sequence[MemNode]) -> list[tuple[int, float, int]]:
+        """Each node's place among ready ones (smallest first): in "ready" order links'
+        outputs first, then insertion order; in "random" order a seeded random draw (the
+        seed and the device's id: each device draws its own)."""
+        if self.order == "random":
+            rng = random.Random(self.seed * 1_000_003 + self.device)
+            return [(0, rng.random(), node.id) for node in nodes]
+        sends = [node.kind is NodeKind.OUTPUT and node.name in self.sends for node in nodes]
+        return [(0 if sends[node.id] else 1, 0.0, node.id) for node in nodes]
+
+    def _issue_linked(self, plan: Any, inbox: Inbox, send: Send, timeout: float) -> None:
+        nodes = plan.mg.nodes
+        check_dependencies(plan.mg)
+        ready = ReadyNodes(plan.mg, self._priorities(nodes))
+        gates = {
+            node.id: node.name
+            for node in nodes
+            if node.kind is NodeKind.INPUT and node.name in self.receives
+        }
+        waiting: dict[str, int] = {}  # link input -> its input node, ready but not arrived
+        done = 0
+        self.progress = (done, len(nodes))
+        while done < len(nodes):
+            if not ready:
+                if not waiting:  # cannot happen: dependencies point back (checked)
+                    raise BackendError(f"device {self.device}: nothing can run")
+                arrived = inbox.take(list(waiting), timeout)
+                if arrived is None:
+                    raise self._late(waiting, timeout)
+                self.stage(arrived)
+                for name in arrived:
+                    ready.push(waiting.pop(name))
+                continue
+            inbox.check()
+            node_id = ready.pop()
+            name = gates.pop(node_id, None)  # a gate is passed once: when its link is staged
+            if name is not None:
+                array = inbox.poll(name)
+                if array is None:
+                    waiting[name] = node_id
+                    continue
+                self.stage({name: array})
+            node = nodes[node_id]
+            self._run_node(plan, node)
+            if node.kind is NodeKind.OUTPUT and node.name in self.sends:
+                value = self._sent_value(plan, node)
+                for link in self.sends[node.name]:
+                    send(link, value)
+            done += 1
+            self.progress = (done, len(nodes))
+            ready.done(node_id)
+
+    def _run_node(self, plan: Any, node: MemNode) -> None:
+        """Issue `node` and wait until its work is done; errors name the node."""
+        name = plan.schedule.stream_of[node.id]
+        try:
+            if name is None:
+                plan.interpreter.issue(node, None)
+                return
+            stream = self.streams[name]
+            stream.context = node
+            plan.interpreter.issue(node, stream)
+            self._in_flight.append(node)
+        except NodeFailure:
+            raise
+        except Exception as err:
+            raise NodeFailure(err, node, name or "host") from err
+        self._settle(node, name, stream)
+
+    def _sent_value(self, plan: Any, node: MemNode) -> np.ndarray:
+        """A fresh host copy of the output `node` has just made available."""
+        task = plan.tg[plan.tg.outputs[node.name]]
+        if node.storage is not None:
+            value = plan.interpreter.host_view(node.storage).reshape(task.shape)
+        else:
+            value = plan.interpreter.results[node.name]
+        return np.array(value, copy=True)
+
+    def _late(self, waiting: Mapping[str, int], timeout: float) -> BackendError:
+        nodes = self._current.mg.nodes
+        listed = "; ".join(
+            f"{_node_of(nodes[node_id])} from device {self.receives[name].source}'s output "
+            f"{self.receives[name].output!r}"
+            for name, node_id in sorted(waiting.items(), key=lambda item: item[1])
+        )
+        return BackendError(
+            f"device {self.device} waited more than {timeout} s for {len(waiting)} link(s) "
+            f"that did not arrive: {listed}"
+        )
+
+
+# -- checking and staging, shared by the drivers -----------------------------------------
+
+
+def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
+    """What a driver needs of `mp` before starting anything: one plan per device, in
+    order, links between an output and an input of existing devices, and each device
+    plan passing `memgraph.verify` (as `runtime.run` checks; errors name the device).
+    Not the whole of `memgraph.multi.verify_multi` (shapes, the union's cycles)."""
+    if not isinstance(mp, MultiPlan):
+        raise BackendError(f"expected a memgraph.multi.MultiPlan, got {type(mp).__name__}")
+    devices = [plan.device for plan in mp.plans]
+    if devices != list(range(mp.devices)):
+        raise VerificationError(
+            f"a MultiPlan over {mp.devices} devices needs one plan per device in order, "
+            f"got plans for devices {devices}"
+        )
+    for link in mp.links:
+        for end in (link.source, link.target):
+            if not 0 <= end < mp.devices:
+                raise VerificationError(
+                    f"{link.describe()}: device {end} is not one of the {mp.devices} devices"
+                )
+        source, target = mp.plans[link.source].mg.taskgraph, mp.plans[link.target].mg.taskgraph
+        if link.output not in source.outputs:
+            raise VerificationError(
+                f"device {link.source}: {link.describe()} reads output {link.output!r}, which "
+                f"its TaskGraph does not have; its outputs: {', '.join(map(repr, source.outputs))}"
+            )
+        if link.input not in target.inputs:
+            raise VerificationError(
+                f"device {link.target}: {link.describe()} feeds input {link.input!r}, which "
+                f"its TaskGraph does not have; its inputs: {', '.join(map(repr, target.inputs))}"
+            )
+    for name, (device, output) in mp.outputs.items():
+        tg = mp.plans[device].mg.taskgraph if 0 <= device < mp.devices else None
+        if tg is None or output not in tg.outputs:
+            raise VerificationError(
+                f"output {name!r} is said to be device {device}'s output {output!r}, which "
+                "that device's plan does not produce"
+            )
+    for plan in mp.plans:
+        try:
+            if unsafe_skip_verify:
+                check_dependencies(plan.mg)
+            else:
+                verified(plan.mg)
+        except VerificationError as err:
+            raise VerificationError(f"device {plan.device}: {err}", err.node) from None
+
+
+def device_inputs(mp: MultiPlan, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per device, the arrays of `inputs` it reads (every input of its TaskGraph that no
+    link feeds). `InputError` for an input no device reads, or one missing."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping of name to array, got {type(inputs).__name__}")
+    linked = {(link.target, link.input) for link in mp.links}
+    wanted: list[list[str]] = []
+    for plan in mp.plans:
+        names = plan.mg.taskgraph.inputs
+        wanted.append([name for name in names if (plan.device, name) not in linked])
+    known = {name for names in wanted for name in names}
+    unknown = [name for name in inputs if name not in known]
+    if unknown:
+        raise InputError(
+            f"unknown input(s) {', '.join(map(repr, unknown))}; the devices read "
+            f"{', '.join(map(repr, sorted(known)))}"
+        )
+    missing = sorted(known - set(inputs))
+    if missing:
+        readers = {name: [d for d, names in enumerate(wanted) if name in names] for name in missing}
+        said = ", ".join(f"{name!r} (device(s) {readers[name]})" for name in missing)
+        raise InputError(f"missing input(s): {said}")
+    return [{name: inputs[name] for name in names} for names in wanted]
+
+
+def gather(mp: MultiPlan, results: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The original outputs of `mp` from each device's outputs."""
+    return {name: results[device][output] for name, (device, output) in mp.outputs.items()}
+
+
+def on_device(error: BaseException, device: int) -> BaseException:
+    """`error` naming `device`: an einpage error keeps its type, with a line saying where;
+    anything else becomes a `BackendError`."""
+    if isinstance(error, EinpageError):
+        return _naming(error, f"on device {device}")
+    return BackendError(f"device {device} failed: {type(error).__name__}: {error}")
+
+
+def first_failure(failures: Sequence[tuple[int, BaseException]]) -> tuple[int, BaseException]:
+    """The failure to report: the first that is not another device's cancellation."""
+    for device, error in failures:
+        if not isinstance(error, Cancelled):
+            return device, error
+    return failures[0]
+
+
+# -- one process, a thread per device ------------------------------------------------
+
+
+def run_devices(
+    mp: MultiPlan,
+    inputs: Mapping[str, Any],
+    *,
+    backend: str | Backend = "numpy",
+    order: str = "ready",
+    seed: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    poison: bool | None = None,
+    unsafe_skip_verify: bool = False,
+    **options: Any,
+) -> dict[str, np.ndarray]:
+    """Run the MultiPlan `mp` on `inputs` (name -> host array), a thread and an arena
+    per device; return the original outputs (`mp.outputs`).
+
+    `backend` is each device's (a name: every device makes its own); `order` "ready" or
+    "random" (with `seed`); `timeout` the most seconds a device waits for a link;
+    `poison` as in `runtime.Session` (default: on in random order). Every device plan is
+    verified first (`VerificationError` naming the device), unless `unsafe_skip_verify`.
+    """
+    if order not in ORDERS:
+        raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
+    if not (isinstance(timeout, int | float) and timeout > 0):
+        raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(backend, Backend) and mp.devices > 1:
+        raise BackendError(
+            f"give the backend by name: each of the {mp.devices} devices makes its own"
+        )
+    check_multi(mp, unsafe_skip_verify)
+    staged = device_inputs(mp, inputs)
+    runners: list[DeviceRunner] = []
+    try:
+        for plan in mp.plans:
+            runners.append(
+                DeviceRunner(
+                    plan.device,
+                    plan.mg,
+                    mp.links,
+                    backend,
+                    order=order,
+                    seed=seed,
+                    poison=poison,
+                    unsafe_skip_verify=True,  # checked above, for every device
+                    **options,
+                )
+            )
+        results = _run_threads(runners, staged, timeout)
+    finally:
+        for runner in runners:
+            runner.close()
+    return gather(mp, results)
+
+
+def _run_threads(
+    runners: Sequence[DeviceRunner], staged: Sequence[Mapping[str, Any]], timeout: float
+) -> dict[int, dict[str, np.ndarray]]:
+    inboxes = [Inbox() for _ in runners]
+    results: dict[int, dict[str, np.ndarray]] = {}
+    failures: list[tuple[int, BaseException]] = []
+    lock = threading.Lock()
+
+    def send(link: Link, value: np.ndarray) -> None:
+        inboxes[link.target].put(link.input, value)
+
+    def work(runner: DeviceRunner) -> None:
+        try:
+            out = runner.run_linked(staged[runner.device], inboxes[runner.device], send,
+                                    timeout=timeout)  # fmt: skip
+            with lock:
+                results[runner.device] = out
+        except BaseException as err:  # reported by the driver, never lost
+            with lock:
+                failures.append((runner.device, err))
+            for inbox in inboxes:
+                inbox.cancel(f"stopped: device {runner.device} failed")
+
+    threads = [
+        threading.Thread(target=work, args=(r,), name=f"einpage-device-{r.device}", daemon=True)
+        for r in runners
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()  # every wait of a device is bounded by `timeout`
+    if failures:
+        device, error = first_failure(failures)
+        public = on_device(error, device)
+        if public is error:
+            raise public
+        raise public from error
+    return results

@@ -1,0 +1,367 @@
+"""Running a plan for several devices (`memgraph.multi.MultiPlan`) on Ray: an actor per device.
+
+Each actor owns one device: a `runtime.multi.DeviceRunner` over that device's MemGraph
+(its own arena: NumPy on a CPU, CuPy on the GPU Ray gives the actor), executing the plan
+dependency-driven exactly as `runtime.multi.run_devices` does in one process – the same
+code, not a copy. A link's tensor goes from the source actor to the target actor: when
+the source's `output` node of the link has run, the source calls the target's `deliver`,
+which puts the array (through Ray's object store) in the target's inbox for that run.
+Actors are threaded (`max_concurrency`), so deliveries and cancellations run beside the
+executor.
+
+The driver (`RayDevices`, or `run_on_ray` for one run) checks the plans
+(`runtime.multi.check_multi`), puts each original input in the object store once
+(`ray.put`), starts every device's run and gathers the outputs. Waits are bounded: an
+actor waits at most `timeout` seconds for a link (`BackendError` naming the device and
+the nodes it waits for); an actor that dies (`ray.exceptions.RayActorError`) or fails
+makes the driver cancel the other devices' runs and raise `BackendError` naming the
+device. Ray is an optional extra: `pip install 'einpage[cluster]'`.
+
+>>> out = run_on_ray(mp, inputs, timeout=30)                     # doctest: +SKIP
+>>> with RayDevices(mp) as devices:                              # doctest: +SKIP
+...     first = devices.run(inputs)
+...     second = devices.run(other_inputs)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from einpage_core.errors import BackendError
+from einpage_core.optional import require
+from memgraph.graph import MemGraph
+from memgraph.multi import Link, MultiPlan
+from runtime.multi import (
+    DEFAULT_TIMEOUT,
+    ORDERS,
+    DeviceRunner,
+    Inbox,
+    check_multi,
+    device_inputs,
+    first_failure,
+    gather,
+    on_device,
+)
+
+__all__ = ["RayDevices", "DeviceActor", "run_on_ray", "MAX_CONCURRENCY", "START_TIMEOUT"]
+
+MAX_CONCURRENCY = 4
+"""Threads of each actor: its run, and deliveries and cancellations beside it."""
+
+START_TIMEOUT = 120.0
+"""Seconds the driver waits for the actors to be up (each makes its arena)."""
+
+POLL_SECONDS = 1.0
+"""How often the driver looks again while runs are under way."""
+
+
+def _ray() -> Any:
+    return require("ray", extra="cluster")
+
+
+class DeviceActor:
+    """The body of one device's Ray actor (`ray.remote(DeviceActor)`): a `DeviceRunner`
+    over the device's plan (sent as JSON: a MemGraph is rebuilt from it in the actor),
+    and an inbox per run for the links that arrive (a link may arrive before the run
+    that takes it has started)."""
+
+    def __init__(
+        self,
+        device: int,
+        plan_json: str,
+        links: tuple[Link, ...],
+        backend: str,
+        order: str,
+        seed: int | None,
+        poison: bool | None,
+        options: dict[str, Any],
+    ):
+        self.device = device
+        self._inboxes: dict[int, Inbox] = {}
+        self._lock = threading.Lock()
+        self.failure: Exception | None = None
+        self.runner: DeviceRunner | None = None
+        try:
+            self.runner = DeviceRunner(
+                device,
+                MemGraph.from_json(plan_json),
+                links,
+                backend,
+                order=order,
+                seed=seed,
+                poison=poison,
+                unsafe_skip_verify=True,  # the driver verified the plans
+                **options,
+            )
+        except Exception as err:  # raised by `ready`: a typed error, not a dead actor
+            self.failure = err
+
+    def __repr__(self) -> str:
+        return f"<DeviceActor device={self.device} {self.runner!r}>"
+
+    def ready(self) -> int:
+        """The device id, once the actor is up (its arena allocated); raises what making
+        its runner raised."""
+        if self.failure is not None:
+            raise self.failure
+        return self.device
+
+    def progress(self) -> tuple[int, int]:
+        """Nodes done in the current (or last) run, and nodes of the plan."""
+        return self.runner.progress if self.runner is not None else (0, 0)
+
+    def _inbox(self, run: int) -> Inbox:
+        with self._lock:
+            return self._inboxes.setdefault(run, Inbox())
+
+    def deliver(self, run: int, name: str, array: np.ndarray) -> None:
+        """Link input `name` of run `run` has arrived."""
+        self._inbox(run).put(name, array)
+
+    def cancel(self, run: int, reason: str) -> None:
+        """Stop run `run`'s waits: another device failed."""
+        self._inbox(run).cancel(reason)
+
+    def run(
+        self, run: int, inputs: dict[str, Any], peers: list[Any], timeout: float
+    ) -> dict[str, np.ndarray]:
+        """Run the plan once: `inputs` maps each input the driver stages to its object
+        reference; `peers` are every device's actor handle, to deliver links to."""
+        ray = _ray()
+        names = list(inputs)
+        arrays = dict(zip(names, ray.get([inputs[n] for n in names], timeout=timeout), strict=True))
+
+        def send(link: Link, value: np.ndarray) -> None:
+            peers[link.target].deliver.remote(run, link.input, value)
+
+        runner = self.runner
+        if runner is None:  # `ready` raised it already; RayDevices do not run then
+            raise BackendError(f"device {self.device}'s actor has no runner: {self.failure}")
+        try:
+            return runner.run_linked(arrays, self._inbox(run), send, timeout=timeout)
+        finally:
+            with self._lock:
+                self._inboxes.pop(run, None)
+
+    def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()
+
+
+class RayDevices:
+    """The actors of a MultiPlan `mp`, one per device, ready to run it (see the module
+    docstring). Uses the Ray instance already initialised, or starts a local one
+    (`ray_init` keywords; by default `num_cpus=2`, no dashboard) and shuts it down on
+    `close()`. `backend` ("numpy" or "cupy": then each actor asks Ray for a GPU),
+    `order`, `seed` and `poison` are each device's, as in `runtime.multi.run_devices`;
+    `timeout` the default of `run`; `actor_options` go to Ray's `.options()` (resources).
+
+    `actors` are the actor handles, by device.
+    """
+
+    def __init__(
+        self,
+        mp: MultiPlan,
+        *,
+        backend: str = "numpy",
+        order: str = "ready",
+        seed: int | None = None,
+        poison: bool | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        unsafe_skip_verify: bool = False,
+        ray_init: Mapping[str, Any] | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ):
+        if not isinstance(backend, str):
+            raise BackendError(
+                f"give the backend by name: each actor makes its own, got {type(backend).__name__}"
+            )
+        if order not in ORDERS:
+            raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
+        _check_timeout(timeout)
+        check_multi(mp, unsafe_skip_verify)
+        ray = _ray()
+        self.mp = mp
+        self.timeout = float(timeout)
+        self.actors: list[Any] = []
+        self._dead: dict[int, str] = {}
+        self._runs = itertools.count()
+        self._started = False
+        if not ray.is_initialized():
+            settings = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
+            ray.init(**{**settings, **(ray_init or {})})
+            self._started = True
+        try:
+            self._start(ray, backend, order, seed, poison, actor_options or {}, options)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(
+        self,
+        ray: Any,
+        backend: str,
+        order: str,
+        seed: int | None,
+        poison: bool | None,
+        actor_options: Mapping[str, Any],
+        options: dict[str, Any],
+    ) -> None:
+        resources = {"num_gpus": 1} if backend == "cupy" else {}
+        remote = ray.remote(DeviceActor).options(
+            max_concurrency=MAX_CONCURRENCY, **{**resources, **actor_options}
+        )
+        for plan in self.mp.plans:
+            self.actors.append(
+                remote.remote(
+                    plan.device,
+                    plan.mg.to_json(),
+                    tuple(self.mp.links),
+                    backend,
+                    order,
+                    seed,
+                    poison,
+                    options,
+                )
+            )
+        calls = {actor.ready.remote(): device for device, actor in enumerate(self.actors)}
+        done, pending = ray.wait(list(calls), num_returns=len(calls), timeout=START_TIMEOUT)
+        if pending:
+            late = sorted(calls[ref] for ref in pending)
+            raise BackendError(
+                f"the Ray actors of device(s) {late} were not up within {START_TIMEOUT} s "
+                "(does the Ray instance have the resources: a CPU, or a GPU each for cupy?)"
+            )
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayTaskError as err:  # the actor's constructor raised
+                cause = err.cause if isinstance(err.cause, BaseException) else err
+                raise on_device(cause, calls[ref]) from err
+            except Exception as err:
+                raise BackendError(
+                    f"device {calls[ref]}'s Ray actor could not start: {_first_line(err)}"
+                ) from err
+
+    def __repr__(self) -> str:
+        state = "closed" if not self.actors else f"actors={len(self.actors)}"
+        return f"<RayDevices devices={self.mp.devices} {state}>"
+
+    def __enter__(self) -> RayDevices:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, inputs: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
+        """Run the plan once on `inputs` (name -> host array); return the original outputs.
+
+        `timeout` (default: the one given when made) bounds each wait of a device for a
+        link. A failure on a device – an error, or its actor dying – cancels the others
+        and raises, naming the device; a device whose actor died stays unusable."""
+        ray = _ray()
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        if not self.actors:
+            raise BackendError("these RayDevices are closed")
+        if self._dead:
+            device, why = next(iter(self._dead.items()))
+            raise BackendError(f"device {device}'s Ray actor died in an earlier run ({why})")
+        staged = device_inputs(self.mp, inputs)
+        refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
+        run = next(self._runs)
+        calls = {}
+        for device, actor in enumerate(self.actors):
+            mine = {name: refs[name] for name in staged[device]}
+            calls[actor.run.remote(run, mine, self.actors, timeout)] = device
+        results: dict[int, dict[str, Any]] = {}
+        failures: list[tuple[int, BaseException]] = []
+        pending = list(calls)
+        while pending and not failures:
+            # A device's waits are bounded by `timeout`; a dead actor's call fails at once.
+            done, pending = ray.wait(pending, num_returns=1, timeout=POLL_SECONDS)
+            for ref in done:
+                self._outcome(ray, calls[ref], ref, results, failures)
+        if failures:
+            reason = f"stopped: device {failures[0][0]} failed"
+            for ref in pending:
+                self.actors[calls[ref]].cancel.remote(run, reason)
+            if pending:  # the cancelled runs end at once; their outcomes are gathered too
+                done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout)
+                for ref in done:
+                    self._outcome(ray, calls[ref], ref, results, failures)
+            device, error = first_failure(failures)
+            public = on_device(error, device)
+            if public is error:
+                raise public
+            raise public from error
+        # Arrays from the object store are read-only views of it: hand out arrays of
+        # the caller's own, as `runtime.run` does.
+        return {
+            name: np.array(value, copy=True) for name, value in gather(self.mp, results).items()
+        }
+
+    def _outcome(
+        self,
+        ray: Any,
+        device: int,
+        ref: Any,
+        results: dict[int, dict[str, Any]],
+        failures: list[tuple[int, BaseException]],
+    ) -> None:
+        """The result of device `device`'s run `ref`, or its failure."""
+        try:
+            results[device] = ray.get(ref, timeout=self.timeout)
+        except ray.exceptions.RayActorError as err:
+            why = _first_line(err)
+            self._dead[device] = why
+            failures.append(
+                (device, BackendError(f"device {device}'s Ray actor died during the run: {why}"))
+            )
+        except ray.exceptions.RayTaskError as err:
+            cause = err.cause if isinstance(err.cause, BaseException) else err
+            failures.append((device, cause))
+        except ray.exceptions.GetTimeoutError as err:
+            failures.append((device, BackendError(f"device {device}'s result did not come: {err}")))
+
+    def close(self) -> None:
+        """Stop the actors (their arenas go with them), and the Ray instance if these
+        RayDevices started it."""
+        ray = _ray()
+        actors, self.actors = self.actors, []
+        for actor in actors:
+            with contextlib.suppress(Exception):  # an actor that is gone already
+                ray.kill(actor)
+        if self._started:
+            self._started = False
+            ray.shutdown()
+
+
+def _check_timeout(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
+        raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def run_on_ray(
+    mp: MultiPlan,
+    inputs: Mapping[str, Any],
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    **options: Any,
+) -> dict[str, Any]:
+    """Run the MultiPlan `mp` once on Ray, an actor per device (`RayDevices`, made and
+    closed here: keywords as `RayDevices` takes them); return the original outputs."""
+    with RayDevices(mp, timeout=timeout, **options) as devices:
+        return devices.run(inputs)
