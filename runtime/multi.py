@@ -40,11 +40,11 @@ import numpy as np
 
 from einpage_core.errors import BackendError, EinpageError, InputError, VerificationError
 from memgraph.graph import MemGraph
-from memgraph.multi import Link, MultiPlan
+from memgraph.multi import Link, MultiPlan, verify_multi
 from memgraph.nodes import MemNode, NodeKind
 from runtime.backend import Backend, NodeFailure
 from runtime.schedule import ReadyNodes, check_dependencies
-from runtime.session import Session, _naming, verified
+from runtime.session import Session, _naming
 
 __all__ = [
     "ORDERS",
@@ -344,9 +344,11 @@ class DeviceRunner(Session):
 
 def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
     """What a driver needs of `mp` before starting anything: one plan per device, in
-    order, links between an output and an input of existing devices, and each device
-    plan passing `memgraph.verify` (as `runtime.run` checks; errors name the device).
-    Not the whole of `memgraph.multi.verify_multi` (shapes, the union's cycles)."""
+    order, links between an output and an input of existing devices, and then the whole
+    of `memgraph.multi.verify_multi` (each device plan, the links' sizes, every input fed
+    once, the union of the plans and links acyclic: a run cannot deadlock; errors name
+    the device). With `unsafe_skip_verify` only the structure and each plan's
+    dependencies are checked, as `runtime.run` does."""
     if not isinstance(mp, MultiPlan):
         raise BackendError(f"expected a memgraph.multi.MultiPlan, got {type(mp).__name__}")
     devices = [plan.device for plan in mp.plans]
@@ -379,12 +381,12 @@ def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
                 f"output {name!r} is said to be device {device}'s output {output!r}, which "
                 "that device's plan does not produce"
             )
+    if not unsafe_skip_verify:
+        verify_multi(mp)
+        return
     for plan in mp.plans:
         try:
-            if unsafe_skip_verify:
-                check_dependencies(plan.mg)
-            else:
-                verified(plan.mg)
+            check_dependencies(plan.mg)
         except VerificationError as err:
             raise VerificationError(f"device {plan.device}: {err}", err.node) from None
 

@@ -36,6 +36,8 @@ import memgraph
 import taskgraph
 from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
 from taskgraph.builder import GraphBuilder
+from taskgraph.einsum import EinsumSpec
+from taskgraph.nodes import Einsum
 
 __all__ = [
     "Case",
@@ -151,6 +153,13 @@ def _cycle() -> Case:
     return Case("cycle", (p0.build(), p1.build()), links, {"c": (0, "c")})
 
 
+def driver_inputs(tgs, links) -> tuple[str, ...]:
+    """The inputs of the device graphs `tgs` that no link feeds: what the driver stages."""
+    linked = {(link.target, link.input) for link in links}
+    names = {name for d, tg in enumerate(tgs) for name in tg.inputs if (d, name) not in linked}
+    return tuple(sorted(names))
+
+
 CASES: dict[str, Callable[[], Case]] = {"chain": _chain, "fanout": _fanout, "cycle": _cycle}
 
 
@@ -164,7 +173,14 @@ def plan_case(case: Case, budget: str = "100%", **options) -> MultiPlan:
     parts = tuple(
         DevicePart(device, tg, tuple(range(len(tg.tasks)))) for device, tg in enumerate(case.tgs)
     )
-    placed = PlacedGraph(len(case.tgs), parts, case.links, case.outputs, strategy="handmade")
+    placed = PlacedGraph(
+        len(case.tgs),
+        parts,
+        case.links,
+        case.outputs,
+        strategy="handmade",
+        inputs=driver_inputs(case.tgs, case.links),
+    )
     plans = []
     for part in parts:
         nbytes = memgraph.min_budget(part.tg)[0] if budget == "tight" else budget
@@ -253,7 +269,7 @@ def cross_wired() -> MultiPlan:
         for device, mine in ((0, 1), (1, 2))
     )
     parts = tuple(DevicePart(d, tg, tuple(range(len(tg.tasks)))) for d, tg in enumerate(tgs))
-    placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")})
+    placed = PlacedGraph(2, parts, links, {"a": (0, "send:%1")}, inputs=driver_inputs(tgs, links))
     mgs = [memgraph.plan(tg, "100%", outputs="host") for tg in tgs]
     return MultiPlan(placed, tuple(DevicePlan(d, mg, mg.budget) for d, mg in enumerate(mgs)))
 
@@ -301,8 +317,16 @@ def split_program(head: taskgraph.TaskGraph, fraction: float) -> Split:
     builder = GraphBuilder("head")
     for task in head.tasks:
         builder.add(task.op, task.inputs, task.shape, task.dtype)
+    sent = out.id
+    if head.storage_root(out.id) != out.id or not out.is_compute:
+        # A link carries a computed tensor as its host storage holds it (memgraph.multi):
+        # an input or a View of another tensor is sent as a copy made on device 0.
+        idx = "abcdefgh"[: len(out.shape)]
+        sent = builder.add(Einsum(EinsumSpec.parse(f"{idx}->{idx}")), (out.id,))
     for name, task_id in head.outputs.items():
-        builder.output(task_id, "send:%0" if name == "out" else name)
+        if name != "out":
+            builder.output(task_id, name)
+    builder.output(sent, "send:%0")
     tgs = (builder.build(), _tail(out.shape, out.dtype), _back(out.shape, out.dtype))
     links = (
         Link(0, 0, 1, "send:%0", "recv:%0", out.shape, out.dtype, out.nbytes),
@@ -316,7 +340,8 @@ def split_program(head: taskgraph.TaskGraph, fraction: float) -> Split:
         low, high = memgraph.min_budget(tg)[0], memgraph.resident_peak(tg)
         budget = max(low, int(low + fraction * (high - low)))
         plans.append(DevicePlan(device, memgraph.plan(tg, budget, outputs="host"), budget))
-    mp = MultiPlan(PlacedGraph(3, parts, links, outputs), tuple(plans))
+    placed = PlacedGraph(3, parts, links, outputs, inputs=driver_inputs(tgs, links))
+    mp = MultiPlan(placed, tuple(plans))
     return Split(head, tgs, mp)
 
 
