@@ -26,6 +26,7 @@ from memgraph.simulate_multi import simulate_multi
 from taskgraph.facts import Gradient, Update, fact_of
 from taskgraph.microbatch import shared_weights, stack
 from taskgraph.nodes import Input
+from taskgraph.partition import partition
 
 
 def weight_names(tg):
@@ -235,3 +236,27 @@ def test_stacked_micro_batches_on_two_devices_equal_the_reference_and_fill_the_p
         assert piped < m * single
         # both stages busy at once: about (m + 1) stages' time, far under m * single
         assert piped <= sum(stage) + (m - 1) * max(stage) * (1 + 1e-9)
+
+
+def test_partitioned_graphs_keep_their_blocks_each_graph_naming_its_own_originals():
+    tg, first = llama_case(llama.PRESETS["tiny"], batch=1, seq=8, seed=0)
+    _, second = llama_case(llama.PRESETS["tiny"], batch=1, seq=8, seed=1)
+    second.update({n: first[n] for n in weight_names(tg)})
+    blocks = partition(tg, "24KiB")
+    assert any(t.block is not None for t in blocks)
+    stacked = stacked_equals_each_alone([blocks, blocks], [first, second])
+    originals = []
+    for k in (0, 1):
+        mine = set()
+        for task in blocks:
+            new = stacked.tg[stacked.task_ids[k][task.id]]
+            if task.block is None:
+                assert new.block is None
+                continue
+            assert (new.block.kind, new.block.starts, new.block.shape, new.block.reduced) == (
+                task.block.kind, task.block.starts, task.block.shape, task.block.reduced,
+            )  # fmt: skip
+            if k == 0 or stacked.task_ids[1][task.id] != stacked.task_ids[0][task.id]:
+                mine.add(new.block.of)  # (a shared weight is graph 0's)
+        originals.append(mine)
+    assert originals[0] and not originals[0] & originals[1]  # no original named twice
