@@ -7,7 +7,8 @@ people), `graph` (`TaskGraph`), `builder`,
 `dispatch` (`OpTable`: one table per pass or backend, checked complete at import),
 `einsum` (specs), `expr` (the safe join parser), `dtypes`, `evaluate` (the reference
 evaluator), `serialize` (JSON), `partition/` (block tasks under a size limit),
-`assembly` (outputs rebuilt from blocks), `render` and `labels` (drawings).
+`assembly` (outputs rebuilt from blocks), `microbatch` (graphs stacked side by side,
+sharing their weights), `render` and `labels` (drawings).
 """
 
 from taskgraph import dtypes, expr, facts
@@ -17,6 +18,7 @@ from taskgraph.dispatch import OpTable
 from taskgraph.einsum import EinsumSpec
 from taskgraph.evaluate import evaluate, evaluate_task
 from taskgraph.graph import TaskGraph
+from taskgraph.microbatch import Stacked, stack
 from taskgraph.nodes import (
     BLOCK_KINDS,
     OP_KINDS,
@@ -58,6 +60,8 @@ __all__ = [
     "evaluate",
     "evaluate_task",
     "grad",
+    "stack",
+    "Stacked",
     "backward",
     "dtypes",
     "expr",

@@ -1,0 +1,408 @@
+"""LLaMA-70B on several simulated H100s: pipeline plans against one H100 with offload.
+
+Run: `python benchmarks/multi_device.py [--json out.json] [--quick] [--weights W]`.
+A full run takes about 5 minutes (308 s measured on two shared CPU cores: planning 20
+plans, twice each with `--weights best`, verifying and simulating them); `--quick`
+(tiny presets, a smoke test) a few seconds.
+
+Everything is simulated on the "8xh100-sxm" cost model (`memgraph.cost.PRESETS`: per
+device 520 TFLOP/s sustained fp16, 3.35 TB/s HBM, 50 GB/s each way to the host over its
+own PCIe link, 80 GB). Each device's budget is its 80 GB less a reserve of 4 GiB (CUDA
+context, library workspaces, fragmentation): 75.7 GB. LLaMA-2-70B
+(`einpage.models.llama.PRESETS["70b"]`), float16 (140 GB of weights). Workloads:
+
+* `prefill 1x2048`: one prompt of 2048 tokens (`llama.prefill_program`, the last
+  position's logits);
+* `prefill 8x2048`, as one batch of 8 (`one batch`) and as 8 micro-batches of 1
+  stacked side by side sharing their weights (`8 micro-batches`,
+  `taskgraph.microbatch.stack`: on a pipeline, device 0 works on micro-batch k+1 while
+  device 1 works on micro-batch k);
+* `generate b1` and `generate b8`: an unrolled generation (`GenerationSpec`, as
+  `benchmarks/generation.py` builds it: the prefill and every decode step as one
+  program, greedy, KV pages of 128 positions) of batch 1 and 8, prompt 512, 16 new
+  tokens. (Step plans are not used: each step plan would stage every weight again.)
+
+Each on 1 device (`memgraph.plan` + `memgraph.simulate`: one H100 with offload) and on
+2, 4 and 8 (`memgraph.plan_devices` + `memgraph.verify_multi` +
+`memgraph.simulate_multi`; pipeline placement: weights cut into contiguous groups
+balanced by bytes). **Tensor parallel is not built** (`memgraph.placement.STRATEGIES`
+has only "pipeline"), so there is no tensor-parallel or "auto" column. Each plan is one
+run from a cold start: the weights are in host memory and every device copies its own
+over its PCIe link (transfers between devices are staged through the host too: NVLink is
+not used). `--weights` says where the weights start: "host" (`Input.location`, copied
+in as the plan needs them), "device" (staged by the driver at the start, while they fit;
+the rest from the host as needed), or "best" (default: both planned, the faster kept;
+the table says which).
+
+Columns: devices; the weights' start; makespan (s); tokens/s (prefill: prompt tokens,
+generation: generated tokens, over the makespan); speedup over the fastest one-device
+plan of the same work; scaling efficiency = speedup / devices, and against 2 devices
+of the same variant = (T2 / TN) / (N / 2); bytes over the host links (both directions,
+all devices); the largest per-device peak; planning seconds. The anchor, a published
+multi-GPU throughput of Llama-2-70B on H100s, is printed beside (`ANCHORS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import memgraph  # noqa: E402
+from einpage.models import llama  # noqa: E402
+from einpage.workloads.generation import GenerationSpec  # noqa: E402
+from einpage_core.units import format_bytes  # noqa: E402
+from memgraph.cost import get_cost_model  # noqa: E402
+from memgraph.multi import plan_devices, verify_multi  # noqa: E402
+from memgraph.placement import STRATEGIES  # noqa: E402
+from memgraph.simulate_multi import simulate_multi  # noqa: E402
+from taskgraph import TaskGraph  # noqa: E402
+from taskgraph.microbatch import stack  # noqa: E402
+from taskgraph.nodes import Input  # noqa: E402
+
+COST_MODEL = "8xh100-sxm"
+RESERVE = 4 * 2**30
+"""Bytes of each device's memory kept out of its budget."""
+WEIGHTS = ("host", "device")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What a run covers: the model preset, the device counts, the shapes."""
+
+    model: str
+    devices: tuple[int, ...]
+    prompt: int
+    batch: int
+    gen_prompt: int
+    new_tokens: int
+    page_size: int
+    gen_batches: tuple[int, ...]
+
+
+FULL = Setting("70b", (1, 2, 4, 8), 2048, 8, 512, 16, 128, (1, 8))
+QUICK = Setting("tiny", (1, 2, 4), 16, 4, 8, 3, 4, (1,))
+
+ANCHORS = [
+    {
+        "what": "prefill 1x2048",
+        "stack": "NVIDIA TensorRT-LLM v0.5",
+        "source": "https://github.com/NVIDIA/TensorRT-LLM/blob/release/0.5.0/docs/source/"
+        "performance.md (Low Latency, H100 GPUs (FP8))",
+        "settings": "LLaMA 70B, batch 1, input 2048, TP 4 (4 H100 80GB HBM3), FP8",
+        "value": "1st token latency 109 ms (18,800 prompt tokens/s)",
+        "tokens_per_s": 2048 / 0.109,
+        "devices": 4,
+        "differs": "FP8 weights and KV cache (half the bytes, twice the tensor FLOP/s of "
+        "fp16); tensor parallel (all 4 GPUs work on one prompt; all-reduces over NVLink); "
+        "weights resident before the request (no load from the host); fused kernels",
+    },
+    {
+        "what": "generate",
+        "stack": "NVIDIA TensorRT-LLM v0.5",
+        "source": "https://github.com/NVIDIA/TensorRT-LLM/blob/release/0.5.0/docs/source/"
+        "performance.md (High Throughput, H100 GPUs (FP8))",
+        "settings": "LLaMA 70B, batch 64, TP 4, input 128, output 128, FP8",
+        "value": "3,317 output tokens/s",
+        "tokens_per_s": 3317.0,
+        "devices": 4,
+        "differs": "FP8; batch 64 (here 1 and 8); tensor parallel over NVLink; weights "
+        "resident before the run and steady-state serving (here: a cold run that stages "
+        "140 GB of weights over PCIe); prompt 128 and 128 new tokens (here 512 and 16)",
+    },
+]
+"""Published multi-GPU numbers for Llama-2-70B on H100s, with their settings."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One plan of one workload on `devices` devices (seconds, bytes)."""
+
+    work: str
+    variant: str
+    devices: int
+    weights: str
+    tokens: int
+    makespan: float
+    tokens_per_s: float
+    speedup: float | None
+    efficiency: float | None
+    efficiency_vs_2: float | None
+    host_link_bytes: int
+    sent_bytes: int
+    peak_bytes: tuple[int, ...]
+    budget: int
+    offload_bytes: int
+    reload_bytes: int
+    compute_seconds: tuple[float, ...]
+    planning_seconds: float
+    verified: bool
+    reordered: int
+    tasks: int
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A program to plan: `work` (what is computed, shared by variants), `variant`,
+    `tokens` counted for tokens/s, and how to build its TaskGraph."""
+
+    work: str
+    variant: str
+    tokens: int
+    build: Callable[[], TaskGraph]
+
+
+def workloads(setting: Setting) -> list[Workload]:
+    """The setting's workloads (see the module docstring)."""
+    cfg = llama.PRESETS[setting.model]
+    prompt, batch = setting.prompt, setting.batch
+
+    def prefill(b: int) -> TaskGraph:
+        return llama.prefill_program(cfg, b, prompt, "float16", logits="last").build()
+
+    result = [
+        Workload(f"prefill 1x{prompt}", "one batch", prompt, lambda: prefill(1)),
+        Workload(f"prefill {batch}x{prompt}", "one batch", batch * prompt, lambda: prefill(batch)),
+        Workload(
+            f"prefill {batch}x{prompt}",
+            f"{batch} micro-batches",
+            batch * prompt,
+            lambda: stack([prefill(1)] * batch).tg,
+        ),
+    ]
+    for b in setting.gen_batches:
+        spec = GenerationSpec(
+            llama.FAMILY, cfg, b, setting.gen_prompt, setting.new_tokens, "float16",
+            page_size=setting.page_size,
+        )  # fmt: skip
+        result.append(
+            Workload(
+                f"generate b{b}",
+                f"p{setting.gen_prompt} n{setting.new_tokens}",
+                spec.tokens,
+                lambda spec=spec: spec.generation_program().build(),
+            )
+        )
+    return result
+
+
+def weights_on_device(tg: TaskGraph) -> TaskGraph:
+    """`tg` with every weight (`Input.role` "weight") located on the device: staged by the
+    driver at the start, while it fits (`memgraph.plan`'s inputs="auto")."""
+    tasks = tuple(
+        replace(t, op=replace(t.op, location="device"))
+        if isinstance(t.op, Input) and t.op.role == "weight"
+        else t
+        for t in tg.tasks
+    )
+    return TaskGraph(tasks, tg.outputs, tg.name)
+
+
+def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
+    """Plan `tg` on `devices` devices at `budget` each, verify and simulate it."""
+    started = time.perf_counter()
+    if devices == 1:
+        mg = memgraph.plan(tg, budget, outputs="host", cost_model=COST_MODEL)
+        planning = time.perf_counter() - started
+        memgraph.verify(mg)
+        sim = memgraph.simulate(mg, COST_MODEL)
+        moved = sim.bytes_moved["h2d"] + sim.bytes_moved["d2h"]
+        return {
+            "makespan": sim.makespan,
+            "host_link_bytes": moved,
+            "sent_bytes": 0,
+            "peak_bytes": (mg.stats.peak_bytes,),
+            "offload_bytes": mg.stats.offload_bytes,
+            "reload_bytes": mg.stats.reload_bytes,
+            "compute_seconds": (sim.compute_seconds,),
+            "planning_seconds": planning,
+            "verified": True,
+            "reordered": 0,
+        }
+    mp = plan_devices(tg, devices, budget, cost_model=COST_MODEL)
+    planning = time.perf_counter() - started
+    report = verify_multi(mp)
+    sim = simulate_multi(mp, COST_MODEL)
+    return {
+        "makespan": sim.makespan,
+        "host_link_bytes": sum(sum(v.values()) for v in sim.host_link_bytes.values()),
+        "sent_bytes": sum(sim.sent_bytes.values()),
+        "peak_bytes": tuple(p.mg.stats.peak_bytes for p in mp.plans),
+        "offload_bytes": sum(p.mg.stats.offload_bytes for p in mp.plans),
+        "reload_bytes": sum(p.mg.stats.reload_bytes for p in mp.plans),
+        "compute_seconds": sim.compute_seconds,
+        "planning_seconds": planning,
+        "verified": report.devices == devices and len(report.plans) == devices,
+        "reordered": sim.reordered,
+    }
+
+
+def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> list[Row]:
+    """Every workload of `setting` on each device count; rows with speedups filled in."""
+    cost = get_cost_model(COST_MODEL)
+    budget = cost.topology.device_memory_bytes - RESERVE
+    starts = WEIGHTS if weights == "best" else (weights,)
+    raw: list[dict[str, Any]] = []
+    for load in workloads(setting):
+        tg = load.build()
+        graphs = {"host": tg, "device": weights_on_device(tg)}
+        for devices in setting.devices:
+            best = None
+            for start in starts:
+                result = plan_one(graphs[start], devices, budget)
+                result["weights"] = start
+                if best is None or result["makespan"] < best["makespan"]:
+                    best = result
+            assert best is not None
+            best.update(work=load.work, variant=load.variant, devices=devices,
+                        tokens=load.tokens, tasks=len(tg), budget=budget)  # fmt: skip
+            raw.append(best)
+            log(
+                f"  planned {load.work} ({load.variant}) on {devices}: "
+                f"{best['makespan']:.4g} s, weights {best['weights']}"
+            )
+    rows = []
+    for r in raw:
+        one = min(x["makespan"] for x in raw if x["work"] == r["work"] and x["devices"] == 1)
+        two = [
+            x["makespan"]
+            for x in raw
+            if (x["work"], x["variant"], x["devices"]) == (r["work"], r["variant"], 2)
+        ]
+        speedup = one / r["makespan"]
+        vs_2 = two[0] / r["makespan"] / (r["devices"] / 2) if two and r["devices"] >= 2 else None
+        rows.append(
+            Row(
+                work=r["work"],
+                variant=r["variant"],
+                devices=r["devices"],
+                weights=r["weights"],
+                tokens=r["tokens"],
+                makespan=r["makespan"],
+                tokens_per_s=r["tokens"] / r["makespan"],
+                speedup=speedup,
+                efficiency=speedup / r["devices"],
+                efficiency_vs_2=vs_2,
+                host_link_bytes=r["host_link_bytes"],
+                sent_bytes=r["sent_bytes"],
+                peak_bytes=r["peak_bytes"],
+                budget=r["budget"],
+                offload_bytes=r["offload_bytes"],
+                reload_bytes=r["reload_bytes"],
+                compute_seconds=r["compute_seconds"],
+                planning_seconds=r["planning_seconds"],
+                verified=r["verified"],
+                reordered=r["reordered"],
+                tasks=r["tasks"],
+            )
+        )
+    return rows
+
+
+HEADER = (
+    "work", "variant", "devices", "weights", "time s", "tokens/s", "speedup", "eff/1",
+    "eff/2", "host links", "max peak", "plan s",
+)  # fmt: skip
+
+
+def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
+    """The printed table: a header, then one row per plan, as strings."""
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    out = [HEADER]
+    for r in rows:
+        rate = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s >= 100 else f"{r.tokens_per_s:.2f}"
+        out.append(
+            (
+                r.work,
+                r.variant,
+                str(r.devices),
+                r.weights,
+                f"{r.makespan:.4g}",
+                rate,
+                ratio(r.speedup),
+                ratio(r.efficiency),
+                ratio(r.efficiency_vs_2),
+                format_bytes(r.host_link_bytes),
+                format_bytes(max(r.peak_bytes)),
+                f"{r.planning_seconds:.1f}",
+            )
+        )
+    return out
+
+
+def format_table(rows: list[Row], markdown: bool = False) -> str:
+    """The table as aligned text, or as a Markdown table."""
+    cells = table_rows(rows)
+    if markdown:
+        lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
+        lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
+        return "\n".join(lines)
+    widths = [max(len(row[c]) for row in cells) for c in range(len(cells[0]))]
+    return "\n".join(
+        "  ".join(cell.rjust(w) if c >= 2 else cell.ljust(w) for c, (cell, w) in
+                  enumerate(zip(row, widths, strict=True)))
+        for row in cells
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--quick", action="store_true", help="tiny presets (a smoke test)")
+    parser.add_argument(
+        "--weights", choices=(*WEIGHTS, "best"), default="best",
+        help="where the weights start (default: both planned, the faster kept)",
+    )  # fmt: skip
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    args = parser.parse_args(argv)
+    setting = QUICK if args.quick else FULL
+    cost = get_cost_model(COST_MODEL)
+    budget = cost.topology.device_memory_bytes - RESERVE
+    print(
+        f"LLaMA {setting.model} float16 on {COST_MODEL} ({cost.topology.describe()}); "
+        f"budget per device {format_bytes(budget)} (80 GB less {format_bytes(RESERVE)}); "
+        f"placement strategies built: {', '.join(STRATEGIES)} (tensor parallel: not built)",
+        flush=True,
+    )
+    started = time.perf_counter()
+    rows = run(setting, args.weights, log=lambda line: print(line, flush=True))
+    seconds = time.perf_counter() - started
+    print(format_table(rows, markdown=args.markdown))
+    for anchor in ANCHORS:
+        print(
+            f"anchor ({anchor['what']}): {anchor['stack']}, {anchor['settings']}: "
+            f"{anchor['value']} [{anchor['source']}]; differs: {anchor['differs']}"
+        )
+    print(f"{len(rows)} plans, all verified: {all(r.verified for r in rows)}; {seconds:.0f} s")
+    result = {
+        "machine": platform.platform(),
+        "cost_model": COST_MODEL,
+        "model": setting.model,
+        "setting": asdict(setting),
+        "reserve": RESERVE,
+        "budget": budget,
+        "weights": args.weights,
+        "strategies": list(STRATEGIES),
+        "tensor_parallel": "not built",
+        "seconds": seconds,
+        "rows": [asdict(r) for r in rows],
+        "anchors": ANCHORS,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""benchmarks/multi_device.py runs end to end in its quick mode (so the script cannot rot),
+writes the JSON it returns, and its numbers hang together: tokens/s, speedups and scaling
+efficiencies follow from the makespans, every multi-device plan was verified and fits
+its budget, and the table says tensor parallel is not built."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "multi_device.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("multi_device_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["multi_device_bench"] = module  # dataclasses look it up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["multi_device_bench"]
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9)
+
+
+def test_quick_run_writes_its_json_and_the_numbers_hang_together(bench, tmp_path, capsys):
+    out = tmp_path / "multi.json"
+    result = bench.main(["--quick", "--json", str(out)])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    printed = capsys.readouterr().out
+    assert "tensor parallel: not built" in printed
+    assert printed.count("anchor (") == len(bench.ANCHORS)
+    assert result["tensor_parallel"] == "not built" and result["strategies"] == ["pipeline"]
+
+    rows = result["rows"]
+    setting = result["setting"]
+    devices = tuple(setting["devices"])
+    works = {(r["work"], r["variant"]) for r in rows}
+    assert len(works) == 3 + len(setting["gen_batches"])  # 3 prefills, the generations
+    assert len(rows) == len(works) * len(devices)
+    columns = {
+        "work", "variant", "devices", "weights", "tokens", "makespan", "tokens_per_s",
+        "speedup", "efficiency", "efficiency_vs_2", "host_link_bytes", "sent_bytes",
+        "peak_bytes", "budget", "planning_seconds", "verified",
+    }  # fmt: skip
+    for r in rows:
+        assert columns <= set(r)
+        assert r["verified"] is True
+        assert r["weights"] in ("host", "device")
+        assert r["budget"] == 80 * 10**9 - bench.RESERVE == result["budget"]
+        assert len(r["peak_bytes"]) == r["devices"] and max(r["peak_bytes"]) <= r["budget"]
+        assert r["makespan"] > 0 and close(r["tokens_per_s"] * r["makespan"], r["tokens"])
+        assert r["makespan"] >= max(r["compute_seconds"])  # no device computes faster
+        one = min(x["makespan"] for x in rows if x["work"] == r["work"] and x["devices"] == 1)
+        assert close(r["speedup"], one / r["makespan"])
+        assert close(r["efficiency"], r["speedup"] / r["devices"])
+        same = {
+            x["devices"]: x["makespan"]
+            for x in rows
+            if (x["work"], x["variant"]) == (r["work"], r["variant"])
+        }
+        if r["devices"] == 1:
+            assert r["efficiency_vs_2"] is None and r["sent_bytes"] == 0
+        else:
+            assert close(r["efficiency_vs_2"], same[2] / r["makespan"] / (r["devices"] / 2))
+            assert r["sent_bytes"] > 0  # a pipeline sends activations between devices
+            # what is sent crosses the host links twice (out of one device, into the next)
+            assert r["host_link_bytes"] >= 2 * r["sent_bytes"]
+    for work in {r["work"] for r in rows}:  # the fastest one-device plan is the reference
+        ones = [r for r in rows if r["work"] == work and r["devices"] == 1]
+        assert max(r["speedup"] for r in ones) == 1.0
+    batch = setting["batch"]
+    work = f"prefill {batch}x{setting['prompt']}"
+    micro = next(r for r in rows if r["work"] == work and r["variant"] != "one batch")
+    whole = next(r for r in rows if r["work"] == work and r["variant"] == "one batch")
+    assert micro["variant"] == f"{batch} micro-batches" and micro["tokens"] == whole["tokens"]
+    assert micro["tasks"] > (batch - 1) * whole["tasks"]  # each micro-batch's own tasks
+
+
+def test_weights_can_be_fixed_on_the_host(bench, capsys):
+    result = bench.main(["--quick", "--weights", "host"])
+    assert {r["weights"] for r in result["rows"]} == {"host"}
+    assert result["weights"] == "host"
+    capsys.readouterr()
+
+
+def test_the_table_prints_one_line_per_row_and_as_markdown(bench):
+    rows = bench.run(bench.QUICK, "device", log=lambda line: None)
+    text = bench.format_table(rows).splitlines()
+    assert len(text) == 1 + len(rows)
+    markdown = bench.format_table(rows, markdown=True).splitlines()
+    assert len(markdown) == 2 + len(rows) and markdown[1].startswith("|---|")
+    assert all(line.count("|") == len(bench.HEADER) + 1 for line in markdown)
