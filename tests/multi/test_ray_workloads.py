@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import pytest
 import workloads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from strategies import program_inputs
+from test_placement import layered_programs
 
 import einpage as ep
 import taskgraph
-from runtime.ray_cluster import RayDevices
+from memgraph.multi import plan_devices
+from memgraph.placement import place
+from runtime.ray_cluster import RayDevices, run_on_ray
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec
 from taskgraph.nodes import Einsum, Input
@@ -33,6 +38,77 @@ def cluster():
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.mark.parametrize(
+    "make,devices",
+    [
+        (workloads.llama_prefill, 2),
+        (workloads.llama_prefill, 3),
+        (workloads.llama_prefill, 4),
+        (workloads.gpt2_prefill, 2),
+        (workloads.gpt2_prefill, 4),
+    ],
+)
+def test_prefill_runs_on_ray_actors_equal_to_the_unsplit_reference(cluster, make, devices):
+    """Twice on the same actors, the second time on other tokens (the arenas are kept)."""
+    case = make()
+    mp, roomy = workloads.smallest_plans(case.tg, devices)
+    workloads.assert_forced_to_move(mp, roomy)
+    with RayDevices(mp, timeout=30) as actors:
+        assert len(actors.actors) == devices
+        for tokens in (case.inputs["tokens"], case.inputs["tokens"][::-1]):
+            inputs = {**case.inputs, "tokens": tokens.copy()}
+            got = actors.run(inputs)
+            workloads.assert_close(got, taskgraph.evaluate(case.tg, inputs), case.rtol)
+
+
+@pytest.mark.parametrize("order,seed", [("ready", None), ("random", 3)])
+def test_an_unrolled_generation_runs_on_two_ray_actors(cluster, order, seed):
+    """The chosen ids go from device 1's head back to device 0's embedding each step."""
+    case = workloads.generation("llama", new=3)
+    mp, roomy = workloads.smallest_plans(case.tg, 2)
+    assert {(k.source, k.target) for k in mp.links} == {(0, 1), (1, 0)}
+    workloads.assert_forced_to_move(mp, roomy)
+    got = run_on_ray(mp, case.inputs, order=order, seed=seed, timeout=30)
+    workloads.assert_close(got, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
+
+
+def test_a_decode_step_runs_on_two_ray_actors_each_with_its_layers_pages(cluster):
+    case = workloads.decode_step()
+    mp, roomy = workloads.smallest_plans(case.tg, 2)
+    for page in workloads.kv_pages(case.tg):
+        name = case.tg[page].op.name
+        assert sum(name in p.mg.taskgraph.inputs for p in mp.plans) == 1, name
+    workloads.assert_forced_to_move(mp, roomy)
+    got = run_on_ray(mp, case.inputs, timeout=30)
+    workloads.assert_close(got, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
+
+
+def test_a_training_step_runs_on_two_ray_actors(cluster):
+    case = workloads.training_step()
+    mp, roomy = workloads.smallest_plans(case.tg, 2)
+    assert {(k.source, k.target) for k in mp.links} == {(0, 1), (1, 0)}
+    workloads.assert_forced_to_move(mp, roomy)
+    got = run_on_ray(mp, case.inputs, order="random", seed=1, timeout=30)
+    workloads.assert_close(got, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
+
+
+@settings(
+    max_examples=3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(case=layered_programs(), tight=st.floats(0.0, 1.0), seed=st.integers(0, 99))
+def test_random_layered_programs_at_random_budgets_run_on_ray(cluster, case, tight, seed):
+    """2-4 actors per example, budgets between each device's smallest and its resident
+    peak."""
+    tg, devices = case
+    placed = place(tg, devices)
+    mp = plan_devices(placed, devices, workloads.random_budgets(placed, tight))
+    inputs = program_inputs(tg, seed)
+    got = run_on_ray(mp, inputs, order="random", seed=seed, timeout=30)
+    workloads.assert_close(got, taskgraph.evaluate(tg, inputs), workloads.tolerance_of(tg))
 
 
 def test_a_device_the_placement_leaves_idle_gets_no_actor_and_the_rest_runs(cluster):
