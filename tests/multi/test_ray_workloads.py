@@ -47,6 +47,7 @@ def cluster():
         (workloads.llama_prefill, 3),
         (workloads.llama_prefill, 4),
         (workloads.gpt2_prefill, 2),
+        (workloads.gpt2_prefill, 3),
         (workloads.gpt2_prefill, 4),
     ],
 )
@@ -63,10 +64,12 @@ def test_prefill_runs_on_ray_actors_equal_to_the_unsplit_reference(cluster, make
             workloads.assert_close(got, taskgraph.evaluate(case.tg, inputs), case.rtol)
 
 
-@pytest.mark.parametrize("order,seed", [("ready", None), ("random", 3)])
-def test_an_unrolled_generation_runs_on_two_ray_actors(cluster, order, seed):
-    """The chosen ids go from device 1's head back to device 0's embedding each step."""
-    case = workloads.generation("llama", new=3)
+@pytest.mark.parametrize("model,order,seed", [("llama", "ready", None), ("llama", "random", 3),
+                                              ("gpt2", "random", 4)])  # fmt: skip
+def test_an_unrolled_generation_runs_on_two_ray_actors(cluster, model, order, seed):
+    """LLaMA's chosen ids go from device 1's head back to device 0's embedding each
+    step; GPT-2's last hidden states go back to its tied head on device 0."""
+    case = workloads.generation(model, new=3)
     mp, roomy = workloads.smallest_plans(case.tg, 2)
     assert {(k.source, k.target) for k in mp.links} == {(0, 1), (1, 0)}
     workloads.assert_forced_to_move(mp, roomy)
