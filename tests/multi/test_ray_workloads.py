@@ -49,6 +49,7 @@ def cluster():
         (workloads.gpt2_prefill, 2),
         (workloads.gpt2_prefill, 3),
         (workloads.gpt2_prefill, 4),
+        (workloads.partitioned_prefill, 3),
     ],
 )
 def test_prefill_runs_on_ray_actors_equal_to_the_unsplit_reference(cluster, make, devices):

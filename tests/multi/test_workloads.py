@@ -16,6 +16,7 @@ from strategies import program_inputs
 from test_placement import layered_programs, weighted_programs
 
 import taskgraph
+from memgraph import NodeKind
 from memgraph.multi import plan_devices, verify_multi
 from memgraph.placement import pipeline_placement, place, used_weights
 from runtime.multi import run_devices
@@ -62,6 +63,19 @@ def test_prefill_at_each_device_s_smallest_budget_equals_the_unsplit_reference(m
         assert len(on) == 1, name
         holders.append(on[0])
     assert holders == sorted(holders) and set(holders) == set(range(devices))
+    run_everywhere(mp, case.inputs, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
+
+
+@pytest.mark.parametrize("devices", [2, 3])
+def test_a_partitioned_prefill_keeps_its_blocks_and_equals_the_unsplit_reference(devices):
+    """Block tasks and sliced weight reloads (each slice with its weight's device) at
+    each device's smallest budget."""
+    case = workloads.partitioned_prefill()
+    mp, roomy = workloads.smallest_plans(case.tg, devices)
+    workloads.assert_forced_to_move(mp, roomy)
+    assert all(any(t.block is not None for t in p.mg.taskgraph) for p in mp.plans)
+    sliced = [p.device for p in mp.plans if any(n.box for n in p.mg.of_kind(NodeKind.RELOAD))]
+    assert sliced
     run_everywhere(mp, case.inputs, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
 
 

@@ -25,6 +25,7 @@ from memgraph.multi import MultiPlan, plan_devices, verify_multi
 from memgraph.options import PlanOptions
 from memgraph.placement import place
 from taskgraph.facts import KVPage, fact_of
+from taskgraph.partition import partition
 
 HOST = PlanOptions(outputs="host")
 PAGE_SIZE = 4
@@ -62,6 +63,13 @@ def gpt2_prefill(seq: int = 8) -> Workload:
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, seq))
     tg = gpt2.prefill_program(cfg, 2, seq).build()
     return Workload("gpt2-prefill", tg, gpt2.prefill_inputs(cfg, tokens, weights))
+
+
+def partitioned_prefill(seq: int = 8, limit: str = "24KiB") -> Workload:
+    """LLaMA-tiny prefill partitioned into blocks of at most `limit` (weights read in
+    slices, the logits assembled on the host)."""
+    case = llama_prefill(seq)
+    return Workload("llama-prefill-blocks", partition(case.tg, limit), case.inputs)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2}
