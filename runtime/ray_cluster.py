@@ -138,7 +138,8 @@ class DeviceActor:
         arrays = dict(zip(names, ray.get([inputs[n] for n in names], timeout=timeout), strict=True))
 
         def send(link: Link, value: np.ndarray) -> None:
-            peers[link.target].deliver.remote(run, link.input, value)
+            if peers[link.target] is not None:  # an idle device reads nothing
+                peers[link.target].deliver.remote(run, link.input, value)
 
         runner = self.runner
         if runner is None:  # `ready` raised it already; RayDevices do not run then
@@ -162,7 +163,12 @@ class RayDevices:
     `order`, `seed` and `poison` are each device's, as in `runtime.multi.run_devices`;
     `timeout` the default of `run`; `actor_options` go to Ray's `.options()` (resources).
 
-    `actors` are the actor handles, by device.
+    `actors` are the actor handles, by device; None for an idle device, whose graph has
+    no outputs: a placement can leave a device without tasks (its weights all read by
+    tasks that go with a larger weight elsewhere), or with only tasks whose results
+    nothing reads (a program's dead code). Nothing an idle device could do is seen, and
+    its plan cannot be sent as JSON (a TaskGraph without outputs is not a program), so it
+    gets no actor and links to it are not sent.
     """
 
     def __init__(
@@ -219,6 +225,9 @@ class RayDevices:
             max_concurrency=MAX_CONCURRENCY, **{**resources, **actor_options}
         )
         for plan in self.mp.plans:
+            if not plan.mg.taskgraph.outputs:
+                self.actors.append(None)
+                continue
             self.actors.append(
                 remote.remote(
                     plan.device,
@@ -231,7 +240,11 @@ class RayDevices:
                     options,
                 )
             )
-        calls = {actor.ready.remote(): device for device, actor in enumerate(self.actors)}
+        calls = {
+            actor.ready.remote(): device
+            for device, actor in enumerate(self.actors)
+            if actor is not None
+        }
         done, pending = ray.wait(list(calls), num_returns=len(calls), timeout=START_TIMEOUT)
         if pending:
             late = sorted(calls[ref] for ref in pending)
@@ -251,7 +264,8 @@ class RayDevices:
                 ) from err
 
     def __repr__(self) -> str:
-        state = "closed" if not self.actors else f"actors={len(self.actors)}"
+        busy = sum(actor is not None for actor in self.actors)
+        state = "closed" if not self.actors else f"actors={busy}"
         return f"<RayDevices devices={self.mp.devices} {state}>"
 
     def __enter__(self) -> RayDevices:
@@ -277,10 +291,13 @@ class RayDevices:
         refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
         run = next(self._runs)
         calls = {}
+        results: dict[int, dict[str, Any]] = {}
         for device, actor in enumerate(self.actors):
+            if actor is None:  # idle: no inputs, no links, no outputs
+                results[device] = {}
+                continue
             mine = {name: refs[name] for name in staged[device]}
             calls[actor.run.remote(run, mine, self.actors, timeout)] = device
-        results: dict[int, dict[str, Any]] = {}
         failures: list[tuple[int, BaseException]] = []
         pending = list(calls)
         while pending and not failures:
@@ -336,6 +353,8 @@ class RayDevices:
         ray = _ray()
         actors, self.actors = self.actors, []
         for actor in actors:
+            if actor is None:  # an idle device's
+                continue
             with contextlib.suppress(Exception):  # an actor that is gone already
                 ray.kill(actor)
         if self._started:
