@@ -14,6 +14,7 @@ import einpage as ep
 import taskgraph
 from einpage.cli.presets import load_program, random_inputs
 from einpage.models import llama
+from einpage.models.generation import generation_inputs
 from einpage.pipeline import CompiledDevices
 from einpage_core.errors import BackendError, InfeasibleBudgetError, PlanError
 from memgraph import min_budget, read_budget
@@ -57,6 +58,20 @@ def test_a_training_step_on_two_devices_equals_the_reference():
     tg, arrays = training_case()
     compiled = ep.compile_devices(tg, smallest(tg, 2), 2)
     assert_close(compiled.run(arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_an_unrolled_generation_on_two_devices_chooses_the_reference_s_ids():
+    cfg = llama.PRESETS["tiny"]
+    tg = llama.generation_program(cfg, 2, 5, 3).build()
+    _, prefill = llama_case(cfg)
+    weights = {n: a for n, a in prefill.items() if n in llama.weight_shapes(cfg)}
+    tokens = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 5))
+    arrays = generation_inputs(llama.FAMILY, cfg, tokens, 3, weights=weights)
+    compiled = ep.compile_devices(tg, smallest(tg, 2), 2)
+    assert {(k.source, k.target) for k in compiled.plan.links} == {(0, 1), (1, 0)}
+    got, want = compiled.run(arrays), taskgraph.evaluate(tg, arrays)
+    assert sorted(got) == ["ids"] and want["ids"].dtype == np.int64
+    np.testing.assert_array_equal(got["ids"], want["ids"])  # each step's chosen ids
 
 
 def test_budgets_per_device_and_percentages_read_against_each_device_s_graph():
@@ -126,6 +141,8 @@ def test_simulate_and_save(tmp_path):
     compiled.save(path)
     text = path.read_text(encoding="utf-8")
     assert text == compiled.to_json()
+    again = ep.compile_devices(tg, "70%", 2, cost_model="h100-pcie5")
+    assert again.to_json() == text  # plans are deterministic, byte for byte
     loaded = read_multi_json(text)
     assert loaded.program.to_json() == compiled.graph.to_json()
     verify_multi(loaded.plan)
