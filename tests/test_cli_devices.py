@@ -160,9 +160,13 @@ def test_per_device_budgets_and_an_explicit_partition(tmp_path, capsys):
     assert [p.budget for p in mp.plans] == [9 * 1024, 10 * 1024]
     mlp = tmp_path / "mlp.json"
     argv = ["plan", "mlp", "--batch", 256, "--devices", 2, "-b", "2MiB", "-o", mlp]
-    code, _, err = cli(capsys, *argv)
+    code, _, err = cli(capsys, *argv, "--partition", "off")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "device ", "--partition SIZE")
+    code, out, err = cli(capsys, *argv, "-b", "512KiB")  # the last --budget counts
+    assert code == EXIT_INFEASIBLE
+    assert_one_error(err, "--partition auto split the program at a block limit of 128.0 KiB")
+    assert "a block size of your own (--partition SIZE)" in err
     code, out, err = cli(capsys, *argv, "--partition", "256KiB")
     assert code == EXIT_OK, err
     assert "block limit 256.0 KiB" in out
@@ -197,7 +201,8 @@ def test_a_device_budget_too_small_names_the_device_and_its_smallest_budget(caps
 
     tg = declare_workspaces(load_program("llama:tiny", seq=16))
     needed = min_budget(place(tg, 2).parts[1].tg)[0]
-    code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--devices", 2, "-b", f"1MiB,{needed - 256}")
+    argv = ["--devices", 2, "-b", f"1MiB,{needed - 256}", "--partition", "off"]
+    code, _, err = cli(capsys, "plan", *TINY_LLAMA, *argv)
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "device 1:", f"Give device 1 at least {format_exact(needed)}")
     assert f"hint: the smallest budget that works on device 1 is {format_exact(needed)}" in err

@@ -775,12 +775,7 @@ CLI_SPELLINGS = (
         "or partition the graph so that its tasks fit (taskgraph.partition_for_budget)",
         "or split its tasks (--partition SIZE)",
     ),
-    (
-        "(partition='auto' does not split for several devices: give a block limit, "
-        "partition=SIZE, to split the program before it is placed)",
-        "(--partition auto does not split for several devices: --partition SIZE splits "
-        "the program before it is placed)",
-    ),
+    ("a block limit of your own (partition=SIZE)", "a block size of your own (--partition SIZE)"),
     # memgraph.plan's way out of a task too large (`memgraph.budgets.WAY_OUT`)
     (
         "einpage.compile(program, budget) does it when needed, or plan "

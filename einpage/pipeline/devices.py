@@ -19,10 +19,14 @@ resident peak). A budget below a device's smallest raises `memgraph.multi.Device
 
 Partitioning composes as "partition the whole program first, then place": `partition`
 is a block limit (bytes or a size string: the program is split at that limit, then the
-blocks are placed), "off" (place the program as it is), or "auto" (the default), which
-places the program unsplit and, when a device's budget is below what one of its tasks
-needs, refuses with that device's `DeviceBudgetError`, advising a block limit: "auto"
-does not choose a limit for several budgets at once.
+blocks are placed), "off" (place the program as it is), or "auto" (the default): the
+program is placed unsplit when every device's budget fits its tasks; when one does not,
+the whole program is split at `DEFAULT_BUDGET_FRACTION` (a quarter) of the smallest
+device budget (in bytes, as read against the unsplit devices' graphs, which are then the
+budgets), placed again and planned. A tensor sent between devices is sent whole (a
+device receives the base of the blocks it reads), so a device that reads a large
+received tensor block by block may need room for it whole: then the error names the device,
+its smallest budget and the block limit tried.
 
 >>> import einpage as ep
 >>> prog = ep.Program("chain")
@@ -63,6 +67,7 @@ from memgraph.options import PlanOptions
 from memgraph.placement import STRATEGIES, check_devices, place
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
+from taskgraph.partition import DEFAULT_BUDGET_FRACTION
 
 __all__ = [
     "compile_devices",
@@ -271,28 +276,62 @@ def compile_devices(
     started = time.perf_counter()
     try:
         mp = plan_devices(placed, devices, budget, **options)
-    except DeviceBudgetError as err:
+        readings = _readings(placed, budget, opts)
+    except DeviceBudgetError:
         if mode != "auto":
             raise
-        raise DeviceBudgetError(
-            f"{err} (partition='auto' does not split for several devices: give a block "
-            f"limit, partition=SIZE, to split the program before it is placed)",
-            err.budget,
-            err.needed,
-            err.task,
-            err.device,
-        ) from None
+        readings = _readings(placed, budget, opts)
+        graph, placed, mp, chosen = _auto_partition(declared, readings, devices, strategy, opts,
+                                                    options)  # fmt: skip
     timings["planning"] = time.perf_counter() - started
-    asked = _asked(budget, devices)
-    readings = tuple(
-        read_budget(part.tg, b, opts) for part, b in zip(placed.parts, asked, strict=True)
-    )
     report = None
     if verify:
         started = time.perf_counter()
         report = verify_multi(mp)
         timings["verifying"] = time.perf_counter() - started
     return CompiledDevices(tg, graph, mp, readings, chosen, report, MappingProxyType(timings))
+
+
+def _readings(placed: Any, budget: Any, opts: PlanOptions) -> tuple[BudgetReading, ...]:
+    """Each device's budget as read against its graph (`plan_devices` has checked the
+    count)."""
+    asked = _asked(budget, placed.devices)
+    return tuple(read_budget(part.tg, b, opts) for part, b in zip(placed.parts, asked, strict=True))
+
+
+def _auto_partition(
+    declared: TaskGraph,
+    readings: tuple[BudgetReading, ...],
+    devices: int,
+    strategy: str,
+    opts: PlanOptions,
+    options: dict[str, Any],
+) -> tuple[TaskGraph, Any, MultiPlan, Partitioning]:
+    """`partition="auto"` when a device's budget is below what one of its tasks needs: the
+    whole program split at `DEFAULT_BUDGET_FRACTION` of the smallest device budget (bytes,
+    as read against the unsplit devices' graphs), placed again and planned under those
+    bytes. Raises the device's `DeviceBudgetError` (saying what was tried) if even that
+    does not fit, or the partition's `BlockLimitError` when no block is that small."""
+    alignment = opts.alignment
+    smallest = min(reading.nbytes for reading in readings)
+    limit = max(alignment, int(smallest * DEFAULT_BUDGET_FRACTION) // alignment * alignment)
+    graph = explicit_partition(declared, limit, alignment)
+    placed = place(graph, devices, strategy)
+    how = f"auto: {DEFAULT_BUDGET_FRACTION:.0%} of the smallest device budget"
+    chosen = Partitioning("auto", limit, how, DEFAULT_BUDGET_FRACTION)
+    try:
+        mp = plan_devices(placed, devices, [r.nbytes for r in readings], **options)
+    except DeviceBudgetError as err:
+        raise DeviceBudgetError(
+            f"{err}; that is after partition='auto' split the program at a block limit of "
+            f"{format_bytes(limit)} ({how}): a block limit of your own (partition=SIZE) "
+            f"or a larger budget for device {err.device}",
+            err.budget,
+            err.needed,
+            err.task,
+            err.device,
+        ) from None
+    return graph, placed, mp, chosen
 
 
 def _asked(budget: Any, devices: int) -> list[Any]:

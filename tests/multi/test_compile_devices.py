@@ -93,18 +93,36 @@ def test_a_device_budget_too_small_names_the_device_and_its_smallest_budget():
     tg, _ = llama_case(llama.PRESETS["tiny"], seq=16)
     fits = smallest(tg, 2)
     with pytest.raises(DeviceBudgetError) as caught:
-        ep.compile_devices(tg, [fits[0], fits[1] - 1024], 2)
+        ep.compile_devices(tg, [fits[0], fits[1] - 1024], 2, partition="off")
     err = caught.value
     assert isinstance(err, InfeasibleBudgetError)
     assert err.device == 1 and err.needed == fits[1]
     assert "device 1" in str(err) and f"{fits[1]} B" in str(err)
-    assert "partition=SIZE" in str(err)  # the "auto" default says how to split
+
+
+def test_auto_partitions_the_whole_program_when_a_device_needs_it_then_places_it():
+    """At 2 MiB a device of the MLP cannot run its largest task: "off" refuses, "auto"
+    splits the program at a quarter of the budget and places the blocks; the outputs are
+    the reference's. Far below, the error says what "auto" tried."""
+    tg = load_program("mlp", batch=256)
+    with pytest.raises(DeviceBudgetError):
+        ep.compile_devices(tg, "2MiB", 2, partition="off")
+    compiled = ep.compile_devices(tg, "2MiB", 2)
+    assert compiled.partitioning.block_limit == 512 * 1024
+    assert compiled.partitioning.how == "auto: 25% of the smallest device budget"
+    assert len(compiled.graph) > len(compiled.program)
+    assert all(p.mg.stats.peak_bytes <= p.budget == 2 * 2**20 for p in compiled.plan.plans)
+    arrays = random_inputs(tg, 0)
+    assert_close(compiled.run(arrays), taskgraph.evaluate(tg, arrays), rtol=1e-4, atol=1e-6)
+    with pytest.raises(DeviceBudgetError) as caught:
+        ep.compile_devices(tg, "512KiB", 2)
+    message = str(caught.value)
+    assert f"device {caught.value.device}" in message
+    assert "split the program at a block limit of 128.0 KiB" in message
 
 
 def test_an_explicit_block_limit_partitions_the_program_then_places_it():
     tg = load_program("mlp", batch=256)
-    with pytest.raises(DeviceBudgetError):
-        ep.compile_devices(tg, "2MiB", 2)
     compiled = ep.compile_devices(tg, "2MiB", 2, partition="256KiB")
     assert compiled.partitioning.block_limit == 256 * 1024
     assert len(compiled.graph) > len(compiled.program)
