@@ -2,12 +2,20 @@
 
 The user-facing API: `Program` to write programs, the op library (`einpage.program.ops`,
 re-exported here), `compile` (the pipeline: partition when needed, plan, verify; see
-`einpage.pipeline`), and the error hierarchy under `EinpageError`.
+`einpage.pipeline`), `compile_devices` (the same for several devices), and the error
+hierarchy under `EinpageError`.
 """
 
 from einpage import errors, units
 from einpage.errors import *  # noqa: F403
-from einpage.pipeline import Compiled, PartitionInfeasibleError, TooManyBlocksError, compile
+from einpage.pipeline import (
+    Compiled,
+    CompiledDevices,
+    PartitionInfeasibleError,
+    TooManyBlocksError,
+    compile,
+    compile_devices,
+)
 from einpage.program import Program, Tensor, ops
 from einpage.program.ops import *  # noqa: F403
 from einpage.units import format_bytes, parse_bytes
@@ -18,6 +26,8 @@ __all__ = [
     "Tensor",
     "compile",
     "Compiled",
+    "compile_devices",
+    "CompiledDevices",
     "PartitionInfeasibleError",
     "TooManyBlocksError",
     "ops",

@@ -2,6 +2,8 @@
 
 * `einpage.cli.commands`: the argument parser, one function per command, exit codes,
   and the CLI's own words for the library's advice (`CLI_SPELLINGS`);
+* `einpage.cli.devices`: `einpage plan --devices N`, and `stats` and `run` of a plan
+  file for several devices;
 * `einpage.cli.generate`: `einpage generate`;
 * `einpage.cli.outputs`, `einpage.cli.files`: output paths checked before any work and
   written whole; plan, graph and array files read and validated;

@@ -4,6 +4,8 @@
     einpage plan mlp --budget 50% -o plan.json    plan for a device of that many bytes
     einpage stats plan.json                       what the plan does, simulated and verified
     einpage run plan.json --check                 execute it; compare with the reference
+    einpage plan mlp --devices 2 -b 50% -o two.json   a plan per device (--strategy pipeline)
+    einpage run two.json --check [--ray]          every device, in this process or on Ray
     einpage render plan.json -o plan.svg --collapse   (layers folded; --scope layers.3)
     einpage demo                                  all of the above on the demo MLP
     einpage presets                               the programs known by name
@@ -60,11 +62,12 @@ from einpage.cli.checks import (
     tolerance_dtypes,
 )
 from einpage.cli.console import Console, format_table, plan_report, plan_title, program_rows
+from einpage.cli.devices import plan_devices_command, run_multi, stats_multi
 from einpage.cli.files import (
     atomic_output,
     load_inputs,
     load_json_graph,
-    load_plan,
+    load_plan_file,
     save_arrays,
     save_plan,
 )
@@ -94,11 +97,15 @@ from einpage_core.errors import (
     GraphvizNotFoundError,
     InfeasibleBudgetError,
     InputError,
+    MissingDependencyError,
     VerificationError,
 )
 from einpage_core.progress import ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_exact, parse_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
+from memgraph.multi import DeviceBudgetError
+from memgraph.multi_serialize import MultiPlanFile
+from memgraph.placement import STRATEGIES
 from memgraph.render import memgraph_selection
 from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError
@@ -168,6 +175,11 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
+    if args.devices > 1:
+        with console.stages(3 + bool(args.output)):
+            with console.stage("building the program"):
+                tg = _program(args)
+            return plan_devices_command(args, console, tg, partition_arg)
     pictures = sum(1 for p in (args.render, args.memory_map, args.timeline, args.trace) if p)
     with console.stages(4 + pictures + bool(args.output)):
         with console.stage("building the program"):
@@ -213,7 +225,9 @@ def _compile(
 def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
     with console.stages(3):
         with console.stage("loading the plan"):
-            mg = load_plan(args.plan, progress=console.report)
+            mg = load_plan_file(args.plan, progress=console.report)
+        if isinstance(mg, MultiPlanFile):
+            return stats_multi(args, console, mg)
         with console.stage("simulating"):
             sim = memgraph.simulate(mg, args.cost_model or mg.info.get("cost_model") or None)
         with console.stage("verifying"):
@@ -258,7 +272,14 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     stages = 4 + 2 * bool(args.check)
     with console.stages(stages):
         with console.stage("loading the plan"):
-            mg = load_plan(args.plan, progress=console.report)
+            mg = load_plan_file(args.plan, progress=console.report)
+        if isinstance(mg, MultiPlanFile):
+            return run_multi(args, console, mg)
+        if args.ray:
+            raise InputError(
+                f"--ray runs a plan for several devices; {args.plan} is a plan for one "
+                f"(run it without --ray, or plan with --devices N)"
+            )
         tg = mg.taskgraph
         with console.stage("preparing inputs"):
             if args.inputs:
@@ -528,6 +549,22 @@ def _add_plan(
         epilog=BUDGETS_EPILOG,
     )
     plan.add_argument("--budget", "-b", required=True, help=BUDGET_HELP)
+    plan.add_argument(
+        "--devices",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="plan for N devices: the program placed on them (--strategy), a plan per "
+        "device under its own budget (--budget B for all, or B0,B1,... one each; a "
+        "percentage is of each device's own graph), -o writes them as one file",
+    )
+    plan.add_argument(
+        "--strategy",
+        choices=list(STRATEGIES),
+        default="pipeline",
+        help="how --devices places the program: pipeline (consecutive layers per device, "
+        "by weight bytes)",
+    )
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
     plan.add_argument("--eviction", choices=list(POLICIES), default="belady", help="victim choice")
     plan.add_argument(
@@ -577,7 +614,9 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="what a plan does: memory, transfers, simulated time, verification",
         description="Print what PLAN.json does (memory, transfers), its simulated time, "
-        "and whether it passes memgraph.verify (exit code 1 if not).",
+        "and whether it passes memgraph.verify (exit code 1 if not). A plan for several "
+        "devices (einpage plan --devices N) prints each device, the simulated time of all "
+        "together, and memgraph.multi.verify_multi.",
     )
     stats.add_argument("plan", metavar="PLAN.json")
     stats.add_argument(
@@ -596,7 +635,9 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="execute a plan; --check compares with the reference evaluator",
         description="Execute PLAN.json on random inputs or an .npz of named arrays; "
-        "--check compares the outputs with taskgraph.evaluate (exit code 1 if they differ).",
+        "--check compares the outputs with taskgraph.evaluate (exit code 1 if they differ). "
+        "A plan for several devices (einpage plan --devices N) runs each device on a "
+        "thread of this process, or with --ray on a local Ray instance.",
     )
     run.add_argument("plan", metavar="PLAN.json")
     run.add_argument(
@@ -614,6 +655,12 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "--random-inputs", type=_count, metavar="SEED", help="random inputs (default: seed 0)"
     )
     run.add_argument("--check", action="store_true", help="compare with taskgraph.evaluate")
+    run.add_argument(
+        "--ray",
+        action="store_true",
+        help="a plan for several devices: run each device in a Ray actor of a local Ray "
+        "instance (pip install 'einpage[cluster]')",
+    )
     run.add_argument(
         "--sync",
         action="store_true",
@@ -692,7 +739,7 @@ def exit_code(err: EinpageError) -> int:
         return EXIT_INFEASIBLE
     if isinstance(err, CheckFailedError | VerificationError):
         return EXIT_CHECK_FAILED
-    if isinstance(err, GraphvizNotFoundError | BackendUnavailableError):
+    if isinstance(err, GraphvizNotFoundError | BackendUnavailableError | MissingDependencyError):
         return EXIT_UNAVAILABLE
     return EXIT_BAD_INPUT
 
@@ -704,6 +751,11 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
         return None
     if isinstance(err, BlockLimitError):
         return f"the smallest block size that works is {format_exact(err.needed)}"
+    if isinstance(err, DeviceBudgetError):
+        return (
+            f"the smallest budget that works on device {err.device} is "
+            f"{format_exact(err.needed)} (--budget takes one per device: B0,B1,...)"
+        )
     if isinstance(err, InfeasibleBudgetError):
         return f"the smallest budget that works is {format_exact(err.needed)}"
     if isinstance(err, BudgetFormatError):
@@ -718,6 +770,12 @@ def hint(err: EinpageError, args: argparse.Namespace | None) -> str | None:
 
 
 CLI_SPELLINGS = (
+    # several devices (`memgraph.multi.plan_devices`, `einpage.compile_devices`)
+    (
+        "or partition the graph so that its tasks fit (taskgraph.partition_for_budget)",
+        "or split its tasks (--partition SIZE)",
+    ),
+    ("a block limit of your own (partition=SIZE)", "a block size of your own (--partition SIZE)"),
     # memgraph.plan's way out of a task too large (`memgraph.budgets.WAY_OUT`)
     (
         "einpage.compile(program, budget) does it when needed, or plan "

@@ -22,6 +22,8 @@ from einpage_core.dot import FORMATS as DOT_FORMATS
 from einpage_core.errors import InputError, SerializationError
 from einpage_core.progress import ProgressCallback, ProgressReport
 from memgraph import MemGraph
+from memgraph.multi_serialize import FORMAT as MULTI_FORMAT
+from memgraph.multi_serialize import MultiPlanFile, multi_from_dict
 from memgraph.plots import PLOT_FORMATS
 from memgraph.serialize import FORMAT as PLAN_FORMAT
 from memgraph.serialize import memgraph_from_dict, memgraph_from_json, write_memgraph_json
@@ -33,6 +35,7 @@ __all__ = [
     "INPUT_FORMATS",
     "save_plan",
     "load_plan",
+    "load_plan_file",
     "load_inputs",
     "save_arrays",
     "load_json_graph",
@@ -74,6 +77,26 @@ def load_plan(path: str | Path, progress: ProgressCallback | None = None) -> Mem
         raise SerializationError(f"{path}: not a valid plan{_kind_hint(text)}: {err}") from None
 
 
+def load_plan_file(
+    path: str | Path, progress: ProgressCallback | None = None
+) -> MemGraph | MultiPlanFile:
+    """The plan in a plan file, by its parsed top-level `format`: a MemGraph (one device,
+    as `load_plan`) or a `MultiPlanFile` (several devices: `memgraph.multi_serialize`),
+    validated (`SerializationError` names the file and the JSON path)."""
+    text = read_text(path)
+    try:
+        data = parse_json(text)
+    except SerializationError as err:
+        raise SerializationError(f"{path}: not a valid plan{_kind_hint(text)}: {err}") from None
+    kind = data.get("format") if isinstance(data, dict) else None
+    try:
+        if kind == MULTI_FORMAT:
+            return multi_from_dict(data)
+        return memgraph_from_dict(data, progress)
+    except SerializationError as err:
+        raise SerializationError(f"{path}: not a valid plan{_kind_hint(text)}: {err}") from None
+
+
 def _kind_hint(text: str) -> str:
     """What the document is, by its parsed top level (a plan embeds a TaskGraph, so the
     text alone cannot tell): a note for the error, or "" when it is not JSON."""
@@ -84,9 +107,9 @@ def _kind_hint(text: str) -> str:
     kind = data.get("format") if isinstance(data, dict) else None
     if kind == GRAPH_FORMAT:
         return " (this is a TaskGraph: plan it with `einpage plan` first)"
-    if kind == PLAN_FORMAT:
+    if kind in (PLAN_FORMAT, MULTI_FORMAT):
         return ""
-    return f" (its top-level format is {kind!r}, not {PLAN_FORMAT!r})"
+    return f" (its top-level format is {kind!r}, not {PLAN_FORMAT!r} or {MULTI_FORMAT!r})"
 
 
 INPUT_FORMATS = (".npz", ".safetensors")
@@ -166,6 +189,11 @@ def load_json_graph(
             return graph
     except SerializationError as err:
         raise SerializationError(f"{path}: {err}") from None
+    if kind == MULTI_FORMAT:
+        raise SerializationError(
+            f"{path}: a plan for several devices ({MULTI_FORMAT!r}); `einpage render` draws "
+            f"a plan for one device or a TaskGraph, and `einpage stats {path}` describes it"
+        )
     raise SerializationError(
         f"{path}: $.format: expected {PLAN_FORMAT!r} (a plan) or {GRAPH_FORMAT!r} "
         f"(a TaskGraph), got {kind!r}"

@@ -2,6 +2,8 @@
 
 * `einpage.pipeline.compiler`: the pass itself – `compile` (partition when needed, plan,
   verify) and `Compiled`, the plan with how it was made;
+* `einpage.pipeline.devices`: `compile_devices` (place on several devices, plan each,
+  verify the whole) and `CompiledDevices`;
 * `einpage.pipeline.search`: what compiles – the automatic partitions tried, the search
   for the smallest budget that compiles, the caps on tasks;
 * `einpage.pipeline.refusals`: why a budget is refused, in words (the errors).
@@ -19,6 +21,7 @@ from einpage.pipeline.compiler import (
     compile,
     partition_mode,
 )
+from einpage.pipeline.devices import RUNNERS, CompiledDevices, compile_devices, device_rows
 from einpage.pipeline.refusals import PartitionInfeasibleError, TooManyBlocksError
 from einpage.pipeline.search import (
     MAX_AUTO_BLOCKS,
@@ -33,6 +36,10 @@ __all__ = [
     "compile",
     "Compiled",
     "Partitioning",
+    "compile_devices",
+    "CompiledDevices",
+    "RUNNERS",
+    "device_rows",
     "PARTITION_MODES",
     "COMPILE_KEYWORDS",
     "STAGE_SHARES",

@@ -278,6 +278,11 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     when even partitioning cannot fit), `BudgetFormatError`, `PlanError`.
     """
     tg = _taskgraph(source)
+    if "devices" in options or "strategy" in options:
+        raise PlanError(
+            "einpage.compile plans one device; for several, einpage.compile_devices(program, "
+            "budget, devices, strategy='pipeline') places the program and plans each device"
+        )
     declared = declare_workspaces(tg)
     opts = PlanOptions.from_keywords(options, "einpage.compile", COMPILE_KEYWORDS)
     mode = partition_mode(partition)

@@ -1,0 +1,341 @@
+"""`einpage.compile_devices(program, budget, devices)`: place, plan every device, verify.
+
+The several-device counterpart of `einpage.compile`: the program is placed on `devices`
+devices by a placement strategy (`memgraph.placement.STRATEGIES`: "pipeline"), each
+device's graph is planned under its own budget (`memgraph.multi.plan_devices`), and the
+whole is checked by `memgraph.multi.verify_multi`. The result, `CompiledDevices`, keeps
+the program, the graph placed, the `MultiPlan`, each device's budget as read, and runs,
+simulates and saves the plan.
+
+It is a function of its own, not `compile(..., devices=N)`: `Compiled.plan` is one
+MemGraph and `Compiled.budget` one reading, which every caller of `compile` relies on;
+a plan for several devices has one of each per device, and links. One function, one
+result type.
+
+Budgets: one for every device, or a sequence of one per device; each is bytes, a size
+string, or a percentage read against *that device's* graph ("50%": half of that device's
+resident peak). A budget below a device's smallest raises `memgraph.multi.DeviceBudgetError`
+(an `InfeasibleBudgetError`: `.device`, `.needed`).
+
+Partitioning composes as "partition the whole program first, then place": `partition`
+is a block limit (bytes or a size string: the program is split at that limit, then the
+blocks are placed), "off" (place the program as it is), or "auto" (the default): the
+program is placed unsplit when every device's budget fits its tasks; when one does not,
+the whole program is split at `DEFAULT_BUDGET_FRACTION` (a quarter) of the smallest
+device budget (in bytes, as read against the unsplit devices' graphs, which are then the
+budgets), placed again and planned. A tensor sent between devices is sent whole (a
+device receives the base of the blocks it reads), so a device that reads a large
+received tensor block by block may need room for it whole: then the error names the device,
+its smallest budget and the block limit tried.
+
+>>> import einpage as ep
+>>> prog = ep.Program("chain")
+>>> x = prog.input("x", (8, 64))
+>>> for i in range(4):
+...     x = ep.tanh(x @ prog.input(f"w{i}", (64, 64), role="weight"))
+>>> prog.output(x, "y")
+>>> compiled = ep.compile_devices(prog, "24KiB", 2)
+>>> compiled.devices, [reading.nbytes for reading in compiled.budgets]
+(2, [24576, 24576])
+>>> len(compiled.plan.links), compiled.report is not None
+(1, True)
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from einpage.pipeline.compiler import Partitioning, _taskgraph, partition_mode
+from einpage.pipeline.search import explicit_partition
+from einpage.program.program import Program
+from einpage_core.errors import BackendError, PlanError
+from einpage_core.units import format_bytes, format_count
+from memgraph.budgets import BudgetReading, read_budget
+from memgraph.multi import (
+    DeviceBudgetError,
+    MultiPlan,
+    MultiVerifyReport,
+    plan_devices,
+    verify_multi,
+)
+from memgraph.options import PlanOptions
+from memgraph.placement import STRATEGIES, check_devices, place
+from runtime.workspace import declare_workspaces
+from taskgraph.graph import TaskGraph
+from taskgraph.partition import DEFAULT_BUDGET_FRACTION
+
+__all__ = [
+    "compile_devices",
+    "CompiledDevices",
+    "RUNNERS",
+    "DEVICES_KEYWORDS",
+    "device_rows",
+]
+
+RUNNERS = ("local", "ray")
+"""Where `CompiledDevices.run` runs a plan: "local" (`runtime.multi.run_devices`: a thread
+and an arena per device, in this process) or "ray" (`runtime.ray_cluster.run_on_ray`: a
+Ray actor per device; `pip install 'einpage[cluster]'`)."""
+
+DEVICES_KEYWORDS = ("budget", "devices", "strategy", "partition", "verify")
+"""`compile_devices`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
+
+
+def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
+    """A table of `mp`, a header first, then a row per device: its tasks, budget, peak,
+    bytes moved (offloaded + reloaded, each link's copies included) and links in and out."""
+    rows: list[tuple[str, ...]] = [
+        ("device", "tasks", "budget", "peak", "moved", "links in", "links out")
+    ]
+    for plan in mp.plans:
+        s = plan.mg.stats
+        received = [k for k in mp.links if k.target == plan.device]
+        sent = [k for k in mp.links if k.source == plan.device]
+        rows.append(
+            (
+                str(plan.device),
+                f"{len(plan.mg.taskgraph):,}",
+                format_bytes(plan.budget),
+                format_bytes(s.peak_bytes),
+                format_bytes(s.offload_bytes + s.reload_bytes),
+                f"{len(received)} ({format_bytes(sum(k.nbytes for k in received))})",
+                f"{len(sent)} ({format_bytes(sum(k.nbytes for k in sent))})",
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class CompiledDevices:
+    """A program and its plan for several devices, with how they were made.
+
+    `program` is the TaskGraph given, `graph` the one placed (`program` partitioned when
+    `partitioning.block_limit` is set), `plan` the `MultiPlan`, `budgets` each device's
+    budget as read (against that device's graph), `report` the verifier's (None with
+    `verify=False`), `timings` the seconds of each stage.
+    """
+
+    program: TaskGraph
+    graph: TaskGraph
+    plan: MultiPlan
+    budgets: tuple[BudgetReading, ...]
+    partitioning: Partitioning
+    report: MultiVerifyReport | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        return self.plan.devices
+
+    @property
+    def strategy(self) -> str:
+        return self.plan.placed.strategy
+
+    def simulate(self, cost_model: Any = None, *, timeline: bool = False) -> Any:
+        """`memgraph.simulate_multi.simulate_multi` of the plan: all devices together on
+        `cost_model` (a preset name or a `CostModel`; default: the one it was planned for)."""
+        from memgraph.simulate_multi import simulate_multi
+
+        if cost_model is None:
+            cost_model = self.plan.info.get("plan_options", {}).get("cost_model")
+        return simulate_multi(self.plan, cost_model, timeline=timeline)
+
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        runner: str = "local",
+        order: str = "ready",
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Run the plan on `inputs` (original input name -> host array); the original
+        outputs. `runner` is one of `RUNNERS`; `order` "ready" or "random" (with `seed=`);
+        other keywords go to `runtime.multi.run_devices` or `runtime.ray_cluster.run_on_ray`
+        (`timeout`, `backend`, ...)."""
+        if runner == "local":
+            from runtime.multi import run_devices
+
+            return run_devices(self.plan, inputs, order=order, **options)
+        if runner == "ray":
+            from runtime.ray_cluster import run_on_ray
+
+            return run_on_ray(self.plan, inputs, order=order, **options)
+        raise BackendError(f"unknown runner {runner!r}; valid: {', '.join(map(repr, RUNNERS))}")
+
+    def to_json(self) -> str:
+        """The plan file's text (`memgraph.multi_serialize`), with the graph placed as its
+        program (what `einpage run --check` evaluates)."""
+        from memgraph.multi_serialize import multi_to_json
+
+        return multi_to_json(self.plan, self.graph)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan file (`to_json`) to `path`, streamed."""
+        from memgraph.multi_serialize import write_multi_json
+
+        with open(path, "w", encoding="utf-8") as stream:
+            write_multi_json(self.plan, stream, self.graph)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a table: program, placement, partition, verify."""
+        tg = self.program
+        rows = [
+            (
+                "program",
+                f"{tg.name!r}: {len(tg)} tasks, {format_count(tg.total_flops, 'FLOP')}, "
+                f"{tg.main_dtype()}",
+            ),
+            (
+                "placement",
+                f"{self.strategy} on {self.devices} devices, {len(self.plan.links)} links "
+                f"({format_bytes(sum(k.nbytes for k in self.plan.links))} sent)",
+            ),
+            ("budgets", "; ".join(f"device {d}: {b}" for d, b in enumerate(self.budgets))),
+        ]
+        if self.partitioning.block_limit is not None:
+            rows.append(
+                (
+                    "partition",
+                    f"{len(tg)} -> {len(self.graph)} tasks, {self.partitioning.describe()}",
+                )
+            )
+        if self.report is not None:
+            rows.append(
+                (
+                    "verify",
+                    f"ok: {self.report.devices} plans, {self.report.links} links, "
+                    f"{self.report.nodes} nodes, {self.report.edges} dependencies, acyclic",
+                )
+            )
+        return rows
+
+    def __repr__(self) -> str:
+        verified = "verified" if self.report is not None else "not verified"
+        return (
+            f"<CompiledDevices {self.program.name!r}: {len(self.program)} tasks -> "
+            f"{len(self.graph)}, {self.strategy} on {self.devices} devices, "
+            f"{self.partitioning.describe()}, {self.plan!r}, {verified}>"
+        )
+
+
+def compile_devices(
+    source: Program | TaskGraph,
+    budget: Any,
+    devices: int,
+    *,
+    strategy: str = "pipeline",
+    partition: bool | int | str | None = "auto",
+    verify: bool = True,
+    **options: Any,
+) -> CompiledDevices:
+    """Place `source` on `devices` devices, plan each under its budget, verify the whole;
+    a `CompiledDevices` (see the module docstring).
+
+    `budget` is one budget for all devices or a sequence of one per device (bytes, size
+    strings, percentages of that device's graph). `strategy` names a placement
+    (`memgraph.placement.STRATEGIES`). `partition` is "auto", "off" or a block limit.
+    `verify` runs `verify_multi`. Other keywords are the planner's options
+    (`memgraph.plan`: order, eviction, cost_model, ...; every device is planned with
+    outputs="host"). Raises `DeviceBudgetError` for a device's budget below its smallest
+    (naming the device and that budget), `PlanError` for a placement that cannot be made
+    (more devices than weights for a pipeline, an unknown strategy), a wrong number of
+    budgets, or an option that is not one.
+    """
+    devices = check_devices(devices, "einpage.compile_devices")
+    if strategy not in STRATEGIES:
+        raise PlanError(
+            f"unknown placement strategy {strategy!r}; valid: {', '.join(map(repr, STRATEGIES))}"
+        )
+    tg = _taskgraph(source)
+    declared = declare_workspaces(tg)
+    if options.get("outputs", "host") != "host":
+        raise PlanError(
+            f"einpage.compile_devices plans every device with outputs='host' (a link's tensor "
+            f"leaves its device once computed); got outputs={options['outputs']!r}"
+        )
+    opts = PlanOptions.from_keywords(
+        {**options, "outputs": "host"}, "einpage.compile_devices", DEVICES_KEYWORDS
+    )
+    mode = partition_mode(partition)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+    if isinstance(mode, int):
+        graph = explicit_partition(declared, mode, opts.alignment)
+        chosen = Partitioning("limit", mode, "explicit")
+    else:
+        graph, chosen = declared, Partitioning(mode)
+    timings["partitioning"] = time.perf_counter() - started
+    started = time.perf_counter()
+    placed = place(graph, devices, strategy)
+    timings["placing"] = time.perf_counter() - started
+    started = time.perf_counter()
+    try:
+        mp = plan_devices(placed, devices, budget, **options)
+        readings = _readings(placed, budget, opts)
+    except DeviceBudgetError:
+        if mode != "auto":
+            raise
+        readings = _readings(placed, budget, opts)
+        graph, placed, mp, chosen = _auto_partition(declared, readings, devices, strategy, opts,
+                                                    options)  # fmt: skip
+    timings["planning"] = time.perf_counter() - started
+    report = None
+    if verify:
+        started = time.perf_counter()
+        report = verify_multi(mp)
+        timings["verifying"] = time.perf_counter() - started
+    return CompiledDevices(tg, graph, mp, readings, chosen, report, MappingProxyType(timings))
+
+
+def _readings(placed: Any, budget: Any, opts: PlanOptions) -> tuple[BudgetReading, ...]:
+    """Each device's budget as read against its graph (`plan_devices` has checked the
+    count)."""
+    asked = _asked(budget, placed.devices)
+    return tuple(read_budget(part.tg, b, opts) for part, b in zip(placed.parts, asked, strict=True))
+
+
+def _auto_partition(
+    declared: TaskGraph,
+    readings: tuple[BudgetReading, ...],
+    devices: int,
+    strategy: str,
+    opts: PlanOptions,
+    options: dict[str, Any],
+) -> tuple[TaskGraph, Any, MultiPlan, Partitioning]:
+    """`partition="auto"` when a device's budget is below what one of its tasks needs: the
+    whole program split at `DEFAULT_BUDGET_FRACTION` of the smallest device budget (bytes,
+    as read against the unsplit devices' graphs), placed again and planned under those
+    bytes. Raises the device's `DeviceBudgetError` (saying what was tried) if even that
+    does not fit, or the partition's `BlockLimitError` when no block is that small."""
+    alignment = opts.alignment
+    smallest = min(reading.nbytes for reading in readings)
+    limit = max(alignment, int(smallest * DEFAULT_BUDGET_FRACTION) // alignment * alignment)
+    graph = explicit_partition(declared, limit, alignment)
+    placed = place(graph, devices, strategy)
+    how = f"auto: {DEFAULT_BUDGET_FRACTION:.0%} of the smallest device budget"
+    chosen = Partitioning("auto", limit, how, DEFAULT_BUDGET_FRACTION)
+    try:
+        mp = plan_devices(placed, devices, [r.nbytes for r in readings], **options)
+    except DeviceBudgetError as err:
+        raise DeviceBudgetError(
+            f"{err}; that is after partition='auto' split the program at a block limit of "
+            f"{format_bytes(limit)} ({how}): a block limit of your own (partition=SIZE) "
+            f"or a larger budget for device {err.device}",
+            err.budget,
+            err.needed,
+            err.task,
+            err.device,
+        ) from None
+    return graph, placed, mp, chosen
+
+
+def _asked(budget: Any, devices: int) -> list[Any]:
+    """The budget asked of each device (`plan_devices` has checked the count)."""
+    if isinstance(budget, Sequence) and not isinstance(budget, str):
+        return list(budget)
+    return [budget] * devices
