@@ -36,9 +36,12 @@ The rest is said by three records, each checked once, when made:
 
 * `sampling=Sampling(temperature, top_k, seed)`: how the next token is drawn (None:
   the greedy argmax);
-* `plan=Planning(way, bucket_pages, chunk_steps, cost_model, options)`: how it is planned
-  (`einpage.workloads.generation.Planning`);
-* `run=Running(backend, mode)`: how it runs; `run=None` only plans (no weights needed).
+* `plan=Planning(way, bucket_pages, chunk_steps, cost_model, options, devices)`: how it
+  is planned (`einpage.workloads.generation.Planning`); `devices=N` places the unrolled
+  generation on N devices (a pipeline: `DevicesPlan`, the budget read per device; step
+  plans on several devices are not built);
+* `run=Running(backend, mode, runner)`: how it runs (`runner` "ray": the devices of a
+  placed generation as Ray actors); `run=None` only plans (no weights needed).
 
 The keywords of the old signature that moved into these records (`way=`, `chunk_steps=`,
 `backend=`, `seed=`, `eviction=`, ...) and `run=True`/`run=False` are refused with a
@@ -77,10 +80,12 @@ from einpage.models.generation import (
 )
 from einpage.models.gguf import is_gguf, opened_gguf
 from einpage.models.weights import load_weights
+from einpage.pipeline.devices import RUNNERS
 from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
 from einpage.workloads.generation import (
+    DevicesPlan,
     GenerationSpec,
     GenerationStats,
     Planning,
@@ -131,13 +136,23 @@ class Running:
     None: the backend's own). `generate(..., run=None)` plans without running.
 
     >>> Running(backend="auto", mode="streams")
-    Running(backend='auto', mode='streams')
+    Running(backend='auto', mode='streams', runner='local')
     """
 
     backend: Any = "numpy"
     mode: str | None = None
+    runner: str = "local"
+    """Where a generation placed on several devices (`Planning(devices=N)`) runs
+    (`einpage.pipeline.RUNNERS`): "local" (a thread and an arena per device, in this
+    process) or "ray" (a Ray actor per device: `pip install 'einpage[cluster]'`). One
+    device runs in this process, "local"."""
 
     def __post_init__(self) -> None:
+        if self.runner not in RUNNERS:
+            raise GenerationError(
+                f"Running: runner must be one of {', '.join(map(repr, RUNNERS))}, got "
+                f"{self.runner!r}"
+            )
         names = runtime.backend_names()
         if not isinstance(self.backend, runtime.Backend) and self.backend not in names:
             raise GenerationError(
@@ -185,7 +200,7 @@ class Generation:
     ids are the pad id)."""
 
     spec: GenerationSpec
-    plan: UnrolledPlan | StepPlans
+    plan: UnrolledPlan | StepPlans | DevicesPlan
     stats: GenerationStats
     ids: np.ndarray | None = None
     new_ids: np.ndarray | None = None
@@ -354,7 +369,9 @@ def quantized_weight_bytes(cfg: ModelConfig, quant: Any, dtype: str) -> int:
     return total
 
 
-def check_run_memory(plan: UnrolledPlan | StepPlans, backend: Any, weights: str | None) -> int:
+def check_run_memory(
+    plan: UnrolledPlan | StepPlans | DevicesPlan, backend: Any, weights: str | None
+) -> int:
     """The host memory a run of `plan` on `backend` needs, checked against what is
     available now (`einpage_core.host.available_memory`) before anything is allocated;
     `HostMemoryError` with the numbers when it does not fit. `weights` says what the
@@ -581,7 +598,15 @@ def generate(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
         quant, lengths,
     )  # fmt: skip
+    if run is not None and run.runner != "local" and plan.devices == 1:
+        raise GenerationError(
+            f"run=Running(runner={run.runner!r}) runs a generation placed on several "
+            "devices: give plan=Planning(devices=N) with N > 1 (one device runs in this "
+            "process)"
+        )
     planned = plan_generation(spec, budget, plan)
+    if run is not None and isinstance(planned, DevicesPlan):
+        planned = planned.on(run.runner)
     stats = planned.stats()
     if run is None:
         return Generation(spec, planned, stats, prompt_lengths=spec.lengths)

@@ -71,12 +71,14 @@ from einpage.models.generation import (
 )
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
+from einpage.pipeline.devices import DEVICES_KEYWORDS, RUNNERS, CompiledDevices, compile_devices
 from einpage.program.program import Program
 from einpage.program.quantize import Quantization, quantize_each
-from einpage_core.errors import EinpageError, InfeasibleBudgetError
+from einpage_core.errors import EinpageError, InfeasibleBudgetError, UnsupportedError
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
+from memgraph.multi import MultiPlan
 from runtime.hostmem import SharedHost
 from taskgraph import dtypes
 from taskgraph.facts import KVEntries, KVPage, chosen_ids, fact_of, first_needing, is_kv_page
@@ -100,6 +102,10 @@ __all__ = [
     "token_programs",
     "steps_of",
     "STEP_OPTIONS",
+    "DEVICES_OPTIONS",
+    "DevicesPlan",
+    "DevicesNotBuiltError",
+    "RUNNERS_ORDER",
 ]
 
 WAYS = ("unrolled", "steps")
@@ -115,6 +121,20 @@ PLANNING_OPTIONS = (*(k for k in COMPILE_KEYWORDS if k != "budget"), *PLANNER_OP
 
 DEFAULT_COST_MODEL = "h100-pcie5"
 """The machine plans are made and simulated for unless a `Planning` names another."""
+
+
+DEVICES_OPTIONS = (
+    *(k for k in DEVICES_KEYWORDS if k not in ("budget", "devices", "strategy")),
+    *PLANNER_OPTIONS,
+)
+"""The names `Planning.options` takes with `devices` > 1: `einpage.compile_devices`'s own
+keywords but the budget, the devices and the strategy (partition, verify), then the
+planner's."""
+
+
+class DevicesNotBuiltError(GenerationError, UnsupportedError):
+    """A generation asked of several devices in a way that is not built: step plans
+    (`Planning(way="steps", devices=N)`); the message names the unrolled way instead."""
 
 
 def _positive_int(what: str, value: Any) -> None:
@@ -138,7 +158,13 @@ class Planning:
       max_blocks, progress, and the planner's – order, eviction, lookahead, ...); the
       planner's are checked here by `memgraph.PlanOptions`, `einpage.compile` checks its
       own. Step plans send their outputs to the host (`STEP_OPTIONS`) unless `options`
-      says otherwise.
+      says otherwise;
+    * `devices`: the devices the generation is placed on (a positive int; 1: one plan
+      made by `einpage.compile`). With more than one, the unrolled program is placed by
+      pipeline (`einpage.compile_devices`: the layers' weights cut into `devices`
+      contiguous groups, a `DevicesPlan`), each device planned under the budget read
+      against its own graph; `options` are then `DEVICES_OPTIONS` (no progress bars or
+      max_blocks). Step plans on several devices are not built: `DevicesNotBuiltError`.
 
     >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
     {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
@@ -149,12 +175,21 @@ class Planning:
     chunk_steps: int = 1
     cost_model: str | CostModel = DEFAULT_COST_MODEL
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    devices: int = 1
 
     def __post_init__(self) -> None:
         if self.way not in WAYS:
             raise GenerationError(f"Planning: way must be one of {WAYS}, got {self.way!r}")
         _positive_int("bucket_pages", self.bucket_pages)
         _positive_int("chunk_steps", self.chunk_steps)
+        _positive_int("devices", self.devices)
+        if self.devices > 1 and self.way != "unrolled":
+            raise DevicesNotBuiltError(
+                f"Planning: step plans on several devices are not built (way={self.way!r}, "
+                f"devices={self.devices}); plan the unrolled way: Planning(way='unrolled', "
+                f"devices={self.devices}), on the command line --way unrolled "
+                f"--devices {self.devices}"
+            )
         if not isinstance(self.options, Mapping):
             raise GenerationError(
                 f"Planning: options must be a mapping of einpage.compile's keywords, got "
@@ -175,6 +210,12 @@ class Planning:
                 raise GenerationError(
                     f"Planning: options has no {name!r}; it takes {', '.join(PLANNING_OPTIONS)}"
                 )
+            if self.devices > 1 and name not in DEVICES_OPTIONS:
+                raise GenerationError(
+                    f"Planning: options {name!r} is einpage.compile's, not taken with "
+                    f"devices={self.devices} (einpage.compile_devices plans them); it takes "
+                    f"{', '.join(DEVICES_OPTIONS)}"
+                )
         planner = {k: v for k, v in self.options.items() if k in PLANNER_OPTIONS}
         try:
             memgraph.PlanOptions(**planner, cost_model=self.cost_model)
@@ -188,6 +229,11 @@ class Planning:
         model."""
         steps = self.way == "steps" if step_plans is None else step_plans
         return {**(STEP_OPTIONS if steps else {}), **self.options, "cost_model": self.cost_model}
+
+    def devices_options(self) -> dict[str, Any]:
+        """The keywords `einpage.compile_devices` gets with `devices` > 1: `options`, then
+        the cost model (every device is planned with its outputs sent to the host)."""
+        return {**self.options, "cost_model": self.cost_model}
 
     def planner_options(self, step_plans: bool | None = None) -> memgraph.PlanOptions:
         """The planner's part of `compile_options`, as `memgraph.PlanOptions`."""
@@ -442,6 +488,13 @@ class GenerationStats:
     plans: int
     tasks: int
     nodes: int
+    devices: int = 1
+    """The devices the plans run on; with more than one (a `DevicesPlan`), `tasks` and
+    `nodes` count every device's graph and plan (a replicated task once per device that
+    makes it), `transfers` are every device's host<->device bytes summed (a link's
+    tensor counted where it leaves its source and where it enters its target), and
+    `simulated_seconds` is all devices together (`memgraph.simulate_multi`: the last
+    device's end)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -470,27 +523,35 @@ class GenerationStats:
             "plans": self.plans,
             "tasks": self.tasks,
             "nodes": self.nodes,
+            "devices": self.devices,
         }
 
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows for a table."""
         t = self.transfers
+        plans = f"{self.plans} ({self.way})"
+        simulated = f"simulated ({self.cost_model})"
+        summed = ""
+        if self.devices > 1:
+            plans += f" on {self.devices} devices, all devices'"
+            simulated = f"simulated ({self.cost_model}, {self.devices} devices together)"
+            summed = f", summed over {self.devices} devices"
         return [
-            ("plans", f"{self.plans} ({self.way}): {self.tasks:,} tasks, {self.nodes:,} nodes"),
+            ("plans", f"{plans}: {self.tasks:,} tasks, {self.nodes:,} nodes"),
             ("planning", f"{self.planning_seconds:.2f} s"),
             (
-                f"simulated ({self.cost_model})",
+                simulated,
                 f"{self.simulated_seconds * 1e3:.2f} ms, {self.tokens_per_s:,.1f} tokens/s",
             ),
             (
                 "weights streamed",
                 f"{format_bytes(t.weight_reload)} ({format_bytes(self.weight_bytes_per_token)}"
-                " per token)",
+                f" per token{summed})",
             ),
             (
                 "KV pages paged",
                 f"{format_bytes(t.kv_reload)} in, {format_bytes(t.kv_offload)} out "
-                f"({format_bytes(self.kv_bytes_per_token)} per token)",
+                f"({format_bytes(self.kv_bytes_per_token)} per token{summed})",
             ),
         ]
 
@@ -706,6 +767,153 @@ class UnrolledPlan:
         with runtime.Session(self.plan, backend, mode=mode) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
+
+
+RUNNERS_ORDER = {None: "ready", "sequential": "ready", "random": "random"}
+"""The order each device of a `DevicesPlan` runs its ready nodes in, by `Running.mode`:
+insertion order, or random (a missing dependency shows as a wrong answer)."""
+
+
+class DevicesPlan:
+    """The unrolled generation placed on several devices (`Planning.devices` > 1):
+    `compiled` is `einpage.compile_devices`'s result (the pipeline placement, a plan per
+    device under its own budget, the links between them, verified as a whole);
+    `planning_seconds` includes building the program. The ids each step chooses go back
+    to the device of the embedding through links, as any tensor read on another device.
+    It runs in one process (`runtime.multi.run_devices`: a thread and an arena per
+    device) or on Ray (`runtime.ray_cluster.run_on_ray`: an actor per device), as
+    `runner` says ("local" unless `on(runner)` made it otherwise)."""
+
+    way = "unrolled"
+
+    def __init__(
+        self,
+        spec: GenerationSpec,
+        compiled: CompiledDevices,
+        planning_seconds: float,
+        planning: Planning | None = None,
+        runner: str = "local",
+    ):
+        self.spec = spec
+        self.compiled = compiled
+        self.planning_seconds = planning_seconds
+        self.planning = Planning(devices=compiled.devices) if planning is None else planning
+        if runner not in RUNNERS:
+            raise GenerationError(
+                f"a DevicesPlan runs on one of {', '.join(map(repr, RUNNERS))}, got {runner!r}"
+            )
+        self.runner = runner
+
+    def on(self, runner: str) -> DevicesPlan:
+        """The same plan, run on `runner` (`einpage.pipeline.RUNNERS`: "local" or "ray")."""
+        return DevicesPlan(self.spec, self.compiled, self.planning_seconds, self.planning, runner)
+
+    @property
+    def devices(self) -> int:
+        return self.compiled.devices
+
+    @property
+    def budgets(self) -> tuple[BudgetReading, ...]:
+        """Each device's budget, as read against that device's graph."""
+        return self.compiled.budgets
+
+    @property
+    def budget(self) -> str:
+        """The budgets, one line: "device 0: ...; device 1: ..." (each read against its
+        own device's graph)."""
+        return "; ".join(f"device {d}: {b}" for d, b in enumerate(self.budgets))
+
+    @property
+    def plan(self) -> MultiPlan:
+        return self.compiled.plan
+
+    @property
+    def plans(self) -> dict[str, CompiledDevices]:
+        """Every plan by name (one here: the placed plan, a MemGraph per device)."""
+        return {"unrolled": self.compiled}
+
+    @property
+    def device_plans(self) -> list[MemGraph]:
+        """Each device's MemGraph, by device."""
+        return [p.mg for p in self.plan.plans]
+
+    def __repr__(self) -> str:
+        nodes = sum(len(mg) for mg in self.device_plans)
+        return (
+            f"<DevicesPlan {self.compiled.program.name!r}: {self.devices} devices, "
+            f"{len(self.plan.links)} links, {nodes} nodes, runner {self.runner!r}>"
+        )
+
+    def host_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory a run on `backend` allocates besides the weights it is given: each
+        device's session (its host buffer and, on NumPy, its arena: `UnrolledPlan`'s
+        count, per device) and the inputs once."""
+        sessions = sum(_session_host_bytes([mg], backend) for mg in self.device_plans)
+        return sessions + _input_bytes(self.spec, self.compiled.program)
+
+    def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
+        """What the plan costs on `cost_model` (by default the one it was planned for):
+        every device simulated together (`memgraph.simulate_multi`, links included), the
+        transfers of every device summed (`GenerationStats.devices` says how)."""
+        cost_model = self.planning.cost_model if cost_model is None else cost_model
+        transfers = Transfers()
+        for mg in self.device_plans:
+            transfers = transfers + Transfers.of(mg)
+        return GenerationStats(
+            way=self.way,
+            tokens=self.spec.tokens,
+            planning_seconds=self.planning_seconds,
+            simulated_seconds=self.compiled.simulate(cost_model).makespan,
+            cost_model=cost_model,
+            transfers=transfers,
+            plans=1,
+            tasks=sum(len(mg.taskgraph) for mg in self.device_plans),
+            nodes=sum(len(mg) for mg in self.device_plans),
+            devices=self.devices,
+        )
+
+    def run(
+        self,
+        weights: Mapping[str, np.ndarray],
+        tokens: Any,
+        *,
+        seed: int | None = None,
+        backend: Any = "numpy",
+        mode: str | None = None,
+        run_seed: int = 0,
+        timeout: float | None = None,
+    ) -> GenerationOutput:
+        """Generate from the prompt `tokens` with the program's `weights` on every
+        device, on `self.runner`; arguments as `UnrolledPlan.run`. `backend` is each
+        device's, by name; `mode` None or "sequential" runs each device's ready nodes in
+        insertion order, "random" in a random order (`run_seed`); "streams" is not built
+        for several devices. `timeout`: the most seconds a device waits for a link (the
+        runner's default when None). The output has no run reports (the runners return
+        the outputs only)."""
+        if mode not in RUNNERS_ORDER:
+            raise DevicesNotBuiltError(
+                f"mode {mode!r} is not built for a generation on {self.devices} devices; "
+                f"each device runs its nodes one at a time: mode None, 'sequential' or "
+                "'random'"
+            )
+        if not isinstance(backend, str):
+            raise GenerationError(
+                f"a generation on {self.devices} devices takes its backend by name (each "
+                f"device makes its own), got {type(backend).__name__}"
+            )
+        spec = self.spec
+        ids = _check_prompt(spec, tokens)
+        inputs = generation_inputs(
+            spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed),
+            spec.lengths,
+        )  # fmt: skip
+        options: dict[str, Any] = {"backend": backend, "order": RUNNERS_ORDER[mode]}
+        if mode == "random":
+            options["seed"] = run_seed
+        if timeout is not None:
+            options["timeout"] = timeout
+        out = self.compiled.run(inputs, runner=self.runner, **options)
+        return GenerationOutput(out["ids"], out.get("logits"), ())
 
 
 class _HostPages:
@@ -971,11 +1179,13 @@ def plan_generation(
     budget: int | str,
     planning: Planning | None = None,
     **moved: Any,
-) -> UnrolledPlan | StepPlans:
+) -> UnrolledPlan | StepPlans | DevicesPlan:
     """Plan `spec`'s generation within `budget` as `planning` says (default `Planning()`):
     "unrolled" (one plan) or "steps" (a prefill plan and decode plans of `chunk_steps`
     steps per bucket of `bucket_pages` pages), each compiled by `einpage.compile` with
-    `planning.compile_options()`. A percentage is read by `read_generation_budget` (the
+    `planning.compile_options()`; with `planning.devices` > 1, the unrolled program
+    placed on that many devices (`DevicesPlan`, `_plan_devices`: the budget read per
+    device). A percentage is read by `read_generation_budget` (the
     plan's `budget` says how). Raises `GenerationBudgetError` (naming the step and the
     task) when the budget is too small; `GenerationError` for a keyword of the old
     signature (way=, chunk_steps=, eviction=, ...), saying where it went."""
@@ -988,6 +1198,8 @@ def plan_generation(
             f"plan_generation takes a Planning after the budget, got {planning!r}{hint}"
         )
     started = time.perf_counter()
+    if planning.devices > 1:
+        return _plan_devices(spec, budget, planning, started)
     if planning.way == "unrolled":
         programs = {"unrolled": spec.generation_program()}
         first_step: dict[str, str | None] = {"unrolled": None}
@@ -1013,6 +1225,28 @@ def plan_generation(
         return UnrolledPlan(spec, compiled["unrolled"], seconds, planning)
     decoders = {key: compiled[name] for name, key in keys.items()}
     return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds, planning)
+
+
+def _plan_devices(
+    spec: GenerationSpec, budget: Any, planning: Planning, started: float
+) -> DevicesPlan:
+    """The unrolled program placed on `planning.devices` devices (`compile_devices`, the
+    pipeline placement), each device's budget `budget` read against its own graph (a
+    percentage is of that device's resident or streaming reference). A pipeline of more
+    devices than the model has layers is refused (`GenerationError`); the placement's
+    and the planner's errors pass through (`memgraph.multi.DeviceBudgetError` names the
+    device and its smallest budget)."""
+    layers = spec.cfg.num_layers
+    if planning.devices > layers:
+        raise GenerationError(
+            f"a pipeline of {planning.devices} devices needs at least {planning.devices} "
+            f"layers; {spec.cfg.name!r} has {layers}: use at most {layers} devices"
+        )
+    tg = spec.generation_program().build()
+    seconds = time.perf_counter() - started
+    compiled = compile_devices(tg, budget, planning.devices, **planning.devices_options())
+    seconds += sum(s for stage, s in compiled.timings.items() if stage != "verifying")
+    return DevicesPlan(spec, compiled, seconds, planning)
 
 
 STEP_OPTIONS = {"outputs": "host"}
