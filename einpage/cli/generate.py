@@ -3,7 +3,7 @@
     einpage generate MODEL|--checkpoint DIR|--gguf FILE --budget 8GiB [--batch B] [--prompt-len P]
                      [--new-tokens N] [--prompt TEXT ...] [--sample] [--temperature T]
                      [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
-                     [--run --backend B] [--dtype D] [--quant int8|int4]
+                     [--run --backend B] [--dtype D] [--quant int8|int4] [--devices N [--ray]]
                      [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
@@ -23,7 +23,12 @@ text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens; seve
 unless `--dtype` says otherwise; `--quant` stores its weights in int8 or int4; `--chat`
 writes each prompt (the user's message) with its chat template, `--messages` a whole
 chat; each sequence stops at its end-of-sequence ids (not with `--ignore-eos`) or a
-`--stop` string.
+`--stop` string. `--devices N` places the unrolled generation on N devices (a pipeline:
+`einpage.compile_devices`; `--budget` is each device's, read against its own graph, or one
+per device comma-separated), prints each device's plan, and with `--run` runs every
+device in this process, or each in a Ray actor with `--ray`; `-o` writes the plan file
+for several devices (`einpage run FILE --check [--ray]`). Step plans on several devices
+are not built.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from einpage.cli.console import Console, format_table
+from einpage.cli.devices import format_columns, parse_budgets
 from einpage.cli.files import atomic_output
 from einpage.cli.outputs import (
     GENERATE_OUTPUTS,
@@ -54,6 +60,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.models.gguf import is_gguf
+from einpage.pipeline import device_rows
 from einpage.program.quantize import Quantization
 from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
@@ -67,7 +74,14 @@ from einpage.workloads.generate import (
     run_weights,
     unpadded,
 )
-from einpage.workloads.generation import WAYS, Planning, StepPlans, UnrolledPlan, decode_name
+from einpage.workloads.generation import (
+    WAYS,
+    DevicesPlan,
+    Planning,
+    StepPlans,
+    UnrolledPlan,
+    decode_name,
+)
 from einpage.workloads.stop import Stopped, checkpoint_stopping, kept_stats, run_stopping
 from einpage.workloads.text import (
     decode,
@@ -76,6 +90,7 @@ from einpage.workloads.text import (
     missing_tokenizer,
     padded,
 )
+from einpage_core.errors import InputError
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
 from taskgraph import dtypes
@@ -228,6 +243,21 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         default="h100-pcie5",
         help="the machine's cost model (FLOP rate, bandwidths): prefetching and tokens/s",
     )
+    gen.add_argument(
+        "--devices",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="place the unrolled generation on N devices (a pipeline of the layers' "
+        "weights), each planned under --budget read against its own graph (or one budget "
+        "per device, comma-separated); step plans on several devices are not built",
+    )
+    gen.add_argument(
+        "--ray",
+        action="store_true",
+        help="with --devices N and --run: run each device in a Ray actor of a local Ray "
+        "instance (pip install 'einpage[cluster]'), not a thread of this process",
+    )
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
@@ -286,14 +316,35 @@ def _sampling(args: argparse.Namespace) -> Sampling | None:
 
 def _planning(args: argparse.Namespace, console: Console) -> Planning:
     """How the generation is planned: --way, --bucket-pages, --chunk-steps, --cost-model,
-    and the console's progress bars."""
+    --devices, and (on one device) the console's progress bars."""
     return Planning(
         way=args.way,
         bucket_pages=args.bucket_pages,
         chunk_steps=args.chunk_steps,
         cost_model=args.cost_model,
-        options={"progress": console.report},
+        options={"progress": console.report} if args.devices == 1 else {},
+        devices=args.devices,
     )
+
+
+def _check_devices(args: argparse.Namespace) -> None:
+    """What --devices and --ray refuse before any work: --ray without devices to place,
+    and the pictures, which draw one device's plan (not built for several, as for
+    `einpage plan --devices`)."""
+    if args.ray and args.devices == 1:
+        raise InputError(
+            "--ray runs a generation placed on several devices: give --devices N (N > 1); "
+            "one device runs in this process"
+        )
+    if args.devices == 1:
+        return
+    for option in ("render", "memory_map"):
+        if getattr(args, option, None):
+            raise InputError(
+                f"--{option.replace('_', '-')} draws the plan of one device; with --devices "
+                f"{args.devices}, -o writes the plans (pictures of several devices are not "
+                "built yet)"
+            )
 
 
 def random_weights(cfg: ModelConfig, dtype: str, seed: int) -> dict[str, np.ndarray]:
@@ -391,13 +442,15 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     paths are checked before any work and written whole; a picture that fails leaves the
     other and the run, and the exit code says so (`PicturesFailedError`)."""
     check_outputs(args, *OUTPUTS)
+    _check_devices(args)
     model = _model(args)
     family, cfg, checkpoint = resolve_model(model)
     dtype, why = choose_dtype(args.dtype, checkpoint)
     stopping = checkpoint_stopping(checkpoint, () if args.ignore_eos else None, args.stop)
     sampling = _sampling(args)
     planning = _planning(args, console)
-    running = Running(args.backend, args.mode)
+    running = Running(args.backend, args.mode, "ray" if args.ray else "local")
+    budget = parse_budgets(args.budget) if args.devices > 1 else args.budget
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
             prompt, tokenizer = _prompt(args, checkpoint, cfg.vocab_size)
@@ -411,7 +464,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 model,
                 prompt,
                 args.new_tokens,
-                args.budget,
+                budget,
                 dtype=dtype,
                 page_size=args.page_size,
                 sampling=sampling,
@@ -430,14 +483,16 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 check_run_memory(planned.plan, running.backend, made)  # before drawing any
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = run_weights(planned.spec, weights, checkpoint)
+                plan = planned.plan
+                if isinstance(plan, DevicesPlan):
+                    plan = plan.on(running.runner)
                 started = time.perf_counter()
                 ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
                 ran = run_stopping(
-                    planned.plan, values, ids, stopping, tokenizer, running.backend,
-                    running.mode,
+                    plan, values, ids, stopping, tokenizer, running.backend, running.mode,
                 )  # fmt: skip
                 seconds = time.perf_counter() - started
-            _print_run(planned, ran, seconds, checkpoint is None, console)
+            _print_run(planned, ran, seconds, checkpoint is None, console, running)
             prompts = unpadded(ids, planned.prompt_lengths, planned.spec.prompt_len)
             _print_tokens(prompts, ran, tokenizer, console)
     if failed:
@@ -467,10 +522,16 @@ def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
         ("budget", str(out.plan.budget)),
         *out.stats.rows(),
     ]
-    console.print(format_table(rows, f"generation ({out.plan.way})"))
+    title = f"generation ({out.plan.way})"
+    if isinstance(out.plan, DevicesPlan):
+        title = f"generation ({out.plan.way}, on {out.plan.devices} devices)"
+    console.print(format_table(rows, title))
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
+    if isinstance(out.plan, DevicesPlan):
+        console.print()
+        console.print(format_columns(device_rows(out.plan.plan), "devices"))
 
 
 def _prompt_lengths(spec: Any) -> str:
@@ -494,15 +555,21 @@ def _quant_note(spec: Any) -> str:
 
 
 def _largest(out: Generation) -> Any:
+    """The plan with the most nodes (a MemGraph; of several devices', the largest)."""
+    if isinstance(out.plan, DevicesPlan):
+        return max(out.plan.device_plans, key=len)
     return max((c.plan for c in out.plan.plans.values()), key=len)
 
 
-def plan_files(plan: UnrolledPlan | StepPlans, path: str | Path) -> dict[str, Path]:
-    """Where `-o path` writes each plan, by plan name: the unrolled plan to `path`; step
+def plan_files(
+    plan: UnrolledPlan | StepPlans | DevicesPlan, path: str | Path
+) -> dict[str, Path]:
+    """Where `-o path` writes each plan, by plan name: the unrolled plan (on one device or
+    several: one file for several devices) to `path`; step
     plans one file each beside it, `{stem}.prefill.json` and
     `{stem}.decode-pages{P}[-steps{S}].json` (a bucket of P pages, chunks of S steps)."""
     path = Path(path)
-    if isinstance(plan, UnrolledPlan):
+    if isinstance(plan, UnrolledPlan | DevicesPlan):
         return {"unrolled": path}
     files = {"prefill": path.with_name(f"{path.stem}.prefill.json")}
     for pages, steps in sorted(plan.decoders):
@@ -513,23 +580,43 @@ def plan_files(plan: UnrolledPlan | StepPlans, path: str | Path) -> dict[str, Pa
     return files
 
 
-def _write_plans(plan: UnrolledPlan | StepPlans, path: str, console: Console) -> None:
-    """Each plan to its file (`plan_files`), written whole."""
+def _write_plans(
+    plan: UnrolledPlan | StepPlans | DevicesPlan, path: str, console: Console
+) -> None:
+    """Each plan to its file (`plan_files`), written whole; a plan for several devices
+    as `einpage plan --devices` writes it (`CompiledDevices.save`)."""
     for name, file in plan_files(plan, path).items():
         with atomic_output(file) as temporary:
-            temporary.write_text(plan.plans[name].plan.to_json(), encoding="utf-8")
-        wrote(console, f"{name} plan", file)
+            if isinstance(plan, DevicesPlan):
+                plan.compiled.save(temporary)
+            else:
+                temporary.write_text(plan.plans[name].plan.to_json(), encoding="utf-8")
+        what = f"{name} plan for {plan.devices} devices" if isinstance(plan, DevicesPlan) else None
+        wrote(console, what or f"{name} plan", file)
 
 
 def _print_run(
-    planned: Generation, ran: Stopped, seconds: float, random: bool, console: Console
+    planned: Generation,
+    ran: Stopped,
+    seconds: float,
+    random: bool,
+    console: Console,
+    running: Running,
 ) -> None:
     """The run's table: where it ran, the weights, the device memory, the tokens kept
     (when a sequence stopped), and its measured time beside the simulated one, both in
-    tokens kept per second (`einpage.workloads.stop.kept_stats`)."""
+    tokens kept per second (`einpage.workloads.stop.kept_stats`). A run on several
+    devices says its runner and each device's backend as asked (its runners report no
+    sessions: no device memory row, no time in the plans)."""
     reports = ran.reports
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
+    if isinstance(planned.plan, DevicesPlan):
+        how = "a Ray actor" if running.runner == "ray" else "a thread of this process"
+        where = (
+            f"{planned.plan.devices} devices, each in {how}, backend {running.backend!r} "
+            f"each ({running.mode or 'ready'} order)"
+        )
     rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
@@ -538,17 +625,19 @@ def _print_run(
         kept = ", ".join(map(str, ran.new_lengths))
         rows.append(("stopped", f"{tokens} of {planned.spec.tokens} tokens kept ({kept})"))
     in_plans = sum(r.seconds for r in reports)
-    rows.append(
-        (
-            "measured",
-            f"{seconds * 1e3:,.2f} ms, {tokens / seconds:,.1f} tokens/s ({len(reports)} "
-            f"run{'s' * (len(reports) > 1)}: {in_plans * 1e3:,.2f} ms in the plans, the "
-            "rest staging and the host loop)",
+    measured = f"{seconds * 1e3:,.2f} ms, {tokens / seconds:,.1f} tokens/s"
+    if reports:
+        measured += (
+            f" ({len(reports)} run{'s' * (len(reports) > 1)}: {in_plans * 1e3:,.2f} ms in "
+            "the plans, the rest staging and the host loop)"
         )
-    )
+    else:
+        measured += " (every device, staging and gathering included)"
+    rows.append(("measured", measured))
+    together = f", {stats.devices} devices together" if stats.devices > 1 else ""
     rows.append(
         (
-            f"simulated ({stats.cost_model})",
+            f"simulated ({stats.cost_model}{together})",
             f"{stats.simulated_seconds * 1e3:,.2f} ms, {stats.tokens_per_s:,.1f} tokens/s",
         )
     )
