@@ -571,6 +571,12 @@ def generate(
         )
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
+    if run is not None and run.runner != "local" and plan.devices == 1:
+        raise GenerationError(
+            f"run=Running(runner={run.runner!r}) runs a generation placed on several "
+            "devices: give plan=Planning(devices=N) with N > 1 (one device runs in this "
+            "process)"
+        )
     family, cfg, checkpoint = resolve_model(model)
     if messages is not None:
         if prompt is not None:
@@ -598,12 +604,6 @@ def generate(
         family, cfg, ids.shape[0], ids.shape[1], new_tokens, dtype, page_size, sampling, logits,
         quant, lengths,
     )  # fmt: skip
-    if run is not None and run.runner != "local" and plan.devices == 1:
-        raise GenerationError(
-            f"run=Running(runner={run.runner!r}) runs a generation placed on several "
-            "devices: give plan=Planning(devices=N) with N > 1 (one device runs in this "
-            "process)"
-        )
     planned = plan_generation(spec, budget, plan)
     if run is not None and isinstance(planned, DevicesPlan):
         planned = planned.on(run.runner)

@@ -1,0 +1,228 @@
+"""`generate(..., plan=Planning(devices=N))` and `einpage generate --devices N`: the
+unrolled generation placed on several devices (`einpage.compile_devices`), each under a
+budget below its resident peak, choosing the tokens that transformers' greedy `generate`
+chooses with the same weights (tests/models' small random models and their `hf_greedy`);
+in one process and on Ray actors; and the refusals: step plans on several devices, more
+devices than layers, a device's budget below its smallest, a runner without devices."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")  # test_generate_api, whose hf_greedy is reused, needs it
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from hf_models import hf_gpt2, hf_llama  # noqa: E402
+from test_generate_api import hf_greedy  # noqa: E402
+
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
+from einpage.models import gpt2, llama  # noqa: E402
+from einpage.models.errors import GenerationError  # noqa: E402
+from einpage.workloads.generate import Planning, Running, generate  # noqa: E402
+from einpage.workloads.generation import DevicesNotBuiltError, DevicesPlan  # noqa: E402
+from einpage_core.errors import UnsupportedError  # noqa: E402
+from memgraph import read_budget  # noqa: E402
+from memgraph.multi import DeviceBudgetError  # noqa: E402
+from memgraph.options import PlanOptions  # noqa: E402
+
+torch.set_num_threads(1)
+
+HOST = PlanOptions(outputs="host")
+MODELS = {
+    "llama": (llama, llama.LlamaConfig, lambda: hf_llama("gqa-tied")),  # a tied head
+    "gpt2": (gpt2, gpt2.GPT2Config, lambda: hf_gpt2("base")),
+}
+NEW_TOKENS = 4
+
+
+def model_case(name: str, batch: int = 2, prompt_len: int = 5, seed: int = 0):
+    """(config, converted weights, prompt ids, transformers' greedy ids) of a tiny model."""
+    family, config, make = MODELS[name]
+    hf = make()
+    cfg = config.from_hf(hf.config)
+    weights = family.weights_from_state_dict(cfg, hf.state_dict())
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, prompt_len))
+    return cfg, weights, ids, hf_greedy(hf, ids, NEW_TOKENS)
+
+
+def reloads_at(plan: DevicesPlan, budget: str) -> list[int]:
+    """Each device's reloaded bytes when the same generation is planned at `budget`."""
+    again = generate(
+        plan.spec.cfg, np.zeros((plan.spec.batch, plan.spec.prompt_len), np.int64),
+        plan.spec.new_tokens, budget, page_size=plan.spec.page_size,
+        plan=Planning(devices=plan.devices), run=None,
+    )  # fmt: skip
+    return [p.mg.stats.reload_bytes for p in again.plan.plan.plans]
+
+
+def assert_offloads_forced(plan: DevicesPlan) -> None:
+    """Every device's budget is below its graph's resident peak, and it reloads more than
+    it does at 100% (something was evicted and brought back)."""
+    for part, device in zip(plan.plan.placed.parts, plan.plan.plans, strict=True):
+        resident = read_budget(part.tg, "100%", HOST).nbytes
+        assert device.mg.stats.peak_bytes <= device.budget < resident
+    at_budget = [p.mg.stats.reload_bytes for p in plan.plan.plans]
+    resident = reloads_at(plan, "100%")
+    assert all(got > full for got, full in zip(at_budget, resident, strict=True))
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_two_devices_generate_transformers_greedy_tokens_under_budgets_that_force_offloads(model):
+    cfg, weights, ids, want = model_case(model)
+    out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4,
+                   plan=Planning(devices=2))  # fmt: skip
+    assert isinstance(out.plan, DevicesPlan) and out.plan.devices == 2
+    assert {(k.source, k.target) for k in out.plan.plan.links} == {(0, 1), (1, 0)}
+    assert_offloads_forced(out.plan)
+    np.testing.assert_array_equal(out.ids, want)
+    assert out.new_ids.shape == (2, NEW_TOKENS)
+    assert out.stats.devices == 2 and out.stats.tokens == 2 * NEW_TOKENS
+    assert out.stats.simulated_seconds > 0 and out.stats.transfers.weight_reload > 0
+    assert "summed over 2 devices" in dict(out.stats.rows())["weights streamed"]
+
+
+def test_a_budget_per_device_in_random_order_chooses_the_same_tokens():
+    cfg, weights, ids, want = model_case("llama", batch=3, prompt_len=6, seed=4)
+    out = generate(cfg, ids, NEW_TOKENS, ["45%", "60%"], weights=weights, page_size=4,
+                   plan=Planning(devices=2), run=Running(mode="random"))  # fmt: skip
+    np.testing.assert_array_equal(out.ids, want)
+    parts = out.plan.plan.placed.parts
+    budgets = ["45%", "60%"]
+    asked = [read_budget(part.tg, b, HOST).nbytes for part, b in zip(parts, budgets, strict=True)]
+    assert [p.budget for p in out.plan.plan.plans] == asked
+
+
+def test_on_two_ray_actors(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg, weights, ids, want = model_case("gpt2", seed=2)
+        out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4,
+                       plan=Planning(devices=2), run=Running(runner="ray"))  # fmt: skip
+    finally:
+        if started:
+            ray.shutdown()
+    assert out.plan.runner == "ray"
+    np.testing.assert_array_equal(out.ids, want)
+
+
+# -- refusals ----------------------------------------------------------------------------
+
+CFG = llama.PRESETS["tiny"]  # two layers
+PROMPT = np.zeros((1, 4), np.int64)
+
+
+def test_step_plans_on_several_devices_are_refused_naming_the_unrolled_way():
+    with pytest.raises(DevicesNotBuiltError) as caught:
+        Planning(way="steps", devices=2)
+    assert isinstance(caught.value, GenerationError)
+    assert isinstance(caught.value, UnsupportedError)
+    message = str(caught.value)
+    assert "step plans on several devices are not built" in message
+    assert "--way unrolled --devices 2" in message and "Planning(way='unrolled'" in message
+    assert Planning(way="steps", devices=1).devices == 1
+
+
+def test_more_devices_than_layers_are_refused():
+    words = "3 devices needs at least 3 layers; 'llama-tiny' has 2"
+    with pytest.raises(GenerationError, match=words):
+        generate(CFG, PROMPT, 3, "1MiB", plan=Planning(devices=3), run=None)
+
+
+def test_a_device_budget_below_its_smallest_names_the_device():
+    planning = Planning(devices=2, options={"partition": "off"})
+    with pytest.raises(DeviceBudgetError) as caught:
+        generate(CFG, PROMPT, 3, "4KiB", page_size=4, plan=planning, run=None)
+    err = caught.value
+    assert f"device {err.device}" in str(err) and f"{err.needed} B" in str(err)
+    assert err.needed > err.budget == 4096
+
+
+@pytest.mark.parametrize(
+    "make, words",
+    [
+        (lambda: Planning(devices=0), "devices must be a positive int, got 0"),
+        (
+            lambda: Planning(devices=2, options={"max_blocks": 9}),
+            "'max_blocks' is einpage.compile's",
+        ),
+        (lambda: Running(runner="mpi"), "runner must be one of 'local', 'ray'"),
+        (
+            lambda: generate(CFG, PROMPT, 2, "1MiB", weights={}, run=Running(runner="ray")),
+            "give plan=Planning\\(devices=N\\)",
+        ),
+    ],
+)
+def test_bad_device_settings_are_refused(make, words):
+    with pytest.raises(GenerationError, match=words):
+        make()
+
+
+def test_the_streams_mode_is_refused_on_several_devices():
+    cfg, weights, ids, _ = model_case("llama")
+    with pytest.raises(DevicesNotBuiltError, match="mode 'streams' is not built"):
+        generate(cfg, ids, 2, "100%", weights=weights, page_size=4, plan=Planning(devices=2),
+                 run=Running(mode="streams"))  # fmt: skip
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def printed_tokens(out: str) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt ids, new ids) of the "tokens (prompt | new)" table."""
+    rows = out.split("tokens (prompt | new)")[1].strip().splitlines()
+    prompts, news = [], []
+    for row in rows:
+        _, line = row.split(maxsplit=1)
+        head, tail = line.split(" | ")
+        prompts.append([int(i) for i in head.split()])
+        news.append([int(i) for i in tail.split()])
+    return np.array(prompts), np.array(news)
+
+
+def test_the_command_line_generates_on_two_devices_from_a_checkpoint(capsys, tmp_path):
+    hf = hf_llama("mha")
+    folder = tmp_path / "llama"
+    hf.save_pretrained(folder)
+    plan_file = tmp_path / "two.json"
+    code, out, err = cli(
+        capsys, "generate", "--checkpoint", folder, "--batch", "2", "--prompt-len", "5",
+        "--new-tokens", NEW_TOKENS, "--page-size", "4", "--budget", "50%", "--devices", "2",
+        "--ignore-eos", "--run", "--backend", "numpy", "-o", plan_file,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert "generation (unrolled, on 2 devices)" in out and "summed over 2 devices" in out
+    assert "devices\n  device" in out and "2 devices, each in a thread of this process" in out
+    assert f"wrote unrolled plan for 2 devices: {plan_file}" in out
+    prompt, new = printed_tokens(out)
+    np.testing.assert_array_equal(new, hf_greedy(hf, prompt, NEW_TOKENS)[:, prompt.shape[1] :])
+    code, out, err = cli(capsys, "run", plan_file, "--random-inputs", "1", "--check")
+    assert code == EXIT_OK, err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--devices", "2", "--way", "steps"], "--way unrolled --devices 2"),
+        (["--devices", "3"], "needs at least 3 layers"),
+        (["--ray"], "--ray runs a generation placed on several devices"),
+        (["--devices", "2", "--render", "plan.svg"], "--render draws the plan of one device"),
+    ],
+)
+def test_the_command_line_refuses_what_is_not_built(capsys, argv, words):
+    code, _, err = cli(capsys, "generate", "llama:tiny", "--budget", "60%", *argv)
+    assert code == EXIT_BAD_INPUT and words in err, err
