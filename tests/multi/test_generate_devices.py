@@ -18,12 +18,17 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")  # test_generate_api, whose hf_greedy is reused, needs it
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
-from hf_models import hf_gpt2, hf_llama  # noqa: E402
+from hf_models import TOLERANCE, hf_gpt2, hf_llama, relative_error  # noqa: E402
 from test_generate_api import hf_greedy  # noqa: E402
+from test_ragged import hf_reference, left_padded, model_of, prompts_of  # noqa: E402
 
+import taskgraph  # noqa: E402
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
+from einpage.cli.generate import random_weights  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
+from einpage.models.decode import Sampling  # noqa: E402
 from einpage.models.errors import GenerationError  # noqa: E402
+from einpage.models.generation import generation_inputs  # noqa: E402
 from einpage.workloads.generate import Planning, Running, generate  # noqa: E402
 from einpage.workloads.generation import DevicesNotBuiltError, DevicesPlan  # noqa: E402
 from einpage_core.errors import UnsupportedError  # noqa: E402
@@ -96,6 +101,54 @@ def test_a_budget_per_device_in_random_order_chooses_the_same_tokens():
     budgets = ["45%", "60%"]
     asked = [read_budget(part.tg, b, HOST).nbytes for part, b in zip(parts, budgets, strict=True)]
     assert [p.budget for p in out.plan.plan.plans] == asked
+
+
+def test_a_ragged_batch_on_two_devices_matches_transformers_tokens_and_logits():
+    """Prompts of different lengths, left padded (tests/models/test_ragged's reference:
+    transformers given the padded ids and their attention mask), each step's logits out."""
+    hf, _, cfg, weights = model_of("llama")
+    rows = prompts_of(cfg)
+    ids, mask = left_padded(rows)
+    want_ids, want_logits = hf_reference(hf, ids, mask, NEW_TOKENS)
+    out = generate(cfg, [list(r) for r in rows], NEW_TOKENS, "40%", weights=weights,
+                   page_size=4, logits=True, plan=Planning(devices=2))  # fmt: skip
+    assert out.spec.ragged and out.plan.devices == 2
+    np.testing.assert_array_equal(out.new_ids, want_ids)
+    assert relative_error(out.logits, want_logits) <= TOLERANCE
+
+
+def test_sampling_on_two_devices_equals_the_reference_evaluator():
+    cfg = llama.PRESETS["tiny"]
+    weights = {n: w * 10 if w.ndim > 1 else w for n, w in random_weights(cfg, "float32", 1).items()}
+    ids = np.random.default_rng(5).integers(0, cfg.vocab_size, (2, 6))
+    sampling = Sampling(temperature=0.9, top_k=20, seed=4)
+    out = generate(cfg, ids, 5, "50%", weights=weights, page_size=4, sampling=sampling,
+                   plan=Planning(devices=2))  # fmt: skip
+    spec = out.spec
+    inputs = generation_inputs(llama.FAMILY, cfg, ids, 5, "float32", weights, spec.gumbel())
+    want = taskgraph.evaluate(spec.generation_program().build(), inputs)["ids"]
+    np.testing.assert_array_equal(out.new_ids, want)
+    greedy = generate(cfg, ids, 5, "50%", weights=weights, page_size=4,
+                      plan=Planning(devices=2)).new_ids  # fmt: skip
+    assert not np.array_equal(out.new_ids, greedy)  # the noise was used
+
+
+def test_a_sequence_stops_at_its_end_of_sequence_id_on_two_devices():
+    """The unrolled plan runs whole on the devices; each sequence keeps its tokens up to
+    its first end-of-sequence id, later ones are the pad id (here the eos id), as
+    worked out here from transformers' ids."""
+    cfg, weights, ids, want = model_case("llama")
+    new = want[:, ids.shape[1] :]
+    eos = int(new[0, 1])
+    kept = [next((t + 1 for t in range(NEW_TOKENS) if row[t] == eos), NEW_TOKENS) for row in new]
+    expected = new[:, : max(kept)].copy()
+    for b, n in enumerate(kept):
+        expected[b, n:] = eos
+    out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4, eos=eos,
+                   plan=Planning(devices=2))  # fmt: skip
+    assert kept[0] <= 2 and list(out.new_lengths) == kept
+    np.testing.assert_array_equal(out.new_ids, expected)
+    assert out.stats.tokens == sum(kept)
 
 
 def test_on_two_ray_actors(tmp_path):
