@@ -328,16 +328,23 @@ def _planning(args: argparse.Namespace, console: Console) -> Planning:
 
 
 def _check_devices(args: argparse.Namespace) -> None:
-    """What --devices and --ray refuse before any work: --ray without devices to place,
-    and the pictures, which draw one device's plan (not built for several, as for
-    `einpage plan --devices`)."""
+    """What --devices and --ray refuse before any work: --ray without devices to place
+    or without --run, --mode streams on several devices, and the pictures, which draw
+    one device's plan (not built for several, as for `einpage plan --devices`)."""
     if args.ray and args.devices == 1:
         raise InputError(
             "--ray runs a generation placed on several devices: give --devices N (N > 1); "
             "one device runs in this process"
         )
+    if args.ray and not args.run:
+        raise InputError("--ray says where --run runs the generation: give --run too")
     if args.devices == 1:
         return
+    if args.mode == "streams":
+        raise InputError(
+            f"--mode streams is not built for --devices {args.devices} (each device runs its "
+            "nodes one at a time): --mode sequential or random"
+        )
     for option in ("render", "memory_map"):
         if getattr(args, option, None):
             raise InputError(

@@ -85,6 +85,7 @@ from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
 from einpage.workloads.generation import (
+    DevicesNotBuiltError,
     DevicesPlan,
     GenerationSpec,
     GenerationStats,
@@ -517,7 +518,7 @@ def generate(
     model: Any,
     prompt: Any = None,
     new_tokens: int = 16,
-    budget: int | str = "100%",
+    budget: int | str | Sequence[int | str] = "100%",
     *,
     weights: Any = None,
     tokenizer: Any = None,
@@ -539,7 +540,9 @@ def generate(
     planned under `budget` (bytes, a size string, or a percentage of the plans' resident
     peak, `"100%"` by default: nothing moves, or of one token's streaming minimum,
     `"50%streaming"`, the same bytes both ways: `read_generation_budget`; `plan.budget`
-    says how it was read).
+    says how it was read). With `plan=Planning(devices=N)` it is each device's budget,
+    a percentage read against that device's own graph (of its resident peak, or its
+    streaming minimum), or a sequence of N budgets, one per device.
 
     `weights`, `tokenizer`: see the module docstring; `batch`: the sequences of a text
     prompt (a string is repeated), checked against an ids prompt's rows; `dtype`: the
@@ -558,7 +561,10 @@ def generate(
     Raises `GenerationError` for bad arguments (and for a keyword of the old signature,
     saying where it went), `GenerationBudgetError` when the budget is too small (naming
     the step and task), and `HostMemoryError` before a run that would not fit in host
-    memory.
+    memory. On several devices: `memgraph.multi.DeviceBudgetError` (an
+    `InfeasibleBudgetError`) names the device whose budget is too small and its smallest,
+    the placement's `PlanError`s pass through, and what is not built (step plans, the
+    "streams" mode) raises `DevicesNotBuiltError`.
     """
     moved_keywords("generate", moved, MOVED, PARAMETERS)
     if not isinstance(plan, Planning):
@@ -571,6 +577,12 @@ def generate(
         )
     if run is not None and not isinstance(run, Running):
         raise GenerationError(f"run must be a Running or None (plan only), got {run!r}")
+    if run is not None and run.mode == "streams" and plan.devices > 1:
+        raise DevicesNotBuiltError(
+            f"run=Running(mode='streams') is not built for a generation on {plan.devices} "
+            "devices (each device runs its nodes one at a time): mode None, 'sequential' "
+            "or 'random'"
+        )
     if run is not None and run.runner != "local" and plan.devices == 1:
         raise GenerationError(
             f"run=Running(runner={run.runner!r}) runs a generation placed on several "

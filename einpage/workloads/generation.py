@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any
@@ -529,15 +529,18 @@ class GenerationStats:
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows for a table."""
         t = self.transfers
-        plans = f"{self.plans} ({self.way})"
+        plans = f"{self.plans} ({self.way}): {self.tasks:,} tasks, {self.nodes:,} nodes"
         simulated = f"simulated ({self.cost_model})"
         summed = ""
         if self.devices > 1:
-            plans += f" on {self.devices} devices, all devices'"
+            plans = (
+                f"{self.plans} ({self.way}) on {self.devices} devices: {self.tasks:,} tasks, "
+                f"{self.nodes:,} nodes (all devices')"
+            )
             simulated = f"simulated ({self.cost_model}, {self.devices} devices together)"
             summed = f", summed over {self.devices} devices"
         return [
-            ("plans", f"{plans}: {self.tasks:,} tasks, {self.nodes:,} nodes"),
+            ("plans", plans),
             ("planning", f"{self.planning_seconds:.2f} s"),
             (
                 simulated,
@@ -1200,6 +1203,11 @@ def plan_generation(
     started = time.perf_counter()
     if planning.devices > 1:
         return _plan_devices(spec, budget, planning, started)
+    if isinstance(budget, Sequence) and not isinstance(budget, str):
+        raise GenerationError(
+            f"a budget per device ({len(budget)} given) is for a generation on several "
+            "devices: give one budget, or Planning(devices=N)"
+        )
     if planning.way == "unrolled":
         programs = {"unrolled": spec.generation_program()}
         first_step: dict[str, str | None] = {"unrolled": None}

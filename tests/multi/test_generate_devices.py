@@ -219,11 +219,29 @@ def test_bad_device_settings_are_refused(make, words):
         make()
 
 
-def test_the_streams_mode_is_refused_on_several_devices():
+def test_the_streams_mode_is_refused_on_several_devices_before_planning(monkeypatch):
+    import einpage.workloads.generate as generate_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("planned before the mode was checked")
+
+    monkeypatch.setattr(generate_module, "plan_generation", never)
     cfg, weights, ids, _ = model_case("llama")
-    with pytest.raises(DevicesNotBuiltError, match="mode 'streams' is not built"):
+    with pytest.raises(DevicesNotBuiltError, match="mode='streams'\\) is not built"):
         generate(cfg, ids, 2, "100%", weights=weights, page_size=4, plan=Planning(devices=2),
                  run=Running(mode="streams"))  # fmt: skip
+
+
+def test_a_plan_for_several_devices_refuses_the_streams_mode_when_run():
+    cfg, weights, ids, _ = model_case("llama")
+    planned = generate(cfg, ids, 2, "100%", page_size=4, plan=Planning(devices=2), run=None)
+    with pytest.raises(DevicesNotBuiltError, match="mode 'streams' is not built"):
+        planned.plan.run(weights, ids, mode="streams")
+
+
+def test_a_budget_per_device_needs_several_devices():
+    with pytest.raises(GenerationError, match="a budget per device \\(2 given\\)"):
+        generate(CFG, PROMPT, 2, ["1MiB", "1MiB"], run=None)
 
 
 # -- the command line --------------------------------------------------------------------
@@ -274,6 +292,8 @@ def test_the_command_line_generates_on_two_devices_from_a_checkpoint(capsys, tmp
         (["--devices", "3"], "needs at least 3 layers"),
         (["--ray"], "--ray runs a generation placed on several devices"),
         (["--devices", "2", "--render", "plan.svg"], "--render draws the plan of one device"),
+        (["--devices", "2", "--ray"], "--ray says where --run runs"),
+        (["--devices", "2", "--run", "--mode", "streams"], "--mode streams is not built"),
     ],
 )
 def test_the_command_line_refuses_what_is_not_built(capsys, argv, words):
