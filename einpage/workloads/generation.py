@@ -266,7 +266,7 @@ def planning_homes(argument: str) -> dict[str, str]:
     `Planning` given as `argument` ("plan=" for generate, "" for plan_generation's third
     argument)."""
     homes = {}
-    for name in ("way", "bucket_pages", "chunk_steps", "cost_model"):
+    for name in ("way", "bucket_pages", "chunk_steps", "cost_model", "devices"):
         homes[name] = f"{argument}Planning({name}={{v}})"
     for name in PLANNING_OPTIONS:
         homes[name] = f"{argument}Planning(options={{{{{name!r}: {{v}}}}}})"

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -149,6 +151,46 @@ def test_a_sequence_stops_at_its_end_of_sequence_id_on_two_devices():
     assert kept[0] <= 2 and list(out.new_lengths) == kept
     np.testing.assert_array_equal(out.new_ids, expected)
     assert out.stats.tokens == sum(kept)
+
+
+@st.composite
+def placed_generations(draw):
+    """A random small LLaMA (2-3 layers, random weights), prompt and generation, placed
+    on 2 .. layers devices at a budget of 45-100% of each device's resident peak, run in
+    ready or random order, greedy or sampled."""
+    layers = draw(st.integers(2, 3))
+    kv_heads = draw(st.sampled_from([1, 2, 4]))
+    cfg = llama.LlamaConfig(32, layers, 4, kv_heads, 48, vocab_size=64, name="llama-drawn")
+    seed = draw(st.integers(0, 2**16))
+    drawn = random_weights(cfg, "float32", seed)
+    weights = {n: w * 10 if w.ndim > 1 else w for n, w in drawn.items()}  # sharper tokens
+    batch, prompt_len = draw(st.integers(1, 2)), draw(st.integers(1, 6))
+    ids = np.random.default_rng(seed).integers(0, cfg.vocab_size, (batch, prompt_len))
+    sampling = None
+    if draw(st.booleans()):
+        sampling = Sampling(temperature=1.0, top_k=draw(st.integers(2, 8)), seed=seed)
+    return {
+        "cfg": cfg, "weights": weights, "ids": ids, "new_tokens": draw(st.integers(1, 4)),
+        "devices": draw(st.integers(2, layers)), "budget": f"{draw(st.integers(45, 100))}%",
+        "mode": draw(st.sampled_from([None, "random"])), "sampling": sampling,
+        "page_size": draw(st.sampled_from([2, 4])),
+    }  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None)
+@given(placed_generations())
+def test_random_generations_on_several_devices_equal_the_reference_evaluator(case):
+    cfg, ids, new_tokens = case["cfg"], case["ids"], case["new_tokens"]
+    out = generate(
+        cfg, ids, new_tokens, case["budget"], weights=case["weights"],
+        page_size=case["page_size"], sampling=case["sampling"],
+        plan=Planning(devices=case["devices"]), run=Running(mode=case["mode"]),
+    )  # fmt: skip
+    assert out.plan.devices == case["devices"]
+    inputs = generation_inputs(llama.FAMILY, cfg, ids, new_tokens, "float32", case["weights"],
+                               out.spec.gumbel())  # fmt: skip
+    want = taskgraph.evaluate(out.spec.generation_program().build(), inputs)["ids"]
+    np.testing.assert_array_equal(out.new_ids, want)
 
 
 def test_on_two_ray_actors(tmp_path):
