@@ -106,6 +106,7 @@ __all__ = [
     "DevicesPlan",
     "DevicesNotBuiltError",
     "RUNNERS_ORDER",
+    "DeviceStats",
 ]
 
 WAYS = ("unrolled", "steps")
@@ -772,6 +773,25 @@ class UnrolledPlan:
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
 
 
+@dataclass(frozen=True)
+class DeviceStats:
+    """One device's share of a `DevicesPlan` (`DevicesPlan.device_stats`): its budget as
+    read against its graph and its plan's peak (bytes), its host<->device `transfers`
+    (a link's tensor counted as it leaves or enters this device), when its last node ends
+    in the simulation of all devices together (`finish_seconds`), its tasks and nodes,
+    and the bytes it receives and sends through links."""
+
+    device: int
+    budget: int
+    peak_bytes: int
+    transfers: Transfers
+    finish_seconds: float
+    tasks: int
+    nodes: int
+    received_bytes: int
+    sent_bytes: int
+
+
 RUNNERS_ORDER = {None: "ready", "sequential": "ready", "random": "random"}
 """The order each device of a `DevicesPlan` runs its ready nodes in, by `Running.mode`:
 insertion order, or random (a missing dependency shows as a wrong answer)."""
@@ -874,6 +894,28 @@ class DevicesPlan:
             nodes=sum(len(mg) for mg in self.device_plans),
             devices=self.devices,
         )
+
+    def device_stats(self, cost_model: str | CostModel | None = None) -> list[DeviceStats]:
+        """Each device's share (`DeviceStats`), simulated on `cost_model` (by default the
+        one it was planned for), all devices together; `stats` is their sum (and the
+        makespan, the largest `finish_seconds`)."""
+        cost_model = self.planning.cost_model if cost_model is None else cost_model
+        sim = self.compiled.simulate(cost_model)
+        links = self.plan.links
+        return [
+            DeviceStats(
+                device=p.device,
+                budget=p.budget,
+                peak_bytes=p.mg.stats.peak_bytes,
+                transfers=Transfers.of(p.mg),
+                finish_seconds=sim.per_device[p.device].makespan,
+                tasks=len(p.mg.taskgraph),
+                nodes=len(p.mg),
+                received_bytes=sum(k.nbytes for k in links if k.target == p.device),
+                sent_bytes=sum(k.nbytes for k in links if k.source == p.device),
+            )
+            for p in self.plan.plans
+        ]
 
     def run(
         self,

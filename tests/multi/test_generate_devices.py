@@ -32,7 +32,11 @@ from einpage.models.decode import Sampling  # noqa: E402
 from einpage.models.errors import GenerationError  # noqa: E402
 from einpage.models.generation import generation_inputs  # noqa: E402
 from einpage.workloads.generate import Planning, Running, generate  # noqa: E402
-from einpage.workloads.generation import DevicesNotBuiltError, DevicesPlan  # noqa: E402
+from einpage.workloads.generation import (  # noqa: E402
+    DevicesNotBuiltError,
+    DevicesPlan,
+    Transfers,
+)
 from einpage_core.errors import UnsupportedError  # noqa: E402
 from memgraph import read_budget  # noqa: E402
 from memgraph.multi import DeviceBudgetError  # noqa: E402
@@ -92,6 +96,14 @@ def test_two_devices_generate_transformers_greedy_tokens_under_budgets_that_forc
     assert out.stats.devices == 2 and out.stats.tokens == 2 * NEW_TOKENS
     assert out.stats.simulated_seconds > 0 and out.stats.transfers.weight_reload > 0
     assert "summed over 2 devices" in dict(out.stats.rows())["weights streamed"]
+    each = out.plan.device_stats()
+    assert [d.device for d in each] == [0, 1]
+    assert all(0 < d.peak_bytes <= d.budget for d in each)
+    assert sum((d.transfers for d in each), Transfers()) == out.stats.transfers
+    assert max(d.finish_seconds for d in each) == pytest.approx(out.stats.simulated_seconds)
+    links = out.plan.plan.links
+    assert sum(d.sent_bytes for d in each) == sum(d.received_bytes for d in each) > 0
+    assert sum(d.sent_bytes for d in each) == sum(k.nbytes for k in links)
 
 
 def test_a_budget_per_device_in_random_order_chooses_the_same_tokens():
@@ -250,6 +262,10 @@ def test_a_device_budget_below_its_smallest_names_the_device():
             "'max_blocks' is einpage.compile's",
         ),
         (lambda: Running(runner="mpi"), "runner must be one of 'local', 'ray'"),
+        (
+            lambda: generate(CFG, PROMPT, 2, "1MiB", devices=2, run=None),
+            "devices= is now plan=Planning\\(devices=2\\)",
+        ),
         (
             lambda: generate(CFG, PROMPT, 2, "1MiB", weights={}, run=Running(runner="ray")),
             "give plan=Planning\\(devices=N\\)",
