@@ -205,18 +205,23 @@ def test_random_generations_on_several_devices_equal_the_reference_evaluator(cas
     np.testing.assert_array_equal(out.new_ids, want)
 
 
-def test_on_two_ray_actors(tmp_path):
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance for the module (num_cpus=2, no dashboard; one already up is
+    used and left up); skipped where Ray is not installed."""
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        cfg, weights, ids, want = model_case("gpt2", seed=2)
-        out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4,
-                       plan=Planning(devices=2), run=Running(runner="ray"))  # fmt: skip
-    finally:
-        if started:
-            ray.shutdown()
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_on_two_ray_actors(cluster):
+    cfg, weights, ids, want = model_case("gpt2", seed=2)
+    out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4,
+                   plan=Planning(devices=2), run=Running(runner="ray"))  # fmt: skip
     assert out.plan.runner == "ray"
     np.testing.assert_array_equal(out.ids, want)
 
@@ -323,24 +328,48 @@ def printed_tokens(out: str) -> tuple[np.ndarray, np.ndarray]:
     return np.array(prompts), np.array(news)
 
 
-def test_the_command_line_generates_on_two_devices_from_a_checkpoint(capsys, tmp_path):
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random LLaMA checkpoint folder (save_pretrained), and its model."""
     hf = hf_llama("mha")
-    folder = tmp_path / "llama"
+    folder = tmp_path_factory.mktemp("llama-mha")
     hf.save_pretrained(folder)
-    plan_file = tmp_path / "two.json"
-    code, out, err = cli(
+    return folder, hf
+
+
+def generate_checkpoint(capsys, folder, *flags):
+    """`einpage generate --checkpoint folder` on 2 devices at 50%, run (no eos stop)."""
+    return cli(
         capsys, "generate", "--checkpoint", folder, "--batch", "2", "--prompt-len", "5",
         "--new-tokens", NEW_TOKENS, "--page-size", "4", "--budget", "50%", "--devices", "2",
-        "--ignore-eos", "--run", "--backend", "numpy", "-o", plan_file,
+        "--ignore-eos", "--run", "--backend", "numpy", *flags,
     )  # fmt: skip
+
+
+def assert_greedy_tokens(out: str, hf) -> None:
+    prompt, new = printed_tokens(out)
+    np.testing.assert_array_equal(new, hf_greedy(hf, prompt, NEW_TOKENS)[:, prompt.shape[1] :])
+
+
+def test_the_command_line_generates_on_two_devices_from_a_checkpoint(capsys, tmp_path, checkpoint):
+    folder, hf = checkpoint
+    plan_file = tmp_path / "two.json"
+    code, out, err = generate_checkpoint(capsys, folder, "-o", plan_file)
     assert code == EXIT_OK, err
     assert "generation (unrolled, on 2 devices)" in out and "summed over 2 devices" in out
     assert "devices\n  device" in out and "2 devices, each in a thread of this process" in out
     assert f"wrote unrolled plan for 2 devices: {plan_file}" in out
-    prompt, new = printed_tokens(out)
-    np.testing.assert_array_equal(new, hf_greedy(hf, prompt, NEW_TOKENS)[:, prompt.shape[1] :])
+    assert_greedy_tokens(out, hf)
     code, out, err = cli(capsys, "run", plan_file, "--random-inputs", "1", "--check")
     assert code == EXIT_OK, err
+
+
+def test_the_command_line_generates_on_two_ray_actors(capsys, cluster, checkpoint):
+    folder, hf = checkpoint
+    code, out, err = generate_checkpoint(capsys, folder, "--ray", "--seed", "3")
+    assert code == EXIT_OK, err
+    assert "2 devices, each in a Ray actor" in out
+    assert_greedy_tokens(out, hf)
 
 
 @pytest.mark.parametrize(
