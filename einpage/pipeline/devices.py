@@ -67,6 +67,7 @@ from memgraph.options import PlanOptions
 from memgraph.placement import STRATEGIES, check_devices, place
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
+from taskgraph.partition.feasibility import BlockLimitError
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION
 
 __all__ = [
@@ -277,12 +278,23 @@ def compile_devices(
     try:
         mp = plan_devices(placed, devices, budget, **options)
         readings = _readings(placed, budget, opts)
-    except DeviceBudgetError:
+    except DeviceBudgetError as unsplit:
         if mode != "auto":
             raise
         readings = _readings(placed, budget, opts)
-        graph, placed, mp, chosen = _auto_partition(declared, readings, devices, strategy, opts,
-                                                    options)  # fmt: skip
+        try:
+            graph, placed, mp, chosen = _auto_partition(declared, readings, devices, strategy,
+                                                        opts, options)  # fmt: skip
+        except BlockLimitError as err:
+            # No split reaches that block limit: the device's own error (its smallest
+            # budget unsplit) says more than the partition's, so it is the one raised.
+            raise DeviceBudgetError(
+                f"{unsplit}; partition='auto' could not help: {err}",
+                unsplit.budget,
+                unsplit.needed,
+                unsplit.task,
+                unsplit.device,
+            ) from None
     timings["planning"] = time.perf_counter() - started
     report = None
     if verify:

@@ -167,3 +167,16 @@ def test_simulate_and_save(tmp_path):
     rows = dict(compiled.rows())
     assert rows["placement"].startswith("pipeline on 2 devices")
     assert "CompiledDevices" in repr(compiled)
+
+
+def test_a_budget_no_partition_can_reach_still_names_the_device_and_its_smallest():
+    """With partition="auto", a device budget so small that no split reaches a quarter of
+    it (an unsplittable task needs more) raises that device's DeviceBudgetError – its
+    smallest budget unsplit – not the partition's BlockLimitError, which names no device."""
+    tg, _ = llama_case(llama.PRESETS["tiny"], seq=16)
+    fits = smallest(tg, 2)
+    with pytest.raises(DeviceBudgetError) as caught:
+        ep.compile_devices(tg, [1024, fits[1]], 2)
+    err = caught.value
+    assert err.device == 0 and err.needed == fits[0]
+    assert "device 0" in str(err) and "partition='auto' could not help" in str(err)
