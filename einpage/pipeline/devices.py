@@ -67,8 +67,8 @@ from memgraph.options import PlanOptions
 from memgraph.placement import STRATEGIES, check_devices, place
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
-from taskgraph.partition.feasibility import BlockLimitError
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION
+from taskgraph.partition.feasibility import BlockLimitError
 
 __all__ = [
     "compile_devices",
