@@ -76,7 +76,8 @@ WEIGHTS = ("host", "device")
 
 @dataclass(frozen=True)
 class Setting:
-    """What a run covers: the model preset, the device counts, the shapes."""
+    """What a run covers: the model preset (with `layers` layers instead of its own, when
+    given: a pipeline needs a layer per device), the device counts, the shapes."""
 
     model: str
     devices: tuple[int, ...]
@@ -86,10 +87,11 @@ class Setting:
     new_tokens: int
     page_size: int
     gen_batches: tuple[int, ...]
+    layers: int | None = None
 
 
 FULL = Setting("70b", (1, 2, 4, 8), 2048, 8, 512, 16, 128, (1, 8))
-QUICK = Setting("tiny", (1, 2, 4), 16, 4, 8, 3, 4, (1,))
+QUICK = Setting("tiny", (1, 2, 4), 16, 4, 8, 3, 4, (1,), layers=4)
 
 ANCHORS = [
     {
@@ -163,6 +165,8 @@ class Workload:
 def workloads(setting: Setting) -> list[Workload]:
     """The setting's workloads (see the module docstring)."""
     cfg = llama.PRESETS[setting.model]
+    if setting.layers is not None:
+        cfg = replace(cfg, num_layers=setting.layers)
     prompt, batch = setting.prompt, setting.batch
 
     def prefill(b: int) -> TaskGraph:

@@ -10,13 +10,22 @@ an input, the RoPE tables' arithmetic): copying it costs no transfer.
 `pipeline_placement(tg, devices)` places by weights (facts, not names: `Input.role`):
 
 * the weights – `Input`s with role "weight" that some compute task reads (directly or
-  through Views) – in the order of their first use are cut into `devices` contiguous
-  groups, balanced by bytes (`weight_groups`: the largest group's weight bytes is as
-  small as any contiguous cut can make it); group g lives on device g;
+  through Views) – in the order of their first use form *units* (`weight_units`): all
+  the weights stating the same `taskgraph.facts.Layer(i)` one unit (a decoder layer,
+  as the models state it), each weight stating none a unit of its own; the units are
+  cut into `devices` contiguous groups, balanced by bytes (`weight_groups`: the largest
+  group's weight bytes is as small as any contiguous cut of the units can make it), so
+  a stage holds whole layers and what crosses between stages is the hidden state
+  between layers, not a tensor inside one; group g lives on device g. A program whose
+  weights state layers needs at least as many layers as devices;
 * a compute task that reads a weight goes to that weight's device (the largest weight
   it reads if several, ties to the first read);
 * any other task that reads a non-replicated tensor goes to the device of its
   non-replicated operand with the largest task id (so a View goes with its base);
+  then, last task first, a compute task that reads no weight moves to its readers'
+  device when they all sit on one other device and its operands are sent there
+  anyway (`_sink_to_readers`: one link fewer, none more – a layer's RMSNorm statistics
+  are computed beside the norm, not sent with the hidden state);
 * the rest is replicated.
 
 `split(tg, placement, devices)` makes the `PlacedGraph`: per device, the tasks placed
@@ -56,6 +65,7 @@ from collections.abc import Sequence
 from einpage_core.errors import PlanError, expect_graph
 from memgraph.multi import DevicePart, Link, PlacedGraph
 from taskgraph.builder import GraphBuilder
+from taskgraph.facts import Layer, facts_of
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, with_blocks
 
@@ -65,6 +75,7 @@ __all__ = [
     "contiguous_groups",
     "pipeline_placement",
     "weight_groups",
+    "weight_units",
     "used_weights",
     "split",
     "place",
@@ -96,12 +107,49 @@ def used_weights(tg: TaskGraph) -> list[int]:
     return list(order)
 
 
+def weight_units(tg: TaskGraph) -> list[tuple[int, ...]]:
+    """`tg`'s used weights (`used_weights`) as the units a pipeline keeps whole, in the
+    order of their first weight's first use: the weights stating the same
+    `Layer(index)` fact one unit (in first-use order), each weight stating none a unit
+    of its own. Raises `PlanError` for a weight stating two layers.
+
+    >>> import einpage as ep
+    >>> prog = ep.Program()
+    >>> x = prog.input("x", (1, 4))
+    >>> x = x @ prog.input("embed", (4, 4), role="weight")
+    >>> for i in range(2):
+    ...     with prog.layer(i):
+    ...         x = (x @ prog.input(f"a{i}", (4, 4), role="weight")) @ prog.input(
+    ...             f"b{i}", (4, 4), role="weight")
+    >>> prog.output(x, "y")
+    >>> tg = prog.build()
+    >>> [[tg[w].op.name for w in unit] for unit in weight_units(tg)]
+    [['embed'], ['a0', 'b0'], ['a1', 'b1']]
+    """
+    units: dict[object, list[int]] = {}
+    for w in used_weights(tg):
+        layers = facts_of(tg[w], Layer)
+        if len(layers) > 1:
+            raise PlanError(
+                f"weight {tg[w].op.name!r} (%{w}) states layers "
+                f"{', '.join(str(f.index) for f in layers)}; a weight belongs to one layer"
+            )
+        key: object = ("layer", layers[0].index) if layers else ("weight", w)
+        units.setdefault(key, []).append(w)
+    return [tuple(unit) for unit in units.values()]
+
+
+def layer_count(tg: TaskGraph) -> int:
+    """How many layers (`Layer` facts, distinct indices) `tg`'s used weights state."""
+    return len({f.index for w in used_weights(tg) for f in facts_of(tg[w], Layer)})
+
+
 def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
-    """`tg`'s used weights (`used_weights`, in first-use order) cut into `devices`
-    non-empty contiguous groups: the cut whose largest group has the fewest bytes (the
-    bottleneck device's weight bytes, a pipeline's slowest stage when weights dominate),
-    found by binary search on that bound; at the bound, each group takes weights greedily
-    while they fit and enough are left for the groups after it.
+    """`tg`'s used weights cut into `devices` non-empty contiguous groups of whole units
+    (`weight_units`: a layer's weights, or a weight without a layer): the cut of the
+    units whose largest group has the fewest bytes (the bottleneck device's weight
+    bytes, a pipeline's slowest stage when weights dominate; `contiguous_groups`). Each
+    group lists its weights unit by unit.
 
     >>> import einpage as ep
     >>> prog = ep.Program()
@@ -112,8 +160,10 @@ def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
     >>> [[tg[w].op.name for w in group] for group in weight_groups(tg, 2)]
     [['w0', 'w1', 'w2'], ['w3']]
 
-    Raises `PlanError` when there are fewer used weights than devices (with more than
-    one device: each device needs a weight to anchor its stage).
+    Raises `PlanError` when, with more than one device, there are fewer layers than
+    devices (a program whose weights state `Layer` facts: each device holds at least one
+    whole layer) or fewer used weights than devices (one without: each device needs a
+    weight to anchor its stage).
     """
     check_devices(devices, "weight_groups")
     weights = used_weights(tg)
@@ -122,17 +172,25 @@ def weight_groups(tg: TaskGraph, devices: int) -> tuple[tuple[int, ...], ...]:
             f"pipeline placement of {devices} devices needs weights to place (inputs with "
             f"role 'weight' that tasks read); this program reads none. Plan it on one device"
         )
+    units = weight_units(tg)
     if devices == 1:
-        return (tuple(weights),)
+        return (tuple(w for unit in units for w in unit),)
+    layers = layer_count(tg)
+    if layers and devices > layers:
+        raise PlanError(
+            f"pipeline placement of {devices} devices needs at least {devices} layers; this "
+            f"program has {layers}. Use at most {layers} devices"
+        )
     if devices > len(weights):
         raise PlanError(
             f"pipeline placement of {devices} devices needs at least {devices} weights; this "
             f"program has {len(weights)}. Use at most {len(weights)} devices"
         )
-    lengths = contiguous_groups([tg[w].nbytes for w in weights], devices)
+    sizes = [sum(tg[w].nbytes for w in unit) for unit in units]
+    lengths = contiguous_groups(sizes, devices)
     groups, start = [], 0
     for length in lengths:
-        groups.append(tuple(weights[start : start + length]))
+        groups.append(tuple(w for unit in units[start : start + length] for w in unit))
         start += length
     return tuple(groups)
 
@@ -181,7 +239,8 @@ def _groups_needed(sizes: Sequence[int], bound: int) -> int:
 def pipeline_placement(tg: TaskGraph, devices: int) -> tuple[int, ...]:
     """The device of every task of `tg` in a pipeline over `devices` devices
     (`REPLICATED` for tasks every device makes for itself); see the module docstring.
-    Raises `PlanError` for devices < 1 and for fewer weights than devices."""
+    Raises `PlanError` for devices < 1 and for fewer layers (or, without `Layer` facts,
+    weights) than devices."""
     expect_graph(tg, TaskGraph, "memgraph.placement.pipeline_placement")
     check_devices(devices, "pipeline_placement")
     groups = weight_groups(tg, devices)
@@ -201,7 +260,46 @@ def pipeline_placement(tg: TaskGraph, devices: int) -> tuple[int, ...]:
         placed = [i for i in task.inputs if device_of[i] != REPLICATED]
         if placed:
             device_of[task.id] = device_of[max(placed)]
+    _sink_to_readers(tg, device_of)
     return tuple(device_of)
+
+
+def _sink_to_readers(tg: TaskGraph, device_of: list[int]) -> None:
+    """Move, in place, each compute task that reads no weight to the device of its
+    readers when they all sit on one other device and what it reads is sent there
+    anyway (its placed operands' bases are read there by another task): the link of its
+    own tensor goes and none comes. Last task first, so a chain of such tasks moves
+    whole. (The statistics a layer's first norm takes of the hidden state it receives,
+    e.g. RMSNorm's mean square, are then computed beside the norm, not sent with the
+    hidden state.)"""
+    readers_on: dict[tuple[int, int], set[int]] = {}  # (base, device) -> tasks reading it
+    for task in tg:
+        if device_of[task.id] != REPLICATED and not task.op.aliases_input:
+            for operand in task.inputs:
+                base = tg.storage_root(operand)
+                readers_on.setdefault((base, device_of[task.id]), set()).add(task.id)
+    for task in reversed(tg.tasks):
+        here = device_of[task.id]
+        readers = tg.consumers[task.id]
+        if here == REPLICATED or not task.is_compute or not readers:
+            continue
+        if any(tg[r].op.aliases_input for r in readers):  # a View goes with its base
+            continue
+        there = {device_of[r] for r in readers}
+        if len(there) != 1 or here in there:
+            continue
+        (target,) = there
+        bases = {tg.storage_root(i) for i in task.inputs}
+        if any(isinstance(tg[b].op, Input) and tg[b].op.role == "weight" for b in bases):
+            continue
+        if all(
+            device_of[b] in (REPLICATED, target) or readers_on.get((b, target), set()) - {task.id}
+            for b in bases
+        ):
+            device_of[task.id] = target
+            for b in bases:
+                readers_on.setdefault((b, target), set()).add(task.id)
+                readers_on.get((b, here), set()).discard(task.id)
 
 
 STRATEGIES = {"pipeline": pipeline_placement}

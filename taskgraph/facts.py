@@ -30,6 +30,10 @@ Fact kinds (`FACT_KINDS`, a closed set; each a small frozen record):
   2 (the maximum and the sum of `einpage.program.ops.softmax`) reduce.
 * `LogSumExp()` – the log-sum-exp of the input of its operands (the sum and the
   maximum of `einpage.program.ops.cross_entropy`) along the index they reduce.
+* `Layer(index)` – the tensor belongs to decoder layer `index` of the model: stated by
+  the models on the weight inputs of each layer (`einpage.Program.layer`), read by the
+  pipeline placement, which keeps a layer's weights on one device
+  (`memgraph.placement`).
 
 A fact that refers to another tensor (`of`) names it by task id, which no renaming
 touches; it must be an earlier task (and an `Input` for `Update`, `OptimizerState` and
@@ -38,8 +42,8 @@ and drops a fact whose tensor it no longer has as one task. On a task that parti
 made (one with a `Block`), the facts are those of the original task whose region (or
 partial aggregate) the block holds.
 
->>> KVPage(0, "k", 3).describe(), Gradient(4).describe()
-('kv_page(layer=0, part=k, page=3)', 'gradient(of=%4)')
+>>> KVPage(0, "k", 3).describe(), Gradient(4).describe(), Layer(2).describe()
+('kv_page(layer=0, part=k, page=3)', 'gradient(of=%4)', 'layer(index=2)')
 >>> Update(4).renumbered({4: 9}), Update(4).renumbered({})
 (Update(of=9), None)
 """
@@ -63,6 +67,7 @@ __all__ = [
     "MasterWeight",
     "Softmax",
     "LogSumExp",
+    "Layer",
     "FACT_KINDS",
     "KV_PARTS",
     "fact_of",
@@ -248,6 +253,18 @@ class LogSumExp(Fact):
     kind: ClassVar[str] = "log_sum_exp"
 
 
+@dataclass(frozen=True, slots=True)
+class Layer(Fact):
+    """The tensor belongs to decoder layer `index` of the model (a weight of that layer):
+    a pipeline stage holds whole layers."""
+
+    kind: ClassVar[str] = "layer"
+    index: int
+
+    def __post_init__(self) -> None:
+        _check_index(self, "index")
+
+
 FACT_KINDS: dict[str, type[Fact]] = {
     cls.kind: cls
     for cls in (
@@ -260,6 +277,7 @@ FACT_KINDS: dict[str, type[Fact]] = {
         MasterWeight,
         Softmax,
         LogSumExp,
+        Layer,
     )
 }
 """Every fact kind by name."""

@@ -44,8 +44,8 @@ write back byte for byte), one object per fact, its `kind` and its fields::
 
 Kinds and fields: kv_page {layer, part ("k" or "v"), page (int or null)}; kv_entries
 {layer, part}; chosen_ids {step}; gradient {of}; update {of}; optimizer_state {of,
-state}; master_weight {of}; softmax {}; log_sum_exp {}. `of` is the id of an earlier
-task (an input for update, optimizer_state and master_weight).
+state}; master_weight {of}; softmax {}; log_sum_exp {}; layer {index}. `of` is the id
+of an earlier task (an input for update, optimizer_state and master_weight).
 
 A task whose kernel needs device memory besides its operands and output has the key
 `"workspace"` (last; absent when 0, so files written before workspaces existed load

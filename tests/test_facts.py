@@ -20,6 +20,7 @@ from taskgraph.facts import (
     Gradient,
     KVEntries,
     KVPage,
+    Layer,
     LogSumExp,
     MasterWeight,
     OptimizerState,
@@ -35,7 +36,8 @@ DATA = Path(__file__).parent / "memgraph" / "data"
 def stated_graph() -> TaskGraph:
     """A small training-like program with a fact of every kind."""
     prog = ep.Program("facts")
-    w = prog.input("w", (4, 3), role="weight")
+    with prog.layer(2):
+        w = prog.input("w", (4, 3), role="weight")
     master = prog.fact(prog.input("master.w", (4, 3), role="state"), MasterWeight(w.id))
     m = prog.fact(prog.input("m.w", (4, 3), role="state"), OptimizerState(w.id, "momentum"))
     page = prog.fact(prog.input("page", (2, 3), location="host"), KVPage(1, "v", 7))
@@ -67,6 +69,7 @@ def test_a_fact_of_every_kind_is_stated_and_read_back():
     assert fact_of(tg[tg.outputs["new.w"]], Update) == Update(w)
     assert is_kv_page(tg[tg.inputs["page"]]) and not is_kv_page(tg[tg.outputs["entries"]])
     assert fact_of(tg[tg.outputs["entries"]], KVEntries) == KVEntries(0, "k")
+    assert tg[w].facts == (Layer(2),)
     gradients = [t for t in tg if fact_of(t, Gradient)]
     assert [fact_of(t, Gradient).of for t in gradients] == [w]
 
@@ -78,6 +81,7 @@ def test_facts_are_shown_in_the_listing():
     listing = str(tg)
     assert f"[optimizer_state(of=%{tg.inputs['w']}, state=momentum)]" in listing
     assert f"[update(of=%{tg.inputs['w']})]" in listing
+    assert tg[tg.inputs["w"]].line().endswith("  [layer(index=2)]")
 
 
 @pytest.mark.parametrize(
@@ -90,6 +94,8 @@ def test_facts_are_shown_in_the_listing():
         (lambda: ChosenIds("1"), "step must be an int >= 0"),
         (lambda: Gradient(None), "of must be an int >= 0"),
         (lambda: OptimizerState(0, ""), "state must be a non-empty string"),
+        (lambda: Layer(-1), "index must be an int >= 0"),
+        (lambda: Layer(None), "index must be an int >= 0"),
     ],
 )
 def test_invalid_facts_are_refused_naming_the_field(make, message):
@@ -145,6 +151,8 @@ INVALID_FACTS = [
     (5, [{"kind": "kv_page", "layer": 0, "part": "k"}], r"facts\[0\]: kv_page fact: fields must"),
     (5, [{"kind": "kv_page", "layer": 0, "part": "x", "page": 0}], r"kv_page: part must be"),
     (5, [{"kind": "gradient", "of": 0}, "softmax"], r"facts\[1\]: a fact must be an object"),
+    (5, [{"kind": "layer", "layer": 0}], r"facts\[0\]: layer fact: fields must be exactly"),
+    (5, [{"kind": "layer", "index": -2}], r"facts\[0\]: layer: index must be an int >= 0"),
     (5, [{"kind": "update", "of": 9}], r"\[5\]: task %5: .*%9, which is not an earlier task"),
     (6, [{"kind": "update", "of": 5}], r"\[6\]: task %6: .*%5, which is not an input"),
     (5, [], r"tasks\[5\]\.facts: expected a non-empty list"),
@@ -221,3 +229,48 @@ def test_softmax_and_log_sum_exp_are_marked_by_the_op_library():
     assert marked == {Softmax, LogSumExp}
     assert [t.label for t in tg if fact_of(t, Softmax)] == ["softmax"]
     assert [t.label for t in tg if fact_of(t, LogSumExp)] == ["ce.lse"]
+
+
+def test_weights_declared_inside_a_layer_state_it_and_nothing_else_does():
+    """`Program.layer(i)`: every weight input declared inside states `Layer(i)` – the
+    quantized inputs of a weight too – and nothing else (activations, states, computed
+    tensors, weights outside) states any; the fact survives JSON."""
+    from einpage.program.quantize import Quantization, dequantized_weight
+
+    prog = ep.Program("layers")
+    x = prog.input("x", (2, 8))
+    outside = prog.input("outside", (8, 8), role="weight")
+    with prog.layer(0):
+        w = prog.input("w", (8, 8), role="weight")
+        state = prog.input("m", (8, 8), role="state")
+        act = prog.input("a", (2, 8))
+        q = dequantized_weight(prog, "q", (8, 8), "float32", Quantization(4, 4, minimum=True))
+        h = x @ w + act @ q
+    with prog.layer(7):
+        h = h @ prog.input("w7", (8, 8), role="weight")
+    assert prog.current_layer is None
+    prog.output(h @ outside + state[:2], "y")
+    tg = prog.build()
+    stated = {tg[i].op.name: tg[i].facts for i in tg.inputs.values()}
+    assert stated == {
+        "x": (), "outside": (), "w": (Layer(0),), "m": (), "a": (),
+        "q.q": (Layer(0),), "q.scale": (Layer(0),), "q.min": (Layer(0),), "w7": (Layer(7),),
+    }  # fmt: skip
+    assert not any(t.facts for t in tg if not isinstance(t.op, Input))
+    back = TaskGraph.from_json(tg.to_json())
+    assert every_fact(back) == every_fact(tg) and back.to_json() == tg.to_json()
+    assert json.loads(tg.to_json())["tasks"][tg.inputs["w7"]]["facts"] == [
+        {"kind": "layer", "index": 7}
+    ]
+
+
+def test_layers_do_not_nest_and_take_an_index():
+    prog = ep.Program()
+    nested = pytest.raises(ep.ProgramError, match="layer 2 inside layer 1")
+    with prog.layer(1), nested, prog.layer(2):
+        pass
+    for bad in (-1, 1.0, True, "0"):
+        refused = pytest.raises(ep.ProgramError, match="layer index must be an int >= 0")
+        with refused, prog.layer(bad):
+            pass
+    assert prog.current_layer is None  # left on every way out

@@ -327,9 +327,10 @@ def decoder_layers(x: Tensor, num_layers: int, attention: Block, mlp: Block) -> 
 def decoder_layer(x: Tensor, layer: int, attention: Block, mlp: Block) -> Tensor:
     """Layer number `layer` of `decoder_layers`: `attention` then `mlp`, in scopes
     `layers.{layer}.attn` and `layers.{layer}.mlp` (a caller that must know which layer it
-    builds – a KV cache's pages say so – loops over the layers with this)."""
+    builds – a KV cache's pages say so – loops over the layers with this). The weights
+    declared inside state the fact `Layer(layer)` (`Program.layer`)."""
     prog = x.program
-    with prog.scope(f"layers.{layer}"):
+    with prog.layer(layer), prog.scope(f"layers.{layer}"):
         with prog.scope("attn"):
             x = attention(x, f"layers.{layer}.attn.")
         with prog.scope("mlp"):

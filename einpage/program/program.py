@@ -27,7 +27,7 @@ from taskgraph import dtypes
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec, normalize
 from taskgraph.expr import parse as parse_join
-from taskgraph.facts import Fact
+from taskgraph.facts import Fact, Layer
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import (
     AGGS,
@@ -161,6 +161,7 @@ class Program:
             raise ProgramError(f"Program(name): the name must be a non-empty string, got {name!r}")
         self._builder = GraphBuilder(name)
         self._scopes: list[str] = []
+        self._layer: int | None = None
 
     @property
     def name(self) -> str:
@@ -190,6 +191,40 @@ class Program:
     @property
     def current_scope(self) -> str:
         return ".".join(self._scopes)
+
+    @contextlib.contextmanager
+    def layer(self, index: int) -> Iterator[None]:
+        """Declare the weights of decoder layer `index`: every weight input (role
+        "weight", also the quantized inputs of `einpage.program.quantize`) declared
+        inside states the fact `taskgraph.facts.Layer(index)`, which a pipeline
+        placement reads to keep a layer on one device. A weight declared once and read
+        again later (by a later generation step) keeps the fact of the layer that
+        declared it. Layers do not nest; names, scopes and order are untouched.
+
+        >>> prog = Program()
+        >>> with prog.layer(3):
+        ...     w = prog.input("w", (4,), role="weight")
+        ...     x = prog.input("x", (4,))
+        >>> w.task.facts, x.task.facts
+        ((Layer(index=3),), ())
+        """
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ProgramError(f"layer index must be an int >= 0, got {index!r}")
+        if self._layer is not None:
+            raise ProgramError(
+                f"layer {index} inside layer {self._layer}: layers do not nest (a weight "
+                f"belongs to one layer)"
+            )
+        self._layer = index
+        try:
+            yield
+        finally:
+            self._layer = None
+
+    @property
+    def current_layer(self) -> int | None:
+        """The index of the layer being declared (`layer`), or None outside one."""
+        return self._layer
 
     # -- building blocks ---------------------------------------------------------
 
@@ -228,7 +263,8 @@ class Program:
         moments); `location` is where it starts ("host" or "device"), by default the host
         for weights and states and the device for activations; `domain` is where its
         values lie (`taskgraph.nodes.DOMAINS`: "real", "nonnegative", "positive" or
-        "fraction"), which random inputs respect."""
+        "fraction"), which random inputs respect. A weight declared inside `layer(i)`
+        states the fact `Layer(i)`."""
         if role not in ROLES:
             raise ProgramError(f"input {name!r}: role must be one of {ROLES}, got {role!r}")
         if location is None:
@@ -243,7 +279,10 @@ class Program:
         if domain not in DOMAINS:
             raise ProgramError(f"input {name!r}: domain must be one of {DOMAINS}, got {domain!r}")
         op = Input(name, role, location, domain)
-        return self._add(op, (), shape, dtypes.canonical(dtype))
+        tensor = self._add(op, (), shape, dtypes.canonical(dtype))
+        if role == "weight" and self._layer is not None:
+            self._builder.add_facts(tensor.id, (Layer(self._layer),))
+        return tensor
 
     def fact(self, tensor: Tensor, fact: Fact) -> Tensor:
         """State what `tensor` is – `fact`, one of `taskgraph.facts` (a KV page, the update

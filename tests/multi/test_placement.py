@@ -1,8 +1,9 @@
 """Pipeline placement and the split (`memgraph.placement`): where each task goes, that the
-weight groups are balanced, which inputs are replicated, that links appear exactly where
-a computed tensor crosses devices, and that the split graphs compute the original's
-outputs (the driver of `test_placement_driver`, against `taskgraph.evaluate`) – on
-hand-made programs, random ones, LLaMA-tiny prefill and a training step."""
+weight groups are balanced and keep layers (`Layer` facts) whole, which inputs are
+replicated, that links appear exactly where a computed tensor crosses devices, and that
+the split graphs compute the original's outputs (the driver of `test_placement_driver`,
+against `taskgraph.evaluate`) – on hand-made programs, random ones, LLaMA-tiny prefill
+and a training step."""
 
 from __future__ import annotations
 
@@ -31,11 +32,12 @@ from memgraph.placement import (
     split,
     used_weights,
     weight_groups,
+    weight_units,
 )
 from taskgraph.builder import GraphBuilder
 from taskgraph.einsum import EinsumSpec
 from taskgraph.expr import parse as parse_join
-from taskgraph.facts import KVPage, Update, fact_of
+from taskgraph.facts import KVPage, Layer, Update, fact_of
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Einsum, Input
 from taskgraph.partition import partition
@@ -250,12 +252,13 @@ def weighted_programs(draw):
 
 
 @st.composite
-def layered_programs(draw):
+def layered_programs(draw, layers: bool = False):
     """2-4 random programs (`einsum_programs`, every input a weight) run one after the
     other, as a pipeline's stages: in each stage after the first, the first input is
     replaced by itself times tanh of the sum of the previous stage's output "out" (so
-    the stage reads the one before), and the number of stages as the devices. Weights
-    are grouped by bytes, not by stage, so the crossings fall anywhere."""
+    the stage reads the one before), and the number of stages as the devices. Without
+    `layers`, weights are grouped by bytes, not by stage, so the crossings fall
+    anywhere; with it, stage i's weights state `Layer(i)`."""
     devices = draw(st.integers(2, 4))
     builder = GraphBuilder("layered")
     previous = None
@@ -268,7 +271,8 @@ def layered_programs(draw):
                 new[task.id] = builder.add(task.op, inputs, task.shape, task.dtype)
                 continue
             op = replace(task.op, name=f"s{stage}.{task.op.name}", role="weight")
-            new[task.id] = builder.add(op, (), task.shape, task.dtype)
+            facts = [Layer(stage)] if layers else []
+            new[task.id] = builder.add(op, (), task.shape, task.dtype, facts=facts)
             if previous is not None and task.id == 0:
                 letters = "abcdefgh"
                 whole = letters[: len(builder.tasks[previous].shape)]
@@ -308,7 +312,7 @@ def test_random_programs_split_compute_the_original_outputs(case, seed):
 
 @pytest.mark.parametrize("devices", [2, 3])
 def test_llama_tiny_prefill_split_equals_the_unsplit_reference(devices):
-    tg, arrays = llama_case(llama.PRESETS["tiny"])
+    tg, arrays = llama_case(replace(llama.PRESETS["tiny"], num_layers=devices))
     placed = place(tg, devices)
     assert {link.source for link in placed.links} == set(range(devices - 1))
     for group in weight_groups(tg, devices):  # each device computes with its weights
@@ -435,3 +439,156 @@ def test_contiguous_groups_have_the_smallest_largest_sum_of_any_cut(sizes, group
     bounds = list(itertools.accumulate([0, *lengths]))
     largest = max(sum(sizes[a:b]) for a, b in itertools.pairwise(bounds))
     assert largest == best_contiguous_bound(sizes, groups)
+
+
+# -- layers (`Layer` facts) ------------------------------------------------------------
+
+
+def layer_of(tg, weight):
+    """The layer index a weight states, or None (read from its `Layer` fact)."""
+    fact = fact_of(tg[weight], Layer)
+    return None if fact is None else fact.index
+
+
+def check_layers_whole(tg, devices):
+    """Every layer's weights – and every compute task reading one – on one device, the
+    layers' devices in layer order; returns {layer: device}."""
+    device_of = pipeline_placement(tg, devices)
+    groups = weight_groups(tg, devices)
+    assert [w for g in groups for w in g] == [w for u in weight_units(tg) for w in u]
+    layer_device: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        for w in group:
+            layer = layer_of(tg, w)
+            if layer is not None:
+                assert layer_device.setdefault(layer, g) == g, (layer, g)
+            for reader in tg.consumers[w]:
+                if tg[reader].is_compute:
+                    assert device_of[reader] == g
+    order = [layer_device[i] for i in sorted(layer_device)]
+    assert order == sorted(order)
+    return layer_device
+
+
+@pytest.mark.parametrize("layers, devices", [(2, 2), (3, 2), (3, 3), (4, 3)])
+def test_llama_stages_hold_whole_layers_and_send_only_the_residual_stream(layers, devices):
+    """Each layer's weights on one device and links only between layers: each is the
+    hidden state [batch, seq, hidden] (nothing of a layer's inside, not even its norm's
+    statistics of that hidden state); the split computes the reference's logits."""
+    cfg = replace(llama.PRESETS["tiny"], num_layers=layers)
+    tg, arrays = llama_case(cfg, batch=2, seq=5)
+    layer_device = check_layers_whole(tg, devices)
+    assert sorted(set(layer_device.values())) == list(range(devices))
+    device_of = pipeline_placement(tg, devices)
+    placed = split(tg, device_of, devices)
+    assert {(k.task, k.target) for k in placed.links} == crossings(tg, device_of)
+    assert placed.links and all(k.target == k.source + 1 for k in placed.links)
+    for link in placed.links:
+        assert (link.shape, link.dtype) == ((2, 5, cfg.hidden_size), "float32"), link.describe()
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))
+
+
+def test_gpt2_and_a_quantized_llama_keep_their_layers_whole_too():
+    """GPT-2's layers, and an int4 LLaMA's (a weight's quantized inputs `.q`, `.scale`,
+    `.min`, all stating its layer), each on one device; the links are hidden states.
+    (The int4 layers weigh less than the float32 embedding table: device 0 holds it
+    alone.)"""
+    from einpage.models import gpt2
+    from einpage.program.quantize import Quantization
+
+    quant = Quantization(4, 32, minimum=True)
+    cfg = llama.PRESETS["tiny"]
+    cases = [
+        (gpt2.prefill_program(gpt2.PRESETS["tiny"], 1, 4).build(), gpt2.PRESETS["tiny"]),
+        (llama.prefill_program(cfg, 1, 4, quant=quant).build(), cfg),
+    ]
+    for tg, config in cases:
+        assert check_layers_whole(tg, 2) == ({0: 1, 1: 1} if config is cfg else {0: 0, 1: 1})
+        placed = place(tg, 2)
+        assert {k.shape for k in placed.links} == {(1, 4, config.hidden_size)}, tg.name
+
+
+def test_a_quantized_weight_s_inputs_are_one_unit_with_its_layer():
+    from einpage.program.quantize import Quantization
+
+    cfg = llama.PRESETS["tiny"]
+    tg = llama.prefill_program(cfg, 1, 4, quant=Quantization(8, 32)).build()
+    units = weight_units(tg)
+    names = [[tg[w].op.name for w in unit] for unit in units]
+    # the head's quantized inputs state no layer: each is a unit of its own
+    assert names[0] == ["embed"] and names[-3:] == [["norm"], ["lm_head.q"], ["lm_head.scale"]]
+    assert len(names) == 4 + cfg.num_layers
+    for i, unit in enumerate(names[1:-3]):
+        assert {f"layers.{i}.attn.wq.q", f"layers.{i}.attn.wq.scale"} <= set(unit)
+        assert all(n.startswith(f"layers.{i}.") for n in unit)  # the names say it too
+
+
+def test_units_are_cut_balanced_by_bytes_never_inside_a_layer():
+    """Layers of 32 + 96, 96 + 32 and 64 + 64 bytes, and a head of 64 bytes and no layer:
+    the best cut of single weights on two devices falls inside layer 1 (224 | 224
+    bytes); the cut of units keeps layers whole (256 | 192), the best such cut."""
+    prog = ep.Program("units")
+    x = prog.input("x", (1, 4))
+    widths = {0: (2, 6), 1: (6, 2), 2: (4, 4)}
+    for layer, pair in widths.items():
+        with prog.layer(layer):
+            for k, n in enumerate(pair):
+                prog.output(x @ prog.input(f"l{layer}.w{k}", (4, n), role="weight"), f"y{layer}{k}")
+    prog.output(x @ prog.input("head", (4, 4), role="weight"), "head")
+    tg = prog.build()
+    units = weight_units(tg)
+    assert [[tg[w].op.name for w in u] for u in units] == [
+        ["l0.w0", "l0.w1"], ["l1.w0", "l1.w1"], ["l2.w0", "l2.w1"], ["head"],
+    ]  # fmt: skip
+    singles = [tg[w].nbytes for w in used_weights(tg)]
+    assert contiguous_groups(singles, 2) == [3, 4]  # l1.w0 | l1.w1: what units prevent
+    unit_bytes = [sum(tg[w].nbytes for w in u) for u in units]
+    for devices in (2, 3):
+        groups = weight_groups(tg, devices)
+        assert len(groups) == devices
+        assert [w for g in groups for w in g] == [w for u in units for w in u]
+        for g in groups:  # every group a run of whole units
+            assert any(set(g) == set(sum(units[a:b], ())) for a in range(4) for b in range(a, 5))
+        largest = max(sum(tg[w].nbytes for w in g) for g in groups)
+        assert largest == best_contiguous_bound(unit_bytes, devices)
+    assert [[tg[w].op.name for w in g] for g in weight_groups(tg, 2)] == [
+        ["l0.w0", "l0.w1", "l1.w0", "l1.w1"], ["l2.w0", "l2.w1", "head"],
+    ]  # fmt: skip
+
+
+def test_more_devices_than_layers_is_refused_with_both_numbers():
+    tg, _ = llama_case(llama.PRESETS["tiny"])  # 2 layers
+    for devices in (3, 8):
+        message = f"pipeline placement of {devices} devices needs at least {devices} layers; "
+        with pytest.raises(PlanError, match=message + "this program has 2"):
+            pipeline_placement(tg, devices)
+        with pytest.raises(PlanError, match="this program has 2. Use at most 2 devices"):
+            place(tg, devices)
+    assert len(place(tg, 2).parts) == 2
+
+
+def test_a_weight_stating_two_layers_is_refused_naming_it():
+    prog = ep.Program()
+    x = prog.input("x", (2, 4))
+    with prog.layer(0):
+        w = prog.input("w", (4, 4), role="weight")
+    prog.fact(w, Layer(1))
+    prog.output(x @ w, "y")
+    with pytest.raises(PlanError, match=r"weight 'w' \(%1\) states layers 0, 1"):
+        weight_units(prog.build())
+
+
+@settings(max_examples=25, deadline=None)
+@given(case=layered_programs(layers=True), seed=st.integers(0, 2**16))
+def test_random_layered_programs_keep_each_layer_on_one_device(case, seed):
+    """Random stages whose weights state their stage as a layer: each layer whole on one
+    device, in order; the links are the crossings and the split equals the reference."""
+    tg, stages = case
+    layers = {f.index for w in used_weights(tg) for f in tg[w].facts if isinstance(f, Layer)}
+    devices = max(1, min(stages, len(layers)))
+    check_layers_whole(tg, devices)
+    device_of = pipeline_placement(tg, devices)
+    placed = split(tg, device_of, devices)
+    assert {(k.task, k.target) for k in placed.links} == crossings(tg, device_of)
+    arrays = program_inputs(tg, seed)
+    assert_same_outputs(run_split(placed, arrays), taskgraph.evaluate(tg, arrays))

@@ -60,7 +60,7 @@ def moved(mg) -> int:
 
 
 def test_percentages_are_read_against_each_device_s_own_graph():
-    tg, _ = llama_case(llama.PRESETS["tiny"])
+    tg, _ = llama_case(replace(llama.PRESETS["tiny"], num_layers=5))  # whole layers per device
     mp = plan_devices(tg, 3, "50%")
     verify_multi(mp)
     budgets = [read_budget(part.tg, "50%", HOST).nbytes for part in mp.placed.parts]
@@ -72,8 +72,12 @@ def test_percentages_are_read_against_each_device_s_own_graph():
 def test_llama_prefill_at_each_device_s_smallest_budget_offloads_verifies_and_runs(devices):
     """Each device at its own `min_budget` moves more than at its resident peak (offloads
     and reloads forced); the plans verify as a whole and, run on the NumPy runtime device
-    after device, give the reference's logits."""
-    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=32)
+    after device, give the reference's logits. A layer per device (stages hold whole
+    layers) and the last position's logits (all positions' would set the last device's
+    smallest budget so high that it moves nothing more there)."""
+    cfg = replace(llama.PRESETS["tiny"], num_layers=devices)
+    arrays = llama_case(cfg, seq=32)[1]
+    tg = llama.prefill_program(cfg, 2, 32, logits="last").build()
     placed = place(tg, devices)
     smallest = [min_budget(part.tg)[0] for part in placed.parts]
     mp = plan_devices(placed, devices, smallest)
