@@ -71,27 +71,27 @@ def chain_file(tmp_path: Path, layers: int = 4) -> Path:
 def test_plan_prints_a_row_per_device_and_the_simulated_makespan_and_writes_the_file(
     tmp_path, capsys
 ):
-    path = tmp_path / "three.json"
+    path = tmp_path / "two.json"
     code, out, err = cli(
-        capsys, "plan", *TINY_LLAMA, "--devices", 3, "-b", "60%", "--cost-model", "cpu", "-o", path
+        capsys, "plan", *TINY_LLAMA, "--devices", 2, "-b", "60%", "--cost-model", "cpu", "-o", path
     )
     assert code == EXIT_OK, err
-    assert "plan for 3 devices" in out and "pipeline on 3 devices" in out
+    assert "plan for 2 devices" in out and "pipeline on 2 devices" in out
     header = next(line for line in out.splitlines() if line.split()[:2] == ["device", "tasks"])
     assert header.split() == ["device", "tasks", "budget", "peak", "moved", "links", "in", "links",
                               "out"]  # fmt: skip
     loaded = read_multi_json(path.read_text(encoding="utf-8"))
     mp = loaded.plan
-    assert mp.devices == 3 and loaded.program is not None
+    assert mp.devices == 2 and loaded.program is not None
     verify_multi(mp)
     lines = out.splitlines()
     start = lines.index(header)
-    for plan, row in zip(mp.plans, lines[start + 1 : start + 4], strict=True):
+    for plan, row in zip(mp.plans, lines[start + 1 : start + 3], strict=True):
         cells = row.split()
         assert cells[0] == str(plan.device) and cells[1] == str(len(plan.mg.taskgraph))
         links_out = sum(1 for k in mp.links if k.source == plan.device)
         assert f"{links_out} (" in row
-    assert "cpu:" in out and "makespan" in out and "on 3 device(s)" in out
+    assert "cpu:" in out and "makespan" in out and "on 2 device(s)" in out
 
 
 def test_stats_and_run_check_of_a_plan_for_two_devices(two, capsys, tmp_path):
@@ -163,9 +163,9 @@ def test_per_device_budgets_and_an_explicit_partition(tmp_path, capsys):
     code, _, err = cli(capsys, *argv, "--partition", "off")
     assert code == EXIT_INFEASIBLE
     assert_one_error(err, "device ", "--partition SIZE")
-    code, out, err = cli(capsys, *argv, "-b", "512KiB")  # the last --budget counts
+    code, out, err = cli(capsys, *argv, "-b", "384KiB")  # the last --budget counts
     assert code == EXIT_INFEASIBLE
-    assert_one_error(err, "--partition auto split the program at a block limit of 128.0 KiB")
+    assert_one_error(err, "--partition auto split the program at a block limit of 96.0 KiB")
     assert "a block size of your own (--partition SIZE)" in err
     code, out, err = cli(capsys, *argv, "--partition", "256KiB")
     assert code == EXIT_OK, err
@@ -190,7 +190,7 @@ def test_devices_1_writes_the_plan_it_always_wrote(tmp_path, capsys):
 def test_more_devices_than_the_pipeline_can_fill(capsys):
     code, _, err = cli(capsys, "plan", *TINY_LLAMA, "--devices", 99, "-b", "60%")
     assert code == EXIT_BAD_INPUT
-    assert_one_error(err, "needs at least 99 weights", "Use at most")
+    assert_one_error(err, "needs at least 99 layers; this program has 2", "Use at most 2")
 
 
 def test_a_device_budget_too_small_names_the_device_and_its_smallest_budget(capsys):

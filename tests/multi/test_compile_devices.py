@@ -5,6 +5,8 @@ the runtime)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from test_placement import training_case
@@ -41,7 +43,8 @@ def smallest(tg, devices: int) -> list[int]:
 
 @pytest.mark.parametrize("devices", [2, 3])
 def test_llama_prefill_at_each_device_s_smallest_budget_runs_to_the_reference(devices):
-    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=16)
+    cfg = replace(llama.PRESETS["tiny"], num_layers=devices)  # a layer per device at least
+    tg, arrays = llama_case(cfg, seq=16)
     compiled = ep.compile_devices(tg, smallest(tg, devices), devices)
     assert isinstance(compiled, CompiledDevices) and compiled.devices == devices
     assert compiled.report is not None and compiled.report.links == len(compiled.plan.links) > 0
@@ -115,10 +118,10 @@ def test_auto_partitions_the_whole_program_when_a_device_needs_it_then_places_it
     arrays = random_inputs(tg, 0)
     assert_close(compiled.run(arrays), taskgraph.evaluate(tg, arrays), rtol=1e-4, atol=1e-6)
     with pytest.raises(DeviceBudgetError) as caught:
-        ep.compile_devices(tg, "512KiB", 2)
+        ep.compile_devices(tg, "384KiB", 2)
     message = str(caught.value)
     assert f"device {caught.value.device}" in message
-    assert "split the program at a block limit of 128.0 KiB" in message
+    assert "split the program at a block limit of 96.0 KiB" in message
 
 
 def test_an_explicit_block_limit_partitions_the_program_then_places_it():

@@ -10,7 +10,7 @@ smallest and its resident peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -52,13 +52,19 @@ def _random_weights(shapes, seed: int) -> dict[str, np.ndarray]:
     }
 
 
+PREFILL_LAYERS = 4
+"""Layers of the prefill cases: a pipeline needs a layer per device (Layer facts), and
+the prefill cases run on up to 4 devices."""
+
+
 def llama_prefill(seq: int = 8) -> Workload:
-    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=seq)
+    cfg = replace(llama.PRESETS["tiny"], num_layers=PREFILL_LAYERS)
+    tg, arrays = llama_case(cfg, seq=seq)
     return Workload("llama-prefill", tg, arrays)
 
 
 def gpt2_prefill(seq: int = 8) -> Workload:
-    cfg = gpt2.PRESETS["tiny"]
+    cfg = replace(gpt2.PRESETS["tiny"], num_layers=PREFILL_LAYERS)
     weights = _random_weights(gpt2.weight_shapes(cfg), 1)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, seq))
     tg = gpt2.prefill_program(cfg, 2, seq).build()
