@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import configparser
 import doctest
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from inspect_fixtures import mlp_plan
@@ -72,9 +74,12 @@ def test_require_returns_the_module_and_names_what_is_missing(tmp_path, monkeypa
 
 
 def test_require_rejects_an_unknown_extra():
-    with pytest.raises(ValueError, match="unknown extra 'plots'; valid: viz"):
+    with pytest.raises(ValueError, match="unknown extra 'plots'; valid: viz, cluster"):
         require("json", extra="plots")
-    assert set(EXTRAS) == {"viz"}
+    setup = configparser.ConfigParser()
+    setup.read(Path(__file__).resolve().parents[2] / "setup.cfg")
+    declared = set(setup["options.extras_require"])
+    assert set(EXTRAS) == {"viz", "cluster"} and set(EXTRAS) <= declared
 
 
 def test_packages_import_without_matplotlib():
