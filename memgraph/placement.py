@@ -64,7 +64,7 @@ from collections.abc import Sequence
 
 from einpage_core.errors import PlanError, expect_graph
 from memgraph.multi import DevicePart, Link, PlacedGraph
-from taskgraph.builder import GraphBuilder
+from taskgraph.builder import GraphBuilder, fresh_name
 from taskgraph.facts import Layer, facts_of
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, with_blocks
@@ -377,8 +377,8 @@ def split(
         for task_id in sorted(needed[d].received):
             task = tg[task_id]
             if task_id not in send_name:
-                send_name[task_id] = _fresh(f"send:%{task_id}", taken_outputs)
-            recv_name[task_id, d] = _fresh(f"recv:%{task_id}", taken_inputs)
+                send_name[task_id] = fresh_name(f"send:%{task_id}", taken_outputs)
+            recv_name[task_id, d] = fresh_name(f"recv:%{task_id}", taken_inputs)
             links.append(
                 Link(
                     task_id,
@@ -399,15 +399,6 @@ def split(
         parts.append(_part(tg, d, needed[d], recv_name, sends, mine))
     return PlacedGraph(devices, tuple(parts), tuple(links), outputs, strategy, tuple(tg.inputs))
 
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """`name`, or `name#1`, `name#2`, ... : the first not in `taken` (then added to it)."""
-    candidate, k = name, 0
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}#{k}"
-    taken.add(candidate)
-    return candidate
 
 
 class _Needs:

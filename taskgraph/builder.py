@@ -15,7 +15,23 @@ from taskgraph.facts import Fact, checked_facts
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Op, Operand, Shape, Task
 
-__all__ = ["GraphBuilder", "check_workspace"]
+__all__ = ["GraphBuilder", "check_workspace", "fresh_name"]
+
+
+def fresh_name(name: str, taken: set[str]) -> str:
+    """`name`, or `name#1`, `name#2`, ...: the first not in `taken` (then added to it) –
+    how a pass that adds inputs or outputs to a graph keeps their names unique.
+
+    >>> taken = {"y"}
+    >>> fresh_name("y", taken), fresh_name("y", taken), sorted(taken)
+    ('y#1', 'y#2', ['y', 'y#1', 'y#2'])
+    """
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}#{k}"
+    taken.add(candidate)
+    return candidate
 
 
 def check_workspace(workspace: object, task_id: int, op: Op) -> None:

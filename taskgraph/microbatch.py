@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from einpage_core.errors import GraphError
-from taskgraph.builder import GraphBuilder
+from taskgraph.builder import GraphBuilder, fresh_name
 from taskgraph.facts import Update
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, with_blocks
@@ -156,7 +156,7 @@ def stack(graphs: Sequence[TaskGraph], name: str | None = None) -> Stacked:
                     new_id[task.id] = shared_id[op.name]
                     inputs[k, op.name] = op.name
                     continue
-                new_name = op.name if op.name in shared else _fresh(f"{op.name}@{k}", taken)
+                new_name = op.name if op.name in shared else fresh_name(f"{op.name}@{k}", taken)
                 inputs[k, op.name] = new_name
                 op = replace(op, name=new_name)
             facts = []
@@ -188,7 +188,7 @@ def stack(graphs: Sequence[TaskGraph], name: str | None = None) -> Stacked:
             blocks.append(None if block is None else replace(block, of=block.of + block_offset))
         block_offset += 1 + max((t.block.of for t in graph if t.block is not None), default=-1)
         for out_name, task_id in graph.outputs.items():
-            new_name = _fresh(f"{out_name}@{k}", taken)
+            new_name = fresh_name(f"{out_name}@{k}", taken)
             outputs[k, out_name] = new_name
             builder.output(new_id[task_id], new_name)
         task_ids.append(tuple(new_id[t.id] for t in graph))
@@ -197,12 +197,3 @@ def stack(graphs: Sequence[TaskGraph], name: str | None = None) -> Stacked:
         built = TaskGraph(with_blocks(built.tasks, blocks), built.outputs, built.name)
     return Stacked(built, inputs, outputs, tuple(task_ids))
 
-
-def _fresh(name: str, taken: set[str]) -> str:
-    """`name`, or `name#1`, `name#2`, ...: the first not in `taken` (then added to it)."""
-    candidate, k = name, 0
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}#{k}"
-    taken.add(candidate)
-    return candidate
