@@ -328,8 +328,10 @@ class MultiVerifyReport:
 def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
     """Check a `MultiPlan`; raise `VerificationError` naming the first violation.
 
-    * each device's plan passes `memgraph.verify` (the error says which device), and the
-      plans are those of devices 0, 1, ... in order, one per part;
+    * each device's plan passes `memgraph.verify` (the error says which device; run once
+      per plan, `MemGraph.verified`, so a runner checking a compiled plan again does not
+      verify its devices again), and the plans are those of devices 0, 1, ... in order,
+      one per part;
     * each link goes between two devices of the plan, not from a device to itself; its
       output is an `output` node of the source plan that ends on the host (`storage`),
       and its input an `input` node of the target plan that starts on the host; both
@@ -343,8 +345,6 @@ def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
       once its dependencies are done and its link has arrived cannot deadlock (the
       error names a cycle: device and node line of each of its nodes). Linear time.
     """
-    from memgraph.verify import verify
-
     if not isinstance(mp, MultiPlan):
         raise VerificationError(f"verify_multi takes a MultiPlan, got {type(mp).__name__}")
     placed = mp.placed
@@ -358,7 +358,7 @@ def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
         if device_plan.device != index:
             raise VerificationError(f"device plan {index} says it is device {device_plan.device}")
         try:
-            reports.append(verify(device_plan.mg))
+            reports.append(device_plan.mg.verified())
         except VerificationError as error:
             raise VerificationError(f"device {index}: {error}", error.node) from None
     inputs = [_named(p.mg, NodeKind.INPUT) for p in mp.plans]
