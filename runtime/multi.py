@@ -237,15 +237,7 @@ class DeviceRunner(Session):
                 self._issue_linked(plan, inbox, send, timeout)
             except BaseException as err:
                 failure = err
-            for stream in self.streams.values():  # drain every stream, even after a failure
-                try:
-                    stream.synchronize()
-                except BaseException as err:
-                    failure = failure or err
-        if failure is not None:
-            raise self._failed(failure) from (
-                failure.error if isinstance(failure, NodeFailure) else failure
-            )
+            self._drain(failure)
         return self._collect(plan)
 
     def _priorities(self, nodes: Sequence[MemNode]) -> list[tuple[int, float, int]]:

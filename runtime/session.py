@@ -762,21 +762,26 @@ class Session:
                     self._issue_in_order(plan, timing, tick)
             except BaseException as err:
                 failure = err
-            for stream in self.streams.values():  # drain every stream, even after a failure
-                try:
-                    stream.synchronize()
-                except BaseException as err:
-                    failure = failure or err
-            if failure is not None:
-                raise self._failed(failure) from (
-                    failure.error if isinstance(failure, NodeFailure) else failure
-                )
+            self._drain(failure)
             self._in_flight = []
         if progress is not None:
             progress(total, total)
         if timing is None:
             return None
         return self._trace(plan, timing, origin)
+
+    def _drain(self, failure: BaseException | None) -> None:
+        """Synchronize every stream, even after `failure` (what stopped issuing, or None),
+        then raise the first failure as the public error naming its node."""
+        for stream in self.streams.values():
+            try:
+                stream.synchronize()
+            except BaseException as err:
+                failure = failure or err
+        if failure is not None:
+            raise self._failed(failure) from (
+                failure.error if isinstance(failure, NodeFailure) else failure
+            )
 
     def _failed(self, failure: BaseException) -> BaseException:
         """The error to raise for `failure`; a lost device context is remembered (the
