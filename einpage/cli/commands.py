@@ -45,6 +45,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -65,9 +66,9 @@ from einpage.cli.console import Console, format_table, plan_report, plan_title, 
 from einpage.cli.devices import plan_devices_command, run_multi, stats_multi
 from einpage.cli.files import (
     atomic_output,
-    load_inputs,
     load_json_graph,
     load_plan_file,
+    run_inputs,
     save_arrays,
     save_plan,
 )
@@ -282,13 +283,8 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             )
         tg = mg.taskgraph
         with console.stage("preparing inputs"):
-            if args.inputs:
-                arrays = load_inputs(args.inputs)
-                source = f"from {args.inputs}"
-            else:
-                seed = 0 if args.random_inputs is None else args.random_inputs
-                arrays = random_inputs(tg, seed)
-                source = f"random (seed {seed})"
+            draw = partial(random_inputs, tg)
+            arrays, source = run_inputs(args.inputs, args.random_inputs, draw)
             tg.check_inputs(arrays)
         with console.stage("staging"):  # the arena, host storage and staging slots
             debug = True if args.sync else None  # None: EINPAGE_SYNC decides

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from einpage.cli.checks import (
     tolerance_dtypes,
 )
 from einpage.cli.console import Console, format_table
-from einpage.cli.files import atomic_output, load_inputs, save_arrays
+from einpage.cli.files import atomic_output, run_inputs, save_arrays
 from einpage.cli.outputs import wrote
 from einpage.cli.presets import random_inputs
 from einpage.pipeline import device_rows
@@ -208,13 +209,8 @@ def run_multi(args: argparse.Namespace, console: Console, loaded: MultiPlanFile)
             f"run it without --check, or write it with `einpage plan ... --devices N -o`"
         )
     with console.stage("preparing inputs"):
-        if args.inputs:
-            arrays = load_inputs(args.inputs)
-            source = f"from {args.inputs}"
-        else:
-            seed = 0 if args.random_inputs is None else args.random_inputs
-            arrays = _random_inputs(loaded, seed)
-            source = f"random (seed {seed})"
+        draw = partial(_random_inputs, loaded)
+        arrays, source = run_inputs(args.inputs, args.random_inputs, draw)
         if program is not None:
             program.check_inputs(arrays)
     options: dict[str, Any] = {"backend": args.backend}

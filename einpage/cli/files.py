@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,6 +37,7 @@ __all__ = [
     "load_plan",
     "load_plan_file",
     "load_inputs",
+    "run_inputs",
     "save_arrays",
     "load_json_graph",
     "OUTPUT_KINDS",
@@ -114,6 +115,17 @@ def _kind_hint(text: str) -> str:
 
 INPUT_FORMATS = (".npz", ".safetensors")
 """What `--inputs` reads: NumPy's .npz archives (no pickles) and safetensors files."""
+
+
+def run_inputs(
+    path: str | Path | None, seed: int | None, draw: Callable[[int], dict[str, np.ndarray]]
+) -> tuple[dict[str, np.ndarray], str]:
+    """The arrays `einpage run` feeds a plan, and where they came from: those in the file
+    `path` (`--inputs`), else `draw(seed)` (`--random-inputs`, seed 0 by default)."""
+    if path:
+        return load_inputs(path), f"from {path}"
+    seed = 0 if seed is None else seed
+    return draw(seed), f"random (seed {seed})"
 
 
 def load_inputs(path: str | Path) -> dict[str, np.ndarray]:
