@@ -205,19 +205,6 @@ def test_random_generations_on_several_devices_equal_the_reference_evaluator(cas
     np.testing.assert_array_equal(out.new_ids, want)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    """A local Ray instance for the module (num_cpus=2, no dashboard; one already up is
-    used and left up); skipped where Ray is not installed."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def test_on_two_ray_actors(cluster):
     cfg, weights, ids, want = model_case("gpt2", seed=2)
     out = generate(cfg, ids, NEW_TOKENS, "50%", weights=weights, page_size=4,

@@ -20,8 +20,6 @@ from runtime.ray_cluster import RayDevices, run_on_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
 
-LOCAL = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
-
 
 def _assert_equal(got, want):
     assert sorted(got) == sorted(want)
@@ -38,16 +36,6 @@ def test_run_on_ray_uses_or_starts_a_local_instance():
     got = run_on_ray(handmade.plan_case(made, "tight"), inputs, timeout=30)
     _assert_equal(got, handmade.reference(made, inputs))
     assert ray.is_initialized() == was_up
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(**LOCAL)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.mark.parametrize("budget", handmade.BUDGETS)

@@ -26,19 +26,6 @@ from taskgraph.nodes import Einsum, Input
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
 
-LOCAL = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False}
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """A local Ray instance for the module (one already up is used and left up)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(**LOCAL)
-    yield
-    if started:
-        ray.shutdown()
-
 
 @pytest.mark.parametrize(
     "make,devices",
