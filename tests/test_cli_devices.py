@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import assert_one_error, cli
 
 import einpage as ep
 import taskgraph
@@ -20,7 +21,6 @@ from einpage.cli.commands import (
     EXIT_INFEASIBLE,
     EXIT_OK,
     EXIT_UNAVAILABLE,
-    main,
 )
 from einpage.cli.files import load_inputs, save_arrays
 from einpage.units import format_exact
@@ -28,20 +28,6 @@ from memgraph.multi import verify_multi
 from memgraph.multi_serialize import FORMAT, read_multi_json
 
 TINY_LLAMA = ["llama:tiny", "--seq", "16"]
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    """Run `einpage ARGV`; return (exit code, stdout, stderr)."""
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-def assert_one_error(err: str, *needles: str) -> None:
-    assert "Traceback" not in err
-    assert err.startswith("einpage: error: "), err
-    for needle in needles:
-        assert needle in err, (needle, err)
 
 
 @pytest.fixture
