@@ -110,7 +110,7 @@ class GraphBuilder:
                 f"inferred {out_dtype}"
             )
         flops = op.flops(operands, out_shape)
-        stated = checked_facts(facts, task_id, self._is_input) if facts else ()
+        stated = checked_facts(facts, task_id, self._is_input, len(out_shape)) if facts else ()
         check_workspace(workspace, task_id, op)
         task = Task(
             task_id,
@@ -137,7 +137,7 @@ class GraphBuilder:
         if not 0 <= task_id < len(self.tasks):
             raise GraphError(f"facts stated about %{task_id}, which does not exist")
         task = self.tasks[task_id]
-        stated = checked_facts((*task.facts, *facts), task_id, self._is_input)
+        stated = checked_facts((*task.facts, *facts), task_id, self._is_input, len(task.shape))
         if stated != task.facts:
             self.tasks[task_id] = replace(task, facts=stated)
 

@@ -34,6 +34,14 @@ Fact kinds (`FACT_KINDS`, a closed set; each a small frozen record):
   the models on the weight inputs of each layer (`einpage.Program.layer`), read by the
   pipeline placement, which keeps a layer's weights on one device
   (`memgraph.placement`).
+* `Shard(axis)` – tensor parallelism may split this tensor along its axis `axis` (the
+  head axis of attention's weights, the column axis of the MLP's): stated by the models
+  where they declare the weights, read by `taskgraph.partition.tensor_split`, which
+  splits the dims that axis links to into one block per device.
+* `TensorPart(index, count)` – the tensor is part `index` of `count` of a tensor-parallel
+  split (`tensor_split`): a block along a split dim, or the partial aggregate over one
+  part of a split reduced dim; read by `memgraph.placement.tensor_placement`, which puts
+  it on device `index`.
 
 A fact that refers to another tensor (`of`) names it by task id, which no renaming
 touches; it must be an earlier task (and an `Input` for `Update`, `OptimizerState` and
@@ -68,6 +76,8 @@ __all__ = [
     "Softmax",
     "LogSumExp",
     "Layer",
+    "Shard",
+    "TensorPart",
     "FACT_KINDS",
     "KV_PARTS",
     "fact_of",
@@ -265,6 +275,37 @@ class Layer(Fact):
         _check_index(self, "index")
 
 
+@dataclass(frozen=True, slots=True)
+class Shard(Fact):
+    """Tensor parallelism may split this tensor along its axis `axis` (attention's head
+    axis, the MLP's column axis): `taskgraph.partition.tensor_split`."""
+
+    kind: ClassVar[str] = "shard"
+    axis: int
+
+    def __post_init__(self) -> None:
+        _check_index(self, "axis")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorPart(Fact):
+    """The tensor is part `index` of `count` of a tensor-parallel split (a block along a
+    split dim, or the partial aggregate of one part of a split reduced dim): it goes to
+    device `index` (`memgraph.placement.tensor_placement`)."""
+
+    kind: ClassVar[str] = "tensor_part"
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        _check_index(self, "index")
+        _check_index(self, "count")
+        if self.index >= self.count:
+            raise GraphError(
+                f"{self.kind}: index must be below count ({self.count}), got {self.index}"
+            )
+
+
 FACT_KINDS: dict[str, type[Fact]] = {
     cls.kind: cls
     for cls in (
@@ -278,6 +319,8 @@ FACT_KINDS: dict[str, type[Fact]] = {
         Softmax,
         LogSumExp,
         Layer,
+        Shard,
+        TensorPart,
     )
 }
 """Every fact kind by name."""
@@ -344,16 +387,25 @@ def fact_from_attributes(attrs: Any) -> Fact:
 
 
 def checked_facts(
-    facts: Iterable[Any], task_id: int, is_input: Sequence[bool] | Mapping[int, bool]
+    facts: Iterable[Any],
+    task_id: int,
+    is_input: Sequence[bool] | Mapping[int, bool],
+    rank: int | None = None,
 ) -> tuple[Fact, ...]:
     """`facts` as a tuple without repeats, each checked to be a `Fact` that names only
     earlier tasks (ids below `task_id`), inputs where its kind says so (`is_input[i]`:
-    whether task i is an `Input`); `GraphError` naming the task and the fact otherwise."""
+    whether task i is an `Input`) and, with the task's `rank` known, a `Shard` axis below
+    it; `GraphError` naming the task and the fact otherwise."""
     result: list[Fact] = []
     for fact in facts:
         if not isinstance(fact, Fact):
             kinds = ", ".join(cls.__name__ for cls in FACT_KINDS.values())
             raise GraphError(f"task %{task_id}: a fact must be one of {kinds}, got {fact!r}")
+        if isinstance(fact, Shard) and rank is not None and fact.axis >= rank:
+            raise GraphError(
+                f"task %{task_id}: fact {fact.describe()} names axis {fact.axis} of a tensor "
+                f"of rank {rank}; valid axes: 0..{rank - 1}"
+            )
         for ref in fact.refs():
             if ref >= task_id:
                 raise GraphError(

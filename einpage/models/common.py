@@ -29,6 +29,7 @@ from einpage.program import ops
 from einpage.program.program import Program, Tensor
 from einpage_core.errors import ProgramError
 from taskgraph import dtypes
+from taskgraph.facts import Shard
 
 __all__ = [
     "LOGITS",
@@ -49,6 +50,7 @@ __all__ = [
     "scaled",
     "weight_input",
     "cached_weight_input",
+    "shard",
 ]
 
 Weight = Callable[[str], Tensor]
@@ -181,6 +183,14 @@ def cached_weight_input(
         return declared[name]
 
     return weight
+
+
+def shard(weight: Tensor, axis: int = 0) -> Tensor:
+    """`weight` (as a `Weight` returns it: the input, or a quantized weight's float tensor
+    rebuilt on the device, the one the einsums read) stating `taskgraph.facts.Shard(axis)`:
+    tensor parallelism may split it along `axis` (attention's heads, the MLP's columns).
+    A weight read again (`cached_weight_input`) states it once."""
+    return weight.program.fact(weight, Shard(axis))
 
 
 # -- what prefill and decode steps share ----------------------------------------------

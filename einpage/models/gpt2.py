@@ -73,6 +73,7 @@ from einpage.models.common import (
     decoder_layers,
     head_logits,
     logits_head,
+    shard,
     token_ids,
 )
 from einpage.models.errors import ModelError, UnsupportedConfigError
@@ -333,9 +334,9 @@ def _qkv(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Heads:
     scale = 1.0 / math.sqrt(cfg.head_dim)
     heads = {}
     for part, join in (("q", f"(a + b) * {scale!r}"), ("k", "a + b"), ("v", "a + b")):
-        y = prog.einsum("bsd,hed->bhse", h, weight(prefix + "w" + part), label=part)
+        y = prog.einsum("bsd,hed->bhse", h, shard(weight(prefix + "w" + part)), label=part)
         heads[part] = prog.einsum(
-            "bhse,he->bhse", y, weight(prefix + "b" + part), join=join, label=part + ".bias"
+            "bhse,he->bhse", y, shard(weight(prefix + "b" + part)), join=join, label=part + ".bias"
         )
     return Heads(heads["q"], heads["k"], heads["v"])
 
@@ -343,7 +344,7 @@ def _qkv(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Heads:
 def _attn_out(x: Tensor, out: Tensor, weight: Weight, prefix: str) -> Tensor:
     """The output projection of the attention `out` [b, h, s, e], its bias and the residual."""
     prog = x.program
-    o = prog.einsum("bhse,hed->bsd", out, weight(prefix + "wo"), label="o")
+    o = prog.einsum("bhse,hed->bsd", out, shard(weight(prefix + "wo")), label="o")
     bias = weight(prefix + "bo")
     return prog.einsum("bsd,bsd,d->bsd", x, o, bias, join="a + b + c", label="residual")
 
@@ -356,9 +357,11 @@ def _attention(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tenso
 def _mlp(cfg: GPT2Config, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     prog = x.program
     h = ops.layernorm(x, weight(prefix + "norm"), weight(prefix + "norm_bias"), cfg.layer_norm_eps)
-    fc = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_fc"), label="fc")
-    act = prog.einsum("bsm,m->bsm", fc, weight(prefix + "b_fc"), join="gelu(a + b)", label="gelu")
-    proj = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_proj"), label="proj")
+    fc = prog.einsum("bsd,md->bsm", h, shard(weight(prefix + "w_fc")), label="fc")
+    act = prog.einsum(
+        "bsm,m->bsm", fc, shard(weight(prefix + "b_fc")), join="gelu(a + b)", label="gelu"
+    )
+    proj = prog.einsum("bsm,md->bsd", act, shard(weight(prefix + "w_proj")), label="proj")
     bias = weight(prefix + "b_proj")
     return prog.einsum("bsd,bsd,d->bsd", x, proj, bias, join="a + b + c", label="residual")
 

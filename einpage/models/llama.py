@@ -83,6 +83,7 @@ from einpage.models.common import (
     head_logits,
     logits_head,
     scaled,
+    shard,
     token_ids,
 )
 from einpage.models.errors import ConfigError, ConfigMismatchError, UnsupportedConfigError
@@ -581,14 +582,16 @@ def _qkv(
     """The layer's RMSNorm and Q/K/V projections, rotated (q also scaled): `Heads`."""
     prog = x.program
     h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
-    q = prog.einsum("bsd,gred->bgrse", h, weight(prefix + "wq"), label="q")
-    k = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wk"), label="k")
-    v = prog.einsum("bsd,ged->bgse", h, weight(prefix + "wv"), label="v")
+    q = prog.einsum("bsd,gred->bgrse", h, shard(weight(prefix + "wq")), label="q")
+    k = prog.einsum("bsd,ged->bgse", h, shard(weight(prefix + "wk")), label="k")
+    v = prog.einsum("bsd,ged->bgse", h, shard(weight(prefix + "wv")), label="v")
     if cfg.qkv_bias:
         add = "a + b"
-        q = prog.einsum("bgrse,gre->bgrse", q, weight(prefix + "bq"), join=add, label="q.bias")
-        k = prog.einsum("bgse,ge->bgse", k, weight(prefix + "bk"), join=add, label="k.bias")
-        v = prog.einsum("bgse,ge->bgse", v, weight(prefix + "bv"), join=add, label="v.bias")
+        q = prog.einsum(
+            "bgrse,gre->bgrse", q, shard(weight(prefix + "bq")), join=add, label="q.bias"
+        )
+        k = prog.einsum("bgse,ge->bgse", k, shard(weight(prefix + "bk")), join=add, label="k.bias")
+        v = prog.einsum("bgse,ge->bgse", v, shard(weight(prefix + "bv")), join=add, label="v.bias")
     return Heads(_rotate(q, rot_q), _rotate(k, rot_k), v)
 
 
@@ -606,7 +609,7 @@ def check_window(cfg: LlamaConfig, positions: int, where: str) -> None:
 def _attn_out(x: Tensor, out: Tensor, weight: Weight, prefix: str) -> Tensor:
     """The output projection of the attention `out` [b, g, r, s, e], plus the residual."""
     prog = x.program
-    o = prog.einsum("bgrse,gred->bsd", out, weight(prefix + "wo"), label="o")
+    o = prog.einsum("bgrse,gred->bsd", out, shard(weight(prefix + "wo")), label="o")
     return prog.einsum("bsd,bsd->bsd", x, o, join="a + b", label="residual")
 
 
@@ -620,10 +623,10 @@ def _attention(
 def _mlp(cfg: LlamaConfig, x: Tensor, weight: Weight, prefix: str) -> Tensor:
     prog = x.program
     h = ops.rmsnorm(x, weight(prefix + "norm"), cfg.rms_norm_eps)
-    gate = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_gate"), label="gate")
-    up = prog.einsum("bsd,md->bsm", h, weight(prefix + "w_up"), label="up")
+    gate = prog.einsum("bsd,md->bsm", h, shard(weight(prefix + "w_gate")), label="gate")
+    up = prog.einsum("bsd,md->bsm", h, shard(weight(prefix + "w_up")), label="up")
     act = prog.einsum("bsm,bsm->bsm", gate, up, join="silu(a) * b", label="swiglu")
-    down = prog.einsum("bsm,md->bsd", act, weight(prefix + "w_down"), label="down")
+    down = prog.einsum("bsm,md->bsd", act, shard(weight(prefix + "w_down")), label="down")
     return prog.einsum("bsd,bsd->bsd", x, down, join="a + b", label="residual")
 
 

@@ -118,7 +118,9 @@ Modules
 * `sizing`: block sizes per component (step 4);
 * `materializing`: the new tasks of blocks, partials, combines and assembly (step 5);
 * `driver`: the passes – checking, ordering and building (steps 6 and 7),
-  `partition` and `partition_for_budget`.
+  `partition` and `partition_for_budget`;
+* `tensor`: `tensor_split(tg, parts)`, the tensor-parallel split: the classes of the
+  dims that `Shard` facts name cut into `parts` blocks, materialized and built as above.
 
 >>> import einpage as ep
 >>> prog = ep.Program("mm")
@@ -150,6 +152,7 @@ from taskgraph.partition.feasibility import (
 )
 from taskgraph.partition.geometry import Box
 from taskgraph.partition.materializing import MAX_COMBINE_FANIN
+from taskgraph.partition.tensor import TensorSplitError, tensor_split
 
 __all__ = [
     "partition",
@@ -168,4 +171,6 @@ __all__ = [
     "DEFAULT_BUDGET_FRACTION",
     "MAX_COMBINE_FANIN",
     "Box",
+    "tensor_split",
+    "TensorSplitError",
 ]

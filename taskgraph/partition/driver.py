@@ -26,6 +26,7 @@ __all__ = [
     "partition_for_budget",
     "BudgetPartition",
     "blocks_of",
+    "build_blocks",
     "budget_block_limit",
     "TooManyTasksError",
     "DEFAULT_BUDGET_FRACTION",
@@ -97,10 +98,11 @@ def _schedule(tg: TaskGraph, new: Sequence[NewTask], outputs: Sequence[int]) -> 
     return order
 
 
-def _build(
+def build_blocks(
     tg: TaskGraph, new: Sequence[NewTask], outputs: dict[str, int], whole: dict[int, int]
 ) -> TaskGraph:
-    """The partitioned graph in `_schedule`'s order. Each new task carries the facts of
+    """The partitioned graph of the new tasks `new` (a `Materializer`'s) in `_schedule`'s
+    order; `outputs` the outputs' new tasks. Each new task carries the facts of
     the original task it holds part of, with the tasks they name renumbered to the new
     tasks that hold those whole (`whole`: original -> new); a fact naming a task that
     was split, or that comes later in the new order, is dropped."""
@@ -184,7 +186,7 @@ def partition(
             raise TooManyTasksError(tg.name, limit, max_tasks or 0) from None
         culprits = _violations(m.new, limit, alignment)
         if not culprits:
-            return _build(tg, m.new, outputs, m.whole())
+            return build_blocks(tg, m.new, outputs, m.whole())
         for t in culprits:
             if t in sizes:  # split already: split finer
                 factors[t] = factors.get(t, 1.0) / 2

@@ -10,8 +10,17 @@ from typing import NamedTuple
 
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, Task
+from taskgraph.partition.geometry import Geometry
 
-__all__ = ["Components", "components", "Classes", "ClassOf", "Edge", "link_order"]
+__all__ = [
+    "Components",
+    "components",
+    "Classes",
+    "ClassOf",
+    "Edge",
+    "link_order",
+    "link_dims",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,3 +177,35 @@ def link_order(
             keyed.append((key, Edge(c, position, p)))
     keyed.sort()
     return [edge for _, edge in keyed]
+
+
+def link_dims(
+    tg: TaskGraph,
+    geoms: Sequence[Geometry],
+    tasks: Sequence[int],
+    forced: set[int],
+    absorbed: dict[int, int],
+    classes: Classes,
+) -> dict[int, list[int]]:
+    """A node of `classes` per dim of each of `tasks` (a dim with a grain linked to a node
+    of its grains), linked along the edges between them in `link_order` (step 3); the
+    nodes by task. A link between dims that are not both splittable is not made."""
+    nodes: dict[int, list[int]] = {}
+    for t in tasks:
+        ids = []
+        for dim in geoms[t].dims:
+            x = classes.add(dim.extent, t)
+            if dim.grain > 1:
+                grain_node = classes.add(dim.extent // dim.grain, None)
+                classes.link(x, grain_node, Fraction(dim.grain))
+            ids.append(x)
+        nodes[t] = ids
+    for edge in link_order(tg, tasks, forced, absorbed):
+        c, p = edge.consumer, edge.producer
+        for link in geoms[c].links:
+            if link.position != edge.position:
+                continue
+            ends = (geoms[c].dims[link.dim], geoms[p].dims[link.axis])
+            if all(dim.splittable for dim in ends):
+                classes.link(nodes[c][link.dim], nodes[p][link.axis], link.ratio)
+    return nodes

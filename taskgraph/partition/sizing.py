@@ -6,7 +6,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import NamedTuple
 
 from einpage_core.errors import PlanError
@@ -14,7 +13,7 @@ from einpage_core.units import format_bytes
 from taskgraph.graph import TaskGraph
 from taskgraph.partition.feasibility import model_load
 from taskgraph.partition.geometry import Geometry
-from taskgraph.partition.grouping import Classes, components, link_order
+from taskgraph.partition.grouping import Classes, components, link_dims
 
 __all__ = ["Sizer", "SplitOption", "block_sizes"]
 
@@ -62,7 +61,7 @@ class Sizer:
         self.tg, self.geoms, self.tasks = tg, geoms, tasks
         self.factors, self.limit, self.alignment = factors, limit, alignment
         self.classes = Classes()
-        nodes = self._link_dims(forced, absorbed)
+        nodes = link_dims(tg, geoms, tasks, forced, absorbed, self.classes)
         self.members: dict[int, list[_Member]] = {}  # task -> its dims as class members
         self.splittable: dict[int, bool] = {}  # root -> whether the class may be split
         self.reducers: dict[int, set[int]] = {}  # root -> the tasks that reduce the class
@@ -87,30 +86,6 @@ class Sizer:
         self.accepted: set[int] = set()  # tasks left above their target, split finest
         self.halved: list[int] = []  # roots, in the order they were halved
         self.privately: list[tuple[int, int]] = []  # (task, dim), in the order split
-
-    def _link_dims(self, forced: set[int], absorbed: dict[int, int]) -> dict[int, list[int]]:
-        """A class node per dim of each task (a dim with a grain linked to a node of its
-        grains), linked along the component's edges (step 3); the nodes by task."""
-        classes, geoms = self.classes, self.geoms
-        nodes: dict[int, list[int]] = {}
-        for t in self.tasks:
-            ids = []
-            for dim in geoms[t].dims:
-                x = classes.add(dim.extent, t)
-                if dim.grain > 1:
-                    grain_node = classes.add(dim.extent // dim.grain, None)
-                    classes.link(x, grain_node, Fraction(dim.grain))
-                ids.append(x)
-            nodes[t] = ids
-        for edge in link_order(self.tg, self.tasks, forced, absorbed):
-            c, p = edge.consumer, edge.producer
-            for link in geoms[c].links:
-                if link.position != edge.position:
-                    continue
-                ends = (geoms[c].dims[link.dim], geoms[p].dims[link.axis])
-                if all(dim.splittable for dim in ends):
-                    classes.link(nodes[c][link.dim], nodes[p][link.axis], link.ratio)
-        return nodes
 
     def sizes_of(
         self, t: int, root: int = -1, root_size: int = 0, dim: int = -1, dim_size: int = 0
