@@ -100,6 +100,10 @@ class PlacedGraph:
     """The original program's input names: the driver stages each (from the one host
     array it is given) on every device whose graph has an input of that name; every
     other input of a device's graph is a link's (`verify_multi` checks it)."""
+    graph: Any = field(default=None, compare=False, repr=False)
+    """The TaskGraph placed (a `taskgraph.TaskGraph`, whose task ids `Link.task` and
+    `DevicePart.origin` name): the program's graph, or it rewritten by the strategy
+    (split for tensor parallelism); None where unknown (a plan read from a file)."""
 
     def __repr__(self) -> str:
         tasks = [len(part.tg) for part in self.parts]

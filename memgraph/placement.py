@@ -3,9 +3,16 @@ TaskGraph per device (`memgraph.multi` holds the types: `PlacedGraph`, `Link`, .
 
 A placement is a tuple with one entry per task: the device (0 .. devices-1) that
 computes it, or `REPLICATED` (-1) for a task that every device which needs it makes
-for itself – an `Input` (the driver stages it on each such device from the same host
-array), a `Fill`, and whatever reads only such tasks and no weight (a View or Slice of
-an input, the RoPE tables' arithmetic): copying it costs no transfer.
+for itself. A device needs a task that one of its own tasks reads (transitively,
+through replicated tasks), or an output it holds. A replicated task reading only
+replicated tasks costs no transfer: an `Input` (the driver stages it on each such
+device from the same host array), a `Fill`, a View or Slice of an input, the RoPE
+tables' arithmetic. A replicated *compute* task reading placed tasks is computed by
+every device that needs it, each placed operand linked to each such device from its
+own: that is how tensor parallelism's all-reduce is made (each device receives the
+other devices' partial sums and adds them itself), and how the residual stream, the
+norms and the rest outside the split are computed on every device, as Megatron does.
+Two strategies place (`STRATEGIES`): a pipeline and tensor parallelism.
 
 `pipeline_placement(tg, devices)` places by weights (facts, not names: `Input.role`):
 
@@ -27,6 +34,12 @@ an input, the RoPE tables' arithmetic): copying it costs no transfer.
   anyway (`_sink_to_readers`: one link fewer, none more – a layer's RMSNorm statistics
   are computed beside the norm, not sent with the hidden state);
 * the rest is replicated.
+
+`tensor_placement(tg, devices)` reads the `taskgraph.facts.TensorPart` facts of a graph
+split by `taskgraph.partition.tensor_split(tg, devices)`: a task stating
+`TensorPart(d, devices)` goes to device d (its heads, its MLP columns, its partial
+sums), every other task is replicated. `place(tg, devices, "tensor")` splits a graph
+without such facts first.
 
 `split(tg, placement, devices)` makes the `PlacedGraph`: per device, the tasks placed
 there, the replicated tasks they need (transitively), and for each tensor computed on
@@ -60,20 +73,23 @@ A link's input states no facts: what its tensor is stays stated on its source.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from einpage_core.errors import PlanError, expect_graph
 from memgraph.multi import DevicePart, Link, PlacedGraph
 from taskgraph.builder import GraphBuilder, fresh_name
-from taskgraph.facts import Layer, facts_of
+from taskgraph.facts import Layer, TensorPart, facts_of
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input, with_blocks
+from taskgraph.partition import tensor_split
 
 __all__ = [
     "REPLICATED",
     "STRATEGIES",
     "contiguous_groups",
     "pipeline_placement",
+    "tensor_placement",
+    "Strategy",
     "weight_groups",
     "weight_units",
     "used_weights",
@@ -302,24 +318,86 @@ def _sink_to_readers(tg: TaskGraph, device_of: list[int]) -> None:
                 readers_on.get((b, here), set()).discard(task.id)
 
 
-STRATEGIES = {"pipeline": pipeline_placement}
-"""Placement strategies by name, each `(tg, devices) -> placement` (the allocator's
-`PlanOptions.placement`, where in the arena a tensor goes, is another matter)."""
+def tensor_placement(tg: TaskGraph, devices: int) -> tuple[int, ...]:
+    """The device of every task of `tg`, a graph split by `tensor_split(tg, devices)`: a
+    task stating `TensorPart(d, devices)` goes to device d, every other task is
+    `REPLICATED` (see the module docstring). Raises `PlanError` for devices < 1, a graph
+    without `TensorPart` facts, and one split for another count of devices.
+
+    >>> import einpage as ep
+    >>> from taskgraph.facts import Shard
+    >>> from taskgraph.partition import tensor_split
+    >>> prog = ep.Program("mlp")
+    >>> x = prog.input("x", (2, 4))
+    >>> w1 = prog.fact(prog.input("w1", (8, 4), role="weight"), Shard(0))
+    >>> w2 = prog.fact(prog.input("w2", (8, 4), role="weight"), Shard(0))
+    >>> prog.output(prog.einsum("bm,md->bd", prog.einsum("bd,md->bm", x, w1), w2), "y")
+    >>> tg = tensor_split(prog.build(), 2)
+    >>> [d for t, d in zip(tg, tensor_placement(tg, 2)) if t.kind == "einsum"]
+    [0, 1, 0, 1, -1]
+    >>> [link.describe() for link in split(tg, tensor_placement(tg, 2), 2).links]
+    ['%10 f32[2,4] 32 B: device 1 "send:%10" -> device 0 "recv:%10"']
+    """
+    expect_graph(tg, TaskGraph, "memgraph.placement.tensor_placement")
+    check_devices(devices, "tensor_placement")
+    device_of = [REPLICATED] * len(tg)
+    counts: set[int] = set()
+    for task in tg:
+        for fact in facts_of(task, TensorPart):
+            counts.add(fact.count)
+            device_of[task.id] = fact.index
+    if not counts:
+        raise PlanError(
+            f"tensor placement of {tg.name!r} needs a graph split by "
+            f"taskgraph.partition.tensor_split (tasks stating TensorPart facts); it states "
+            f"none: place it with place(tg, {devices}, 'tensor'), which splits it first"
+        )
+    if counts != {devices}:
+        raise PlanError(
+            f"graph {tg.name!r} is split for {' and '.join(map(str, sorted(counts)))} "
+            f"devices (TensorPart facts), not {devices}: split the unsplit graph for {devices}"
+        )
+    return tuple(device_of)
+
+
+Strategy = Callable[[TaskGraph, int], tuple[TaskGraph, tuple[int, ...]]]
+"""A placement strategy: `(tg, devices) -> (graph, placement)`, the graph placed (`tg`
+itself, or `tg` rewritten, e.g. split for tensor parallelism) and its placement."""
+
+
+def _pipeline(tg: TaskGraph, devices: int) -> tuple[TaskGraph, tuple[int, ...]]:
+    return tg, pipeline_placement(tg, devices)
+
+
+def _tensor(tg: TaskGraph, devices: int) -> tuple[TaskGraph, tuple[int, ...]]:
+    check_devices(devices, "tensor placement")
+    graph = tensor_split(tg, devices)
+    return graph, tensor_placement(graph, devices)
+
+
+STRATEGIES: dict[str, Strategy] = {"pipeline": _pipeline, "tensor": _tensor}
+"""Placement strategies by name, each `(tg, devices) -> (graph, placement)` (`Strategy`):
+"pipeline" places `tg` itself by layers (`pipeline_placement`), "tensor" splits it for
+tensor parallelism (`tensor_split`) unless it is split already, and places that
+(`tensor_placement`). (The allocator's `PlanOptions.placement`, where in the arena a
+tensor goes, is another matter.)"""
 
 
 def place(tg: TaskGraph, devices: int, strategy: str = "pipeline") -> PlacedGraph:
     """`tg` placed on `devices` devices by the strategy named `strategy` (`STRATEGIES`)
-    and split (`split`)."""
+    and split (`split`); the result's `graph` is the graph placed (for "tensor", `tg`
+    split by `tensor_split`), whose task ids its links and `DevicePart.origin` name."""
     if strategy not in STRATEGIES:
         raise PlanError(
             f"unknown placement strategy {strategy!r}; valid: {', '.join(map(repr, STRATEGIES))}"
         )
-    return split(tg, STRATEGIES[strategy](tg, devices), devices, strategy=strategy)
+    expect_graph(tg, TaskGraph, "memgraph.placement.place")
+    graph, placement = STRATEGIES[strategy](tg, devices)
+    return split(graph, placement, devices, strategy=strategy)
 
 
 def _check_placement(tg: TaskGraph, placement: Sequence[int], devices: int) -> tuple[int, ...]:
-    """`placement` as a tuple, checked: one device (or `REPLICATED`) per task, and no
-    replicated task reading a placed one (a copy on every device would need links)."""
+    """`placement` as a tuple, checked: one device (or `REPLICATED`) per task."""
     device_of = tuple(placement)
     if len(device_of) != len(tg):
         raise PlanError(f"a placement names {len(device_of)} devices for {len(tg)} tasks")
@@ -331,13 +409,6 @@ def _check_placement(tg: TaskGraph, placement: Sequence[int], devices: int) -> t
                 f"task %{task.id}: device {device} is not one of 0..{devices - 1} (or "
                 f"{REPLICATED}, replicated)"
             )
-        if device == REPLICATED:
-            for i in task.inputs:
-                if device_of[i] != REPLICATED:
-                    raise PlanError(
-                        f"task %{task.id} is replicated but reads %{i}, placed on device "
-                        f"{device_of[i]}: a replicated task reads only replicated tasks"
-                    )
     return device_of
 
 
@@ -346,8 +417,8 @@ def split(
 ) -> PlacedGraph:
     """`tg` split by `placement` (one device or `REPLICATED` per task) over `devices`
     devices: a TaskGraph per device and the links between them (see the module
-    docstring). `strategy` is recorded on the result. Raises `PlanError` for a placement
-    of the wrong length, an unknown device, or a replicated task reading a placed one."""
+    docstring). `strategy` is recorded on the result, and `tg` as its `graph`. Raises
+    `PlanError` for a placement of the wrong length or an unknown device."""
     expect_graph(tg, TaskGraph, "memgraph.placement.split")
     check_devices(devices, "split")
     device_of = _check_placement(tg, placement, devices)
@@ -397,8 +468,7 @@ def split(
         sends = {t: n for t, n in send_name.items() if device_of[t] == d}
         mine = {name: t for name, t in tg.outputs.items() if outputs[name][0] == d}
         parts.append(_part(tg, d, needed[d], recv_name, sends, mine))
-    return PlacedGraph(devices, tuple(parts), tuple(links), outputs, strategy, tuple(tg.inputs))
-
+    return PlacedGraph(devices, tuple(parts), tuple(links), outputs, strategy, tuple(tg.inputs), tg)
 
 
 class _Needs:
