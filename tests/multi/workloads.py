@@ -186,3 +186,29 @@ def tolerance_of(tg) -> float:
     """The tolerance of a random program's outputs: that of its widest float dtype."""
     names = {tg[i].dtype for i in tg.outputs.values()}
     return max(TOLERANCE.get(str(name), 1e-4) for name in names)
+
+
+# -- tensor parallelism --------------------------------------------------------------------
+
+
+def llama_gqa_prefill(kv_heads: int = 2, seq: int = 8) -> Workload:
+    """LLaMA-tiny prefill with grouped-query attention: `kv_heads` KV groups of two query
+    heads each (tensor parallelism splits the groups: `kv_heads` devices at most)."""
+    cfg = replace(
+        llama.PRESETS["tiny"],
+        num_layers=PREFILL_LAYERS,
+        num_heads=2 * kv_heads,
+        num_kv_heads=kv_heads,
+        name=f"llama-tiny-gqa{kv_heads}",
+    )
+    tg, arrays = llama_case(cfg, seq=seq)
+    return Workload(f"llama-gqa{kv_heads}-prefill", tg, arrays)
+
+
+def smallest_placed_plans(placed) -> tuple[MultiPlan, MultiPlan]:
+    """`placed` (a `PlacedGraph` of any strategy) planned at each device's smallest budget,
+    verified; and planned at each device's resident peak."""
+    devices = placed.devices
+    mp = plan_devices(placed, devices, [min_budget(part.tg)[0] for part in placed.parts])
+    verify_multi(mp)
+    return mp, plan_devices(placed, devices, "100%")
