@@ -24,7 +24,9 @@ from taskgraph.facts import (
     LogSumExp,
     MasterWeight,
     OptimizerState,
+    Shard,
     Softmax,
+    TensorPart,
     Update,
     fact_of,
     is_kv_page,
@@ -40,9 +42,10 @@ def stated_graph() -> TaskGraph:
         w = prog.input("w", (4, 3), role="weight")
     master = prog.fact(prog.input("master.w", (4, 3), role="state"), MasterWeight(w.id))
     m = prog.fact(prog.input("m.w", (4, 3), role="state"), OptimizerState(w.id, "momentum"))
+    prog.fact(m, Shard(1))
     page = prog.fact(prog.input("page", (2, 3), location="host"), KVPage(1, "v", 7))
     x = prog.input("x", (2, 4))
-    h = prog.einsum("bd,df->bf", x, w)
+    h = prog.fact(prog.einsum("bd,df->bf", x, w), TensorPart(0, 2))
     p = ep.softmax(h + page, axis=-1)
     loss = ep.reduce_sum(p * p)
     (g,) = prog.backward(loss, [w])
@@ -79,7 +82,8 @@ def test_facts_are_shown_in_the_listing():
     line = tg[tg.inputs["page"]].line()
     assert line.endswith("  [kv_page(layer=1, part=v, page=7)]"), line
     listing = str(tg)
-    assert f"[optimizer_state(of=%{tg.inputs['w']}, state=momentum)]" in listing
+    assert f"[optimizer_state(of=%{tg.inputs['w']}, state=momentum), shard(axis=1)]" in listing
+    assert "[tensor_part(index=0, count=2)]" in listing
     assert f"[update(of=%{tg.inputs['w']})]" in listing
     assert tg[tg.inputs["w"]].line().endswith("  [layer(index=2)]")
 
@@ -153,6 +157,9 @@ INVALID_FACTS = [
     (5, [{"kind": "gradient", "of": 0}, "softmax"], r"facts\[1\]: a fact must be an object"),
     (5, [{"kind": "layer", "layer": 0}], r"facts\[0\]: layer fact: fields must be exactly"),
     (5, [{"kind": "layer", "index": -2}], r"facts\[0\]: layer: index must be an int >= 0"),
+    (5, [{"kind": "shard", "axis": 2}], r"\[5\]: task %5: fact shard\(axis=2\) names axis 2 of"),
+    (5, [{"kind": "shard", "axis": -1}], r"facts\[0\]: shard: axis must be an int >= 0"),
+    (5, [{"kind": "tensor_part", "index": 2, "count": 2}], r"index must be below count \(2\)"),
     (5, [{"kind": "update", "of": 9}], r"\[5\]: task %5: .*%9, which is not an earlier task"),
     (6, [{"kind": "update", "of": 5}], r"\[6\]: task %6: .*%5, which is not an input"),
     (5, [], r"tasks\[5\]\.facts: expected a non-empty list"),
