@@ -93,6 +93,17 @@ def _named_dims(tg: TaskGraph, geoms: list[Geometry]) -> list[_Named]:
     return named
 
 
+_PARTITIONED = (
+    "; the graph is partitioned already (its blocks state the Shard facts of their "
+    "tensors): split the unpartitioned graph for tensor parallelism first (tensor_split), "
+    "then partition that"
+)
+
+
+def _partitioned(tg: TaskGraph) -> bool:
+    return any(task.block is not None for task in tg)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -130,7 +141,7 @@ class _Split:
             raise TensorSplitError(
                 f"{where} (Shard) has extent {axis_extent}{through}, which {self.parts} parts "
                 f"do not divide: use a count that divides {extent} ({_divisors(extent)}), at "
-                f"most {extent}"
+                f"most {extent}{_PARTITIONED if _partitioned(self.tg) else ''}"
             )
 
     def split_dims(self, t: int) -> list[tuple[int, int]]:

@@ -138,7 +138,9 @@ def test_more_devices_than_weights_and_unknown_names_are_refused():
     tg, _ = chain((16, 16))
     with pytest.raises(PlanError, match="at least 3 weights; this program has 2"):
         ep.compile_devices(tg, "1MiB", 3)
-    with pytest.raises(PlanError, match="unknown placement strategy 'tensor'"):
+    with pytest.raises(PlanError, match="unknown placement strategy 'ring'"):
+        ep.compile_devices(tg, "1MiB", 2, strategy="ring")
+    with pytest.raises(PlanError, match="tensor placement needs tensors stating Shard facts"):
         ep.compile_devices(tg, "1MiB", 2, strategy="tensor")
     with pytest.raises(PlanError, match="devices must be an int >= 1"):
         ep.compile_devices(tg, "1MiB", 0)

@@ -259,6 +259,14 @@ def test_parts_that_do_not_divide_a_split_class_are_refused_with_the_numbers():
         place(tg, 3, "tensor")
 
 
+def test_a_graph_partitioned_before_its_tensor_split_is_refused_saying_the_order():
+    """Partitioning slices the sharded weights into blocks that state their Shard facts;
+    tensor parallelism splits the unpartitioned graph, which may be partitioned after."""
+    blocks = partition(workloads.llama_gqa_prefill(2).tg, "12KiB")
+    with pytest.raises(TensorSplitError, match="partitioned already.*tensor_split.*then partition"):
+        tensor_split(blocks, 2)
+
+
 @pytest.mark.parametrize("parts", [0, -1, True, 1.5, "2"])
 def test_parts_must_be_a_positive_int(parts):
     with pytest.raises(TensorSplitError, match="parts must be an int >= 1"):
