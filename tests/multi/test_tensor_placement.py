@@ -328,6 +328,24 @@ def test_workloads_placed_tensor_parallel_equal_the_unsplit_reference(make, devi
     run_everywhere(mp, case.inputs, taskgraph.evaluate(case.tg, case.inputs), case.rtol)
 
 
+@pytest.mark.parametrize("bits,minimum", [(8, False), (4, True)])
+def test_a_quantized_llama_splits_its_rebuilt_weights_and_equals_the_reference(bits, minimum):
+    """The Shard facts of a quantized weight are on its rebuilt float tensor: each device
+    rebuilds its own heads and columns from slices of the quantized inputs."""
+    from einpage.program.quantize import Quantization
+
+    cfg = llama.PRESETS["tiny"]
+    quant = Quantization(bits, 32, minimum=minimum)
+    tg = llama.prefill_program(cfg, 2, 4, quant=quant).build()
+    inputs = program_inputs(tg, 0)
+    placed = place(tg, 2, "tensor")
+    check_parts_on_their_devices(placed)
+    assert len(placed.links) == 2 * cfg.num_layers * 2 - 1  # o and down partials
+    mp, roomy = workloads.smallest_placed_plans(placed)
+    workloads.assert_forced_to_move(mp, roomy)
+    run_everywhere(mp, inputs, taskgraph.evaluate(tg, inputs), 1e-4)
+
+
 def test_a_tensor_parallel_prefill_runs_on_ray_actors(cluster):
     from runtime.ray_cluster import RayDevices
 
