@@ -33,6 +33,18 @@ from taskgraph.partition import TensorSplitError, partition, tensor_split
 
 ORDERS = [("ready", None), ("random", 5)]
 
+WORKLOADS = {
+    "llama-gqa2-prefill": lambda: workloads.llama_gqa_prefill(2),
+    "llama-gqa4-prefill": lambda: workloads.llama_gqa_prefill(4),
+    "gpt2-prefill": workloads.gpt2_prefill,
+    "llama-generation": lambda: workloads.generation("llama"),
+    "gpt2-generation": lambda: workloads.generation("gpt2"),
+    "llama-decode": workloads.decode_step,
+    "llama-training": workloads.training_step,
+}
+"""The workloads placed tensor parallel, by name (tiny configs: 2 or 4 KV groups, 4 heads
+for GPT-2, MLP widths that 4 divides)."""
+
 
 def run_everywhere(mp, inputs, want, rtol):
     """`mp` run in each order of `ORDERS`, each equal to `want`."""
@@ -182,19 +194,19 @@ def test_a_llama_layer_links_only_the_partials_of_its_two_reductions(kv_heads, d
 
 
 @pytest.mark.parametrize(
-    "make,devices",
+    "name,devices",
     [
-        (lambda: workloads.llama_gqa_prefill(2), 2),
-        (lambda: workloads.llama_gqa_prefill(4), 4),
-        (workloads.gpt2_prefill, 2),
-        (workloads.gpt2_prefill, 4),
+        ("llama-gqa2-prefill", 2),
+        ("llama-gqa4-prefill", 4),
+        ("gpt2-prefill", 2),
+        ("gpt2-prefill", 4),
     ],
 )
-def test_each_device_holds_its_share_of_every_sharded_weight(make, devices):
+def test_each_device_holds_its_share_of_every_sharded_weight(name, devices):
     """A sharded weight is read on each device only through one slice of 1/devices of its
     bytes (its heads, its columns: part d's block along the Shard axis); a weight without
     Shard (norms, embedding, head) is read whole where it is needed."""
-    case = make()
+    case = WORKLOADS[name]()
     placed = place(case.tg, devices, "tensor")
     weights = {i for i in case.tg.inputs.values() if case.tg[i].op.role == "weight"}
     sharded = {i for i in weights if fact_of(case.tg[i], Shard)}
@@ -307,20 +319,24 @@ def test_a_replicated_task_may_read_placed_ones_and_is_made_where_needed():
 
 
 @pytest.mark.parametrize(
-    "make,devices",
+    "name,devices",
     [
-        (lambda: workloads.llama_gqa_prefill(2), 2),
-        (lambda: workloads.llama_gqa_prefill(4), 4),
-        (workloads.gpt2_prefill, 2),
-        (workloads.gpt2_prefill, 4),
-        (lambda: workloads.generation("llama"), 2),
-        (lambda: workloads.generation("gpt2"), 2),
-        (workloads.decode_step, 2),
-        (workloads.training_step, 2),
+        ("llama-gqa2-prefill", 2),
+        ("llama-gqa4-prefill", 4),
+        ("gpt2-prefill", 2),
+        ("gpt2-prefill", 4),
+        ("llama-generation", 2),
+        ("llama-generation", 4),
+        ("gpt2-generation", 2),
+        ("gpt2-generation", 4),
+        ("llama-decode", 2),
+        ("llama-decode", 4),
+        ("llama-training", 2),
+        ("llama-training", 4),
     ],
 )
-def test_workloads_placed_tensor_parallel_equal_the_unsplit_reference(make, devices):
-    case = make()
+def test_workloads_placed_tensor_parallel_equal_the_unsplit_reference(name, devices):
+    case = WORKLOADS[name]()
     placed = place(case.tg, devices, "tensor")
     check_parts_on_their_devices(placed)
     mp, roomy = workloads.smallest_placed_plans(placed)

@@ -206,9 +206,11 @@ def llama_gqa_prefill(kv_heads: int = 2, seq: int = 8) -> Workload:
 
 
 def smallest_placed_plans(placed) -> tuple[MultiPlan, MultiPlan]:
-    """`placed` (a `PlacedGraph` of any strategy) planned at each device's smallest budget,
-    verified; and planned at each device's resident peak."""
+    """`placed` (a `PlacedGraph` of any strategy) planned at each device's smallest budget
+    and at each device's resident peak, both verified."""
     devices = placed.devices
     mp = plan_devices(placed, devices, [min_budget(part.tg)[0] for part in placed.parts])
+    roomy = plan_devices(placed, devices, "100%")
     verify_multi(mp)
-    return mp, plan_devices(placed, devices, "100%")
+    verify_multi(roomy)
+    return mp, roomy
