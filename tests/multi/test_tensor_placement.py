@@ -112,6 +112,15 @@ def test_the_models_state_shard_on_heads_and_mlp_columns_only():
             assert len(stated) == len(want[family]) * config.num_layers
 
 
+def test_mistral_and_qwen2_state_shard_through_llama_s_layers():
+    from einpage.models import mistral, qwen2
+
+    for module, biases in ((mistral, set()), (qwen2, {"bq", "bk", "bv"})):
+        tg = module.prefill_program(module.PRESETS["tiny"], 1, 4).build()
+        names = {t.op.name.rsplit(".", 1)[1] for t in tg if fact_of(t, Shard)}
+        assert names == {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"} | biases
+
+
 def test_a_quantized_weight_states_shard_on_its_rebuilt_float_tensor():
     from einpage.program.quantize import Quantization
 
