@@ -1,4 +1,4 @@
-"""LLaMA-70B on several simulated H100s: pipeline plans against one H100 with offload.
+"""LLaMA-70B on several simulated H100s: each placement strategy against one H100 with offload.
 
 Run: `python benchmarks/multi_device.py [--json out.json] [--quick] [--weights W]`.
 A full run takes about 5 minutes (308 s measured on two shared CPU cores: planning 20
@@ -23,21 +23,22 @@ context, library workspaces, fragmentation): 75.7 GB. LLaMA-2-70B
   tokens. (Step plans are not used: each step plan would stage every weight again.)
 
 Each on 1 device (`memgraph.plan` + `memgraph.simulate`: one H100 with offload) and on
-2, 4 and 8 (`memgraph.plan_devices` + `memgraph.verify_multi` +
-`memgraph.simulate_multi`; pipeline placement: weights cut into contiguous groups
-balanced by bytes). **Tensor parallel is not built** (`memgraph.placement.STRATEGIES`
-has only "pipeline"), so there is no tensor-parallel or "auto" column. Each plan is one
-run from a cold start: the weights are in host memory and every device copies its own
-over its PCIe link (transfers between devices are staged through the host too: NVLink is
-not used). `--weights` says where the weights start: "host" (`Input.location`, copied
-in as the plan needs them), "device" (staged by the driver at the start, while they fit;
-the rest from the host as needed), or "best" (default: both planned, the faster kept;
-the table says which).
+2, 4 and 8 by `einpage.compile_devices(strategy="auto")`: every placement strategy of
+`memgraph.placement.STRATEGIES` planned (`partition="off"`), each candidate verified
+(`memgraph.verify_multi`) and simulated (`memgraph.simulate_multi`); a row per strategy
+and one for auto's choice (the fastest: `auto: NAME`). A strategy that cannot place a
+workload (too few heads or layers for the devices) has no row; the log says why. Each
+plan is one run from a cold start: the weights are in host memory and every device
+copies its own over its PCIe link (transfers between devices are staged through the
+host too: NVLink is not used by any plan yet). `--weights` says where the weights
+start: "host" (`Input.location`, copied in as the plan needs them), "device" (staged by
+the driver at the start, while they fit; the rest from the host as needed), or "best"
+(default: both planned, the faster kept; the table says which).
 
-Columns: devices; the weights' start; makespan (s); tokens/s (prefill: prompt tokens,
+Columns: devices; the strategy; the weights' start; makespan (s); tokens/s (prefill: prompt tokens,
 generation: generated tokens, over the makespan); speedup over the fastest one-device
 plan of the same work; scaling efficiency = speedup / devices, and against 2 devices
-of the same variant = (T2 / TN) / (N / 2); bytes over the host links (both directions,
+of the same variant and strategy = (T2 / TN) / (N / 2); bytes over the host links (both directions,
 all devices); the largest per-device peak; planning seconds. The anchor, a published
 multi-GPU throughput of Llama-2-70B on H100s, is printed beside (`ANCHORS`).
 """
@@ -58,10 +59,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import memgraph  # noqa: E402
 from einpage.models import llama  # noqa: E402
+from einpage.pipeline import compile_devices  # noqa: E402
 from einpage.workloads.generation import GenerationSpec  # noqa: E402
 from einpage_core.units import format_bytes  # noqa: E402
 from memgraph.cost import get_cost_model  # noqa: E402
-from memgraph.multi import plan_devices, verify_multi  # noqa: E402
+from memgraph.multi import verify_multi  # noqa: E402
 from memgraph.placement import STRATEGIES  # noqa: E402
 from memgraph.simulate_multi import simulate_multi  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
@@ -72,6 +74,8 @@ COST_MODEL = "8xh100-sxm"
 RESERVE = 4 * 2**30
 """Bytes of each device's memory kept out of its budget."""
 WEIGHTS = ("host", "device")
+ONE = "one device"
+"""The strategy column of a one-device plan."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +135,7 @@ class Row:
     work: str
     variant: str
     devices: int
+    strategy: str
     weights: str
     tokens: int
     makespan: float
@@ -149,6 +154,7 @@ class Row:
     verified: bool
     reordered: int
     tasks: int
+    refused: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,11 @@ def weights_on_device(tg: TaskGraph) -> TaskGraph:
 
 
 def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
-    """Plan `tg` on `devices` devices at `budget` each, verify and simulate it."""
+    """Plan `tg` on `devices` devices at `budget` each, verify and simulate it: on one
+    device, `{"strategies": {"one device": result}, "chosen": "one device"}`; on several,
+    `einpage.compile_devices(strategy="auto")`'s every candidate strategy verified and
+    simulated (`strategies`), which one auto chose (`chosen`) and why others were
+    refused (`refused`)."""
     started = time.perf_counter()
     if devices == 1:
         mg = memgraph.plan(tg, budget, outputs="host", cost_model=COST_MODEL)
@@ -219,7 +229,7 @@ def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
         memgraph.verify(mg)
         sim = memgraph.simulate(mg, COST_MODEL)
         moved = sim.bytes_moved["h2d"] + sim.bytes_moved["d2h"]
-        return {
+        result = {
             "makespan": sim.makespan,
             "host_link_bytes": moved,
             "sent_bytes": 0,
@@ -230,27 +240,40 @@ def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
             "planning_seconds": planning,
             "verified": True,
             "reordered": 0,
+            "tasks": len(tg),
         }
-    mp = plan_devices(tg, devices, budget, cost_model=COST_MODEL)
+        return {"strategies": {ONE: result}, "chosen": ONE, "refused": {}}
+    compiled = compile_devices(
+        tg, budget, devices, strategy="auto", partition="off", cost_model=COST_MODEL,
+        verify=False,
+    )  # fmt: skip
+    choice = compiled.choice
     planning = time.perf_counter() - started
-    report = verify_multi(mp)
-    sim = simulate_multi(mp, COST_MODEL)
-    return {
-        "makespan": sim.makespan,
-        "host_link_bytes": sum(sum(v.values()) for v in sim.host_link_bytes.values()),
-        "sent_bytes": sum(sim.sent_bytes.values()),
-        "peak_bytes": tuple(p.mg.stats.peak_bytes for p in mp.plans),
-        "offload_bytes": sum(p.mg.stats.offload_bytes for p in mp.plans),
-        "reload_bytes": sum(p.mg.stats.reload_bytes for p in mp.plans),
-        "compute_seconds": sim.compute_seconds,
-        "planning_seconds": planning,
-        "verified": report.devices == devices and len(report.plans) == devices,
-        "reordered": sim.reordered,
-    }
+    results: dict[str, Any] = {}
+    for name, candidate in choice.candidates.items():
+        mp = candidate.plan
+        report = verify_multi(mp)
+        sim = simulate_multi(mp, COST_MODEL)
+        results[name] = {
+            "makespan": sim.makespan,
+            "host_link_bytes": sum(sum(v.values()) for v in sim.host_link_bytes.values()),
+            "sent_bytes": sum(sim.sent_bytes.values()),
+            "peak_bytes": tuple(p.mg.stats.peak_bytes for p in mp.plans),
+            "offload_bytes": sum(p.mg.stats.offload_bytes for p in mp.plans),
+            "reload_bytes": sum(p.mg.stats.reload_bytes for p in mp.plans),
+            "compute_seconds": sim.compute_seconds,
+            "planning_seconds": planning,
+            "verified": report.devices == devices and len(report.plans) == devices,
+            "reordered": sim.reordered,
+            "tasks": len(candidate.graph),
+        }
+    return {"strategies": results, "chosen": choice.chosen, "refused": dict(choice.refused)}
 
 
 def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> list[Row]:
-    """Every workload of `setting` on each device count; rows with speedups filled in."""
+    """Every workload of `setting` on each device count, with each placement strategy
+    and auto's choice; rows with speedups filled in. Strategies that cannot place a
+    workload are left out of the rows (`Row.refused` of the auto row says why)."""
     cost = get_cost_model(COST_MODEL)
     budget = cost.topology.device_memory_bytes - RESERVE
     starts = WEIGHTS if weights == "best" else (weights,)
@@ -259,27 +282,40 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
         tg = load.build()
         graphs = {"host": tg, "device": weights_on_device(tg)}
         for devices in setting.devices:
-            best = None
+            best: dict[str, dict[str, Any]] = {}  # strategy -> its fastest start
+            auto: dict[str, Any] | None = None
             for start in starts:
-                result = plan_one(graphs[start], devices, budget)
-                result["weights"] = start
-                if best is None or result["makespan"] < best["makespan"]:
-                    best = result
-            assert best is not None
-            best.update(work=load.work, variant=load.variant, devices=devices,
-                        tokens=load.tokens, tasks=len(tg), budget=budget)  # fmt: skip
-            raw.append(best)
-            log(
-                f"  planned {load.work} ({load.variant}) on {devices}: "
-                f"{best['makespan']:.4g} s, weights {best['weights']}"
-            )
+                planned = plan_one(graphs[start], devices, budget)
+                for name, result in planned["strategies"].items():
+                    result["weights"] = start
+                    if name not in best or result["makespan"] < best[name]["makespan"]:
+                        best[name] = result
+                chosen = planned["strategies"][planned["chosen"]]
+                if auto is None or chosen["makespan"] < auto["makespan"]:
+                    auto = {**chosen, "strategy": f"auto: {planned['chosen']}",
+                            "refused": planned["refused"]}  # fmt: skip
+            assert auto is not None
+            results = [{**r, "strategy": name, "refused": {}} for name, r in best.items()]
+            if devices > 1:
+                results.append(auto)
+            for r in results:
+                r.update(work=load.work, variant=load.variant, devices=devices,
+                         tokens=load.tokens, budget=budget)  # fmt: skip
+                raw.append(r)
+                log(
+                    f"  planned {load.work} ({load.variant}) on {devices}, {r['strategy']}: "
+                    f"{r['makespan']:.4g} s, weights {r['weights']}"
+                )
+            for name, why in auto["refused"].items():
+                log(f"  {name} refused for {load.work} ({load.variant}) on {devices}: {why}")
     rows = []
     for r in raw:
         one = min(x["makespan"] for x in raw if x["work"] == r["work"] and x["devices"] == 1)
         two = [
             x["makespan"]
             for x in raw
-            if (x["work"], x["variant"], x["devices"]) == (r["work"], r["variant"], 2)
+            if (x["work"], x["variant"], x["strategy"], x["devices"])
+            == (r["work"], r["variant"], r["strategy"], 2)
         ]
         speedup = one / r["makespan"]
         vs_2 = two[0] / r["makespan"] / (r["devices"] / 2) if two and r["devices"] >= 2 else None
@@ -288,6 +324,7 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
                 work=r["work"],
                 variant=r["variant"],
                 devices=r["devices"],
+                strategy=r["strategy"],
                 weights=r["weights"],
                 tokens=r["tokens"],
                 makespan=r["makespan"],
@@ -306,13 +343,14 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
                 verified=r["verified"],
                 reordered=r["reordered"],
                 tasks=r["tasks"],
+                refused=r["refused"],
             )
         )
     return rows
 
 
 HEADER = (
-    "work", "variant", "devices", "weights", "time s", "tokens/s", "speedup", "eff/1",
+    "work", "variant", "devices", "strategy", "weights", "time s", "tokens/s", "speedup", "eff/1",
     "eff/2", "host links", "max peak", "plan s",
 )  # fmt: skip
 
@@ -331,6 +369,7 @@ def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
                 r.work,
                 r.variant,
                 str(r.devices),
+                r.strategy,
                 r.weights,
                 f"{r.makespan:.4g}",
                 rate,
@@ -354,7 +393,7 @@ def format_table(rows: list[Row], markdown: bool = False) -> str:
         return "\n".join(lines)
     widths = [max(len(row[c]) for row in cells) for c in range(len(cells[0]))]
     return "\n".join(
-        "  ".join(cell.rjust(w) if c >= 2 else cell.ljust(w) for c, (cell, w) in
+        "  ".join(cell.ljust(w) if c in (0, 1, 3, 4) else cell.rjust(w) for c, (cell, w) in
                   enumerate(zip(row, widths, strict=True)))
         for row in cells
     )  # fmt: skip
@@ -376,7 +415,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"LLaMA {setting.model} float16 on {COST_MODEL} ({cost.topology.describe()}); "
         f"budget per device {format_bytes(budget)} (80 GB less {format_bytes(RESERVE)}); "
-        f"placement strategies built: {', '.join(STRATEGIES)} (tensor parallel: not built)",
+        f"placement strategies: {', '.join(STRATEGIES)} and auto (the fastest simulated)",
         flush=True,
     )
     started = time.perf_counter()
@@ -398,7 +437,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "budget": budget,
         "weights": args.weights,
         "strategies": list(STRATEGIES),
-        "tensor_parallel": "not built",
         "seconds": seconds,
         "rows": [asdict(r) for r in rows],
         "anchors": ANCHORS,

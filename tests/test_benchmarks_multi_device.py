@@ -1,7 +1,7 @@
 """benchmarks/multi_device.py runs end to end in its quick mode (so the script cannot rot),
 writes the JSON it returns, and its numbers hang together: tokens/s, speedups and scaling
 efficiencies follow from the makespans, every multi-device plan was verified and fits
-its budget, and the table says tensor parallel is not built."""
+its budget, and the auto row of each work and device count is its fastest strategy's."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from memgraph.placement import STRATEGIES
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "multi_device.py"
 
@@ -37,16 +39,27 @@ def test_quick_run_writes_its_json_and_the_numbers_hang_together(bench, tmp_path
     result = bench.main(["--quick", "--json", str(out)])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     printed = capsys.readouterr().out
-    assert "tensor parallel: not built" in printed
     assert printed.count("anchor (") == len(bench.ANCHORS)
-    assert result["tensor_parallel"] == "not built" and result["strategies"] == ["pipeline"]
+    assert result["strategies"] == list(STRATEGIES)
 
     rows = result["rows"]
     setting = result["setting"]
     devices = tuple(setting["devices"])
     works = {(r["work"], r["variant"]) for r in rows}
     assert len(works) == 3 + len(setting["gen_batches"])  # 3 prefills, the generations
-    assert len(rows) == len(works) * len(devices)
+    for work, variant in works:
+        for n in devices:
+            key = (work, variant, n)
+            here = [r for r in rows if (r["work"], r["variant"], r["devices"]) == key]
+            if n == 1:
+                assert [r["strategy"] for r in here] == ["one device"]
+                continue
+            placed = {r["strategy"]: r for r in here if not r["strategy"].startswith("auto")}
+            (auto,) = [r for r in here if r["strategy"].startswith("auto: ")]
+            assert set(placed) | set(auto["refused"]) == set(STRATEGIES)
+            fastest = min(placed.values(), key=lambda r: r["makespan"])
+            assert auto["strategy"] == "auto: " + fastest["strategy"]
+            assert auto["makespan"] == fastest["makespan"]
     columns = {
         "work", "variant", "devices", "weights", "tokens", "makespan", "tokens_per_s",
         "speedup", "efficiency", "efficiency_vs_2", "host_link_bytes", "sent_bytes",
@@ -66,13 +79,13 @@ def test_quick_run_writes_its_json_and_the_numbers_hang_together(bench, tmp_path
         same = {
             x["devices"]: x["makespan"]
             for x in rows
-            if (x["work"], x["variant"]) == (r["work"], r["variant"])
+            if (x["work"], x["variant"], x["strategy"]) == (r["work"], r["variant"], r["strategy"])
         }
         if r["devices"] == 1:
             assert r["efficiency_vs_2"] is None and r["sent_bytes"] == 0
         else:
             assert close(r["efficiency_vs_2"], same[2] / r["makespan"] / (r["devices"] / 2))
-            assert r["sent_bytes"] > 0  # a pipeline sends activations between devices
+            assert r["sent_bytes"] > 0  # devices send activations (or partial sums)
             # what is sent crosses the host links twice (out of one device, into the next)
             assert r["host_link_bytes"] >= 2 * r["sent_bytes"]
     for work in {r["work"] for r in rows}:  # the fastest one-device plan is the reference

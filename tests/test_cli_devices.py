@@ -283,3 +283,20 @@ def test_run_on_a_local_ray_instance(two, capsys):
     code, out, err = cli(capsys, "run", two, "--ray", "--check")
     assert code == EXIT_OK, err
     assert "runner  ray" in out and "ok" in out
+
+
+def test_plan_with_strategy_auto_prints_each_strategy_s_time_and_writes_the_fastest(
+    tmp_path, capsys
+):
+    path = tmp_path / "auto.json"
+    code, out, err = cli(
+        capsys, "plan", *TINY_LLAMA, "--devices", 2, "-b", "60%", "--strategy", "auto",
+        "--cost-model", "cpu", "-o", path,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    line = next(line for line in out.splitlines() if line.split()[:1] == ["strategy"])
+    assert "auto on cpu:" in line and "(chosen)" in line
+    chosen = line.split("auto on cpu:")[1].split(" (chosen)")[0].split(";")[-1].split()[0]
+    mp = read_multi_json(path.read_text(encoding="utf-8")).plan
+    assert mp.placed.strategy == chosen
+    verify_multi(mp)

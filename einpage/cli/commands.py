@@ -84,6 +84,7 @@ from einpage.cli.outputs import (
 )
 from einpage.cli.presets import PRESETS, load_program, random_inputs
 from einpage.pipeline import (
+    AUTO,
     MAX_AUTO_BLOCKS,
     PARTITION_MODES,
     Compiled,
@@ -556,10 +557,11 @@ def _add_plan(
     )
     plan.add_argument(
         "--strategy",
-        choices=list(STRATEGIES),
+        choices=[*STRATEGIES, AUTO],
         default="pipeline",
         help="how --devices places the program: pipeline (consecutive layers per device, "
-        "by weight bytes)",
+        "by weight bytes), auto (every strategy planned, the fastest on --cost-model "
+        "kept)",
     )
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
     plan.add_argument("--eviction", choices=list(POLICIES), default="belady", help="victim choice")

@@ -21,7 +21,15 @@ from einpage.pipeline.compiler import (
     compile,
     partition_mode,
 )
-from einpage.pipeline.devices import RUNNERS, CompiledDevices, compile_devices, device_rows
+from einpage.pipeline.devices import (
+    AUTO,
+    RUNNERS,
+    CompiledDevices,
+    NoStrategyError,
+    StrategyChoice,
+    compile_devices,
+    device_rows,
+)
 from einpage.pipeline.refusals import PartitionInfeasibleError, TooManyBlocksError
 from einpage.pipeline.search import (
     MAX_AUTO_BLOCKS,
@@ -38,6 +46,9 @@ __all__ = [
     "Partitioning",
     "compile_devices",
     "CompiledDevices",
+    "StrategyChoice",
+    "NoStrategyError",
+    "AUTO",
     "RUNNERS",
     "device_rows",
     "PARTITION_MODES",

@@ -1,9 +1,10 @@
 """`einpage.compile_devices(program, budget, devices)`: place, plan every device, verify.
 
 The several-device counterpart of `einpage.compile`: the program is placed on `devices`
-devices by a placement strategy (`memgraph.placement.STRATEGIES`: "pipeline"), each
-device's graph is planned under its own budget (`memgraph.multi.plan_devices`), and the
-whole is checked by `memgraph.multi.verify_multi`. The result, `CompiledDevices`, keeps
+devices by a placement strategy (`memgraph.placement.STRATEGIES`, or "auto": each of
+them tried and the fastest on the cost model kept), each device's graph is planned
+under its own budget (`memgraph.multi.plan_devices`), and the whole is checked by
+`memgraph.multi.verify_multi`. The result, `CompiledDevices`, keeps
 the program, the graph placed, the `MultiPlan`, each device's budget as read, and runs,
 simulates and saves the plan.
 
@@ -28,6 +29,12 @@ device receives the base of the blocks it reads), so a device that reads a large
 received tensor block by block may need room for it whole: then the error names the device,
 its smallest budget and the block limit tried.
 
+`strategy="auto"` compiles the program with every strategy in `STRATEGIES` (those that
+cannot place it, or whose devices' budgets are too small, are refused and say why),
+simulates each plan on the planner's cost model (`memgraph.simulate_multi`, all devices
+together) and keeps the one that finishes first; `CompiledDevices.choice` (a
+`StrategyChoice`) has every candidate's time or refusal. Only the kept plan is verified.
+
 >>> import einpage as ep
 >>> prog = ep.Program("chain")
 >>> x = prog.input("x", (8, 64))
@@ -46,7 +53,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -56,6 +63,7 @@ from einpage.program.program import Program
 from einpage_core.errors import BackendError, PlanError
 from einpage_core.units import format_bytes, format_count
 from memgraph.budgets import BudgetReading, read_budget
+from memgraph.cost import get_cost_model
 from memgraph.multi import (
     DeviceBudgetError,
     MultiPlan,
@@ -73,6 +81,9 @@ from taskgraph.partition.feasibility import BlockLimitError
 __all__ = [
     "compile_devices",
     "CompiledDevices",
+    "StrategyChoice",
+    "NoStrategyError",
+    "AUTO",
     "RUNNERS",
     "DEVICES_KEYWORDS",
     "device_rows",
@@ -82,6 +93,9 @@ RUNNERS = ("local", "ray")
 """Where `CompiledDevices.run` runs a plan: "local" (`runtime.multi.run_devices`: a thread
 and an arena per device, in this process) or "ray" (`runtime.ray_cluster.run_on_ray`: a
 Ray actor per device; `pip install 'einpage[cluster]'`)."""
+
+AUTO = "auto"
+"""The `strategy` that tries every one of `STRATEGIES` and keeps the fastest."""
 
 DEVICES_KEYWORDS = ("budget", "devices", "strategy", "partition", "verify")
 """`compile_devices`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
@@ -111,6 +125,38 @@ def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
     return rows
 
 
+class NoStrategyError(PlanError):
+    """`strategy="auto"` found no strategy that places and plans the program: `errors`
+    holds each strategy's own error, by name."""
+
+    def __init__(self, message: str, errors: Mapping[str, PlanError]):
+        super().__init__(message)
+        self.errors = MappingProxyType(dict(errors))
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """How `strategy="auto"` chose: each candidate strategy's simulated makespan on
+    `cost_model` (`seconds`, by name), or the first line of why it was refused
+    (`refused`); `chosen` is the fastest. `candidates` holds the compiled plans (the
+    chosen one among them), for a caller that wants to compare them."""
+
+    chosen: str
+    cost_model: str
+    seconds: Mapping[str, float]
+    refused: Mapping[str, str]
+    candidates: Mapping[str, CompiledDevices] = field(default_factory=dict, repr=False)
+
+    def describe(self) -> str:
+        """One line: `auto: pipeline 0.954 s (chosen), tensor 1.21 s on 8xh100-sxm`."""
+        parts = [
+            f"{name} {seconds:.4g} s" + (" (chosen)" if name == self.chosen else "")
+            for name, seconds in sorted(self.seconds.items(), key=lambda item: item[1])
+        ]
+        parts += [f"{name} refused: {why}" for name, why in self.refused.items()]
+        return f"auto on {self.cost_model}: " + "; ".join(parts)
+
+
 @dataclass(frozen=True)
 class CompiledDevices:
     """A program and its plan for several devices, with how they were made.
@@ -118,7 +164,8 @@ class CompiledDevices:
     `program` is the TaskGraph given, `graph` the one placed (`program` partitioned when
     `partitioning.block_limit` is set), `plan` the `MultiPlan`, `budgets` each device's
     budget as read (against that device's graph), `report` the verifier's (None with
-    `verify=False`), `timings` the seconds of each stage.
+    `verify=False`), `timings` the seconds of each stage, `choice` how
+    `strategy="auto"` chose (None for a strategy given by name).
     """
 
     program: TaskGraph
@@ -128,6 +175,7 @@ class CompiledDevices:
     partitioning: Partitioning
     report: MultiVerifyReport | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    choice: StrategyChoice | None = None
 
     @property
     def devices(self) -> int:
@@ -198,6 +246,8 @@ class CompiledDevices:
             ),
             ("budgets", "; ".join(f"device {d}: {b}" for d, b in enumerate(self.budgets))),
         ]
+        if self.choice is not None:
+            rows.append(("strategy", self.choice.describe()))
         if self.partitioning.block_limit is not None:
             rows.append(
                 (
@@ -239,7 +289,9 @@ def compile_devices(
 
     `budget` is one budget for all devices or a sequence of one per device (bytes, size
     strings, percentages of that device's graph). `strategy` names a placement
-    (`memgraph.placement.STRATEGIES`). `partition` is "auto", "off" or a block limit.
+    (`memgraph.placement.STRATEGIES`) or is "auto" (each tried, the fastest simulated on
+    the `cost_model` option kept: the module docstring; `NoStrategyError` when none
+    fits, with each one's error). `partition` is "auto", "off" or a block limit.
     `verify` runs `verify_multi`. Other keywords are the planner's options
     (`memgraph.plan`: order, eviction, cost_model, ...; every device is planned with
     outputs="host"). Raises `DeviceBudgetError` for a device's budget below its smallest
@@ -248,10 +300,11 @@ def compile_devices(
     budgets, or an option that is not one.
     """
     devices = check_devices(devices, "einpage.compile_devices")
-    if strategy not in STRATEGIES:
-        raise PlanError(
-            f"unknown placement strategy {strategy!r}; valid: {', '.join(map(repr, STRATEGIES))}"
-        )
+    if strategy not in STRATEGIES and strategy != AUTO:
+        valid = ", ".join(map(repr, [*STRATEGIES, AUTO]))
+        raise PlanError(f"unknown placement strategy {strategy!r}; valid: {valid}")
+    if strategy == AUTO:
+        return _auto_strategy(source, budget, devices, partition, verify, options)
     tg = _taskgraph(source)
     declared = declare_workspaces(tg)
     if options.get("outputs", "host") != "host":
@@ -302,6 +355,63 @@ def compile_devices(
         report = verify_multi(mp)
         timings["verifying"] = time.perf_counter() - started
     return CompiledDevices(tg, graph, mp, readings, chosen, report, MappingProxyType(timings))
+
+
+def _auto_strategy(
+    source: Program | TaskGraph,
+    budget: Any,
+    devices: int,
+    partition: bool | int | str | None,
+    verify: bool,
+    options: dict[str, Any],
+) -> CompiledDevices:
+    """`compile_devices(strategy="auto")`: every strategy compiled unverified, each plan
+    simulated on the options' cost model, the fastest verified and returned with the
+    `StrategyChoice`. Raises `NoStrategyError` (or, when every strategy's devices' budgets
+    were too small, the first strategy's `DeviceBudgetError`, its message naming the
+    others') when no strategy fits."""
+    from memgraph.simulate_multi import simulate_multi
+
+    started = time.perf_counter()
+    cost = get_cost_model(
+        PlanOptions.from_keywords(
+            {**options, "outputs": "host"}, "einpage.compile_devices", DEVICES_KEYWORDS
+        ).cost_model
+    )
+    candidates: dict[str, CompiledDevices] = {}
+    seconds: dict[str, float] = {}
+    errors: dict[str, PlanError] = {}
+    for name in STRATEGIES:
+        try:
+            compiled = compile_devices(
+                source, budget, devices, strategy=name, partition=partition, verify=False,
+                **options,
+            )  # fmt: skip
+        except PlanError as err:
+            errors[name] = err
+            continue
+        candidates[name] = compiled
+        seconds[name] = simulate_multi(compiled.plan, cost).makespan
+    if not candidates:
+        listed = "; ".join(f"{name}: {err}" for name, err in errors.items())
+        message = f"strategy='auto': no placement strategy fits this program ({listed})"
+        first = next(iter(errors.values()))
+        if all(isinstance(err, DeviceBudgetError) for err in errors.values()):
+            assert isinstance(first, DeviceBudgetError)
+            raise DeviceBudgetError(message, first.budget, first.needed, first.task, first.device)
+        raise NoStrategyError(message, errors)
+    chosen = min(seconds, key=lambda name: (seconds[name], name != "pipeline"))
+    refused = {name: str(err).splitlines()[0] for name, err in errors.items()}
+    choice = StrategyChoice(chosen, cost.name, seconds, refused, candidates)
+    best = candidates[chosen]
+    timings = dict(best.timings)
+    timings["choosing"] = time.perf_counter() - started
+    report = None
+    if verify:
+        verifying = time.perf_counter()
+        report = verify_multi(best.plan)
+        timings["verifying"] = time.perf_counter() - verifying
+    return replace(best, report=report, timings=MappingProxyType(timings), choice=choice)
 
 
 def _readings(placed: Any, budget: Any, opts: PlanOptions) -> tuple[BudgetReading, ...]:
