@@ -300,3 +300,30 @@ def test_plan_with_strategy_auto_prints_each_strategy_s_time_and_writes_the_fast
     mp = read_multi_json(path.read_text(encoding="utf-8")).plan
     assert mp.placed.strategy == chosen
     verify_multi(mp)
+
+
+def test_plan_with_strategy_tensor_writes_the_split_program_and_run_check_passes(
+    tmp_path, capsys
+):
+    path = tmp_path / "tensor.json"
+    code, out, err = cli(
+        capsys, "plan", *TINY_LLAMA, "--devices", 2, "-b", "60%", "--strategy", "tensor",
+        "-o", path,
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert "tensor on 2 devices" in out
+    loaded = read_multi_json(path.read_text(encoding="utf-8"))
+    assert loaded.plan.placed.strategy == "tensor"
+    assert len(loaded.program) > len(ep.models.llama.prefill_program(
+        ep.models.llama.PRESETS["tiny"], 1, 16).build())  # the split program is saved
+    code, out, err = cli(capsys, "run", path, "--check")
+    assert code == EXIT_OK, err
+    assert "ok" in out
+
+
+def test_strategy_tensor_on_a_program_without_shard_facts(tmp_path, capsys):
+    code, out, err = cli(
+        capsys, "plan", chain_file(tmp_path), "--devices", 2, "-b", "1MiB", "--strategy", "tensor"
+    )
+    assert code != EXIT_OK
+    assert_one_error(err, "states none; use pipeline")

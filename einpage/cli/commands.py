@@ -4,7 +4,7 @@
     einpage plan mlp --budget 50% -o plan.json    plan for a device of that many bytes
     einpage stats plan.json                       what the plan does, simulated and verified
     einpage run plan.json --check                 execute it; compare with the reference
-    einpage plan mlp --devices 2 -b 50% -o two.json   a plan per device (--strategy pipeline)
+    einpage plan mlp --devices 2 -b 50% -o two.json   a plan per device (--strategy tensor, auto)
     einpage run two.json --check [--ray]          every device, in this process or on Ray
     einpage render plan.json -o plan.svg --collapse   (layers folded; --scope layers.3)
     einpage demo                                  all of the above on the demo MLP
@@ -560,8 +560,9 @@ def _add_plan(
         choices=[*STRATEGIES, AUTO],
         default="pipeline",
         help="how --devices places the program: pipeline (consecutive layers per device, "
-        "by weight bytes), auto (every strategy planned, the fastest on --cost-model "
-        "kept)",
+        "by weight bytes), tensor (each device its share of every layer's heads and MLP "
+        "columns, partial sums added on every device), auto (each planned, the fastest "
+        "on --cost-model kept)",
     )
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
     plan.add_argument("--eviction", choices=list(POLICIES), default="belady", help="victim choice")

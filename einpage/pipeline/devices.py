@@ -18,6 +18,11 @@ string, or a percentage read against *that device's* graph ("50%": half of that 
 resident peak). A budget below a device's smallest raises `memgraph.multi.DeviceBudgetError`
 (an `InfeasibleBudgetError`: `.device`, `.needed`).
 
+Tensor parallelism (`strategy="tensor"`) splits the program first
+(`taskgraph.partition.tensor_split`: each device's heads and MLP columns, stated by the
+models' `Shard` facts), and that split program is what is partitioned and placed:
+`CompiledDevices.graph` is it, and a saved plan file holds it.
+
 Partitioning composes as "partition the whole program first, then place": `partition`
 is a block limit (bytes or a size string: the program is split at that limit, then the
 blocks are placed), "off" (place the program as it is), or "auto" (the default): the
@@ -75,7 +80,7 @@ from memgraph.options import PlanOptions
 from memgraph.placement import STRATEGIES, check_devices, place
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
-from taskgraph.partition import DEFAULT_BUDGET_FRACTION
+from taskgraph.partition import DEFAULT_BUDGET_FRACTION, tensor_split
 from taskgraph.partition.feasibility import BlockLimitError
 
 __all__ = [
@@ -161,7 +166,8 @@ class StrategyChoice:
 class CompiledDevices:
     """A program and its plan for several devices, with how they were made.
 
-    `program` is the TaskGraph given, `graph` the one placed (`program` partitioned when
+    `program` is the TaskGraph given, `graph` the one placed (`program` split for tensor
+    parallelism with strategy "tensor", and partitioned when
     `partitioning.block_limit` is set), `plan` the `MultiPlan`, `budgets` each device's
     budget as read (against that device's graph), `report` the verifier's (None with
     `verify=False`), `timings` the seconds of each stage, `choice` how
@@ -290,8 +296,9 @@ def compile_devices(
     `budget` is one budget for all devices or a sequence of one per device (bytes, size
     strings, percentages of that device's graph). `strategy` names a placement
     (`memgraph.placement.STRATEGIES`) or is "auto" (each tried, the fastest simulated on
-    the `cost_model` option kept: the module docstring; `NoStrategyError` when none
-    fits, with each one's error). `partition` is "auto", "off" or a block limit.
+    the `cost_model` option kept: the module docstring; when none fits, a
+    `DeviceBudgetError` if one could place the program, else `NoStrategyError`, each
+    naming every strategy's reason). `partition` is "auto", "off" or a block limit.
     `verify` runs `verify_multi`. Other keywords are the planner's options
     (`memgraph.plan`: order, eviction, cost_model, ...; every device is planned with
     outputs="host"). Raises `DeviceBudgetError` for a device's budget below its smallest
@@ -306,7 +313,12 @@ def compile_devices(
     if strategy == AUTO:
         return _auto_strategy(source, budget, devices, partition, verify, options)
     tg = _taskgraph(source)
-    declared = declare_workspaces(tg)
+    started = time.perf_counter()
+    if strategy == "tensor":  # split for tensor parallelism first, then for the budget
+        declared = declare_workspaces(tensor_split(tg, devices))
+    else:
+        declared = declare_workspaces(tg)
+    splitting = time.perf_counter() - started
     if options.get("outputs", "host") != "host":
         raise PlanError(
             f"einpage.compile_devices plans every device with outputs='host' (a link's tensor "
@@ -316,7 +328,7 @@ def compile_devices(
         {**options, "outputs": "host"}, "einpage.compile_devices", DEVICES_KEYWORDS
     )
     mode = partition_mode(partition)
-    timings: dict[str, float] = {}
+    timings: dict[str, float] = {"splitting": splitting} if strategy == "tensor" else {}
     started = time.perf_counter()
     if isinstance(mode, int):
         graph = explicit_partition(declared, mode, opts.alignment)
@@ -367,9 +379,9 @@ def _auto_strategy(
 ) -> CompiledDevices:
     """`compile_devices(strategy="auto")`: every strategy compiled unverified, each plan
     simulated on the options' cost model, the fastest verified and returned with the
-    `StrategyChoice`. Raises `NoStrategyError` (or, when every strategy's devices' budgets
-    were too small, the first strategy's `DeviceBudgetError`, its message naming the
-    others') when no strategy fits."""
+    `StrategyChoice`. When no strategy fits: a `DeviceBudgetError` (the fields of the
+    first strategy whose device budget was too small, the message naming every
+    strategy's reason) if any strategy could place the program, else `NoStrategyError`."""
     from memgraph.simulate_multi import simulate_multi
 
     started = time.perf_counter()
@@ -395,9 +407,9 @@ def _auto_strategy(
     if not candidates:
         listed = "; ".join(f"{name}: {err}" for name, err in errors.items())
         message = f"strategy='auto': no placement strategy fits this program ({listed})"
-        first = next(iter(errors.values()))
-        if all(isinstance(err, DeviceBudgetError) for err in errors.values()):
-            assert isinstance(first, DeviceBudgetError)
+        budgets = [err for err in errors.values() if isinstance(err, DeviceBudgetError)]
+        if budgets:  # a strategy that could place the program needs larger budgets
+            first = budgets[0]
             raise DeviceBudgetError(message, first.budget, first.needed, first.task, first.device)
         raise NoStrategyError(message, errors)
     chosen = min(seconds, key=lambda name: (seconds[name], name != "pipeline"))

@@ -64,16 +64,63 @@ def test_auto_with_no_strategy_that_fits_names_each_one_s_reason():
     assert "pipeline: pipeline placement of 3 devices needs at least 3 weights" in str(err)
 
 
-def test_auto_when_every_device_budget_is_too_small_raises_the_device_s_error():
-    tg, _ = chain((64, 64, 64))
+@pytest.mark.parametrize("sharded", [False, True])
+def test_auto_when_the_device_budgets_are_too_small_raises_the_device_s_error(sharded):
+    """Whether tensor parallelism is refused (no Shard facts) or fails on its budgets too,
+    a budget too small for the strategies that could place the program is the error."""
+    if sharded:
+        tg, _ = llama_case(llama.PRESETS["tiny"], seq=16)
+    else:
+        tg, _ = chain((64, 64, 64))
     with pytest.raises(DeviceBudgetError) as caught:
         ep.compile_devices(tg, 64, 2, strategy="auto", partition="off")
     err = caught.value
     assert err.device in (0, 1) and err.needed > err.budget == 64
-    assert "no placement strategy fits" in str(err) and "device" in str(err)
+    assert "no placement strategy fits" in str(err)
+    assert "pipeline: device" in str(err)
+    assert ("tensor: device" if sharded else "states none; use pipeline") in str(err)
 
 
 def test_unknown_strategy_lists_auto_among_the_valid_ones():
     tg, _ = chain((16, 16))
     with pytest.raises(ep.PlanError, match="unknown placement strategy 'best'; valid: .*'auto'"):
         ep.compile_devices(tg, "1MiB", 2, strategy="best")
+
+
+# -- strategy="tensor" through the front door ----------------------------------------------
+
+
+def test_tensor_strategy_splits_first_then_partitions_for_a_small_budget_and_runs(tmp_path):
+    """compile_devices(strategy="tensor") splits the program for tensor parallelism, then
+    (partition="auto", a budget below what a whole task needs) partitions the split
+    program; the plan file holds that graph, and the plan equals the reference."""
+    from memgraph.multi_serialize import read_multi_json
+    from taskgraph.facts import TensorPart, fact_of
+
+    tg, arrays = llama_case(llama.PRESETS["tiny"], seq=16)
+    roomy = ep.compile_devices(tg, "100%", 2, strategy="tensor")
+    assert roomy.strategy == "tensor" and "splitting" in roomy.timings
+    assert roomy.partitioning.block_limit is None
+    parts = {fact_of(t, TensorPart) for t in roomy.graph} - {None}
+    assert {(p.index, p.count) for p in parts} == {(0, 2), (1, 2)}
+    smallest = min(reading.nbytes for reading in roomy.budgets)
+    tight = ep.compile_devices(tg, smallest // 8, 2, strategy="tensor")
+    assert tight.partitioning.block_limit is not None and len(tight.graph) > len(roomy.graph)
+    for compiled in (roomy, tight):
+        assert compiled.plan.placed.graph is compiled.graph
+        assert_close(compiled.run(arrays), taskgraph.evaluate(tg, arrays))
+    path = tmp_path / "tensor.json"
+    tight.save(path)
+    loaded = read_multi_json(path.read_text(encoding="utf-8"))
+    assert loaded.program.to_json() == tight.graph.to_json()
+    assert_close(
+        taskgraph.evaluate(loaded.program, arrays), taskgraph.evaluate(tg, arrays)
+    )  # the file's program is the split one, with the same outputs
+
+
+def test_tensor_strategy_on_a_program_without_shard_facts_says_use_pipeline():
+    tg, _ = chain((16, 16))
+    with pytest.raises(ep.PlanError, match="states none; use pipeline"):
+        ep.compile_devices(tg, "1MiB", 2, strategy="tensor")
+    choice = ep.compile_devices(tg, "1MiB", 2, strategy="auto").choice
+    assert choice.chosen == "pipeline" and "use pipeline" in choice.refused["tensor"]
