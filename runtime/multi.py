@@ -15,8 +15,12 @@ the next starts. This cannot deadlock when the union of the plans' dependencies 
 links (source `output` node -> target `input` node) is acyclic (`verify_multi`).
 
 `run_devices(mp, inputs)` runs every device on a thread of its own and gathers the
-outputs; `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. The driver
-stages each original input on every device whose TaskGraph has an input of that name.
+outputs; `LocalDevices` keeps the runners between runs, of one MultiPlan or of several
+over the same devices (a generation's step plans: each runner a session over its
+device's share of every plan, inputs staged once for all of them, `run(inputs,
+plan=key)`); `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. The
+driver stages each original input on every device whose TaskGraph has an input of that
+name.
 
 Waits are bounded: a device that waits more than `timeout` seconds for a link raises
 `BackendError` naming the device and the nodes it waits for; an error on one device

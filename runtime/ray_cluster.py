@@ -17,6 +17,11 @@ the nodes it waits for); an actor that dies (`ray.exceptions.RayActorError`) or 
 makes the driver cancel the other devices' runs and raise `BackendError` naming the
 device. Ray is an optional extra: `pip install 'einpage[cluster]'`.
 
+Several MultiPlans over the same devices (a generation's step plans) share the actors:
+`RayDevices({key: mp, ...})`, each actor holding its device's share of every plan;
+`stage(inputs)` places inputs (weights) once on the actors that read them, and
+`run(inputs, plan=key)` runs one plan.
+
 >>> out = run_on_ray(mp, inputs, timeout=30)                     # doctest: +SKIP
 >>> with RayDevices(mp) as devices:                              # doctest: +SKIP
 ...     first = devices.run(inputs)

@@ -196,7 +196,8 @@ class Generation:
     ragged batch, see `prompt_lengths` –, then the new tokens; None when not run),
     `new_ids` [batch, n], each step's `logits` when asked for, `text` (each sequence
     decoded without its padding and up to where it stopped, when a tokenizer was used),
-    the `plan` (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and
+    the `plan` (`UnrolledPlan`, `StepPlans`, or on several devices `DevicesPlan` or
+    `DevicesStepPlans`: its `plans` are the compiled plans) and
     its `stats` (after a run, of the tokens kept). `new_lengths` [batch]: the new tokens
     each sequence kept – all `new_tokens` unless it stopped (`stopping`:
     `einpage.workloads.stop`; then n is the longest kept, and a shorter sequence's later

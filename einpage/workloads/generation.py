@@ -26,6 +26,13 @@ planning time allows, at the price of re-reading from host memory, every run, wh
 does not fit in one run's plan. The README's "Measured" section quantifies both
 (`benchmarks/generation.py`).
 
+On several devices (`Planning(devices=N)`): each program of either way is placed by
+pipeline (`einpage.compile_devices`, each device under the budget read against its own
+graph): the unrolled program as a `DevicesPlan`; the prefill and each decode program as
+a `DevicesStepPlans`, whose step loop is `StepPlans`'s, each run across the devices with
+one session per device over its share of every plan (the KV pages in host memory between
+runs, each staged on its layer's device). Both run in one process or on Ray actors.
+
 Budgets: both ways share one reading (`read_generation_budget`). `"N%"` is of the
 resident peak of the plans themselves (the unrolled plan's, or the largest step plan's:
 at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token (the
@@ -490,12 +497,13 @@ class GenerationStats:
     tasks: int
     nodes: int
     devices: int = 1
-    """The devices the plans run on; with more than one (a `DevicesPlan`), `tasks` and
-    `nodes` count every device's graph and plan (a replicated task once per device that
-    makes it), `transfers` are every device's host<->device bytes summed (a link's
-    tensor counted where it leaves its source and where it enters its target), and
-    `simulated_seconds` is all devices together (`memgraph.simulate_multi`: the last
-    device's end)."""
+    """The devices the plans run on; with more than one (a `DevicesPlan` or a
+    `DevicesStepPlans`), `tasks` and `nodes` count every device's graph and plan (a
+    replicated task once per device that makes it), `transfers` are every device's
+    host<->device bytes summed (a link's tensor counted where it leaves its source and
+    where it enters its target), and `simulated_seconds` is all devices together
+    (`memgraph.simulate_multi`: the last device's end; for step plans, summed over the
+    runs as on one device)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -775,7 +783,8 @@ class UnrolledPlan:
 
 @dataclass(frozen=True)
 class DeviceStats:
-    """One device's share of a `DevicesPlan` (`DevicesPlan.device_stats`): its budget as
+    """One device's share of a `DevicesPlan` (`DevicesPlan.device_stats`; of step plans:
+    `DevicesStepPlans.device_stats`, which says how it sums the runs): its budget as
     read against its graph and its plan's peak (bytes), its host<->device `transfers`
     (a link's tensor counted as it leaves or enters this device), when its last node ends
     in the simulation of all devices together (`finish_seconds`), its tasks and nodes,
@@ -793,7 +802,8 @@ class DeviceStats:
 
 
 RUNNERS_ORDER = {None: "ready", "sequential": "ready", "random": "random"}
-"""The order each device of a `DevicesPlan` runs its ready nodes in, by `Running.mode`:
+"""The order each device of a `DevicesPlan` or a `DevicesStepPlans` runs its ready nodes
+in, by `Running.mode`:
 insertion order, or random (a missing dependency shows as a wrong answer)."""
 
 
