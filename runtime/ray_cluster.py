@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage_core.errors import BackendError
+from einpage_core.errors import BackendError, InputError
 from einpage_core.optional import require
 from memgraph.graph import MemGraph
 from memgraph.multi import Link, MultiPlan
@@ -353,7 +353,7 @@ class RayDevices:
         key = next(iter(self.plans)) if plan is None else plan
         if key not in self.plans:
             known = ", ".join(map(repr, self.plans))
-            raise BackendError(f"these RayDevices have no plan {key!r}; their plans: {known}")
+            raise InputError(f"these RayDevices have no plan {key!r}; their plans: {known}")
         mp = self.plans[key]
         staged = device_inputs(mp, inputs, self._staged)
         refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
