@@ -62,7 +62,6 @@ import numpy as np
 
 import memgraph
 import runtime
-import runtime.multi
 from einpage.models.base import ModelConfig, ModelFamily
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationBudgetError, GenerationError
@@ -1453,11 +1452,8 @@ class DevicesStepPlans(StepPlans):
         options = _devices_run_options(self.devices, backend, mode, run_seed, timeout)
 
         def devices() -> _DevicesSteps:
-            if self.runner == "ray":
-                from runtime.ray_cluster import RayDevices
-
-                return _DevicesSteps(RayDevices(self.session_plans, **options))
-            return _DevicesSteps(runtime.multi.LocalDevices(self.session_plans, **options))
+            driver = runtime.RayDevices if self.runner == "ray" else runtime.LocalDevices
+            return _DevicesSteps(driver(self.session_plans, **options))
 
         return _step_loop(self, devices, weights, tokens, seed, run_seed, until)
 
