@@ -802,8 +802,8 @@ class DeviceStats:
 
 RUNNERS_ORDER = {None: "ready", "sequential": "ready", "random": "random"}
 """The order each device of a `DevicesPlan` or a `DevicesStepPlans` runs its ready nodes
-in, by `Running.mode`:
-insertion order, or random (a missing dependency shows as a wrong answer)."""
+in, by `Running.mode`: insertion order, or random (a missing dependency shows as a wrong
+answer)."""
 
 
 class DevicesPlan:
