@@ -16,7 +16,8 @@ A plan for several devices (`memgraph.multi.MultiPlan`) runs in one process with
 `run_devices(mp, inputs)` (a thread and an arena per device, links between them,
 `runtime.multi`), or on Ray with `run_on_ray(mp, inputs)` / `RayDevices(mp)` (an actor
 per device running the same per-device executor, `DeviceRunner`; `runtime.ray_cluster`,
-the `cluster` extra).
+the `cluster` extra). `LocalDevices` and `RayDevices` also hold several MultiPlans over
+the same devices (a generation's step plans), staging inputs once for all of them.
 """
 
 from runtime.backend import (
@@ -32,7 +33,7 @@ from runtime.backend import (
 )
 from runtime.hostmem import SharedHost
 from runtime.interpreter import HostLayout, Interpreter
-from runtime.multi import DeviceRunner, run_devices
+from runtime.multi import DeviceRunner, LocalDevices, run_devices
 from runtime.ray_cluster import RayDevices, run_on_ray
 from runtime.schedule import MODES, Schedule, random_order
 from runtime.session import (
@@ -77,6 +78,7 @@ __all__ = [
     "kernel_workspace",
     "run_devices",
     "DeviceRunner",
+    "LocalDevices",
     "run_on_ray",
     "RayDevices",
 ]

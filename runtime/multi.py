@@ -15,8 +15,12 @@ the next starts. This cannot deadlock when the union of the plans' dependencies 
 links (source `output` node -> target `input` node) is acyclic (`verify_multi`).
 
 `run_devices(mp, inputs)` runs every device on a thread of its own and gathers the
-outputs; `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. The driver
-stages each original input on every device whose TaskGraph has an input of that name.
+outputs; `LocalDevices` keeps the runners between runs, of one MultiPlan or of several
+over the same devices (a generation's step plans: each runner a session over its
+device's share of every plan, inputs staged once for all of them, `run(inputs,
+plan=key)`); `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. The
+driver stages each original input on every device whose TaskGraph has an input of that
+name.
 
 Waits are bounded: a device that waits more than `timeout` seconds for a link raises
 `BackendError` naming the device and the nodes it waits for; an error on one device
@@ -34,6 +38,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -52,7 +57,10 @@ __all__ = [
     "Inbox",
     "Cancelled",
     "DeviceRunner",
+    "LocalDevices",
     "run_devices",
+    "check_plans",
+    "staging",
     "check_multi",
     "device_inputs",
     "gather",
@@ -131,14 +139,35 @@ class Inbox:
             raise Cancelled(self._cancelled)
 
 
+@dataclass(frozen=True)
+class _Routes:
+    """The links of one plan that concern one device: those it receives (by input name)
+    and sends (by output name; an output may feed several devices)."""
+
+    receives: dict[str, Link]
+    sends: dict[str, list[Link]]
+
+    @classmethod
+    def of(cls, device: int, links: Sequence[Link]) -> _Routes:
+        sends: dict[str, list[Link]] = {}
+        for link in links:
+            if link.source == device:
+                sends.setdefault(link.output, []).append(link)
+        return cls({link.input: link for link in links if link.target == device}, sends)
+
+
 def _node_of(node: MemNode) -> str:
     return f"n{node.id} ({node.describe()})"
 
 
 class DeviceRunner(Session):
-    """Device `device`'s share of a `MultiPlan`: a `Session` over its MemGraph `mg` that
-    runs it dependency-driven, receiving the `links` whose target it is through an
-    `Inbox` and sending those whose source it is (see the module docstring).
+    """Device `device`'s share of a `MultiPlan` – or of several, run one at a time: a
+    `Session` over its MemGraph `mg` (or its MemGraphs by key, as `Session` keys plans:
+    one plan is key 0) that runs a plan dependency-driven, receiving the `links` whose
+    target it is through an `Inbox` and sending those whose source it is (see the module
+    docstring). With several plans `links` are by plan key (a sequence: the same links
+    for every plan); inputs staged once (`stage`: weights) serve every plan that reads
+    them, as in one `Session`.
 
     `order` is "ready" or "random" (ordered by `seed` and the device); `poison` (default:
     on in random order) fills freed and unwritten memory with 0xFF bytes. Other keywords
@@ -148,8 +177,8 @@ class DeviceRunner(Session):
     def __init__(
         self,
         device: int,
-        mg: MemGraph,
-        links: Sequence[Link] = (),
+        mg: MemGraph | Mapping[Any, MemGraph],
+        links: Sequence[Link] | Mapping[Any, Sequence[Link]] = (),
         backend: str | Backend = "numpy",
         *,
         order: str = "ready",
@@ -163,32 +192,47 @@ class DeviceRunner(Session):
         self.device = device
         self.order = order
         self.seed = 0 if seed is None else seed
-        self.receives = {link.input: link for link in links if link.target == device}
-        self.sends: dict[str, list[Link]] = {}
-        for link in links:
-            if link.source == device:
-                self.sends.setdefault(link.output, []).append(link)
-        self.progress = (0, len(mg.nodes))  # nodes done in the current or last run, of all
-        self._check_links(mg)
         poison = order == "random" if poison is None else poison
         # Mode "random": each node's work is done before the next one starts.
         super().__init__(mg, backend, mode="random", poison=poison, **options)
+        self._routes = {
+            key: _Routes.of(device, links[key] if isinstance(links, Mapping) else links)
+            for key in self.plans
+        }
+        self.progress = (0, len(self.mg.nodes))  # nodes done in the current or last run, of all
+        for key, plan in self.plans.items():
+            try:
+                self._check_links(plan, self._routes[key])
+            except BaseException:
+                self.close()
+                raise
 
     def __repr__(self) -> str:
+        plans = "" if len(self.plans) == 1 else f" plans={len(self.plans)}"
         return (
-            f"<DeviceRunner device={self.device} {self.tg.name!r} order={self.order} "
+            f"<DeviceRunner device={self.device} {self.tg.name!r}{plans} order={self.order} "
             f"receives={len(self.receives)} sends={sum(map(len, self.sends.values()))}>"
         )
 
-    def _check_links(self, mg: MemGraph) -> None:
+    @property
+    def receives(self) -> dict[str, Link]:
+        """The links this device receives in the current (or last) plan, by input name."""
+        return self._routes[self._current.key].receives
+
+    @property
+    def sends(self) -> dict[str, list[Link]]:
+        """The links this device sends in the current (or last) plan, by output name."""
+        return self._routes[self._current.key].sends
+
+    def _check_links(self, mg: MemGraph, routes: _Routes) -> None:
         tg = mg.taskgraph
-        for name, link in self.receives.items():
+        for name, link in routes.receives.items():
             if name not in tg.inputs:
                 raise VerificationError(
                     f"device {self.device}: {link.describe()} feeds input {name!r}, which its "
                     f"TaskGraph does not have; its inputs: {', '.join(map(repr, tg.inputs))}"
                 )
-        for name, links in self.sends.items():
+        for name, links in routes.sends.items():
             if name not in tg.outputs:
                 raise VerificationError(
                     f"device {self.device}: {links[0].describe()} reads output {name!r}, which "
@@ -197,8 +241,20 @@ class DeviceRunner(Session):
 
     @property
     def driver_inputs(self) -> tuple[str, ...]:
-        """The inputs the driver stages on this device: those no link feeds."""
+        """The inputs the driver stages on this device for the current plan: those no
+        link feeds."""
         return tuple(name for name in self.tg.inputs if name not in self.receives)
+
+    @property
+    def stageable(self) -> frozenset[str]:
+        """The inputs the driver may stage on this device for any of its plans (`stage`):
+        those no link of that plan feeds."""
+        return frozenset(
+            name
+            for key, mg in self.plans.items()
+            for name in mg.taskgraph.inputs
+            if name not in self._routes[key].receives
+        )
 
     # -- a run -------------------------------------------------------------------
 
@@ -209,13 +265,15 @@ class DeviceRunner(Session):
         send: Send,
         *,
         timeout: float = DEFAULT_TIMEOUT,
+        plan: Any = None,
     ) -> dict[str, np.ndarray]:
-        """Run the plan once: `inputs` are the driver's (every input no link feeds, but
-        those staged before with `stage`), the links' arrays come through `inbox`, and
-        `send(link, array)` is called for each link whose source is this device as soon
-        as its output node has run. Returns every output of this device's TaskGraph
-        (links' outputs too), as host arrays."""
+        """Run a plan once (`plan`: its key; default the first): `inputs` are the
+        driver's (every input no link feeds, but those staged before with `stage`), the
+        links' arrays come through `inbox`, and `send(link, array)` is called for each
+        link whose source is this device as soon as its output node has run. Returns
+        every output of this device's TaskGraph (links' outputs too), as host arrays."""
         self._check_open()
+        self._current = self._plan(plan)
         staged = set(self.staged)
         missing = [n for n in self.driver_inputs if n not in inputs and n not in staged]
         if missing:
@@ -383,9 +441,14 @@ def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
             raise VerificationError(f"device {plan.device}: {err}", err.node) from None
 
 
-def device_inputs(mp: MultiPlan, inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+def device_inputs(
+    mp: MultiPlan,
+    inputs: Mapping[str, Any],
+    staged: Sequence[frozenset[str] | set[str]] | None = None,
+) -> list[dict[str, Any]]:
     """Per device, the arrays of `inputs` it reads (every input of its TaskGraph that no
-    link feeds). `InputError` for an input no device reads, or one missing."""
+    link feeds). `InputError` for an input no device reads, or one missing – neither
+    given nor, when `staged` says per device what it holds already, staged there."""
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a mapping of name to array, got {type(inputs).__name__}")
     linked = {(link.target, link.input) for link in mp.links}
@@ -400,12 +463,16 @@ def device_inputs(mp: MultiPlan, inputs: Mapping[str, Any]) -> list[dict[str, An
             f"unknown input(s) {', '.join(map(repr, unknown))}; the devices read "
             f"{', '.join(map(repr, sorted(known)))}"
         )
-    missing = sorted(known - set(inputs))
-    if missing:
-        readers = {name: [d for d, names in enumerate(wanted) if name in names] for name in missing}
-        said = ", ".join(f"{name!r} (device(s) {readers[name]})" for name in missing)
+    held = [frozenset()] * mp.devices if staged is None else staged
+    readers: dict[str, list[int]] = {}
+    for device, names in enumerate(wanted):
+        for name in names:
+            if name not in inputs and name not in held[device]:
+                readers.setdefault(name, []).append(device)
+    if readers:
+        said = ", ".join(f"{name!r} (device(s) {readers[name]})" for name in sorted(readers))
         raise InputError(f"missing input(s): {said}")
-    return [{name: inputs[name] for name in names} for names in wanted]
+    return [{name: inputs[name] for name in names if name in inputs} for names in wanted]
 
 
 def gather(mp: MultiPlan, results: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -432,6 +499,161 @@ def first_failure(failures: Sequence[tuple[int, BaseException]]) -> tuple[int, B
 # -- one process, a thread per device ------------------------------------------------
 
 
+def _keyed_plans(plans: MultiPlan | Mapping[Any, MultiPlan]) -> dict[Any, MultiPlan]:
+    """`plans` by key (one MultiPlan is key 0), every one over the same devices."""
+    keyed = {0: plans} if isinstance(plans, MultiPlan) else dict(plans)
+    if not keyed:
+        raise BackendError("several devices' runs need at least one MultiPlan, got none")
+    counts = {key: mp.devices for key, mp in keyed.items() if isinstance(mp, MultiPlan)}
+    if len(set(counts.values())) > 1:
+        raise BackendError(
+            "the plans of one run of several devices must be for the same devices, got "
+            + ", ".join(f"{key!r}: {n}" for key, n in counts.items())
+        )
+    return keyed
+
+
+def check_plans(
+    plans: MultiPlan | Mapping[Any, MultiPlan], unsafe_skip_verify: bool = False
+) -> dict[Any, MultiPlan]:
+    """`plans` by key (`_keyed_plans`), each checked by `check_multi`."""
+    keyed = _keyed_plans(plans)
+    for mp in keyed.values():
+        check_multi(mp, unsafe_skip_verify)
+    return keyed
+
+
+def staging(keyed: Mapping[Any, MultiPlan], inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per device, the arrays of `inputs` that any of `keyed`'s plans reads there from
+    the driver (not through a link): what `stage` places once for every run. `InputError`
+    for an input no plan reads."""
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping of name to array, got {type(inputs).__name__}")
+    devices = next(iter(keyed.values())).devices
+    wanted: list[set[str]] = [set() for _ in range(devices)]
+    for mp in keyed.values():
+        linked = {(link.target, link.input) for link in mp.links}
+        for plan in mp.plans:
+            names = plan.mg.taskgraph.inputs
+            wanted[plan.device] |= {n for n in names if (plan.device, n) not in linked}
+    known = set().union(*wanted)
+    unknown = [name for name in inputs if name not in known]
+    if unknown:
+        raise InputError(
+            f"unknown input(s) {', '.join(map(repr, unknown))}; the devices read "
+            f"{', '.join(map(repr, sorted(known)))}"
+        )
+    return [{n: v for n, v in inputs.items() if n in names} for names in wanted]
+
+
+class LocalDevices:
+    """The devices of one MultiPlan or several (by key, as `runtime.Session` keys plans;
+    one MultiPlan is key 0), each a `DeviceRunner` over its share of every plan, in this
+    process: `stage(inputs)` places inputs once on every device that reads them (the
+    weights of a generation: each device gets those its graphs read), `run(inputs,
+    plan=key)` runs one plan, a thread per device, and returns its original outputs.
+    Keywords as `run_devices`; `close()` (or leaving its `with` block) closes every
+    runner. `runtime.ray_cluster.RayDevices` is the same on Ray actors.
+
+    >>> with LocalDevices({"prefill": a, "decode": b}) as devices:   # doctest: +SKIP
+    ...     devices.stage(weights)
+    ...     first = devices.run(prompt, plan="prefill")
+    ...     step = devices.run(step_inputs, plan="decode")
+    """
+
+    def __init__(
+        self,
+        plans: MultiPlan | Mapping[Any, MultiPlan],
+        *,
+        backend: str | Backend = "numpy",
+        order: str = "ready",
+        seed: int | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        poison: bool | None = None,
+        unsafe_skip_verify: bool = False,
+        **options: Any,
+    ):
+        if order not in ORDERS:
+            raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
+        self.timeout = _check_timeout(timeout)
+        self.plans = check_plans(plans, unsafe_skip_verify)
+        devices = next(iter(self.plans.values())).devices
+        if isinstance(backend, Backend) and devices > 1:
+            raise BackendError(
+                f"give the backend by name: each of the {devices} devices makes its own"
+            )
+        self.runners: list[DeviceRunner] = []
+        self._staged: list[set[str]] = [set() for _ in range(devices)]
+        try:
+            for device in range(devices):
+                self.runners.append(
+                    DeviceRunner(
+                        device,
+                        {key: mp.plans[device].mg for key, mp in self.plans.items()},
+                        {key: mp.links for key, mp in self.plans.items()},
+                        backend,
+                        order=order,
+                        seed=seed,
+                        poison=poison,
+                        unsafe_skip_verify=True,  # checked above, for every device
+                        **options,
+                    )
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        state = "closed" if not self.runners else f"runners={len(self.runners)}"
+        return f"<LocalDevices plans={list(self.plans)} {state}>"
+
+    def __enter__(self) -> LocalDevices:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stage(self, inputs: Mapping[str, Any]) -> None:
+        """Place `inputs` once on every device whose plans read them (from the driver);
+        later runs use them unless given again."""
+        for runner, mine in zip(self._open(), staging(self.plans, inputs), strict=True):
+            if mine:
+                runner.stage(mine)
+                self._staged[runner.device] |= set(mine)
+
+    def run(
+        self, inputs: Mapping[str, Any], *, plan: Any = None, timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run plan `plan` (its key; default the first) on `inputs` and what is staged;
+        return its original outputs. `timeout` (default: the one given when made) bounds
+        each wait of a device for a link."""
+        runners = self._open()
+        key = next(iter(self.plans)) if plan is None else plan
+        if key not in self.plans:
+            known = ", ".join(map(repr, self.plans))
+            raise InputError(f"these devices have no plan {key!r}; their plans: {known}")
+        mp = self.plans[key]
+        staged = device_inputs(mp, inputs, self._staged)
+        wait = self.timeout if timeout is None else _check_timeout(timeout)
+        return gather(mp, _run_threads(runners, staged, wait, key))
+
+    def _open(self) -> list[DeviceRunner]:
+        if not self.runners:
+            raise BackendError("these LocalDevices are closed")
+        return self.runners
+
+    def close(self) -> None:
+        runners, self.runners = self.runners, []
+        for runner in runners:
+            runner.close()
+
+
+def _check_timeout(timeout: Any) -> float:
+    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
+        raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
+
+
 def run_devices(
     mp: MultiPlan,
     inputs: Mapping[str, Any],
@@ -451,42 +673,29 @@ def run_devices(
     "random" (with `seed`); `timeout` the most seconds a device waits for a link;
     `poison` as in `runtime.Session` (default: on in random order). Every device plan is
     verified first (`VerificationError` naming the device), unless `unsafe_skip_verify`.
+    One run of a `LocalDevices`, made and closed here.
     """
     if order not in ORDERS:
         raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
-    if not (isinstance(timeout, int | float) and timeout > 0):
-        raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if isinstance(backend, Backend) and mp.devices > 1:
+    _check_timeout(timeout)
+    if isinstance(backend, Backend) and isinstance(mp, MultiPlan) and mp.devices > 1:
         raise BackendError(
             f"give the backend by name: each of the {mp.devices} devices makes its own"
         )
     check_multi(mp, unsafe_skip_verify)
-    staged = device_inputs(mp, inputs)
-    runners: list[DeviceRunner] = []
-    try:
-        for plan in mp.plans:
-            runners.append(
-                DeviceRunner(
-                    plan.device,
-                    plan.mg,
-                    mp.links,
-                    backend,
-                    order=order,
-                    seed=seed,
-                    poison=poison,
-                    unsafe_skip_verify=True,  # checked above, for every device
-                    **options,
-                )
-            )
-        results = _run_threads(runners, staged, timeout)
-    finally:
-        for runner in runners:
-            runner.close()
-    return gather(mp, results)
+    device_inputs(mp, inputs)  # before any arena is made
+    with LocalDevices(
+        mp, backend=backend, order=order, seed=seed, timeout=timeout, poison=poison,
+        unsafe_skip_verify=True, **options,
+    ) as devices:  # fmt: skip
+        return devices.run(inputs)
 
 
 def _run_threads(
-    runners: Sequence[DeviceRunner], staged: Sequence[Mapping[str, Any]], timeout: float
+    runners: Sequence[DeviceRunner],
+    staged: Sequence[Mapping[str, Any]],
+    timeout: float,
+    plan: Any = None,
 ) -> dict[int, dict[str, np.ndarray]]:
     inboxes = [Inbox() for _ in runners]
     results: dict[int, dict[str, np.ndarray]] = {}
@@ -499,7 +708,7 @@ def _run_threads(
     def work(runner: DeviceRunner) -> None:
         try:
             out = runner.run_linked(staged[runner.device], inboxes[runner.device], send,
-                                    timeout=timeout)  # fmt: skip
+                                    timeout=timeout, plan=plan)  # fmt: skip
             with lock:
                 results[runner.device] = out
         except BaseException as err:  # reported by the driver, never lost

@@ -17,6 +17,11 @@ the nodes it waits for); an actor that dies (`ray.exceptions.RayActorError`) or 
 makes the driver cancel the other devices' runs and raise `BackendError` naming the
 device. Ray is an optional extra: `pip install 'einpage[cluster]'`.
 
+Several MultiPlans over the same devices (a generation's step plans) share the actors:
+`RayDevices({key: mp, ...})`, each actor holding its device's share of every plan;
+`stage(inputs)` places inputs (weights) once on the actors that read them, and
+`run(inputs, plan=key)` runs one plan.
+
 >>> out = run_on_ray(mp, inputs, timeout=30)                     # doctest: +SKIP
 >>> with RayDevices(mp) as devices:                              # doctest: +SKIP
 ...     first = devices.run(inputs)
@@ -33,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from einpage_core.errors import BackendError
+from einpage_core.errors import BackendError, InputError
 from einpage_core.optional import require
 from memgraph.graph import MemGraph
 from memgraph.multi import Link, MultiPlan
@@ -42,11 +47,13 @@ from runtime.multi import (
     ORDERS,
     DeviceRunner,
     Inbox,
-    check_multi,
+    _check_timeout,
+    check_plans,
     device_inputs,
     first_failure,
     gather,
     on_device,
+    staging,
 )
 
 __all__ = ["RayDevices", "DeviceActor", "run_on_ray", "MAX_CONCURRENCY", "START_TIMEOUT"]
@@ -67,15 +74,15 @@ def _ray() -> Any:
 
 class DeviceActor:
     """The body of one device's Ray actor (`ray.remote(DeviceActor)`): a `DeviceRunner`
-    over the device's plan (sent as JSON: a MemGraph is rebuilt from it in the actor),
-    and an inbox per run for the links that arrive (a link may arrive before the run
-    that takes it has started)."""
+    over the device's share of each plan (by key, sent as JSON: a MemGraph is rebuilt
+    from it in the actor; `links` by the same keys), and an inbox per run for the links
+    that arrive (a link may arrive before the run that takes it has started)."""
 
     def __init__(
         self,
         device: int,
-        plan_json: str,
-        links: tuple[Link, ...],
+        plan_json: Mapping[Any, str],
+        links: Mapping[Any, tuple[Link, ...]],
         backend: str,
         order: str,
         seed: int | None,
@@ -90,8 +97,8 @@ class DeviceActor:
         try:
             self.runner = DeviceRunner(
                 device,
-                MemGraph.from_json(plan_json),
-                links,
+                {key: MemGraph.from_json(text) for key, text in plan_json.items()},
+                dict(links),
                 backend,
                 order=order,
                 seed=seed,
@@ -128,24 +135,36 @@ class DeviceActor:
         """Stop run `run`'s waits: another device failed."""
         self._inbox(run).cancel(reason)
 
+    def stage(self, inputs: dict[str, Any], timeout: float) -> None:
+        """Place inputs once for every plan that reads them (`DeviceRunner.stage`):
+        `inputs` maps each name to its object reference."""
+        self._runner().stage(_fetched(inputs, timeout))
+
+    def _runner(self) -> DeviceRunner:
+        if self.runner is None:  # `ready` raised it already; RayDevices do not run then
+            raise BackendError(f"device {self.device}'s actor has no runner: {self.failure}")
+        return self.runner
+
     def run(
-        self, run: int, inputs: dict[str, Any], peers: list[Any], timeout: float
+        self,
+        run: int,
+        inputs: dict[str, Any],
+        peers: list[Any],
+        timeout: float,
+        plan: Any = None,
     ) -> dict[str, np.ndarray]:
-        """Run the plan once: `inputs` maps each input the driver stages to its object
-        reference; `peers` are every device's actor handle, to deliver links to."""
-        ray = _ray()
-        names = list(inputs)
-        arrays = dict(zip(names, ray.get([inputs[n] for n in names], timeout=timeout), strict=True))
+        """Run plan `plan` (its key; default the first) once: `inputs` maps each input the
+        driver gives to its object reference; `peers` are every device's actor handle,
+        to deliver links to."""
+        arrays = _fetched(inputs, timeout)
 
         def send(link: Link, value: np.ndarray) -> None:
             if peers[link.target] is not None:  # an idle device reads nothing
                 peers[link.target].deliver.remote(run, link.input, value)
 
-        runner = self.runner
-        if runner is None:  # `ready` raised it already; RayDevices do not run then
-            raise BackendError(f"device {self.device}'s actor has no runner: {self.failure}")
+        runner = self._runner()
         try:
-            return runner.run_linked(arrays, self._inbox(run), send, timeout=timeout)
+            return runner.run_linked(arrays, self._inbox(run), send, timeout=timeout, plan=plan)
         finally:
             with self._lock:
                 self._inboxes.pop(run, None)
@@ -155,25 +174,38 @@ class DeviceActor:
             self.runner.close()
 
 
+def _fetched(refs: Mapping[str, Any], timeout: float) -> dict[str, np.ndarray]:
+    """The arrays of `refs` (name -> object reference), from the object store."""
+    names = list(refs)
+    got = _ray().get([refs[n] for n in names], timeout=timeout)
+    return dict(zip(names, got, strict=True))
+
+
 class RayDevices:
     """The actors of a MultiPlan `mp`, one per device, ready to run it (see the module
-    docstring). Uses the Ray instance already initialised, or starts a local one
-    (`ray_init` keywords; by default `num_cpus=2`, no dashboard) and shuts it down on
-    `close()`. `backend` ("numpy" or "cupy": then each actor asks Ray for a GPU),
-    `order`, `seed` and `poison` are each device's, as in `runtime.multi.run_devices`;
-    `timeout` the default of `run`; `actor_options` go to Ray's `.options()` (resources).
+    docstring) – or of several MultiPlans over the same devices, by key (as
+    `runtime.Session` keys plans; one MultiPlan is key 0), each actor holding its
+    device's share of every plan: `stage(inputs)` places inputs once on every actor
+    whose plans read them, `run(inputs, plan=key)` runs one plan (as
+    `runtime.multi.LocalDevices` does in one process). Uses the Ray instance already
+    initialised, or starts a local one (`ray_init` keywords; by default `num_cpus=2`, no
+    dashboard) and shuts it down on `close()`. `backend` ("numpy" or "cupy": then each
+    actor asks Ray for a GPU), `order`, `seed` and `poison` are each device's, as in
+    `runtime.multi.run_devices`; `timeout` the default of `run`; `actor_options` go to
+    Ray's `.options()` (resources).
 
     `actors` are the actor handles, by device; None for an idle device, whose graph has
     no outputs: a placement can leave a device without tasks (its weights all read by
     tasks that go with a larger weight elsewhere), or with only tasks whose results
     nothing reads (a program's dead code). Nothing an idle device could do is seen, and
     its plan cannot be sent as JSON (a TaskGraph without outputs is not a program), so it
-    gets no actor and links to it are not sent.
+    gets no actor and links to it are not sent. With several plans a device is idle when
+    it is in every plan; its share of a plan in which it has no outputs is left out.
     """
 
     def __init__(
         self,
-        mp: MultiPlan,
+        mp: MultiPlan | Mapping[Any, MultiPlan],
         *,
         backend: str = "numpy",
         order: str = "ready",
@@ -192,11 +224,12 @@ class RayDevices:
         if order not in ORDERS:
             raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
         _check_timeout(timeout)
-        check_multi(mp, unsafe_skip_verify)
+        self.plans = check_plans(mp, unsafe_skip_verify)
         ray = _ray()
-        self.mp = mp
+        self.mp = next(iter(self.plans.values()))
         self.timeout = float(timeout)
         self.actors: list[Any] = []
+        self._staged: list[set[str]] = [set() for _ in range(self.mp.devices)]
         self._dead: dict[int, str] = {}
         self._runs = itertools.count()
         self._started = False
@@ -224,15 +257,20 @@ class RayDevices:
         remote = ray.remote(DeviceActor).options(
             max_concurrency=MAX_CONCURRENCY, **{**resources, **actor_options}
         )
-        for plan in self.mp.plans:
-            if not plan.mg.taskgraph.outputs:
+        for device in range(self.mp.devices):
+            shares = {
+                key: mp.plans[device].mg.to_json()
+                for key, mp in self.plans.items()
+                if mp.plans[device].mg.taskgraph.outputs
+            }
+            if not shares:
                 self.actors.append(None)
                 continue
             self.actors.append(
                 remote.remote(
-                    plan.device,
-                    plan.mg.to_json(),
-                    tuple(self.mp.links),
+                    device,
+                    shares,
+                    {key: tuple(self.plans[key].links) for key in shares},
                     backend,
                     order,
                     seed,
@@ -274,30 +312,76 @@ class RayDevices:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def run(self, inputs: Mapping[str, Any], *, timeout: float | None = None) -> dict[str, Any]:
-        """Run the plan once on `inputs` (name -> host array); return the original outputs.
+    def _check_usable(self) -> None:
+        if not self.actors:
+            raise BackendError("these RayDevices are closed")
+        if self._dead:
+            device, why = next(iter(self._dead.items()))
+            raise BackendError(f"device {device}'s Ray actor died in an earlier run ({why})")
+
+    def stage(self, inputs: Mapping[str, Any], *, timeout: float | None = None) -> None:
+        """Place `inputs` (name -> host array) once on every actor whose plans read them
+        (each array put in the object store once); later runs use them unless given
+        again. A failure names the device, as `run`'s do."""
+        ray = _ray()
+        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        self._check_usable()
+        per_device = staging(self.plans, inputs)
+        refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
+        calls = {}
+        for device, actor in enumerate(self.actors):
+            mine = {name: refs[name] for name in per_device[device]}
+            if actor is None or not mine:
+                continue
+            calls[actor.stage.remote(mine, timeout)] = device
+        self._gather(ray, calls, {}, timeout, None)
+        for device, mine in enumerate(per_device):
+            self._staged[device] |= set(mine)
+
+    def run(
+        self, inputs: Mapping[str, Any], *, plan: Any = None, timeout: float | None = None
+    ) -> dict[str, Any]:
+        """Run plan `plan` (its key; default the first) once on `inputs` (name -> host
+        array) and what is staged; return its original outputs.
 
         `timeout` (default: the one given when made) bounds each wait of a device for a
         link. A failure on a device – an error, or its actor dying – cancels the others
         and raises, naming the device; a device whose actor died stays unusable."""
         ray = _ray()
         timeout = self.timeout if timeout is None else _check_timeout(timeout)
-        if not self.actors:
-            raise BackendError("these RayDevices are closed")
-        if self._dead:
-            device, why = next(iter(self._dead.items()))
-            raise BackendError(f"device {device}'s Ray actor died in an earlier run ({why})")
-        staged = device_inputs(self.mp, inputs)
+        self._check_usable()
+        key = next(iter(self.plans)) if plan is None else plan
+        if key not in self.plans:
+            known = ", ".join(map(repr, self.plans))
+            raise InputError(f"these RayDevices have no plan {key!r}; their plans: {known}")
+        mp = self.plans[key]
+        staged = device_inputs(mp, inputs, self._staged)
         refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
         run = next(self._runs)
         calls = {}
         results: dict[int, dict[str, Any]] = {}
         for device, actor in enumerate(self.actors):
-            if actor is None:  # idle: no inputs, no links, no outputs
-                results[device] = {}
+            if actor is None or not mp.plans[device].mg.taskgraph.outputs:
+                results[device] = {}  # idle: no inputs, no links, no outputs
                 continue
             mine = {name: refs[name] for name in staged[device]}
-            calls[actor.run.remote(run, mine, self.actors, timeout)] = device
+            calls[actor.run.remote(run, mine, self.actors, timeout, key)] = device
+        self._gather(ray, calls, results, timeout, run)
+        # Arrays from the object store are read-only views of it: hand out arrays of
+        # the caller's own, as `runtime.run` does.
+        return {name: np.array(value, copy=True) for name, value in gather(mp, results).items()}
+
+    def _gather(
+        self,
+        ray: Any,
+        calls: dict[Any, int],
+        results: dict[int, Any],
+        timeout: float,
+        run: int | None,
+    ) -> None:
+        """Wait for every call (device by its object reference) and put its result in
+        `results`; on a failure, cancel run `run`'s other devices (None: nothing to
+        cancel) and raise it, naming the device."""
         failures: list[tuple[int, BaseException]] = []
         pending = list(calls)
         while pending and not failures:
@@ -308,7 +392,8 @@ class RayDevices:
         if failures:
             reason = f"stopped: device {failures[0][0]} failed"
             for ref in pending:
-                self.actors[calls[ref]].cancel.remote(run, reason)
+                if run is not None:
+                    self.actors[calls[ref]].cancel.remote(run, reason)
             if pending:  # the cancelled runs end at once; their outcomes are gathered too
                 done, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout)
                 for ref in done:
@@ -318,11 +403,6 @@ class RayDevices:
             if public is error:
                 raise public
             raise public from error
-        # Arrays from the object store are read-only views of it: hand out arrays of
-        # the caller's own, as `runtime.run` does.
-        return {
-            name: np.array(value, copy=True) for name, value in gather(self.mp, results).items()
-        }
 
     def _outcome(
         self,
@@ -360,12 +440,6 @@ class RayDevices:
         if self._started:
             self._started = False
             ray.shutdown()
-
-
-def _check_timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
-        raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    return float(timeout)
 
 
 def _first_line(error: BaseException) -> str:

@@ -23,12 +23,12 @@ text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens; seve
 unless `--dtype` says otherwise; `--quant` stores its weights in int8 or int4; `--chat`
 writes each prompt (the user's message) with its chat template, `--messages` a whole
 chat; each sequence stops at its end-of-sequence ids (not with `--ignore-eos`) or a
-`--stop` string. `--devices N` places the unrolled generation on N devices (a pipeline:
-`einpage.compile_devices`; `--budget` is each device's, read against its own graph, or one
+`--stop` string. `--devices N` places the generation on N devices (a pipeline:
+`einpage.compile_devices`, the unrolled program or, with `--way steps`, the prefill and
+each decode program; `--budget` is each device's, read against its own graph, or one
 per device comma-separated), prints each device's plan, and with `--run` runs every
-device in this process, or each in a Ray actor with `--ray`; `-o` writes the plan file
-for several devices (`einpage run FILE --check [--ray]`). Step plans on several devices
-are not built.
+device in this process, or each in a Ray actor with `--ray`; `-o` writes each plan's
+file for several devices (`einpage run FILE --check [--ray]`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.models.gguf import is_gguf
-from einpage.pipeline import device_rows
+from einpage.pipeline import CompiledDevices, device_rows
 from einpage.program.quantize import Quantization
 from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
@@ -75,8 +75,10 @@ from einpage.workloads.generate import (
     unpadded,
 )
 from einpage.workloads.generation import (
+    ON_DEVICES,
     WAYS,
     DevicesPlan,
+    DevicesStepPlans,
     Planning,
     StepPlans,
     UnrolledPlan,
@@ -248,9 +250,9 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=1,
         metavar="N",
-        help="place the unrolled generation on N devices (a pipeline of the layers' "
-        "weights), each planned under --budget read against its own graph (or one budget "
-        "per device, comma-separated); step plans on several devices are not built",
+        help="place the generation (unrolled, or each step plan with --way steps) on N "
+        "devices (a pipeline of the layers' weights), each planned under --budget read "
+        "against its own graph (or one budget per device, comma-separated)",
     )
     gen.add_argument(
         "--ray",
@@ -491,7 +493,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
                 values = run_weights(planned.spec, weights, checkpoint)
                 plan = planned.plan
-                if isinstance(plan, DevicesPlan):
+                if isinstance(plan, ON_DEVICES):
                     plan = plan.on(running.runner)
                 started = time.perf_counter()
                 ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
@@ -530,15 +532,17 @@ def _print_plans(out: Generation, dtype_why: str, console: Console) -> None:
         *out.stats.rows(),
     ]
     title = f"generation ({out.plan.way})"
-    if isinstance(out.plan, DevicesPlan):
+    if isinstance(out.plan, ON_DEVICES):
         title = f"generation ({out.plan.way}, on {out.plan.devices} devices)"
     console.print(format_table(rows, title))
     for name, compiled in out.plan.plans.items():
         console.print()
         console.print(format_table(compiled.rows(), f"{name} plan"))
-    if isinstance(out.plan, DevicesPlan):
+    placed = {n: c for n, c in out.plan.plans.items() if isinstance(c, CompiledDevices)}
+    for name, compiled in placed.items():
         console.print()
-        console.print(format_columns(device_rows(out.plan.plan), "devices"))
+        title = "devices" if len(placed) == 1 else f"devices ({name} plan)"
+        console.print(format_columns(device_rows(compiled.plan), title))
 
 
 def _prompt_lengths(spec: Any) -> str:
@@ -563,17 +567,17 @@ def _quant_note(spec: Any) -> str:
 
 def _largest(out: Generation) -> Any:
     """The plan with the most nodes (a MemGraph; of several devices', the largest)."""
-    if isinstance(out.plan, DevicesPlan):
-        return max(out.plan.device_plans, key=len)
+    if isinstance(out.plan, ON_DEVICES):
+        return max((p.mg for c in out.plan.plans.values() for p in c.plan.plans), key=len)
     return max((c.plan for c in out.plan.plans.values()), key=len)
 
 
 def plan_files(
-    plan: UnrolledPlan | StepPlans | DevicesPlan, path: str | Path
+    plan: UnrolledPlan | StepPlans | DevicesPlan | DevicesStepPlans, path: str | Path
 ) -> dict[str, Path]:
     """Where `-o path` writes each plan, by plan name: the unrolled plan (on one device or
-    several: one file for several devices) to `path`; step
-    plans one file each beside it, `{stem}.prefill.json` and
+    several: one file for several devices) to `path`; step plans (on one device or
+    several) one file each beside it, `{stem}.prefill.json` and
     `{stem}.decode-pages{P}[-steps{S}].json` (a bucket of P pages, chunks of S steps)."""
     path = Path(path)
     if isinstance(plan, UnrolledPlan | DevicesPlan):
@@ -588,17 +592,18 @@ def plan_files(
 
 
 def _write_plans(
-    plan: UnrolledPlan | StepPlans | DevicesPlan, path: str, console: Console
+    plan: UnrolledPlan | StepPlans | DevicesPlan | DevicesStepPlans, path: str, console: Console
 ) -> None:
     """Each plan to its file (`plan_files`), written whole; a plan for several devices
     as `einpage plan --devices` writes it (`CompiledDevices.save`)."""
     for name, file in plan_files(plan, path).items():
+        compiled = plan.plans[name]
         with atomic_output(file) as temporary:
-            if isinstance(plan, DevicesPlan):
-                plan.compiled.save(temporary)
+            if isinstance(compiled, CompiledDevices):
+                compiled.save(temporary)
             else:
-                temporary.write_text(plan.plans[name].plan.to_json(), encoding="utf-8")
-        what = f"{name} plan for {plan.devices} devices" if isinstance(plan, DevicesPlan) else None
+                temporary.write_text(compiled.plan.to_json(), encoding="utf-8")
+        what = f"{name} plan for {plan.devices} devices" if isinstance(plan, ON_DEVICES) else None
         wrote(console, what or f"{name} plan", file)
 
 
@@ -618,7 +623,7 @@ def _print_run(
     reports = ran.reports
     report = reports[-1] if reports else None
     where = f"{report.backend} ({report.mode} mode)" if report is not None else "?"
-    if isinstance(planned.plan, DevicesPlan):
+    if isinstance(planned.plan, ON_DEVICES):
         how = "a Ray actor" if running.runner == "ray" else "a thread of this process"
         where = (
             f"{planned.plan.devices} devices, each in {how}, backend {running.backend!r} "

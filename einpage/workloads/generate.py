@@ -37,9 +37,9 @@ The rest is said by three records, each checked once, when made:
 * `sampling=Sampling(temperature, top_k, seed)`: how the next token is drawn (None:
   the greedy argmax);
 * `plan=Planning(way, bucket_pages, chunk_steps, cost_model, options, devices)`: how it
-  is planned (`einpage.workloads.generation.Planning`); `devices=N` places the unrolled
-  generation on N devices (a pipeline: `DevicesPlan`, the budget read per device; step
-  plans on several devices are not built);
+  is planned (`einpage.workloads.generation.Planning`); `devices=N` places the
+  generation on N devices (a pipeline, the budget read per device: the unrolled plan as
+  a `DevicesPlan`, step plans as a `DevicesStepPlans`);
 * `run=Running(backend, mode, runner)`: how it runs (`runner` "ray": the devices of a
   placed generation as Ray actors); `run=None` only plans (no weights needed).
 
@@ -85,8 +85,10 @@ from einpage.program.quantize import Quantization
 from einpage.workloads import text
 from einpage.workloads.chat import ChatError, ChatTemplate, chat_rows
 from einpage.workloads.generation import (
+    ON_DEVICES,
     DevicesNotBuiltError,
     DevicesPlan,
+    DevicesStepPlans,
     GenerationSpec,
     GenerationStats,
     Planning,
@@ -194,14 +196,15 @@ class Generation:
     ragged batch, see `prompt_lengths` –, then the new tokens; None when not run),
     `new_ids` [batch, n], each step's `logits` when asked for, `text` (each sequence
     decoded without its padding and up to where it stopped, when a tokenizer was used),
-    the `plan` (`UnrolledPlan` or `StepPlans`: its `plans` are the compiled plans) and
+    the `plan` (`UnrolledPlan`, `StepPlans`, or on several devices `DevicesPlan` or
+    `DevicesStepPlans`: its `plans` are the compiled plans) and
     its `stats` (after a run, of the tokens kept). `new_lengths` [batch]: the new tokens
     each sequence kept – all `new_tokens` unless it stopped (`stopping`:
     `einpage.workloads.stop`; then n is the longest kept, and a shorter sequence's later
     ids are the pad id)."""
 
     spec: GenerationSpec
-    plan: UnrolledPlan | StepPlans | DevicesPlan
+    plan: UnrolledPlan | StepPlans | DevicesPlan | DevicesStepPlans
     stats: GenerationStats
     ids: np.ndarray | None = None
     new_ids: np.ndarray | None = None
@@ -371,7 +374,9 @@ def quantized_weight_bytes(cfg: ModelConfig, quant: Any, dtype: str) -> int:
 
 
 def check_run_memory(
-    plan: UnrolledPlan | StepPlans | DevicesPlan, backend: Any, weights: str | None
+    plan: UnrolledPlan | StepPlans | DevicesPlan | DevicesStepPlans,
+    backend: Any,
+    weights: str | None,
 ) -> int:
     """The host memory a run of `plan` on `backend` needs, checked against what is
     available now (`einpage_core.host.available_memory`) before anything is allocated;
@@ -563,8 +568,8 @@ def generate(
     the step and task), and `HostMemoryError` before a run that would not fit in host
     memory. On several devices: `memgraph.multi.DeviceBudgetError` (an
     `InfeasibleBudgetError`) names the device whose budget is too small and its smallest,
-    the placement's `PlanError`s pass through, and what is not built (step plans, the
-    "streams" mode) raises `DevicesNotBuiltError`.
+    the placement's `PlanError`s pass through, and what is not built (the "streams"
+    mode) raises `DevicesNotBuiltError`.
     """
     moved_keywords("generate", moved, MOVED, PARAMETERS)
     if not isinstance(plan, Planning):
@@ -617,7 +622,7 @@ def generate(
         quant, lengths,
     )  # fmt: skip
     planned = plan_generation(spec, budget, plan)
-    if run is not None and isinstance(planned, DevicesPlan):
+    if run is not None and isinstance(planned, ON_DEVICES):
         planned = planned.on(run.runner)
     stats = planned.stats()
     if run is None:

@@ -26,6 +26,13 @@ planning time allows, at the price of re-reading from host memory, every run, wh
 does not fit in one run's plan. The README's "Measured" section quantifies both
 (`benchmarks/generation.py`).
 
+On several devices (`Planning(devices=N)`): each program of either way is placed by
+pipeline (`einpage.compile_devices`, each device under the budget read against its own
+graph): the unrolled program as a `DevicesPlan`; the prefill and each decode program as
+a `DevicesStepPlans`, whose step loop is `StepPlans`'s, each run across the devices with
+one session per device over its share of every plan (the KV pages in host memory between
+runs, each staged on its layer's device). Both run in one process or on Ray actors.
+
 Budgets: both ways share one reading (`read_generation_budget`). `"N%"` is of the
 resident peak of the plans themselves (the unrolled plan's, or the largest step plan's:
 at 100% nothing moves); `"N%streaming"` is of the streaming minimum of one token (the
@@ -43,6 +50,7 @@ and per generated token.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -78,7 +86,7 @@ from einpage_core.errors import EinpageError, InfeasibleBudgetError, Unsupported
 from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
-from memgraph.multi import MultiPlan
+from memgraph.multi import DeviceBudgetError, MultiPlan
 from runtime.hostmem import SharedHost
 from taskgraph import dtypes
 from taskgraph.facts import KVEntries, KVPage, chosen_ids, fact_of, first_needing, is_kv_page
@@ -104,7 +112,10 @@ __all__ = [
     "STEP_OPTIONS",
     "DEVICES_OPTIONS",
     "DevicesPlan",
+    "DevicesStepPlans",
+    "ON_DEVICES",
     "DevicesNotBuiltError",
+    "weight_devices",
     "RUNNERS_ORDER",
     "DeviceStats",
 ]
@@ -134,8 +145,9 @@ planner's."""
 
 
 class DevicesNotBuiltError(GenerationError, UnsupportedError):
-    """A generation asked of several devices in a way that is not built: step plans
-    (`Planning(way="steps", devices=N)`); the message names the unrolled way instead."""
+    """A generation asked of several devices in a way that is not built: the "streams"
+    mode (each device runs its nodes one at a time); the message names the modes that
+    are."""
 
 
 def _positive_int(what: str, value: Any) -> None:
@@ -161,11 +173,12 @@ class Planning:
       own. Step plans send their outputs to the host (`STEP_OPTIONS`) unless `options`
       says otherwise;
     * `devices`: the devices the generation is placed on (a positive int; 1: one plan
-      made by `einpage.compile`). With more than one, the unrolled program is placed by
-      pipeline (`einpage.compile_devices`: the layers' weights cut into `devices`
-      contiguous groups, a `DevicesPlan`), each device planned under the budget read
-      against its own graph; `options` are then `DEVICES_OPTIONS` (no progress bars or
-      max_blocks). Step plans on several devices are not built: `DevicesNotBuiltError`.
+      made by `einpage.compile`). With more than one, each program – the unrolled one
+      (a `DevicesPlan`), or the prefill and each decode program of step plans (a
+      `DevicesStepPlans`) – is placed by pipeline (`einpage.compile_devices`: the
+      layers' weights cut into `devices` contiguous groups), each device planned under
+      the budget read against its own graph; `options` are then `DEVICES_OPTIONS` (no
+      progress bars or max_blocks).
 
     >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
     {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
@@ -184,13 +197,6 @@ class Planning:
         _positive_int("bucket_pages", self.bucket_pages)
         _positive_int("chunk_steps", self.chunk_steps)
         _positive_int("devices", self.devices)
-        if self.devices > 1 and self.way != "unrolled":
-            raise DevicesNotBuiltError(
-                f"Planning: step plans on several devices are not built (way={self.way!r}, "
-                f"devices={self.devices}); plan the unrolled way: Planning(way='unrolled', "
-                f"devices={self.devices}), on the command line --way unrolled "
-                f"--devices {self.devices}"
-            )
         if not isinstance(self.options, Mapping):
             raise GenerationError(
                 f"Planning: options must be a mapping of einpage.compile's keywords, got "
@@ -490,12 +496,13 @@ class GenerationStats:
     tasks: int
     nodes: int
     devices: int = 1
-    """The devices the plans run on; with more than one (a `DevicesPlan`), `tasks` and
-    `nodes` count every device's graph and plan (a replicated task once per device that
-    makes it), `transfers` are every device's host<->device bytes summed (a link's
-    tensor counted where it leaves its source and where it enters its target), and
-    `simulated_seconds` is all devices together (`memgraph.simulate_multi`: the last
-    device's end)."""
+    """The devices the plans run on; with more than one (a `DevicesPlan` or a
+    `DevicesStepPlans`), `tasks` and `nodes` count every device's graph and plan (a
+    replicated task once per device that makes it), `transfers` are every device's
+    host<->device bytes summed (a link's tensor counted where it leaves its source and
+    where it enters its target), and `simulated_seconds` is all devices together
+    (`memgraph.simulate_multi`: the last device's end; for step plans, summed over the
+    runs as on one device)."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -775,7 +782,8 @@ class UnrolledPlan:
 
 @dataclass(frozen=True)
 class DeviceStats:
-    """One device's share of a `DevicesPlan` (`DevicesPlan.device_stats`): its budget as
+    """One device's share of a `DevicesPlan` (`DevicesPlan.device_stats`; of step plans:
+    `DevicesStepPlans.device_stats`, which says how it sums the runs): its budget as
     read against its graph and its plan's peak (bytes), its host<->device `transfers`
     (a link's tensor counted as it leaves or enters this device), when its last node ends
     in the simulation of all devices together (`finish_seconds`), its tasks and nodes,
@@ -793,8 +801,9 @@ class DeviceStats:
 
 
 RUNNERS_ORDER = {None: "ready", "sequential": "ready", "random": "random"}
-"""The order each device of a `DevicesPlan` runs its ready nodes in, by `Running.mode`:
-insertion order, or random (a missing dependency shows as a wrong answer)."""
+"""The order each device of a `DevicesPlan` or a `DevicesStepPlans` runs its ready nodes
+in, by `Running.mode`: insertion order, or random (a missing dependency shows as a wrong
+answer)."""
 
 
 class DevicesPlan:
@@ -935,28 +944,13 @@ class DevicesPlan:
         for several devices. `timeout`: the most seconds a device waits for a link (the
         runner's default when None). The output has no run reports (the runners return
         the outputs only)."""
-        if mode not in RUNNERS_ORDER:
-            raise DevicesNotBuiltError(
-                f"mode {mode!r} is not built for a generation on {self.devices} devices; "
-                f"each device runs its nodes one at a time: mode None, 'sequential' or "
-                "'random'"
-            )
-        if not isinstance(backend, str):
-            raise GenerationError(
-                f"a generation on {self.devices} devices takes its backend by name (each "
-                f"device makes its own), got {type(backend).__name__}"
-            )
+        options = _devices_run_options(self.devices, backend, mode, run_seed, timeout)
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         inputs = generation_inputs(
             spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed),
             spec.lengths,
         )  # fmt: skip
-        options: dict[str, Any] = {"backend": backend, "order": RUNNERS_ORDER[mode]}
-        if mode == "random":
-            options["seed"] = run_seed
-        if timeout is not None:
-            options["timeout"] = timeout
         out = self.compiled.run(inputs, runner=self.runner, **options)
         return GenerationOutput(out["ids"], out.get("logits"), ())
 
@@ -1108,9 +1102,23 @@ class StepPlans:
         one session over every plan (host buffer, bookkeeping, NumPy's arena), the KV pages
         kept in host memory between plans, and the inputs (as `UnrolledPlan.host_bytes`)."""
         plans = [self.prefill, *self.decoders.values()]
-        session = _session_host_bytes(list(self.session_plans.values()), backend)
         inputs = max(_input_bytes(self.spec, c.program) for c in plans)
-        return session + self._cache_pages() * self._page_bytes() + inputs
+        return self._sessions_bytes(backend) + self._cache_pages() * self._page_bytes() + inputs
+
+    def _sessions_bytes(self, backend: runtime.Backend) -> int:
+        """Host memory of the session(s) that run the plans: one over every plan."""
+        return _session_host_bytes(list(self.session_plans.values()), backend)
+
+    def serving(self, chunks: Sequence[Chunk]) -> StepPlans:
+        """The same plans serving only `chunks` (the stats of a loop that ended early)."""
+        shorter = copy.copy(self)
+        shorter.chunks = list(chunks)
+        return shorter
+
+    @property
+    def devices(self) -> int:
+        """The devices the plans run on: one."""
+        return 1
 
     @property
     def session_plans(self) -> dict[Any, MemGraph]:
@@ -1134,17 +1142,13 @@ class StepPlans:
         """The prefill's cost plus each chunk's, by its plan, on `cost_model` (by default
         the one it was planned for)."""
         cost_model = self.planning.cost_model if cost_model is None else cost_model
-        seconds = _simulate(self.prefill.plan, cost_model)
-        transfers = Transfers.of(self.prefill.plan)
-        per_plan = {
-            key: (_simulate(c.plan, cost_model), Transfers.of(c.plan))
-            for key, c in self.decoders.items()
-        }
+        seconds, transfers = self._cost(self.prefill, cost_model)
+        per_plan = {key: self._cost(c, cost_model) for key, c in self.decoders.items()}
         for chunk in self.chunks:
             chunk_seconds, chunk_transfers = per_plan[chunk.key]
             seconds += chunk_seconds
             transfers = transfers + chunk_transfers
-        plans = [self.prefill, *self.decoders.values()]
+        sizes = [self._size(c) for c in (self.prefill, *self.decoders.values())]
         return GenerationStats(
             way=self.way,
             tokens=self.spec.tokens,
@@ -1152,10 +1156,21 @@ class StepPlans:
             simulated_seconds=seconds,
             cost_model=cost_model,
             transfers=transfers,
-            plans=len(plans),
-            tasks=sum(len(c.graph) for c in plans),
-            nodes=sum(len(c.plan) for c in plans),
+            plans=len(sizes),
+            tasks=sum(tasks for tasks, _ in sizes),
+            nodes=sum(nodes for _, nodes in sizes),
+            devices=self.devices,
         )
+
+    @staticmethod
+    def _cost(compiled: Compiled, cost_model: str | CostModel) -> tuple[float, Transfers]:
+        """One run of a plan: its simulated seconds and its transfers."""
+        return _simulate(compiled.plan, cost_model), Transfers.of(compiled.plan)
+
+    @staticmethod
+    def _size(compiled: Compiled) -> tuple[int, int]:
+        """A plan's tasks and MemGraph nodes."""
+        return len(compiled.graph), len(compiled.plan)
 
     def run(
         self,
@@ -1173,50 +1188,305 @@ class StepPlans:
         `until(new_ids)`, called with the new ids [batch, n] so far after the prefill and
         after each chunk, ends the loop early when it returns True (every sequence has
         stopped: `einpage.workloads.stop`); the output then has the ids made so far."""
-        spec = self.spec
-        ids = _check_prompt(spec, tokens)
-        gumbel = spec.gumbel(seed)
-        first = None if gumbel is None else gumbel[:1]
-        prompt = generation_inputs(
-            spec.family, spec.cfg, ids, 1, spec.dtype, None, first, spec.lengths
+
+        def one_session() -> _SessionSteps:
+            return _SessionSteps(runtime.Session(self.session_plans, backend, mode=mode))
+
+        return _step_loop(self, one_session, weights, tokens, seed, run_seed, until)
+
+
+class _SessionSteps:
+    """The step loop's runs on one device: each a run of one `runtime.Session` over every
+    plan (its reports kept); closed with the loop."""
+
+    def __init__(self, session: runtime.Session):
+        self.session = session
+        self.reports: list[Any] = []
+
+    def __enter__(self) -> _SessionSteps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.close()
+
+    def stage(self, arrays: Mapping[str, Any]) -> None:
+        self.session.stage(arrays)
+
+    def run(self, inputs: Mapping[str, Any], plan: Any, seed: int) -> dict[str, np.ndarray]:
+        out = self.session.run(inputs, plan=plan, seed=seed)
+        self.reports.append(self.session.last)
+        return out
+
+
+class _DevicesSteps:
+    """The step loop's runs on several devices: each a run of every device's share of
+    one plan (`runtime.multi.LocalDevices` or `runtime.ray_cluster.RayDevices`: a
+    session per device over its share of every plan, kept across steps); its runners
+    report no sessions. `seed` orders nothing here: each device's order was seeded when
+    the devices were made."""
+
+    def __init__(self, devices: Any):
+        self.devices = devices
+        self.reports: list[Any] = []
+
+    def __enter__(self) -> _DevicesSteps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.devices.close()
+
+    def stage(self, arrays: Mapping[str, Any]) -> None:
+        self.devices.stage(arrays)
+
+    def run(self, inputs: Mapping[str, Any], plan: Any, seed: int) -> dict[str, np.ndarray]:
+        return self.devices.run(inputs, plan=plan)
+
+
+def _step_loop(
+    plans: StepPlans,
+    open_steps: Callable[[], _SessionSteps | _DevicesSteps],
+    weights: Mapping[str, np.ndarray],
+    tokens: Any,
+    seed: int | None,
+    run_seed: int,
+    until: Callable[[np.ndarray], bool] | None,
+) -> GenerationOutput:
+    """The step loop of `plans` (one device's or several's: `StepPlans.run`), each run
+    made by what `open_steps()` opens (`stage(arrays)` once for every plan, `run(inputs,
+    plan, seed)` -> the plan's original outputs): the prefill, then each chunk's decode
+    plan, the KV pages kept in host memory between runs (`_HostPages`: written from the
+    outputs stating `KVEntries`, read by the page inputs stating `KVPage`); a page is
+    staged when a plan first needs it and again only after a run wrote it."""
+    spec = plans.spec
+    ids = _check_prompt(spec, tokens)
+    gumbel = spec.gumbel(seed)
+    first = None if gumbel is None else gumbel[:1]
+    prompt = generation_inputs(spec.family, spec.cfg, ids, 1, spec.dtype, None, first, spec.lengths)
+    positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
+    prefill = plans.prefill.program
+    with open_steps() as steps:
+        steps.stage(weights)
+        out = steps.run(prompt, "prefill", run_seed)
+        cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, plans._cache_pages())
+        cache.write(prefill, out, 0)
+        chosen = [out["ids"]]
+        logits = [out["logits"]] if spec.logits else []
+        if plans.chunks:
+            steps.stage(positions)  # the decode plans' tables, for every position
+        staged: dict[str, int] = {}  # page inputs staged current: their page
+        for chunk in plans.chunks:
+            if until is not None and until(np.concatenate(chosen, axis=1)):
+                break
+            tg = plans.decoders[chunk.key].program
+            pages = cache.page_numbers(tg, range(chunk.pages))
+            fresh = {name: page for name, page in pages.items() if name not in staged}
+            steps.stage(cache.inputs(tg, set(fresh.values())))
+            staged |= fresh
+            step = decode_inputs(
+                chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
+                chunk.steps, spec.pads,
+            )  # fmt: skip
+            if gumbel is not None:
+                step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]
+            out = steps.run(step, chunk.key, run_seed + chunk.first)
+            touched = cache.write(tg, out, chunk.length)  # staged again when next read
+            staged = {name: page for name, page in staged.items() if page not in touched}
+            chosen.append(out["ids"])
+            if spec.logits:
+                logits.append(out["logits"])
+    ids_out = np.concatenate(chosen, axis=1)
+    logits_out = np.concatenate(logits, axis=1) if spec.logits else None
+    return GenerationOutput(ids_out, logits_out, tuple(steps.reports))
+
+
+class DevicesStepPlans(StepPlans):
+    """Step plans placed on several devices (`Planning(way="steps", devices=N)`): the
+    prefill and each decode plan (`prefill`, `decoders`: `einpage.compile_devices`'s
+    results, each program placed by pipeline, a plan per device under its own budget,
+    the links between them, verified as a whole), the weights on the same devices in
+    every plan (`_plan_devices` checks it). The step loop is `StepPlans`'s: each device
+    holds one session over its share of every plan (weights and position tables staged
+    once per device, only those its graphs read), each step runs dependency-driven
+    across the devices with its links, and the KV pages live in host memory between
+    steps, each page staged on the device whose graph reads it (its layer's). It runs in
+    one process (`runtime.multi.LocalDevices`: a thread and an arena per device) or on
+    Ray (`runtime.ray_cluster.RayDevices`: an actor per device holding every plan's
+    share, reused across steps), as `runner` says ("local" unless `on(runner)` made it
+    otherwise)."""
+
+    def __init__(
+        self,
+        spec: GenerationSpec,
+        prefill: CompiledDevices,
+        decoders: Mapping[tuple[int, int], CompiledDevices],
+        chunks: list[Chunk],
+        planning_seconds: float,
+        planning: Planning | None = None,
+        runner: str = "local",
+    ):
+        if planning is None:
+            planning = Planning(way="steps", devices=prefill.devices)
+        super().__init__(spec, prefill, decoders, chunks, planning_seconds, planning)
+        if runner not in RUNNERS:
+            raise GenerationError(
+                f"a DevicesStepPlans runs on one of {', '.join(map(repr, RUNNERS))}, got {runner!r}"
+            )
+        self.runner = runner
+
+    def on(self, runner: str) -> DevicesStepPlans:
+        """The same plans, run on `runner` (`einpage.pipeline.RUNNERS`: "local" or "ray")."""
+        return DevicesStepPlans(
+            self.spec, self.prefill, self.decoders, self.chunks, self.planning_seconds,
+            self.planning, runner,
+        )  # fmt: skip
+
+    @property
+    def devices(self) -> int:
+        return self.prefill.devices
+
+    @property
+    def budgets(self) -> dict[str, tuple[BudgetReading, ...]]:
+        """Each plan's budgets by plan name (`plans`), one per device, as read against
+        that device's graph of that plan."""
+        return {name: c.budgets for name, c in self.plans.items()}
+
+    @property
+    def budget(self) -> str:
+        """The budgets, one line: each plan's, "device 0: ...; device 1: ..."."""
+        return " | ".join(
+            f"{name}: " + "; ".join(f"device {d}: {b}" for d, b in enumerate(readings))
+            for name, readings in self.budgets.items()
         )
-        positions = spec.family.position_inputs(spec.cfg, spec.positions, spec.dtype)
-        prefill = self.prefill.program
-        with runtime.Session(self.session_plans, backend, mode=mode) as session:
-            session.stage(weights)
-            out = session.run(prompt, plan="prefill", seed=run_seed)
-            reports = [session.last]
-            cache = _HostPages(spec, prefill[_kv_entries(prefill)[0]].shape, self._cache_pages())
-            cache.write(prefill, out, 0)
-            chosen = [out["ids"]]
-            logits = [out["logits"]] if spec.logits else []
-            if self.chunks:
-                session.stage(positions)  # the decode plans' tables, for every position
-            staged: dict[str, int] = {}  # page inputs the session holds current: their page
-            for chunk in self.chunks:
-                if until is not None and until(np.concatenate(chosen, axis=1)):
-                    break
-                tg = self.decoders[chunk.key].program
-                pages = cache.page_numbers(tg, range(chunk.pages))
-                fresh = {name: page for name, page in pages.items() if name not in staged}
-                session.stage(cache.inputs(tg, set(fresh.values())))
-                staged |= fresh
-                step = decode_inputs(
-                    chosen[-1][:, -1], chunk.length, chunk.pages, spec.page_size, spec.dtype,
-                    chunk.steps, spec.pads,
-                )  # fmt: skip
-                if gumbel is not None:
-                    step["gumbel"] = gumbel[chunk.first : chunk.first + chunk.steps]
-                out = session.run(step, plan=chunk.key, seed=run_seed + chunk.first)
-                reports.append(session.last)
-                touched = cache.write(tg, out, chunk.length)  # staged again when next read
-                staged = {name: page for name, page in staged.items() if page not in touched}
-                chosen.append(out["ids"])
-                if spec.logits:
-                    logits.append(out["logits"])
-        ids_out = np.concatenate(chosen, axis=1)
-        logits_out = np.concatenate(logits, axis=1) if spec.logits else None
-        return GenerationOutput(ids_out, logits_out, tuple(reports))
+
+    @property
+    def session_plans(self) -> dict[Any, MultiPlan]:
+        """The plans each device's session holds its share of: "prefill", then each
+        decode plan by its key `(pages, steps)`."""
+        return {"prefill": self.prefill.plan, **{k: c.plan for k, c in self.decoders.items()}}
+
+    def __repr__(self) -> str:
+        links = sum(len(mp.links) for mp in self.session_plans.values())
+        return (
+            f"<DevicesStepPlans {self.spec.cfg.name!r}: prefill + {sorted(self.decoders)} on "
+            f"{self.devices} devices, {links} links, runner {self.runner!r}>"
+        )
+
+    def _sessions_bytes(self, backend: runtime.Backend) -> int:
+        """Each device's session over its share of every plan (`StepPlans`'s count, per
+        device)."""
+        plans = list(self.session_plans.values())
+        return sum(
+            _session_host_bytes([mp.plans[d].mg for mp in plans], backend)
+            for d in range(self.devices)
+        )
+
+    @staticmethod
+    def _cost(compiled: Any, cost_model: str | CostModel) -> tuple[float, Transfers]:
+        """One run of a placed plan: all devices simulated together
+        (`memgraph.simulate_multi`), every device's transfers summed."""
+        transfers = Transfers()
+        for plan in compiled.plan.plans:
+            transfers = transfers + Transfers.of(plan.mg)
+        return compiled.simulate(cost_model).makespan, transfers
+
+    @staticmethod
+    def _size(compiled: Any) -> tuple[int, int]:
+        """A placed plan's tasks and nodes, every device's."""
+        mgs = [plan.mg for plan in compiled.plan.plans]
+        return sum(len(mg.taskgraph) for mg in mgs), sum(len(mg) for mg in mgs)
+
+    def device_stats(self, cost_model: str | CostModel | None = None) -> list[DeviceStats]:
+        """Each device's share (`DeviceStats`) of the whole loop, simulated on
+        `cost_model` (by default the one it was planned for): per device, the largest
+        budget and peak of its plans, its tasks and nodes in every plan, and over the
+        runs (the prefill, then each chunk's plan) its transfers and links' bytes summed;
+        each run starts when the one before has ended on every device, so a device's
+        `finish_seconds` is the makespans of the runs before the last plus its own end
+        in the last (the largest is `stats().simulated_seconds`)."""
+        cost_model = self.planning.cost_model if cost_model is None else cost_model
+        keyed = {"prefill": self.prefill, **self.decoders}
+        sims = {key: c.simulate(cost_model) for key, c in keyed.items()}
+        runs = ["prefill", *(chunk.key for chunk in self.chunks)]
+        before = sum(sims[key].makespan for key in runs[:-1])
+        stats = []
+        for d in range(self.devices):
+            shares = [keyed[key].plan.plans[d] for key in keyed]
+            transfers = Transfers()
+            received = sent = 0
+            for key in runs:
+                mp = keyed[key].plan
+                transfers = transfers + Transfers.of(mp.plans[d].mg)
+                received += sum(k.nbytes for k in mp.links if k.target == d)
+                sent += sum(k.nbytes for k in mp.links if k.source == d)
+            stats.append(
+                DeviceStats(
+                    device=d,
+                    budget=max(p.budget for p in shares),
+                    peak_bytes=max(p.mg.stats.peak_bytes for p in shares),
+                    transfers=transfers,
+                    finish_seconds=before + sims[runs[-1]].per_device[d].makespan,
+                    tasks=sum(len(p.mg.taskgraph) for p in shares),
+                    nodes=sum(len(p.mg) for p in shares),
+                    received_bytes=received,
+                    sent_bytes=sent,
+                )
+            )
+        return stats
+
+    def run(
+        self,
+        weights: Mapping[str, np.ndarray],
+        tokens: Any,
+        *,
+        seed: int | None = None,
+        backend: Any = "numpy",
+        mode: str | None = None,
+        run_seed: int = 0,
+        until: Callable[[np.ndarray], bool] | None = None,
+        timeout: float | None = None,
+    ) -> GenerationOutput:
+        """Generate with the step loop on every device, on `self.runner`; arguments as
+        `StepPlans.run`, `backend`, `mode` and `timeout` as `DevicesPlan.run` takes them
+        (`run_seed` orders a random-mode run on each device, the same for every step).
+        The output has no run reports (the runners return the outputs only)."""
+        options = _devices_run_options(self.devices, backend, mode, run_seed, timeout)
+
+        def devices() -> _DevicesSteps:
+            driver = runtime.RayDevices if self.runner == "ray" else runtime.LocalDevices
+            return _DevicesSteps(driver(self.session_plans, **options))
+
+        return _step_loop(self, devices, weights, tokens, seed, run_seed, until)
+
+
+ON_DEVICES = (DevicesPlan, DevicesStepPlans)
+"""The plans of a generation placed on several devices (`Planning(devices=N)`): each has
+`devices`, `runner` and `on(runner)`."""
+
+
+def _devices_run_options(
+    devices: int, backend: Any, mode: str | None, run_seed: int, timeout: float | None
+) -> dict[str, Any]:
+    """The keywords each device's runner gets (`runtime.multi.run_devices`,
+    `LocalDevices`, `RayDevices`): its backend by name, its order by `mode`
+    (`RUNNERS_ORDER`; `DevicesNotBuiltError` for "streams"), the random order's seed,
+    and the timeout when given."""
+    if mode not in RUNNERS_ORDER:
+        raise DevicesNotBuiltError(
+            f"mode {mode!r} is not built for a generation on {devices} devices; "
+            f"each device runs its nodes one at a time: mode None, 'sequential' or "
+            "'random'"
+        )
+    if not isinstance(backend, str):
+        raise GenerationError(
+            f"a generation on {devices} devices takes its backend by name (each "
+            f"device makes its own), got {type(backend).__name__}"
+        )
+    options: dict[str, Any] = {"backend": backend, "order": RUNNERS_ORDER[mode]}
+    if mode == "random":
+        options["seed"] = run_seed
+    if timeout is not None:
+        options["timeout"] = timeout
+    return options
 
 
 def plan_generation(
@@ -1224,13 +1494,13 @@ def plan_generation(
     budget: int | str,
     planning: Planning | None = None,
     **moved: Any,
-) -> UnrolledPlan | StepPlans | DevicesPlan:
+) -> UnrolledPlan | StepPlans | DevicesPlan | DevicesStepPlans:
     """Plan `spec`'s generation within `budget` as `planning` says (default `Planning()`):
     "unrolled" (one plan) or "steps" (a prefill plan and decode plans of `chunk_steps`
     steps per bucket of `bucket_pages` pages), each compiled by `einpage.compile` with
-    `planning.compile_options()`; with `planning.devices` > 1, the unrolled program
-    placed on that many devices (`DevicesPlan`, `_plan_devices`: the budget read per
-    device). A percentage is read by `read_generation_budget` (the
+    `planning.compile_options()`; with `planning.devices` > 1, each program placed on
+    that many devices (`DevicesPlan` or `DevicesStepPlans`, `_plan_devices`: the budget
+    read per device). A percentage is read by `read_generation_budget` (the
     plan's `budget` says how). Raises `GenerationBudgetError` (naming the step and the
     task) when the budget is too small; `GenerationError` for a keyword of the old
     signature (way=, chunk_steps=, eviction=, ...), saying where it went."""
@@ -1254,15 +1524,7 @@ def plan_generation(
         programs = {"unrolled": spec.generation_program()}
         first_step: dict[str, str | None] = {"unrolled": None}
     else:
-        chunks = chunks_of(spec, planning.bucket_pages, planning.chunk_steps)
-        programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
-        first_step = {"prefill": "prefill"}
-        keys: dict[str, tuple[int, int]] = {}
-        for chunk in chunks:
-            if chunk.name not in programs:
-                programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
-                first_step[chunk.name] = f"step {chunk.first}"
-                keys[chunk.name] = chunk.key
+        chunks, programs, first_step, keys = _step_programs(spec, planning)
     graphs = {name: program.build() for name, program in programs.items()}
     reading = read_generation_budget(spec, graphs, budget, planning)
     seconds = time.perf_counter() - started
@@ -1277,26 +1539,103 @@ def plan_generation(
     return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds, planning)
 
 
+def _step_programs(
+    spec: GenerationSpec, planning: Planning
+) -> tuple[list[Chunk], dict[str, Program], dict[str, str | None], dict[str, tuple[int, int]]]:
+    """The programs of step plans: the chunks (`chunks_of`), the programs by plan name
+    ("prefill", then one decode program per (bucket, chunk size)), the step each plan
+    first serves (what a budget error names), and each decode plan's key."""
+    chunks = chunks_of(spec, planning.bucket_pages, planning.chunk_steps)
+    programs = {"prefill": spec.generation_program(1, cache_outputs=True)}
+    first_step: dict[str, str | None] = {"prefill": "prefill"}
+    keys: dict[str, tuple[int, int]] = {}
+    for chunk in chunks:
+        if chunk.name not in programs:
+            programs[chunk.name] = spec.decode_program(chunk.pages, chunk.steps)
+            first_step[chunk.name] = f"step {chunk.first}"
+            keys[chunk.name] = chunk.key
+    return chunks, programs, first_step, keys
+
+
 def _plan_devices(
     spec: GenerationSpec, budget: Any, planning: Planning, started: float
-) -> DevicesPlan:
-    """The unrolled program placed on `planning.devices` devices (`compile_devices`, the
-    pipeline placement), each device's budget `budget` read against its own graph (a
-    percentage is of that device's resident or streaming reference). A pipeline of more
-    devices than the model has layers is refused (`GenerationError`); the placement's
-    and the planner's errors pass through (`memgraph.multi.DeviceBudgetError` names the
-    device and its smallest budget)."""
+) -> DevicesPlan | DevicesStepPlans:
+    """Each program of the way `planning` says – the unrolled program, or the prefill
+    and each decode program of step plans – placed on `planning.devices` devices
+    (`compile_devices`, the pipeline placement), each device's budget `budget` read
+    against its own graph of that program (a percentage is of that device's resident
+    or streaming reference). A pipeline of more devices than the model has layers is
+    refused (`GenerationError`); the placement's and the planner's errors pass through
+    (`memgraph.multi.DeviceBudgetError` names the device and its smallest budget; for
+    step plans, the plan too). Step plans whose weights land on other devices in one
+    plan than in another are refused (`GenerationError`): each device stages its
+    weights once for every plan."""
     layers = spec.cfg.num_layers
     if planning.devices > layers:
         raise GenerationError(
             f"a pipeline of {planning.devices} devices needs at least {planning.devices} "
             f"layers; {spec.cfg.name!r} has {layers}: use at most {layers} devices"
         )
-    tg = spec.generation_program().build()
+    if planning.way == "unrolled":
+        tg = spec.generation_program().build()
+        seconds = time.perf_counter() - started
+        compiled, plan_seconds = _compile_devices(tg, budget, planning, None)
+        return DevicesPlan(spec, compiled, seconds + plan_seconds, planning)
+    chunks, programs, _, keys = _step_programs(spec, planning)
+    graphs = {name: program.build() for name, program in programs.items()}
     seconds = time.perf_counter() - started
-    compiled = compile_devices(tg, budget, planning.devices, **planning.devices_options())
-    seconds += sum(s for stage, s in compiled.timings.items() if stage != "verifying")
-    return DevicesPlan(spec, compiled, seconds, planning)
+    placed = {}
+    for name, tg in graphs.items():
+        placed[name], plan_seconds = _compile_devices(tg, budget, planning, name)
+        seconds += plan_seconds
+    _check_weight_devices(placed)
+    decoders = {key: placed[name] for name, key in keys.items()}
+    return DevicesStepPlans(spec, placed["prefill"], decoders, chunks, seconds, planning)
+
+
+def _compile_devices(
+    tg: TaskGraph, budget: Any, planning: Planning, plan: str | None
+) -> tuple[CompiledDevices, float]:
+    """`einpage.compile_devices` of `tg`, and its planning seconds; a device's budget
+    error of step plan `plan` (None: the unrolled plan) says which plan it is."""
+    try:
+        compiled = compile_devices(tg, budget, planning.devices, **planning.devices_options())
+    except DeviceBudgetError as err:
+        if plan is None:
+            raise
+        raise DeviceBudgetError(
+            f"the {plan} plan of {tg.name!r}: {err}", err.budget, err.needed, err.task, err.device
+        ) from err
+    return compiled, sum(s for stage, s in compiled.timings.items() if stage != "verifying")
+
+
+def weight_devices(compiled: CompiledDevices) -> dict[str, tuple[int, ...]]:
+    """Each weight of a placed plan (an input stating `role="weight"`) and the devices
+    whose graphs read it."""
+    found: dict[str, list[int]] = {}
+    for part in compiled.plan.placed.parts:
+        for name, task_id in part.tg.inputs.items():
+            op = part.tg[task_id].op
+            if isinstance(op, Input) and op.role == "weight":
+                found.setdefault(name, []).append(part.device)
+    return {name: tuple(devices) for name, devices in found.items()}
+
+
+def _check_weight_devices(placed: Mapping[str, CompiledDevices]) -> None:
+    """`GenerationError` unless every weight that two step plans read is on the same
+    devices in both (the pipeline cuts every program's layers the same way)."""
+    first_name, *others = placed
+    first = weight_devices(placed[first_name])
+    for name in others:
+        for weight, devices in weight_devices(placed[name]).items():
+            if weight in first and first[weight] != devices:
+                raise GenerationError(
+                    f"step plans on {placed[name].devices} devices place weight {weight!r} on "
+                    f"device(s) {list(first[weight])} in the {first_name} plan but "
+                    f"{list(devices)} in the {name} plan; each device stages its weights once "
+                    "for every plan, so every plan must place them alike: plan the unrolled "
+                    "way (Planning(way='unrolled', devices=N)) or on fewer devices"
+                )
 
 
 STEP_OPTIONS = {"outputs": "host"}

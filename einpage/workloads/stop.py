@@ -276,8 +276,5 @@ def kept_stats(
     ran (the prefill and the chunks up to the last token made)."""
     if isinstance(plan, StepPlans) and stopped.made < plan.spec.new_tokens:
         ran = [c for c in plan.chunks if c.first < stopped.made]
-        shorter = StepPlans(
-            plan.spec, plan.prefill, plan.decoders, ran, plan.planning_seconds, plan.planning
-        )
-        stats = shorter.stats(stats.cost_model)
+        stats = plan.serving(ran).stats(stats.cost_model)
     return replace(stats, tokens=stopped.tokens)

@@ -2,8 +2,9 @@
 unrolled generation placed on several devices (`einpage.compile_devices`), each under a
 budget below its resident peak, choosing the tokens that transformers' greedy `generate`
 chooses with the same weights (tests/models' small random models and their `hf_greedy`);
-in one process and on Ray actors; and the refusals: step plans on several devices, more
-devices than layers, a device's budget below its smallest, a runner without devices."""
+in one process and on Ray actors; and the refusals: more devices than layers, a device's
+budget below its smallest, a runner without devices, the "streams" mode. Step plans on
+several devices: test_generate_devices_steps."""
 
 from __future__ import annotations
 
@@ -219,17 +220,6 @@ CFG = llama.PRESETS["tiny"]  # two layers
 PROMPT = np.zeros((1, 4), np.int64)
 
 
-def test_step_plans_on_several_devices_are_refused_naming_the_unrolled_way():
-    with pytest.raises(DevicesNotBuiltError) as caught:
-        Planning(way="steps", devices=2)
-    assert isinstance(caught.value, GenerationError)
-    assert isinstance(caught.value, UnsupportedError)
-    message = str(caught.value)
-    assert "step plans on several devices are not built" in message
-    assert "--way unrolled --devices 2" in message and "Planning(way='unrolled'" in message
-    assert Planning(way="steps", devices=1).devices == 1
-
-
 def test_more_devices_than_layers_are_refused():
     words = "3 devices needs at least 3 layers; 'llama-tiny' has 2"
     with pytest.raises(GenerationError, match=words):
@@ -277,9 +267,11 @@ def test_the_streams_mode_is_refused_on_several_devices_before_planning(monkeypa
 
     monkeypatch.setattr(generate_module, "plan_generation", never)
     cfg, weights, ids, _ = model_case("llama")
-    with pytest.raises(DevicesNotBuiltError, match="mode='streams'\\) is not built"):
+    with pytest.raises(DevicesNotBuiltError, match="mode='streams'\\) is not built") as caught:
         generate(cfg, ids, 2, "100%", weights=weights, page_size=4, plan=Planning(devices=2),
                  run=Running(mode="streams"))  # fmt: skip
+    assert isinstance(caught.value, GenerationError)
+    assert isinstance(caught.value, UnsupportedError)
 
 
 def test_a_plan_for_several_devices_refuses_the_streams_mode_when_run():
@@ -362,7 +354,6 @@ def test_the_command_line_generates_on_two_ray_actors(capsys, cluster, checkpoin
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["--devices", "2", "--way", "steps"], "--way unrolled --devices 2"),
         (["--devices", "3"], "needs at least 3 layers"),
         (["--ray"], "--ray runs a generation placed on several devices"),
         (["--devices", "2", "--render", "plan.svg"], "--render draws the plan of one device"),

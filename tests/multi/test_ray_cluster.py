@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import TOLERANCE, einsum_programs
 
-from einpage_core.errors import BackendError, VerificationError
+from einpage_core.errors import BackendError, InputError, VerificationError
 from runtime.ray_cluster import RayDevices, run_on_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'einpage[cluster]'")
@@ -140,3 +140,24 @@ def test_a_link_to_an_input_that_does_not_exist_is_refused_before_any_actor(clus
     broken = dataclasses.replace(mp, placed=dataclasses.replace(mp.placed, links=(bad,)))
     with pytest.raises(VerificationError, match=r"^device 1: .* feeds input 'recv:%99'"):
         RayDevices(broken)
+
+
+def test_one_set_of_actors_stages_once_and_runs_several_plans(cluster):
+    """The chain and the cycle on the same 2 actors (each holding its device's share of
+    both): weights staged once, then each plan run in turn, twice, equal to its
+    reference; a plan the actors do not hold is refused."""
+    cases = {"chain": handmade.make_case("chain"), "cycle": handmade.make_case("cycle")}
+    plans = {key: handmade.plan_case(made, "tight") for key, made in cases.items()}
+    weights = {n: v for n, v in handmade.case_inputs(cases["cycle"], 1).items() if n != "x"}
+    with RayDevices(plans, timeout=30) as devices:
+        assert len(devices.actors) == 2
+        devices.stage(weights)
+        for seed in (2, 3):
+            x = handmade.case_inputs(cases["cycle"], seed)["x"]
+            for key in ("cycle", "chain"):
+                given = {**weights, "x": x}
+                wanted = handmade.case_inputs(cases[key])
+                want = handmade.reference(cases[key], {n: given[n] for n in wanted})
+                _assert_equal(devices.run({"x": x}, plan=key), want)
+        with pytest.raises(InputError, match="no plan .decode."):
+            devices.run({"x": x}, plan="decode")

@@ -17,7 +17,7 @@ from strategies import TOLERANCE, einsum_programs
 
 from einpage_core.errors import BackendError, InputError, VerificationError
 from memgraph.nodes import NodeKind
-from runtime.multi import Inbox, run_devices
+from runtime.multi import DeviceRunner, Inbox, LocalDevices, run_devices
 
 CASES = tuple(handmade.CASES)
 ORDERS = [("ready", None)] + [("random", seed) for seed in range(4)]
@@ -297,3 +297,68 @@ def test_a_link_between_names_the_devices_lack_is_refused_first(end):
     with pytest.raises(VerificationError, match=rf"^device {device}: .* {verb} '%99'"):
         run_devices(broken, handmade.case_inputs(made))
     assert not _device_threads()
+
+
+# -- several plans over the same devices: LocalDevices ------------------------------------
+
+
+def _two_plans():
+    """The chain and the cycle, both on 2 devices, sharing their inputs' names (the
+    cycle's are a superset): plans by key, the cases, and the weights (all but `x`)."""
+    cases = {"chain": handmade.make_case("chain"), "cycle": handmade.make_case("cycle")}
+    plans = {key: handmade.plan_case(made, "tight") for key, made in cases.items()}
+    weights = {n: v for n, v in handmade.case_inputs(cases["cycle"], 1).items() if n != "x"}
+    return plans, cases, weights
+
+
+def _case_reference(made, given):
+    wanted = handmade.case_inputs(made)
+    return handmade.reference(made, {name: given[name] for name in wanted})
+
+
+def test_local_devices_stage_once_and_run_several_plans_in_turn(monkeypatch):
+    """Each device's runner holds its share of both plans; the weights are staged once,
+    each on the devices that read it, and every run gives each plan's reference."""
+    plans, cases, weights = _two_plans()
+    staged: list[tuple[int, str]] = []
+    real = DeviceRunner.stage
+
+    def recorded(self, arrays):
+        staged.extend((self.device, name) for name in arrays)
+        return real(self, arrays)
+
+    monkeypatch.setattr(DeviceRunner, "stage", recorded)
+    with LocalDevices(plans, timeout=30) as devices:
+        devices.stage(weights)
+        once = sorted(staged)
+        for seed in (2, 3):
+            x = handmade.case_inputs(cases["cycle"], seed)["x"]
+            for key in ("cycle", "chain", "cycle"):
+                got = devices.run({"x": x}, plan=key)
+                _assert_equal(got, _case_reference(cases[key], {**weights, "x": x}))
+    readers = {
+        (p.device, name)
+        for mp in plans.values()
+        for p in mp.plans
+        for name in p.mg.taskgraph.inputs
+    }
+    assert once == sorted(set(once)) and set(once) <= readers
+    assert {name for _, name in once} == set(weights)
+    assert not any(name in weights for _, name in staged[len(once) :])  # never again
+    assert not _device_threads()
+
+
+def test_local_devices_refuse_what_no_plan_reads_a_missing_input_and_an_unknown_plan():
+    plans, _, weights = _two_plans()
+    with LocalDevices(plans, timeout=30) as devices:
+        with pytest.raises(InputError, match="unknown input\\(s\\) 'nope'"):
+            devices.stage({"nope": np.zeros(2)})
+        devices.stage({n: v for n, v in weights.items() if not n.startswith("l2.")})
+        with pytest.raises(
+            InputError, match="missing input\\(s\\): 'l2.w0' \\(device\\(s\\) \\[0\\]\\)"
+        ):
+            devices.run({"x": np.zeros((48, 48), "float32")}, plan="cycle")
+        with pytest.raises(InputError, match="no plan 'decode'; their plans: 'chain', 'cycle'"):
+            devices.run({}, plan="decode")
+    with pytest.raises(BackendError, match="these LocalDevices are closed"):
+        devices.run({}, plan="chain")
