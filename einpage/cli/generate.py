@@ -23,12 +23,12 @@ text. Without `--prompt` the prompt is random ids of `--prompt-len` tokens; seve
 unless `--dtype` says otherwise; `--quant` stores its weights in int8 or int4; `--chat`
 writes each prompt (the user's message) with its chat template, `--messages` a whole
 chat; each sequence stops at its end-of-sequence ids (not with `--ignore-eos`) or a
-`--stop` string. `--devices N` places the generation on N devices (a pipeline:
-`einpage.compile_devices`, the unrolled program or, with `--way steps`, the prefill and
-each decode program; `--budget` is each device's, read against its own graph, or one
-per device comma-separated), prints each device's plan, and with `--run` runs every
-device in this process, or each in a Ray actor with `--ray`; `-o` writes each plan's
-file for several devices (`einpage run FILE --check [--ray]`).
+`--stop` string. `--devices N` places the generation on N devices (`--strategy`: a
+pipeline, tensor parallel, or auto; `einpage.compile_devices`, the unrolled program or,
+with `--way steps`, the prefill and each decode program; `--budget` is each device's,
+read against its own graph, or one per device comma-separated), prints each device's
+plan, and with `--run` runs every device in this process, or each in a Ray actor with
+`--ray`; `-o` writes each plan's file for several devices (`einpage run FILE --check [--ray]`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationError
 from einpage.models.generation import DEFAULT_PAGE_SIZE, QUANT_NAMES
 from einpage.models.gguf import is_gguf
-from einpage.pipeline import CompiledDevices, device_rows
+from einpage.pipeline import AUTO, CompiledDevices, device_rows
 from einpage.program.quantize import Quantization
 from einpage.workloads.chat import ChatTemplate, chat_rows
 from einpage.workloads.generate import (
@@ -95,6 +95,7 @@ from einpage.workloads.text import (
 from einpage_core.errors import InputError
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
+from memgraph.placement import STRATEGIES
 from taskgraph import dtypes
 
 __all__ = ["add_generate", "cmd_generate", "random_weights", "plan_files"]
@@ -251,8 +252,16 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="place the generation (unrolled, or each step plan with --way steps) on N "
-        "devices (a pipeline of the layers' weights), each planned under --budget read "
+        "devices (--strategy), each planned under --budget read "
         "against its own graph (or one budget per device, comma-separated)",
+    )
+    gen.add_argument(
+        "--strategy",
+        choices=[*STRATEGIES, AUTO],
+        default="pipeline",
+        help="how --devices shares the work: pipeline (consecutive layers per device), "
+        "tensor (each device its share of every layer's heads and MLP columns), auto "
+        "(unrolled only: each planned, the fastest on --cost-model kept)",
     )
     gen.add_argument(
         "--ray",
@@ -318,7 +327,7 @@ def _sampling(args: argparse.Namespace) -> Sampling | None:
 
 def _planning(args: argparse.Namespace, console: Console) -> Planning:
     """How the generation is planned: --way, --bucket-pages, --chunk-steps, --cost-model,
-    --devices, and (on one device) the console's progress bars."""
+    --devices, --strategy, and (on one device) the console's progress bars."""
     return Planning(
         way=args.way,
         bucket_pages=args.bucket_pages,
@@ -326,6 +335,7 @@ def _planning(args: argparse.Namespace, console: Console) -> Planning:
         cost_model=args.cost_model,
         options={"progress": console.report} if args.devices == 1 else {},
         devices=args.devices,
+        strategy=args.strategy,
     )
 
 

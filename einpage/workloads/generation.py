@@ -79,7 +79,13 @@ from einpage.models.generation import (
 )
 from einpage.pipeline import COMPILE_KEYWORDS, Compiled
 from einpage.pipeline import compile as compile_program
-from einpage.pipeline.devices import DEVICES_KEYWORDS, RUNNERS, CompiledDevices, compile_devices
+from einpage.pipeline.devices import (
+    AUTO,
+    DEVICES_KEYWORDS,
+    RUNNERS,
+    CompiledDevices,
+    compile_devices,
+)
 from einpage.program.program import Program
 from einpage.program.quantize import Quantization, quantize_each
 from einpage_core.errors import EinpageError, InfeasibleBudgetError, UnsupportedError
@@ -87,6 +93,7 @@ from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from memgraph.multi import DeviceBudgetError, MultiPlan
+from memgraph.placement import STRATEGIES
 from runtime.hostmem import SharedHost
 from taskgraph import dtypes
 from taskgraph.facts import KVEntries, KVPage, chosen_ids, fact_of, first_needing, is_kv_page
@@ -175,10 +182,16 @@ class Planning:
     * `devices`: the devices the generation is placed on (a positive int; 1: one plan
       made by `einpage.compile`). With more than one, each program – the unrolled one
       (a `DevicesPlan`), or the prefill and each decode program of step plans (a
-      `DevicesStepPlans`) – is placed by pipeline (`einpage.compile_devices`: the
-      layers' weights cut into `devices` contiguous groups), each device planned under
+      `DevicesStepPlans`) – is placed by `strategy` (`einpage.compile_devices`; by
+      default a pipeline: the layers' weights cut into `devices` contiguous groups),
+      each device planned under
       the budget read against its own graph; `options` are then `DEVICES_OPTIONS` (no
-      progress bars or max_blocks).
+      progress bars or max_blocks);
+    * `strategy`: how several devices share the work (`memgraph.placement.STRATEGIES`):
+      "pipeline" (the default: consecutive layers per device), "tensor" (each device
+      its share of every layer's heads and MLP columns) or, for the unrolled way,
+      "auto" (each planned, the fastest on `cost_model` kept). Step plans take one
+      strategy for all their plans: each device stages its weights once for them all.
 
     >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
     {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
@@ -190,6 +203,7 @@ class Planning:
     cost_model: str | CostModel = DEFAULT_COST_MODEL
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     devices: int = 1
+    strategy: str = "pipeline"
 
     def __post_init__(self) -> None:
         if self.way not in WAYS:
@@ -197,6 +211,22 @@ class Planning:
         _positive_int("bucket_pages", self.bucket_pages)
         _positive_int("chunk_steps", self.chunk_steps)
         _positive_int("devices", self.devices)
+        strategies = (*STRATEGIES, AUTO)
+        if self.strategy not in strategies:
+            raise GenerationError(
+                f"Planning: strategy must be one of {strategies}, got {self.strategy!r}"
+            )
+        if self.strategy != "pipeline" and self.devices == 1:
+            raise GenerationError(
+                f"Planning: strategy={self.strategy!r} places a generation on several "
+                "devices: give devices=N (N > 1) too"
+            )
+        if self.strategy == AUTO and self.way == "steps":
+            raise GenerationError(
+                "Planning: strategy='auto' would choose a placement for each step plan on "
+                "its own, but each device stages its weights once for every plan: give "
+                "strategy='pipeline' or 'tensor' with way='steps', or plan the unrolled way"
+            )
         if not isinstance(self.options, Mapping):
             raise GenerationError(
                 f"Planning: options must be a mapping of einpage.compile's keywords, got "
@@ -239,8 +269,9 @@ class Planning:
 
     def devices_options(self) -> dict[str, Any]:
         """The keywords `einpage.compile_devices` gets with `devices` > 1: `options`, then
-        the cost model (every device is planned with its outputs sent to the host)."""
-        return {**self.options, "cost_model": self.cost_model}
+        the cost model and the strategy (every device is planned with its outputs sent
+        to the host)."""
+        return {**self.options, "cost_model": self.cost_model, "strategy": self.strategy}
 
     def planner_options(self, step_plans: bool | None = None) -> memgraph.PlanOptions:
         """The planner's part of `compile_options`, as `memgraph.PlanOptions`."""
@@ -1562,7 +1593,7 @@ def _plan_devices(
 ) -> DevicesPlan | DevicesStepPlans:
     """Each program of the way `planning` says – the unrolled program, or the prefill
     and each decode program of step plans – placed on `planning.devices` devices
-    (`compile_devices`, the pipeline placement), each device's budget `budget` read
+    (`compile_devices`, by `planning.strategy`), each device's budget `budget` read
     against its own graph of that program (a percentage is of that device's resident
     or streaming reference). A pipeline of more devices than the model has layers is
     refused (`GenerationError`); the placement's and the planner's errors pass through
@@ -1571,7 +1602,7 @@ def _plan_devices(
     plan than in another are refused (`GenerationError`): each device stages its
     weights once for every plan."""
     layers = spec.cfg.num_layers
-    if planning.devices > layers:
+    if planning.strategy == "pipeline" and planning.devices > layers:
         raise GenerationError(
             f"a pipeline of {planning.devices} devices needs at least {planning.devices} "
             f"layers; {spec.cfg.name!r} has {layers}: use at most {layers} devices"
@@ -1623,7 +1654,8 @@ def weight_devices(compiled: CompiledDevices) -> dict[str, tuple[int, ...]]:
 
 def _check_weight_devices(placed: Mapping[str, CompiledDevices]) -> None:
     """`GenerationError` unless every weight that two step plans read is on the same
-    devices in both (the pipeline cuts every program's layers the same way)."""
+    devices in both (the pipeline cuts every program's layers the same way; tensor
+    parallelism puts a share of each sharded weight on every device)."""
     first_name, *others = placed
     first = weight_devices(placed[first_name])
     for name in others:
