@@ -269,7 +269,7 @@ def _part(value: Any, index: int) -> tuple[DevicePart, DevicePlan]:
     origin = _list(entry["origin"], f"{path}.origin")
     origin_ids = tuple(_int(t, f"{path}.origin[{k}]") for k, t in enumerate(origin))
     try:
-        mg = memgraph_from_dict(entry["plan"])
+        mg = memgraph_from_dict(entry["plan"], device_part=True)
     except SerializationError as err:
         text = str(err)
         inner = text[1:] if text.startswith("$") else f": {text}"

@@ -462,22 +462,27 @@ def memgraph_from_json(text: str | bytes, progress: ProgressCallback | None = No
     return mg
 
 
-def memgraph_from_dict(data: Any, progress: ProgressCallback | None = None) -> MemGraph:
+def memgraph_from_dict(
+    data: Any, progress: ProgressCallback | None = None, *, device_part: bool = False
+) -> MemGraph:
     """Validate a decoded JSON document and rebuild the MemGraph it describes (`progress`
-    as `memgraph_from_json`'s, without the reading)."""
+    as `memgraph_from_json`'s, without the reading); `device_part`: the plan of one
+    device of several, whose TaskGraph may have no output (`taskgraph_from_dict`)."""
     checking = {stage: share for stage, share in LOAD_SHARES.items() if stage != "reading"}
     report = ProgressReport(progress, checking)
-    mg = _memgraph_from_dict(data, report)
+    mg = _memgraph_from_dict(data, report, device_part)
     report.finish()
     return mg
 
 
-def _memgraph_from_dict(data: Any, report: ProgressReport) -> MemGraph:
+def _memgraph_from_dict(data: Any, report: ProgressReport, device_part: bool = False) -> MemGraph:
     with collector_paused():  # see `collector_paused`: millions of objects, all kept
-        return _memgraph_from_checked_dict(data, report)
+        return _memgraph_from_checked_dict(data, report, device_part)
 
 
-def _memgraph_from_checked_dict(data: Any, report: ProgressReport) -> MemGraph:
+def _memgraph_from_checked_dict(
+    data: Any, report: ProgressReport, device_part: bool = False
+) -> MemGraph:
     if not isinstance(data, dict):
         raise _fail("$", "expected an object")
     if data.get("format") != FORMAT:
@@ -494,7 +499,7 @@ def _memgraph_from_checked_dict(data: Any, report: ProgressReport) -> MemGraph:
         raise _fail("$.taskgraph", "missing")
     tasks = data["taskgraph"].get("tasks") if isinstance(data["taskgraph"], dict) else None
     tick = report.stage("checking tasks", len(tasks) if isinstance(tasks, list) else 0)
-    tg = taskgraph_from_dict(data["taskgraph"], "$.taskgraph", tick)
+    tg = taskgraph_from_dict(data["taskgraph"], "$.taskgraph", tick, device_part=device_part)
     storages = None
     if version >= 2:
         if "storages" not in data:

@@ -250,9 +250,14 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def taskgraph_from_dict(data: Any, path: str = "$", tick: Tick | None = None) -> TaskGraph:
+def taskgraph_from_dict(
+    data: Any, path: str = "$", tick: Tick | None = None, *, device_part: bool = False
+) -> TaskGraph:
     """Validate a decoded JSON document and rebuild the graph it describes, calling
-    `tick(done, total)` about a hundred times as tasks are checked.
+    `tick(done, total)` about a hundred times as tasks are checked. A program needs an
+    output; one device's share of a program placed on several (`device_part`, read from
+    a plan file for several devices) may have none: a device left idle, or holding only
+    tasks whose results nothing reads.
 
     Every task goes through `GraphBuilder` and its op through `op_from_attributes`; an op
     is made once per distinct (kind, attributes) document and shared by the tasks that
@@ -260,10 +265,12 @@ def taskgraph_from_dict(data: Any, path: str = "$", tick: Tick | None = None) ->
     re-parse one spec and one join expression once, not each).
     """
     with collector_paused():
-        return _taskgraph_from_dict(data, path, tick)
+        return _taskgraph_from_dict(data, path, tick, device_part)
 
 
-def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
+def _taskgraph_from_dict(
+    data: Any, path: str, tick: Tick | None, device_part: bool = False
+) -> TaskGraph:
     _expect(isinstance(data, dict), path, "expected an object")
     _expect(data.get("format") == FORMAT, f"{path}.format", f"expected {FORMAT!r}")
     _expect(data.get("version") == VERSION, f"{path}.version", f"expected {VERSION}")
@@ -273,7 +280,7 @@ def _taskgraph_from_dict(data: Any, path: str, tick: Tick | None) -> TaskGraph:
     _expect(isinstance(tasks, list), f"{path}.tasks", "expected a list")
     outputs = data.get("outputs")
     _expect(isinstance(outputs, dict), f"{path}.outputs", "expected an object")
-    _expect(bool(outputs), f"{path}.outputs", "a program needs at least one output")
+    _expect(bool(outputs) or device_part, f"{path}.outputs", "a program needs at least one output")
 
     builder = GraphBuilder(name)
     blocks: list[Block | None] = []
