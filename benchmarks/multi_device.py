@@ -270,6 +270,12 @@ def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
     return {"strategies": results, "chosen": choice.chosen, "refused": dict(choice.refused)}
 
 
+def _family(strategy: str) -> str:
+    """What a row's eff/2 compares with on 2 devices: the same strategy, or auto's row
+    whatever auto chose there."""
+    return "auto" if strategy.startswith("auto") else strategy
+
+
 def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> list[Row]:
     """Every workload of `setting` on each device count, with each placement strategy
     and auto's choice; rows with speedups filled in. Strategies that cannot place a
@@ -314,8 +320,8 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
         two = [
             x["makespan"]
             for x in raw
-            if (x["work"], x["variant"], x["strategy"], x["devices"])
-            == (r["work"], r["variant"], r["strategy"], 2)
+            if (x["work"], x["variant"], _family(x["strategy"]), x["devices"])
+            == (r["work"], r["variant"], _family(r["strategy"]), 2)
         ]
         speedup = one / r["makespan"]
         vs_2 = two[0] / r["makespan"] / (r["devices"] / 2) if two and r["devices"] >= 2 else None
