@@ -39,8 +39,16 @@ notebooks: $(VENV)/.dev dot
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 
+# `make test` runs pytest on TEST_WORKERS processes (pytest-xdist: `auto` is one per CPU,
+# at most TEST_WORKERS_MAX; `make test TEST_WORKERS=0` runs in this one). `loadgroup`
+# hands out tests one by one, but those of one `xdist_group` (the Ray tests, on one
+# local instance) all to the same worker. Plain `python -m pytest` runs in one process.
+TEST_WORKERS ?= auto
+TEST_WORKERS_MAX ?= 4
+PYTEST_XDIST := -n $(TEST_WORKERS) --maxprocesses $(TEST_WORKERS_MAX) --dist loadgroup
+
 test: $(VENV)/.dev dot lint
-	$(BIN)/python -m pytest; rc=$$?; \
+	$(BIN)/python -m pytest $(PYTEST_XDIST); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a failure here"; exit 1; fi; \
 	exit $$rc
 

@@ -143,6 +143,16 @@ class OracleWatch:
         found, self.disagreements = self.disagreements, []
         return found
 
+    def counted(self) -> dict:
+        """The counts and the seconds spent judging, for another process to `add`
+        (a pytest-xdist worker sends them to the controller, which prints the summary)."""
+        return {"counts": dict(self.counts), "seconds": self.seconds}
+
+    def add(self, counted: dict) -> None:
+        """Add another process's `counted()` to this watch's counts and seconds."""
+        self.counts.update(counted["counts"])
+        self.seconds += counted["seconds"]
+
     def summary(self) -> str:
         if not self.counts:
             return ""

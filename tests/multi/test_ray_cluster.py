@@ -27,6 +27,7 @@ def _assert_equal(got, want):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.xdist_group("ray")  # with the tests using `cluster` (tests/multi/conftest.py)
 def test_run_on_ray_uses_or_starts_a_local_instance():
     """Run before the module's fixture: with no Ray instance, `run_on_ray` starts a local
     one and shuts it down; with one (another module's), it uses it and leaves it up."""
