@@ -101,9 +101,23 @@ def pytest_collection_modifyitems(config, items) -> None:
                         for m in item.iter_markers("xdist_group")})  # fmt: skip
         suffix = "@" + "_".join(names)
         if names and not item.nodeid.endswith(suffix):
-            from _pytest.nodeid import NodeId  # pytest >= 9.2 (older ones read `_nodeid`)
+            _set_nodeid(item, item.nodeid + suffix)
 
-            item._id = NodeId.parse(item.nodeid + suffix)
+
+def _set_nodeid(item, nodeid: str) -> None:
+    """Give `item` the node id `nodeid` by pytest's private fields: `_id` (a `NodeId`)
+    from pytest 9.2, `_nodeid` before. Where neither works (a later pytest), the Ray
+    tests are only not grouped: each worker then starts its own local instance, which
+    is slower, not wrong (each test's instance is its process's own)."""
+    try:
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        try:
+            item._nodeid = nodeid
+        except AttributeError:
+            return
 
 
 def pytest_sessionfinish(session) -> None:
