@@ -134,9 +134,9 @@ class NoStrategyError(PlanError):
     """`strategy="auto"` found no strategy that places and plans the program: `errors`
     holds each strategy's own error, by name."""
 
-    def __init__(self, message: str, errors: Mapping[str, PlanError]):
+    def __init__(self, message: str, errors: Mapping[str, PlanError] | None = None):
         super().__init__(message)
-        self.errors = MappingProxyType(dict(errors))
+        self.errors = MappingProxyType(dict(errors or {}))
 
 
 @dataclass(frozen=True)
