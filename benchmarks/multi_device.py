@@ -1,9 +1,11 @@
 """LLaMA-70B on several simulated H100s: each placement strategy against one H100 with offload.
 
 Run: `python benchmarks/multi_device.py [--json out.json] [--quick] [--weights W]`.
-A full run takes about 5 minutes (308 s measured on two shared CPU cores: planning 20
-plans, twice each with `--weights best`, verifying and simulating them); `--quick`
-(tiny presets, a smoke test) a few seconds.
+A full run takes 45–50 minutes (2,724 s and 2,969 s measured on two shared CPU cores:
+planning each work on 1 device and with each strategy on 2, 4 and 8, twice each with
+`--weights best`, verifying and simulating them; the tensor-parallel unrolled
+generations, ~40,000 tasks per device, take most of it); `--quick` (tiny presets, a
+smoke test) a few seconds.
 
 Everything is simulated on the "8xh100-sxm" cost model (`memgraph.cost.PRESETS`: per
 device 520 TFLOP/s sustained fp16, 3.35 TB/s HBM, 50 GB/s each way to the host over its
