@@ -92,6 +92,7 @@ __all__ = [
     "RUNNERS",
     "DEVICES_KEYWORDS",
     "device_rows",
+    "budgets_line",
 ]
 
 RUNNERS = ("local", "ray")
@@ -104,6 +105,11 @@ AUTO = "auto"
 
 DEVICES_KEYWORDS = ("budget", "devices", "strategy", "partition", "verify")
 """`compile_devices`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
+
+
+def budgets_line(readings: Sequence[BudgetReading]) -> str:
+    """Each device's budget as read, on one line: "device 0: ...; device 1: ..."."""
+    return "; ".join(f"device {d}: {b}" for d, b in enumerate(readings))
 
 
 def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
@@ -250,7 +256,7 @@ class CompiledDevices:
                 f"{self.strategy} on {self.devices} devices, {len(self.plan.links)} links "
                 f"({format_bytes(sum(k.nbytes for k in self.plan.links))} sent)",
             ),
-            ("budgets", "; ".join(f"device {d}: {b}" for d, b in enumerate(self.budgets))),
+            ("budgets", budgets_line(self.budgets)),
         ]
         if self.choice is not None:
             rows.append(("strategy", self.choice.describe()))

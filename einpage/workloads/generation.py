@@ -84,6 +84,7 @@ from einpage.pipeline.devices import (
     DEVICES_KEYWORDS,
     RUNNERS,
     CompiledDevices,
+    budgets_line,
     compile_devices,
 )
 from einpage.program.program import Program
@@ -837,6 +838,32 @@ in, by `Running.mode`: insertion order, or random (a missing dependency shows as
 answer)."""
 
 
+def _check_runner(what: str, runner: str) -> str:
+    """`runner` if it is one of `RUNNERS`, else a `GenerationError` naming `what` runs."""
+    if runner not in RUNNERS:
+        raise GenerationError(
+            f"a {what} runs on one of {', '.join(map(repr, RUNNERS))}, got {runner!r}"
+        )
+    return runner
+
+
+def _placed_cost(
+    compiled: CompiledDevices, cost_model: str | CostModel
+) -> tuple[float, Transfers]:
+    """One run of a placed plan: all devices simulated together
+    (`memgraph.simulate_multi`), every device's transfers summed."""
+    transfers = Transfers()
+    for plan in compiled.plan.plans:
+        transfers = transfers + Transfers.of(plan.mg)
+    return compiled.simulate(cost_model).makespan, transfers
+
+
+def _placed_size(compiled: CompiledDevices) -> tuple[int, int]:
+    """A placed plan's tasks and MemGraph nodes, every device's."""
+    mgs = [plan.mg for plan in compiled.plan.plans]
+    return sum(len(mg.taskgraph) for mg in mgs), sum(len(mg) for mg in mgs)
+
+
 class DevicesPlan:
     """The unrolled generation placed on several devices (`Planning.devices` > 1):
     `compiled` is `einpage.compile_devices`'s result (the pipeline placement, a plan per
@@ -861,11 +888,7 @@ class DevicesPlan:
         self.compiled = compiled
         self.planning_seconds = planning_seconds
         self.planning = Planning(devices=compiled.devices) if planning is None else planning
-        if runner not in RUNNERS:
-            raise GenerationError(
-                f"a DevicesPlan runs on one of {', '.join(map(repr, RUNNERS))}, got {runner!r}"
-            )
-        self.runner = runner
+        self.runner = _check_runner("DevicesPlan", runner)
 
     def on(self, runner: str) -> DevicesPlan:
         """The same plan, run on `runner` (`einpage.pipeline.RUNNERS`: "local" or "ray")."""
@@ -884,7 +907,7 @@ class DevicesPlan:
     def budget(self) -> str:
         """The budgets, one line: "device 0: ...; device 1: ..." (each read against its
         own device's graph)."""
-        return "; ".join(f"device {d}: {b}" for d, b in enumerate(self.budgets))
+        return budgets_line(self.budgets)
 
     @property
     def plan(self) -> MultiPlan:
@@ -919,19 +942,18 @@ class DevicesPlan:
         every device simulated together (`memgraph.simulate_multi`, links included), the
         transfers of every device summed (`GenerationStats.devices` says how)."""
         cost_model = self.planning.cost_model if cost_model is None else cost_model
-        transfers = Transfers()
-        for mg in self.device_plans:
-            transfers = transfers + Transfers.of(mg)
+        seconds, transfers = _placed_cost(self.compiled, cost_model)
+        tasks, nodes = _placed_size(self.compiled)
         return GenerationStats(
             way=self.way,
             tokens=self.spec.tokens,
             planning_seconds=self.planning_seconds,
-            simulated_seconds=self.compiled.simulate(cost_model).makespan,
+            simulated_seconds=seconds,
             cost_model=cost_model,
             transfers=transfers,
             plans=1,
-            tasks=sum(len(mg.taskgraph) for mg in self.device_plans),
-            nodes=sum(len(mg) for mg in self.device_plans),
+            tasks=tasks,
+            nodes=nodes,
             devices=self.devices,
         )
 
@@ -1358,11 +1380,7 @@ class DevicesStepPlans(StepPlans):
         if planning is None:
             planning = Planning(way="steps", devices=prefill.devices)
         super().__init__(spec, prefill, decoders, chunks, planning_seconds, planning)
-        if runner not in RUNNERS:
-            raise GenerationError(
-                f"a DevicesStepPlans runs on one of {', '.join(map(repr, RUNNERS))}, got {runner!r}"
-            )
-        self.runner = runner
+        self.runner = _check_runner("DevicesStepPlans", runner)
 
     def on(self, runner: str) -> DevicesStepPlans:
         """The same plans, run on `runner` (`einpage.pipeline.RUNNERS`: "local" or "ray")."""
@@ -1385,8 +1403,7 @@ class DevicesStepPlans(StepPlans):
     def budget(self) -> str:
         """The budgets, one line: each plan's, "device 0: ...; device 1: ..."."""
         return " | ".join(
-            f"{name}: " + "; ".join(f"device {d}: {b}" for d, b in enumerate(readings))
-            for name, readings in self.budgets.items()
+            f"{name}: {budgets_line(readings)}" for name, readings in self.budgets.items()
         )
 
     @property
@@ -1411,20 +1428,8 @@ class DevicesStepPlans(StepPlans):
             for d in range(self.devices)
         )
 
-    @staticmethod
-    def _cost(compiled: Any, cost_model: str | CostModel) -> tuple[float, Transfers]:
-        """One run of a placed plan: all devices simulated together
-        (`memgraph.simulate_multi`), every device's transfers summed."""
-        transfers = Transfers()
-        for plan in compiled.plan.plans:
-            transfers = transfers + Transfers.of(plan.mg)
-        return compiled.simulate(cost_model).makespan, transfers
-
-    @staticmethod
-    def _size(compiled: Any) -> tuple[int, int]:
-        """A placed plan's tasks and nodes, every device's."""
-        mgs = [plan.mg for plan in compiled.plan.plans]
-        return sum(len(mg.taskgraph) for mg in mgs), sum(len(mg) for mg in mgs)
+    _cost = staticmethod(_placed_cost)  # one run: all devices simulated together
+    _size = staticmethod(_placed_size)
 
     def device_stats(self, cost_model: str | CostModel | None = None) -> list[DeviceStats]:
         """Each device's share (`DeviceStats`) of the whole loop, simulated on
