@@ -62,6 +62,8 @@ __all__ = [
     "check_plans",
     "staging",
     "check_multi",
+    "check_order",
+    "check_timeout",
     "device_inputs",
     "gather",
     "on_device",
@@ -186,9 +188,7 @@ class DeviceRunner(Session):
         poison: bool | None = None,
         **options: Any,
     ):
-        if order not in ORDERS:
-            valid = ", ".join(map(repr, ORDERS))
-            raise BackendError(f"unknown order {order!r}; valid: {valid}")
+        check_order(order)
         self.device = device
         self.order = order
         self.seed = 0 if seed is None else seed
@@ -573,15 +573,11 @@ class LocalDevices:
         unsafe_skip_verify: bool = False,
         **options: Any,
     ):
-        if order not in ORDERS:
-            raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
-        self.timeout = _check_timeout(timeout)
+        check_order(order)
+        self.timeout = check_timeout(timeout)
         self.plans = check_plans(plans, unsafe_skip_verify)
         devices = next(iter(self.plans.values())).devices
-        if isinstance(backend, Backend) and devices > 1:
-            raise BackendError(
-                f"give the backend by name: each of the {devices} devices makes its own"
-            )
+        _check_backend(backend, devices)
         self.runners: list[DeviceRunner] = []
         self._staged: list[set[str]] = [set() for _ in range(devices)]
         try:
@@ -634,7 +630,7 @@ class LocalDevices:
             raise InputError(f"these devices have no plan {key!r}; their plans: {known}")
         mp = self.plans[key]
         staged = device_inputs(mp, inputs, self._staged)
-        wait = self.timeout if timeout is None else _check_timeout(timeout)
+        wait = self.timeout if timeout is None else check_timeout(timeout)
         return gather(mp, _run_threads(runners, staged, wait, key))
 
     def _open(self) -> list[DeviceRunner]:
@@ -648,7 +644,24 @@ class LocalDevices:
             runner.close()
 
 
-def _check_timeout(timeout: Any) -> float:
+def check_order(order: Any) -> str:
+    """`order` if it is one of `ORDERS`, else a `BackendError` listing them."""
+    if order not in ORDERS:
+        raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
+    return order
+
+
+def _check_backend(backend: Any, devices: int) -> None:
+    """A backend object serves one device: several devices take it by name (each makes
+    its own); `BackendError` otherwise."""
+    if isinstance(backend, Backend) and devices > 1:
+        raise BackendError(
+            f"give the backend by name: each of the {devices} devices makes its own"
+        )
+
+
+def check_timeout(timeout: Any) -> float:
+    """`timeout` as seconds if it is a positive number, else a `BackendError`."""
     if isinstance(timeout, bool) or not (isinstance(timeout, int | float) and timeout > 0):
         raise BackendError(f"timeout must be a positive number of seconds, got {timeout!r}")
     return float(timeout)
@@ -675,13 +688,10 @@ def run_devices(
     verified first (`VerificationError` naming the device), unless `unsafe_skip_verify`.
     One run of a `LocalDevices`, made and closed here.
     """
-    if order not in ORDERS:
-        raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
-    _check_timeout(timeout)
-    if isinstance(backend, Backend) and isinstance(mp, MultiPlan) and mp.devices > 1:
-        raise BackendError(
-            f"give the backend by name: each of the {mp.devices} devices makes its own"
-        )
+    check_order(order)
+    check_timeout(timeout)
+    if isinstance(mp, MultiPlan):
+        _check_backend(backend, mp.devices)
     check_multi(mp, unsafe_skip_verify)
     device_inputs(mp, inputs)  # before any arena is made
     with LocalDevices(

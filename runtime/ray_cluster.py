@@ -44,11 +44,11 @@ from memgraph.graph import MemGraph
 from memgraph.multi import Link, MultiPlan
 from runtime.multi import (
     DEFAULT_TIMEOUT,
-    ORDERS,
     DeviceRunner,
     Inbox,
-    _check_timeout,
+    check_order,
     check_plans,
+    check_timeout,
     device_inputs,
     first_failure,
     gather,
@@ -221,9 +221,8 @@ class RayDevices:
             raise BackendError(
                 f"give the backend by name: each actor makes its own, got {type(backend).__name__}"
             )
-        if order not in ORDERS:
-            raise BackendError(f"unknown order {order!r}; valid: {', '.join(map(repr, ORDERS))}")
-        _check_timeout(timeout)
+        check_order(order)
+        check_timeout(timeout)
         self.plans = check_plans(mp, unsafe_skip_verify)
         ray = _ray()
         self.mp = next(iter(self.plans.values()))
@@ -324,7 +323,7 @@ class RayDevices:
         (each array put in the object store once); later runs use them unless given
         again. A failure names the device, as `run`'s do."""
         ray = _ray()
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
         self._check_usable()
         per_device = staging(self.plans, inputs)
         refs = {name: ray.put(np.asarray(value)) for name, value in inputs.items()}
@@ -348,7 +347,7 @@ class RayDevices:
         link. A failure on a device – an error, or its actor dying – cancels the others
         and raises, naming the device; a device whose actor died stays unusable."""
         ray = _ray()
-        timeout = self.timeout if timeout is None else _check_timeout(timeout)
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
         self._check_usable()
         key = next(iter(self.plans)) if plan is None else plan
         if key not in self.plans:
