@@ -40,7 +40,8 @@ def test_auto_keeps_the_strategy_that_simulates_fastest_and_runs_to_the_referenc
     assert choice.seconds == pytest.approx(want)
     assert choice.chosen == min(want, key=want.get) == compiled.strategy
     assert set(choice.seconds) | set(choice.refused) == set(STRATEGIES)
-    assert compiled.report is not None  # the kept plan is verified
+    assert compiled.report is not None  # the kept plan is verified, and only it
+    assert all(candidate.report is None for candidate in choice.candidates.values())
     assert compiled.plan is choice.candidates[choice.chosen].plan
     rows = dict(compiled.rows())
     assert rows["strategy"].startswith(f"auto on {cost_model}: ")

@@ -423,3 +423,22 @@ def test_random_programs_with_shard_facts_split_placed_and_run_equal_the_referen
     got = run_devices(mp, inputs, order="random", seed=seed, timeout=30)
     want = taskgraph.evaluate(tg, inputs)
     workloads.assert_close(got, want, workloads.tolerance_of(tg))
+
+
+def test_the_embedding_runs_on_every_device_the_head_and_split_outputs_on_device_0():
+    """What the README says of the tensor placement's unsplit ends: the embedding's
+    gather is computed on every device (each needs the residual stream), the logits on
+    device 0 only, and a decode step's new keys and values (split by KV group) are
+    assembled on device 0 from every device's part."""
+    from taskgraph.nodes import Gather
+
+    prefill = place(workloads.llama_gqa_prefill(2).tg, 2, "tensor")
+    assert [sum(isinstance(t.op, Gather) for t in p.tg) for p in prefill.parts] == [1, 1]
+    assert prefill.outputs == {"logits": (0, "logits")}
+    assert "logits" not in prefill.parts[1].tg.outputs
+    decode = place(workloads.decode_step().tg, 2, "tensor")
+    assert {device for device, _ in decode.outputs.values()} == {0}
+    graph = decode.graph
+    assembled = [graph[t] for n, t in graph.outputs.items() if n != "logits" and n != "ids"]
+    assert assembled and all(t.block is not None and t.block.kind == "output" for t in assembled)
+    assert any(link.target == 0 and link.source == 1 for link in decode.links)
