@@ -8,7 +8,12 @@ soon as it is computed: devices are planned with `outputs="host"`) and an input 
 TaskGraph (`Link.input`, an `Input` that starts on the host, reloaded when B needs it).
 So a transfer between devices is staged through pinned host memory: a device-to-host
 copy on A, then a host-to-device copy on B – the path of GPUs without peer-to-peer
-access. Direct sends (NVLink, NCCL) are not built.
+access. `plan_devices(sends="direct")` then rewrites each link it safely can into one
+copy between the two arenas (`memgraph.peer.direct_sends`; NVLink or PCIe peer-to-peer):
+a `send` node on A (its region held until the copy is done) and a `recv` node on B
+(into the region the reload would have filled), matched by the link's index; such a link
+has `path="peer"`. A collective is such copies: the all-reduce of a tensor-parallel
+placement is each device receiving the others' partial sums (no ring, no NCCL).
 
 The link is the fact, typed: the names that `split` gives the outputs and inputs it
 adds are labels for people, and nothing reads them back. Each device's MemGraph is an
@@ -43,6 +48,7 @@ __all__ = [
     "verify_multi",
     "MultiVerifyReport",
     "DeviceBudgetError",
+    "union_order",
 ]
 
 
@@ -60,13 +66,19 @@ class Link:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    path: str = "host"
+    """How it travels (`memgraph.peer.PATHS`): "host" (an output offloaded to the host,
+    an input reloaded from it) or "peer" (a `send` node on the source, a `recv` node on
+    the target, one copy between the arenas; the nodes name the link by its index)."""
 
     def describe(self) -> str:
-        """`%12 f32[2,64] 512 B: device 0 "send:%12" -> device 1 "recv:%12"`."""
+        """`%12 f32[2,64] 512 B: device 0 "send:%12" -> device 1 "recv:%12"` (and
+        ` direct` for a link sent device to device)."""
         dims = ",".join(map(str, self.shape))
         return (
             f"%{self.task} {dtypes.short(self.dtype)}[{dims}] {format_bytes(self.nbytes)}: "
             f'device {self.source} "{self.output}" -> device {self.target} "{self.input}"'
+            + (" direct" if self.path == "peer" else "")
         )
 
 
@@ -214,7 +226,13 @@ class DeviceBudgetError(InfeasibleBudgetError):
 
 
 def plan_devices(
-    tg: Any, devices: int, budget: Any, *, strategy: str = "pipeline", **plan_options: Any
+    tg: Any,
+    devices: int,
+    budget: Any,
+    *,
+    strategy: str = "pipeline",
+    sends: str = "host",
+    **plan_options: Any,
 ) -> MultiPlan:
     """Place `tg` on `devices` devices and plan each device's graph; the `MultiPlan`.
 
@@ -225,6 +243,9 @@ def plan_devices(
     against *that device's* graph ("50%": half of that device's resident peak). Every
     device is planned with `memgraph.plan(part, budget, outputs="host", **plan_options)`,
     so each tensor a link sends leaves its device as soon as it is computed.
+    `sends="direct"` then makes every link it safely can a copy straight between the
+    devices (`memgraph.peer.direct_sends`; `info["direct"]` counts them and why the rest
+    stay staged through the host); "host" (the default) stages every link.
 
     Raises `DeviceBudgetError` (an `InfeasibleBudgetError`) for a budget below a device's
     `min_budget`, naming the device, its budget and its smallest feasible budget
@@ -246,10 +267,15 @@ def plan_devices(
     """
     from memgraph.budgets import infeasible_message, min_budget, read_budget
     from memgraph.options import PlanOptions
+    from memgraph.peer import SENDS, direct_sends
     from memgraph.placement import check_devices, place
     from memgraph.planner import plan
 
     check_devices(devices, "plan_devices")
+    if sends not in SENDS:
+        raise PlanError(
+            f"plan_devices: sends must be one of {', '.join(map(repr, SENDS))}, got {sends!r}"
+        )
     if isinstance(tg, PlacedGraph):
         placed = tg
         if placed.devices != devices:
@@ -294,7 +320,8 @@ def plan_devices(
         "budget_requests": [b if isinstance(b, int) else str(b) for b in budgets],
         "plan_options": opts.info(),
     }
-    return MultiPlan(placed, tuple(plans), info)
+    mp = MultiPlan(placed, tuple(plans), info)
+    return direct_sends(mp)[0] if sends == "direct" else mp
 
 
 def _budgets(budget: Any, devices: int) -> list[Any]:
@@ -367,13 +394,27 @@ def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
             raise VerificationError(f"device {index}: {error}", error.node) from None
     inputs = [_named(p.mg, NodeKind.INPUT) for p in mp.plans]
     outputs = [_named(p.mg, NodeKind.OUTPUT) for p in mp.plans]
+    copies = [_copies(p.mg) for p in mp.plans]
     fed: dict[tuple[int, str], list[Link]] = {}
-    for link in mp.links:
-        _check_link(mp, link, inputs, outputs)
+    for index, link in enumerate(mp.links):
+        _check_link(mp, index, link, inputs, outputs, copies)
         fed.setdefault((link.target, link.input), []).append(link)
+    for device, found in enumerate(copies):
+        for (kind, index), node in found.items():
+            link = mp.links[index] if 0 <= index < len(mp.links) else None
+            end = None if link is None else (link.source if kind is NodeKind.SEND else link.target)
+            if link is None or link.path != "peer" or end != device:
+                way = "from" if kind is NodeKind.SEND else "to"
+                raise VerificationError(
+                    f"device {device}'s {node.line()} names link#{index}, which is no direct "
+                    f"link {way} device {device}"
+                )
     staged = set(placed.inputs)
     for device, named in enumerate(inputs):
-        for name, node in named.items():
+        received = {
+            node.name: node for (kind, _), node in copies[device].items() if kind is NodeKind.RECV
+        }
+        for name, node in {**named, **received}.items():
             feeders = fed.get((device, name), [])
             where = f'input "{name}" of device {device} (n{node.id})'
             if len(feeders) > 1:
@@ -395,7 +436,7 @@ def verify_multi(mp: MultiPlan) -> MultiVerifyReport:
                 f'output "{name}" is said to end on device {device} as "{local}", which is no '
                 f"output of that device's plan"
             )
-    nodes, edges = _check_acyclic(mp, inputs, outputs)
+    nodes, edges = _check_acyclic(mp)
     return MultiVerifyReport(placed.devices, len(mp.links), nodes, edges, tuple(reports))
 
 
@@ -404,15 +445,29 @@ def _named(mg: MemGraph, kind: NodeKind) -> dict[str, MemNode]:
     return {node.name: node for node in mg.nodes if node.kind is kind}
 
 
+def _copies(mg: MemGraph) -> dict[tuple[NodeKind, int], MemNode]:
+    """The plan's sends and receives by (kind, link index) (`verify` checked that a plan
+    uses each link index once)."""
+    return {
+        (node.kind, node.link): node
+        for node in mg.nodes
+        if node.kind in (NodeKind.SEND, NodeKind.RECV)
+    }
+
+
 def _check_link(
     mp: MultiPlan,
+    index: int,
     link: Link,
     inputs: list[dict[str, MemNode]],
     outputs: list[dict[str, MemNode]],
+    copies: list[dict[tuple[NodeKind, int], MemNode]],
 ) -> None:
     """The checks of one link (see `verify_multi`)."""
+    from memgraph.peer import PATHS
+
     devices = mp.devices
-    what = f"link {link.describe()}"
+    what = f"link#{index} {link.describe()}"
     for end, device in (("source", link.source), ("target", link.target)):
         if not 0 <= device < devices:
             raise VerificationError(
@@ -420,6 +475,29 @@ def _check_link(
             )
     if link.source == link.target:
         raise VerificationError(f"{what}: goes from device {link.source} to itself")
+    if link.path not in PATHS:
+        raise VerificationError(f"{what}: its path {link.path!r} is not one of {PATHS}")
+    if link.path == "peer":
+        for kind, device, name in (
+            (NodeKind.SEND, link.source, link.output),
+            (NodeKind.RECV, link.target, link.input),
+        ):
+            node = copies[device].get((kind, index))
+            if node is None:
+                raise VerificationError(f"{what}: device {device}'s plan has no {kind} of it")
+            if node.name != name:
+                raise VerificationError(
+                    f'{what}: device {device}\'s {kind} n{node.id} is of "{node.name}", not '
+                    f'"{name}"'
+                )
+            task = mp.plans[device].mg.taskgraph[node.tensor]
+            if (task.shape, task.dtype, task.nbytes) != (link.shape, link.dtype, link.nbytes):
+                raise VerificationError(
+                    f"{what}: device {device}'s {kind} n{node.id} copies %{task.id} "
+                    f"({task.dtype}{list(task.shape)}, {task.nbytes} B), but the link carries "
+                    f"{link.dtype}{list(link.shape)}, {link.nbytes} B"
+                )
+        return
     ends = (
         ("output", link.source, outputs[link.source].get(link.output), link.output),
         ("input", link.target, inputs[link.target].get(link.input), link.input),
@@ -441,32 +519,104 @@ def _check_link(
             )
 
 
-def _check_acyclic(
-    mp: MultiPlan, inputs: list[dict[str, MemNode]], outputs: list[dict[str, MemNode]]
-) -> tuple[int, int]:
-    """Kahn's algorithm over the union of the plans' dependencies and the links; the
-    number of nodes and edges, or a `VerificationError` naming a cycle."""
+@dataclass
+class _Union:
+    """The union of a MultiPlan's plans: node g of the whole is node `g - offsets[d]` of
+    device d's plan; `successors`/`preds` over representatives (`rep[g]`: a direct link's
+    receive stands for nothing of its own – it is its send's node); one edge per host
+    link (the source's output before the target's input)."""
+
+    offsets: list[int]
+    rep: list[int]
+    successors: list[list[int]]
+    preds: list[int]
+    edges: int
+
+    def device_of(self, g: int) -> int:
+        return max(d for d, base in enumerate(self.offsets) if base <= g)
+
+
+def _union(mp: MultiPlan) -> _Union:
     offsets, total = [], 0
     for plan in mp.plans:
         offsets.append(total)
         total += len(plan.mg.nodes)
+    rep = list(range(total))
+    sent: dict[int, int] = {}
+    received: dict[int, int] = {}
+    for plan, base in zip(mp.plans, offsets, strict=True):
+        for node in plan.mg.nodes:
+            if node.kind is NodeKind.SEND:
+                sent[node.link] = base + node.id
+            elif node.kind is NodeKind.RECV:
+                received[node.link] = base + node.id
+    for index, g in received.items():
+        rep[g] = sent[index]
     successors: list[list[int]] = [[] for _ in range(total)]
     preds = [0] * total
     edges = 0
     for plan, base in zip(mp.plans, offsets, strict=True):
         for node in plan.mg.nodes:
+            target = rep[base + node.id]
             for dep in node.deps:
-                successors[base + dep].append(base + node.id)
-            preds[base + node.id] += len(node.deps)
+                successors[rep[base + dep]].append(target)
+            preds[target] += len(node.deps)
             edges += len(node.deps)
+    outputs = [_named(p.mg, NodeKind.OUTPUT) for p in mp.plans]
+    inputs = [_named(p.mg, NodeKind.INPUT) for p in mp.plans]
     for link in mp.links:
-        sent = offsets[link.source] + outputs[link.source][link.output].id
-        received = offsets[link.target] + inputs[link.target][link.input].id
-        successors[sent].append(received)
-        preds[received] += 1
+        if link.path == "peer":
+            continue
+        source = offsets[link.source] + outputs[link.source][link.output].id
+        target = offsets[link.target] + inputs[link.target][link.input].id
+        successors[source].append(target)
+        preds[target] += 1
         edges += 1
-    waiting = list(preds)
-    ready = [g for g in range(total) if waiting[g] == 0]
+    return _Union(offsets, rep, successors, preds, edges)
+
+
+def union_order(mp: MultiPlan) -> list[list[int]]:
+    """A topological order of the union of `mp`'s plans and links (`verify_multi`'s
+    graph), as each device's nodes' positions in it (`order[d][node id]`): Kahn's
+    algorithm taking, among the nodes that can come next, anything but a `free` first,
+    then the lowest device and id. (Frees last: a region stays held as long as anything
+    else can proceed, the order `memgraph.peer` needs to fit direct copies in.) A direct
+    link's send and receive share one position. Raises `VerificationError` for a cycle."""
+    import heapq
+
+    union = _union(mp)
+    kinds = [node.kind for plan in mp.plans for node in plan.mg.nodes]
+    rep, waiting = union.rep, list(union.preds)
+    heap = [
+        (kinds[g] is NodeKind.FREE, g) for g in range(len(rep)) if rep[g] == g and waiting[g] == 0
+    ]
+    heapq.heapify(heap)
+    position = [0] * len(rep)
+    done = 0
+    while heap:
+        _, g = heapq.heappop(heap)
+        position[g] = done
+        done += 1
+        for s in union.successors[g]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(heap, (kinds[s] is NodeKind.FREE, s))
+    if done != sum(1 for g in range(len(rep)) if rep[g] == g):
+        _check_acyclic(mp)  # raises, naming a cycle
+    offsets = union.offsets + [len(rep)]
+    return [
+        [position[rep[g]] for g in range(offsets[d], offsets[d + 1])] for d in range(len(mp.plans))
+    ]
+
+
+def _check_acyclic(mp: MultiPlan) -> tuple[int, int]:
+    """Kahn's algorithm over the union of the plans' dependencies and the links; the
+    number of nodes and edges, or a `VerificationError` naming a cycle."""
+    union = _union(mp)
+    successors, rep = union.successors, union.rep
+    waiting = list(union.preds)
+    nodes = [g for g in range(len(rep)) if rep[g] == g]
+    ready = [g for g in nodes if waiting[g] == 0]
     done = 0
     while ready:
         g = ready.pop()
@@ -475,10 +625,11 @@ def _check_acyclic(
             waiting[s] -= 1
             if waiting[s] == 0:
                 ready.append(s)
-    if done == total:
-        return total, edges
+    if done == len(nodes):
+        return len(nodes), union.edges
+    offsets = union.offsets
     cycle = _a_cycle(successors, waiting)
-    device_of = [max(d for d, base in enumerate(offsets) if base <= g) for g in cycle]
+    device_of = [union.device_of(g) for g in cycle]
     crossings = [k for k in range(len(cycle)) if device_of[k] != device_of[k - 1]]
     start = crossings[0] if crossings else 0  # begin where a link arrives
     cycle, device_of = cycle[start:] + cycle[:start], device_of[start:] + device_of[:start]
@@ -489,12 +640,12 @@ def _check_acyclic(
         runs[-1].append(g)
 
     def line(g: int) -> str:
-        device = max(d for d, base in enumerate(offsets) if base <= g)
+        device = union.device_of(g)
         return mp.plans[device].mg.nodes[g - offsets[device]].line()
 
     shown = []
     for run in runs:
-        device = max(d for d, base in enumerate(offsets) if base <= run[0])
+        device = union.device_of(run[0])
         if len(run) == 1:
             shown.append(f"[device {device} {line(run[0])}]")
         else:

@@ -34,6 +34,14 @@ Node kinds (`NodeKind`), and the fields each one uses:
 * `free`    – `region`, holding `tensor`, is released.
 * `output`  – program output `name` is final: on the device in `region`, or on the
               host in `storage`. `tensor` is the task holding its bytes.
+* `send`    – in a plan for several devices (`memgraph.multi`): output `name`, in
+              device `region`, is copied straight to another device's arena (NVLink or
+              PCIe peer-to-peer), as link `link` of the `MultiPlan` says. The region
+              stays held until the copy is done: whatever frees it waits for the send.
+* `recv`    – in a plan for several devices: input `name` arrives from another
+              device into `region` (allocated by an earlier `alloc`), by link `link`.
+              A send and its receive are one copy: it starts when both have their
+              dependencies done, and both end when it ends.
 
 `tensor` is always a TaskGraph task id: the task whose bytes the node concerns (for
 a view, its base task: views occupy no memory of their own). Every node lists in
@@ -82,6 +90,8 @@ class NodeKind(str, enum.Enum):
     RELOAD = "reload"  # host storage -> device region (H2D)
     FREE = "free"  # a device region is released
     OUTPUT = "output"  # a program output is final (on the device or the host)
+    SEND = "send"  # device region -> another device's region (a link's output)
+    RECV = "recv"  # another device's region -> device region (a link's input)
 
     def __str__(self) -> str:
         return self.value
@@ -95,8 +105,11 @@ STREAM_OF: dict[NodeKind, str] = {
     NodeKind.RELOAD: "h2d",
     NodeKind.FREE: "none",
     NodeKind.OUTPUT: "none",
+    NodeKind.SEND: "peer",
+    NodeKind.RECV: "peer",
 }
-"""The stream each kind runs on: compute, h2d (host to device), d2h, or none (bookkeeping)."""
+"""The stream each kind runs on: compute, h2d (host to device), d2h, peer (device to
+device: a send and its receive), or none (bookkeeping)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -242,6 +255,7 @@ FIELDS: dict[str, str] = {
     "box": "a host box",
     "workspace": "a workspace region",
     "recompute": "a recompute mark",
+    "link": "a link between devices",
 }
 """The optional fields of a `MemNode`, each with what it is (for messages)."""
 
@@ -254,6 +268,7 @@ _USE = {
     "box": "copy a box of host storage ('box')",
     "workspace": "hold a kernel's workspace ('workspace')",
     "recompute": "compute a task again ('recompute')",
+    "link": "copy between devices ('link')",
 }
 
 _ONE_PLACE = ("storage", "region")  # an input or output is on the host or on the device
@@ -281,6 +296,12 @@ NODE_FIELDS: dict[NodeKind, KindFields] = {
     NodeKind.FREE: KindFields(required=("region",), template="free {tensor} {region}"),
     NodeKind.OUTPUT: KindFields(
         required=("name",), one_of=_ONE_PLACE, template='output "{name}" {tensor} {where}'
+    ),
+    NodeKind.SEND: KindFields(
+        required=("name", "region", "link"), template='send "{name}" {tensor} {region} -> {link}'
+    ),
+    NodeKind.RECV: KindFields(
+        required=("name", "region", "link"), template='recv "{name}" {tensor} {link} -> {region}'
     ),
 }
 """The fields of each node kind, declared once: serialization, `MemNode.describe` and the
@@ -316,6 +337,7 @@ class MemNode:
     box: HostBox | None = None  # a sliced offload or reload: the box of `storage` it copies
     workspace: Region | None = None  # an apply: its kernel's transient workspace region
     recompute: bool = False  # an apply that computes its task again (see the module docstring)
+    link: int | None = None  # a send or receive: the index of its link in `MultiPlan.links`
 
     @property
     def stream(self) -> str:
@@ -342,6 +364,7 @@ class MemNode:
             "box": self.box,
             "workspace": self.workspace,
             "recompute": True if self.recompute else None,
+            "link": self.link,
         }
         return frozenset(f for f, value in values.items() if value is not None)
 
@@ -372,6 +395,7 @@ class MemNode:
             "into": f" into %{self.into}" if self.into is not None else "",
             "workspace": f" + workspace {self.workspace}" if self.workspace is not None else "",
             "verb": "recompute" if self.recompute else "apply",
+            "link": f"link#{self.link}",
         }
         return NODE_FIELDS[self.kind].template.format(**parts)
 

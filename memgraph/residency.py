@@ -7,7 +7,8 @@ says for each
 * how its data arrived (`arrival`): "computed" (an apply wrote it), "recomputed" (a
   recompute wrote it: an apply that computed its task again), "reloaded" (a
   reload copied it from host storage, possibly a box of it), "input" (a program input
-  put on the device), or "unwritten" (nothing wrote it);
+  put on the device), "received" (a `recv` copied it from another device), or
+  "unwritten" (nothing wrote it);
 * how it left (`departure`): "offloaded" (an offload copied it to the host, then it
   was freed), "dropped" (freed with no copy out although it is reloaded later: a host
   copy already existed, e.g. a weight), "discarded" (freed with no copy out, and
@@ -64,18 +65,24 @@ __all__ = [
     "DEPARTURES",
 ]
 
-ARRIVALS = ("computed", "recomputed", "reloaded", "input", "unwritten")
+ARRIVALS = ("computed", "recomputed", "reloaded", "input", "received", "unwritten")
 """How a residency's data got onto the device (see the module docstring)."""
 
 DEPARTURES = ("freed", "dropped", "discarded", "offloaded", "resident")
 """How a residency ended (see the module docstring)."""
 
-_ARRIVAL_OF = {NodeKind.APPLY: "computed", NodeKind.RELOAD: "reloaded", NodeKind.INPUT: "input"}
+_ARRIVAL_OF = {
+    NodeKind.APPLY: "computed",
+    NodeKind.RELOAD: "reloaded",
+    NodeKind.INPUT: "input",
+    NodeKind.RECV: "received",
+}
 _SOURCE_OF = {
     "computed": "apply",
     "recomputed": "recompute",
     "reloaded": "reload",
     "input": "input",
+    "received": "recv",
     "unwritten": "none",
 }
 
@@ -256,7 +263,7 @@ def analyze(mg: MemGraph) -> Residencies:
             stay.arrival = "recomputed" if node.recompute else _ARRIVAL_OF[kind]
         elif kind is NodeKind.OFFLOAD:
             stay.offloads.append(node.id)
-        elif kind is NodeKind.OUTPUT:
+        elif kind in (NodeKind.OUTPUT, NodeKind.SEND):
             stay.readers.append(node.id)
     done.extend(close(tensor, stay, None) for tensor, stay in open_.items())
     done.sort(key=lambda s: s.alloc)

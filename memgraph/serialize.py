@@ -44,8 +44,9 @@ storage; `workspace` (a region) for an apply whose task has a kernel workspace
 (`Task.workspace`): transient, held for that apply only (absent otherwise, so plans
 without workspaces are written as before); `recompute` (always `true` when present) for
 an apply that computes its task again, its output having been dropped with no copy out
-(absent otherwise: files written before recomputes load unchanged). Keys a kind does
-not use are omitted.
+(absent otherwise: files written before recomputes load unchanged); `name`, `region`
+and `link` (the index of a link of the plan for several devices) for a send or a receive
+between devices. Keys a kind does not use are omitted.
 
 Version 1 documents (before `storages` and `box`) are still read: their storages and
 boxes are worked out from the nodes and the TaskGraph, as the builder does.
@@ -240,6 +241,7 @@ _FIELD_TEXT: dict[str, Callable[[Any, Quoted], str]] = {
     ),
     "workspace": lambda region, quoted: _region_text(region),
     "recompute": lambda recompute, quoted: "true",
+    "link": lambda link, quoted: str(link),
 }
 """Each optional node field's value as JSON text, as `_node_to_dict` puts it."""
 
@@ -252,6 +254,7 @@ _UNSET: dict[str, Any] = {
     "box": None,
     "workspace": None,
     "recompute": False,
+    "link": None,
 }
 """Each optional field's value when a node does not set it (`MemNode.fields_set`)."""
 
@@ -418,6 +421,7 @@ def _node(
         workspace = _region(entry["workspace"], f"{path}.workspace")
     if "recompute" in entry and entry["recompute"] is not True:
         raise _fail(f"{path}.recompute", f"expected true (or no key), got {entry['recompute']!r}")
+    link = _int(entry["link"], f"{path}.link") if "link" in entry else None
     return MemNode(
         position,
         kind,
@@ -431,6 +435,7 @@ def _node(
         box,
         workspace,
         "recompute" in entry,
+        link,
     )
 
 
@@ -644,7 +649,22 @@ def _quick_node(
     recompute = "recompute" in entry
     if recompute and entry["recompute"] is not True:
         return None
+    link = entry.get("link")
+    if link is not None and (type(link) is not int or link < 0):
+        return None
     deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
     return MemNode(
-        position, kind, deps, tensor, region, storage, reads, name, into, box, workspace, recompute
+        position,
+        kind,
+        deps,
+        tensor,
+        region,
+        storage,
+        reads,
+        name,
+        into,
+        box,
+        workspace,
+        recompute,
+        link,
     )

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "StreamEvent",
     "STREAMS",
+    "PEER_STREAM",
     "node_event",
     "event_name",
     "to_chrome_trace",
@@ -49,6 +50,10 @@ STREAMS = ("compute", "h2d", "d2h")
 """The lanes of a timeline, in display order: the compute stream (applies), host to device
 copies (reloads, inputs placed on the device) and device to host copies (offloads,
 outputs copied out). The runtime's streams (`runtime.schedule.STREAMS`) are these."""
+
+PEER_STREAM = "peer"
+"""The lane of copies between devices (the sends and receives of a plan for several
+devices, `memgraph.multi`): only such plans have it, shown after `STREAMS`."""
 _STREAM_ALIASES = {
     "htod": "h2d",
     "hosttodevice": "h2d",
@@ -297,7 +302,8 @@ def read_chrome_trace(
 def ordered_lanes(streams: Iterable[str]) -> list[str]:
     """Lane names in display order: compute, h2d, d2h, then others sorted."""
     seen = set(streams)
-    return [s for s in STREAMS if s in seen] + sorted(seen - set(STREAMS))
+    known = (*STREAMS, PEER_STREAM)
+    return [s for s in known if s in seen] + sorted(seen - set(known))
 
 
 def write_chrome_trace(

@@ -44,14 +44,21 @@ residencies and host storages, and checks:
 * dependencies (so that any execution honouring only the dependencies is safe, not
   just insertion order), where "after" means reachable through `deps` (the model
   below):
-  - read-after-write: a writer of a region (apply, reload, device input) comes after
-    the region's alloc; a reader (apply, offload, device output) comes after the
+  - read-after-write: a writer of a region (apply, reload, device input, receive) comes
+    after the region's alloc; a reader (apply, offload, device output, send) comes after the
     writer of the data it reads; a reload comes after the input or offload that
     wrote its storage, as does a host output (after all the sliced offloads that
     fill it, for an output assembled on the host);
   - write-after-read: an alloc comes after the latest free of every byte it
     overlaps; a free comes after its alloc, the writer, every reader and every
     offload of the residency it releases.
+
+* sends and receives (plans for several devices, `memgraph.multi`): a send names an
+  output of the TaskGraph, resident and written, and is one of its region's readers (so
+  its free waits for it); a receive names an input, seen once, written into the region
+  allocated for it (a device input that comes from another device); each link index is
+  used by one node of the plan, and an output sent is produced. That a send's link
+  ends in a receive on another device, of the same size, is `verify_multi`'s check.
 
 The live bytes checked against the budget at each alloc are those of the residency
 analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
@@ -165,6 +172,8 @@ class _Verifier:
         self.applied: set[int] = set()
         self.inputs_seen: set[str] = set()
         self.outputs_seen: set[str] = set()
+        self.sent: set[str] = set()  # outputs sent to another device (`send`)
+        self.links_seen: dict[int, int] = {}  # link -> the send or receive that uses it
         self.checked = 0
         self.deps: frozenset[int] | tuple[int, ...] = ()  # the current node's dependencies
         self.open: list[_Question] = []  # asked, not settled yet
@@ -231,6 +240,8 @@ class _Verifier:
             NodeKind.RELOAD: self.on_reload,
             NodeKind.FREE: self.on_free,
             NodeKind.OUTPUT: self.on_output,
+            NodeKind.SEND: self.on_send,
+            NodeKind.RECV: self.on_recv,
         }
         total, every = len(self.mg.nodes), ticks(len(self.mg.nodes))
         try:
@@ -288,6 +299,7 @@ class _Verifier:
             node.box is None,
             node.workspace is None,
             node.recompute,
+            node.link is None,
         )
         if key not in self.field_problems:
             self.field_problems[key] = node.field_problem()
@@ -662,6 +674,37 @@ class _Verifier:
             raise self.fail(f"host#{node.storage} does not hold %{base}")
         self.after(self.storage_writer[node.storage], "the write of host#{}", node.storage)
 
+    def on_send(self, node: MemNode) -> None:
+        """Output `name`, resident in `region`, leaves for another device: it is read like
+        an output on the device (after its write; whatever frees it waits for the send)."""
+        if node.name not in self.tg.outputs:
+            raise self.fail(f'sends "{node.name}", which is not an output of the TaskGraph')
+        base = self.roots[self.tg.outputs[node.name]]
+        if node.tensor != base:
+            raise self.fail(f'output "{node.name}" is stored in %{base}, not %{node.tensor}')
+        self.use_link(node)
+        residency = self.resident(base, node.region, 'sent output "{}" (%{})', node.name, base)
+        self.after(residency.writer, "the write of %{}", base)
+        residency.users.append(node.id)
+        self.sent.add(node.name)
+
+    def on_recv(self, node: MemNode) -> None:
+        """Input `name` arrives from another device into its allocated `region`."""
+        task = self.tg[node.tensor]
+        if not isinstance(task.op, Input) or task.op.name != node.name:
+            raise self.fail(f'%{node.tensor} is not the input named "{node.name}"')
+        if node.name in self.inputs_seen:
+            raise self.fail(f'input "{node.name}" appears twice')
+        self.use_link(node)
+        self.inputs_seen.add(node.name)
+        self.write(node.tensor, node.region, "receives")
+
+    def use_link(self, node: MemNode) -> None:
+        """A link is one copy: used by one send or one receive of a device's plan."""
+        earlier = self.links_seen.setdefault(node.link, node.id)
+        if earlier != node.id:
+            raise self.fail(f"link#{node.link} is already used by n{earlier}")
+
     def check_complete(self) -> None:
         missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]
         if missing_inputs:
@@ -670,7 +713,11 @@ class _Verifier:
         missing = [t for t in computed if t not in self.applied]
         if missing:
             raise self.fail(f"task(s) {['%' + str(t) for t in missing[:5]]} are never computed")
-        missing_outputs = [name for name in self.tg.outputs if name not in self.outputs_seen]
+        missing_outputs = [
+            name
+            for name in self.tg.outputs
+            if name not in self.outputs_seen and name not in self.sent
+        ]
         if missing_outputs:
             raise self.fail(f"output(s) {missing_outputs} are never produced")
         unwritten = [

@@ -2,9 +2,10 @@
 
 Like torch.fx's `Interpreter`, `issue(node, stream)` dispatches in one place to the
 method named after the node's kind (`input`, `alloc`, `apply`, `offload`, `reload`,
-`free`, `output`). The methods only translate a node into backend primitives on
-the stream they are given; which stream, in which order and after which events is
-the schedule's business (`runtime.schedule`, `runtime.session`).
+`free`, `output`, and between devices `send` and `recv`, handed to `peers`). The
+methods only translate a node into backend primitives on the stream they are given;
+which stream, in which order and after which events is the schedule's business
+(`runtime.schedule`, `runtime.session`).
 
 Host memory is one buffer laid out by `HostLayout` (`runtime.hostmem`): a slot per host
 storage of the plan (`MemGraph.storages`: offloaded tensors, host-resident inputs,
@@ -72,6 +73,7 @@ class Interpreter:
         self.poison = poison
         self.sources: dict[str, np.ndarray] = {}
         self.results: dict[str, np.ndarray] = {}
+        self.peers: Any = None  # what carries sends and receives (`runtime.multi`), if any
         self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
         # The class's functions, not bound methods: a dict of methods bound to `self` would
@@ -195,3 +197,20 @@ class Interpreter:
         if node.region is not None:
             view = self.device_view(node.region, self.tg.outputs[node.name])
             self.backend.copy_to_host(self.results[node.name], view, stream)
+
+    def send(self, node: MemNode, stream: Stream | None) -> None:
+        """Offer the region's tensor to the link's target device (`peers.send`)."""
+        self._peers(node).send(node, self.device_view(node.region, node.tensor), stream)
+
+    def recv(self, node: MemNode, stream: Stream | None) -> None:
+        """Copy the link's tensor from its source device into the region (`peers.recv`)."""
+        self._peers(node).recv(node, self.device_view(node.region, node.tensor), stream)
+
+    def _peers(self, node: MemNode) -> Any:
+        if self.peers is None:
+            raise BackendError(
+                f"n{node.id} ({node.describe()}) copies between devices: a plan with direct "
+                f"sends runs only with its other devices (runtime.run_devices, LocalDevices, "
+                f"RayDevices)"
+            )
+        return self.peers

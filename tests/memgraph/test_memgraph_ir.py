@@ -228,7 +228,7 @@ def test_every_kind_declares_its_fields_and_json_keys_follow_it():
         (NodeKind.ALLOC, {"region": None}, "has no device region"),
         (NodeKind.RELOAD, {"storage": None}, "has no host storage"),
         (NodeKind.FREE, {"into": 3}, r"only an offload can fill an output assembly \('into'\)"),
-        (NodeKind.ALLOC, {"name": "x"}, r"only an input or an output can name"),
+        (NodeKind.ALLOC, {"name": "x"}, r"only an input, an output, a send or a recv can name"),
         (NodeKind.ALLOC, {"reads": (Region(0, 256),)}, r"only an apply can read operand regions"),
         (NodeKind.INPUT, {"storage": 0, "region": Region(0, 256)}, "an input is in exactly one"),
         (NodeKind.OUTPUT, {"storage": None, "region": None}, "an output is in exactly one"),

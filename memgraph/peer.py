@@ -1,0 +1,268 @@
+"""Direct sends between devices: a plan for several devices whose links are staged through
+host memory, rewritten so that links go straight from device to device where that is safe.
+
+`plan_devices` plans every device with its links staged through host memory: the source
+offloads the tensor to a host storage (`output` node), the target's `input` starts on
+the host and a `reload` brings it in. `direct_sends` turns such a link into one copy
+between the two arenas (NVLink, or PCIe peer-to-peer): on the source the offload becomes
+a `send` of the same region (the region stays held until the copy is done: the free
+that waited for the offload waits for the send), on the target the reload becomes a
+`recv` into the region the reload filled, and both host storages go. Each device's
+budget is untouched: the regions, their allocs and frees are the planned ones.
+
+A send and its receive are one copy, so it needs both ends at once: the source's region
+is not freed, and whatever the source does after freeing it waits, until the target has
+allocated its region. That can deadlock where staging through the host cannot (a target
+whose alloc waits for a free that waits for something the source does after the send),
+so a link goes direct only where it provably cannot: one topological order of the
+host-staged plans (`memgraph.multi.union_order`: Kahn's algorithm, frees last) has every
+node either end of the copy waits for before every node that waits for it. The copy
+then fits into that order, and all copies made direct together keep the order
+topological: the direct plan's union is acyclic (`verify_multi` checks it again).
+
+A link stays staged through the host where the rewrite does not apply: its target
+reloads the tensor more than once (the host copy serves the later reloads) or in boxes
+(a sliced reload), or its source reloads its own host copy, or the order above has a node
+that either end waits for after one that waits for the copy. `DirectReport` counts each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from einpage_core.errors import PlanError
+from memgraph.graph import MemGraph
+from memgraph.multi import DevicePlan, Link, MultiPlan, union_order
+from memgraph.nodes import MemNode, NodeKind
+
+__all__ = ["PATHS", "SENDS", "DirectReport", "direct_sends"]
+
+PATHS = ("host", "peer")
+"""How a link travels: staged through host memory (an offload, then a reload), or one
+copy between the devices' arenas (a send and a receive)."""
+
+SENDS = ("host", "direct")
+"""How `plan_devices(sends=...)` sends links: every link staged through host memory, or
+each link direct where `direct_sends` can make it so."""
+
+
+@dataclass(frozen=True, slots=True)
+class DirectReport:
+    """What `direct_sends` did: `direct` links made device-to-device (and their bytes),
+    and why each other link stays staged through the host (`reasons`: reason -> count)."""
+
+    direct: int
+    direct_bytes: int
+    staged: int
+    staged_bytes: int
+    reasons: Mapping[str, int]
+
+    def line(self) -> str:
+        why = ", ".join(f"{n} {reason}" for reason, n in sorted(self.reasons.items()))
+        return (
+            f"{self.direct} link(s) direct ({self.direct_bytes} B), {self.staged} staged "
+            f"through the host ({self.staged_bytes} B)" + (f": {why}" if why else "")
+        )
+
+
+@dataclass
+class _Ends:
+    """The nodes of a host-staged link on its two devices."""
+
+    offload: MemNode  # the source's offload of the sent tensor (into the output's storage)
+    output: MemNode  # the source's output node of that storage
+    input: MemNode  # the target's input node (on the host)
+    reload: MemNode  # the target's one reload of it
+
+
+def direct_sends(mp: MultiPlan) -> tuple[MultiPlan, DirectReport]:
+    """`mp` with every link that can safely go device to device made a direct send (see
+    the module docstring), and the report of what went direct and why the rest did not.
+
+    Raises `PlanError` when `mp` already has direct links (the rewrite starts from
+    plans staged through host memory, as `plan_devices` makes them)."""
+    if any(link.path != "host" for link in mp.links):
+        raise PlanError("direct_sends: the plan already has direct links; give it host-staged")
+    ends, reasons = _candidates(mp)
+    order = union_order(mp)
+    dependents = [_dependents(plan.mg) for plan in mp.plans]
+    direct: set[int] = set()
+    for index, end in ends.items():
+        link = mp.links[index]
+        src, dst = order[link.source], order[link.target]
+        before = [src[d] for d in end.offload.deps]
+        before += [dst[d] for d in end.reload.deps if d != end.input.id]
+        after = [src[d] for d in dependents[link.source][end.offload.id] if d != end.output.id]
+        after += [dst[d] for d in dependents[link.target][end.reload.id]]
+        if before and after and max(before) >= min(after):
+            reasons["would wait in a cycle"] = reasons.get("would wait in a cycle", 0) + 1
+            continue
+        direct.add(index)
+    # An output sent to several devices keeps its offload while any of its links is staged.
+    by_output: dict[tuple[int, str], list[int]] = {}
+    for index, link in enumerate(mp.links):
+        by_output.setdefault((link.source, link.output), []).append(index)
+    plans = []
+    for plan in mp.plans:
+        device = plan.device
+        sends: dict[int, tuple[bool, list[int]]] = {}  # offload id -> (all direct, direct ones)
+        for (source, _), indices in by_output.items():
+            made = [i for i in indices if i in direct]
+            if source == device and made:
+                sends[ends[made[0]].offload.id] = (len(made) == len(indices), made)
+        receives = {ends[i].reload.id: i for i in direct if mp.links[i].target == device}
+        plans.append(_rewrite(plan, mp.links, sends, receives))
+    links = tuple(
+        replace(link, path="peer") if i in direct else link for i, link in enumerate(mp.links)
+    )
+    placed = replace(mp.placed, links=links)
+    info = {**mp.info, "sends": "direct"}
+    sent = sum(mp.links[i].nbytes for i in direct)
+    staged = [link for i, link in enumerate(mp.links) if i not in direct]
+    report = DirectReport(
+        len(direct), sent, len(staged), sum(k.nbytes for k in staged), dict(reasons)
+    )
+    info["direct"] = {"links": report.direct, "bytes": report.direct_bytes, **report.reasons}
+    return MultiPlan(placed, tuple(plans), info), report
+
+
+def _candidates(mp: MultiPlan) -> tuple[dict[int, _Ends], dict[str, int]]:
+    """The links the rewrite applies to, with their nodes; the others counted by reason."""
+    found: dict[int, _Ends] = {}
+    reasons: dict[str, int] = {}
+
+    def skip(reason: str) -> None:
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    facts = [_Facts(plan.mg) for plan in mp.plans]
+    for index, link in enumerate(mp.links):
+        src, dst = facts[link.source], facts[link.target]
+        output = src.outputs.get(link.output)
+        offloads = src.offloads.get(output.storage, []) if output is not None else []
+        if output is None or output.storage is None or len(offloads) != 1 or offloads[0].box:
+            skip("sent from no single whole offload")
+            continue
+        if src.reloads.get(output.storage):
+            skip("reloaded from its host copy on the source")
+            continue
+        node = dst.inputs.get(link.input)
+        reloads = dst.reloads.get(node.storage, []) if node is not None else []
+        if node is None or node.storage is None or not reloads:
+            skip("never brought onto the target")
+            continue
+        if len(reloads) > 1 or reloads[0].box is not None:
+            skip("reloaded more than once or in boxes on the target")
+            continue
+        if dst.others.get(node.storage) or dst.input_readers.get(node.id, 0) != 1:
+            skip("read from the host on the target")
+            continue
+        found[index] = _Ends(offloads[0], output, node, reloads[0])
+    return found, reasons
+
+
+class _Facts:
+    """A device plan's nodes by what the rewrite asks of them."""
+
+    def __init__(self, mg: MemGraph):
+        self.outputs = {n.name: n for n in mg.nodes if n.kind is NodeKind.OUTPUT}
+        self.inputs = {n.name: n for n in mg.nodes if n.kind is NodeKind.INPUT}
+        self.offloads: dict[int, list[MemNode]] = {}
+        self.reloads: dict[int, list[MemNode]] = {}
+        self.others: dict[int, int] = {}  # storage -> outputs reading it on the host
+        self.input_readers: dict[int, int] = {}  # input node -> nodes waiting for it
+        for node in mg.nodes:
+            if node.kind is NodeKind.OFFLOAD:
+                self.offloads.setdefault(node.storage, []).append(node)
+            elif node.kind is NodeKind.RELOAD:
+                self.reloads.setdefault(node.storage, []).append(node)
+            elif node.kind is NodeKind.OUTPUT and node.storage is not None:
+                self.others[node.storage] = self.others.get(node.storage, 0) + 1
+            for dep in node.deps:
+                self.input_readers[dep] = self.input_readers.get(dep, 0) + 1
+
+
+def _dependents(mg: MemGraph) -> list[list[int]]:
+    """For each node of `mg`, the nodes that list it in their dependencies."""
+    out: list[list[int]] = [[] for _ in mg.nodes]
+    for node in mg.nodes:
+        for dep in node.deps:
+            out[dep].append(node.id)
+    return out
+
+
+def _rewrite(
+    plan: DevicePlan,
+    links: tuple[Link, ...],
+    sends: Mapping[int, tuple[bool, list[int]]],
+    receives: Mapping[int, int],
+) -> DevicePlan:
+    """Device `plan` with its direct links' nodes rewritten: each offload in `sends`
+    (offload id -> (whether all its links are direct, the direct ones)) followed, or
+    replaced, by a send per direct link (its output node dropped when replaced); each
+    reload in `receives` (reload id -> link) made a receive, its input node dropped.
+    Ids are renumbered; a node that waited for a replaced node waits for what replaced it."""
+    mg = plan.mg
+    dropped_storages: set[int] = set()
+    gone: set[int] = set()  # old ids of nodes that disappear without replacement
+    for offload_id, (whole, direct) in sends.items():
+        if whole and direct:
+            storage = mg.nodes[offload_id].storage
+            dropped_storages.add(storage)
+            gone.update(
+                n.id for n in mg.nodes if n.kind is NodeKind.OUTPUT and n.storage == storage
+            )
+    for reload_id in receives:
+        storage = mg.nodes[reload_id].storage
+        dropped_storages.add(storage)
+        gone.update(n.id for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage == storage)
+    if not sends and not receives:
+        return plan
+    new_ids: list[tuple[int, ...]] = []  # old id -> the new ids standing for it
+    nodes: list[MemNode] = []
+
+    def deps_of(node: MemNode) -> tuple[int, ...]:
+        return tuple(sorted({new for d in node.deps for new in new_ids[d]}))
+
+    for node in mg.nodes:
+        if node.id in gone:
+            new_ids.append(())
+            continue
+        deps = deps_of(node)
+        made: list[int] = []
+        whole, direct = sends.get(node.id, (False, []))
+        if not (whole and direct):
+            made.append(len(nodes))
+            if node.id in receives:
+                link = receives[node.id]
+                nodes.append(
+                    MemNode(
+                        len(nodes),
+                        NodeKind.RECV,
+                        deps,
+                        node.tensor,
+                        node.region,
+                        name=links[link].input,
+                        link=link,
+                    )
+                )
+            else:
+                nodes.append(replace(node, id=len(nodes), deps=deps))
+        for link in direct:
+            made.append(len(nodes))
+            nodes.append(
+                MemNode(
+                    len(nodes),
+                    NodeKind.SEND,
+                    deps,
+                    node.tensor,
+                    node.region,
+                    name=links[link].output,
+                    link=link,
+                )
+            )
+        new_ids.append(tuple(made))
+    storages = {sid: s for sid, s in mg.storages.items() if sid not in dropped_storages}
+    info = dict(mg.info)
+    new = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, info, storages)
+    return DevicePlan(plan.device, new, plan.budget)
