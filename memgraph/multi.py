@@ -48,6 +48,8 @@ __all__ = [
     "verify_multi",
     "MultiVerifyReport",
     "DeviceBudgetError",
+    "UnionGraph",
+    "union_graph",
     "union_order",
 ]
 
@@ -520,7 +522,7 @@ def _check_link(
 
 
 @dataclass
-class _Union:
+class UnionGraph:
     """The union of a MultiPlan's plans: node g of the whole is node `g - offsets[d]` of
     device d's plan; `successors`/`preds` over representatives (`rep[g]`: a direct link's
     receive stands for nothing of its own – it is its send's node); one edge per host
@@ -536,7 +538,8 @@ class _Union:
         return max(d for d, base in enumerate(self.offsets) if base <= g)
 
 
-def _union(mp: MultiPlan) -> _Union:
+def union_graph(mp: MultiPlan) -> UnionGraph:
+    """The union of `mp`'s plans and links, which `verify_multi` checks for a cycle."""
     offsets, total = [], 0
     for plan in mp.plans:
         offsets.append(total)
@@ -572,23 +575,22 @@ def _union(mp: MultiPlan) -> _Union:
         successors[source].append(target)
         preds[target] += 1
         edges += 1
-    return _Union(offsets, rep, successors, preds, edges)
+    return UnionGraph(offsets, rep, successors, preds, edges)
 
 
-def union_order(mp: MultiPlan) -> list[list[int]]:
-    """A topological order of the union of `mp`'s plans and links (`verify_multi`'s
-    graph), as each device's nodes' positions in it (`order[d][node id]`): Kahn's
-    algorithm taking, among the nodes that can come next, anything but a `free` first,
-    then the lowest device and id. (Frees last: a region stays held as long as anything
-    else can proceed, the order `memgraph.peer` needs to fit direct copies in.) A direct
-    link's send and receive share one position. Raises `VerificationError` for a cycle."""
+def union_order(mp: MultiPlan) -> tuple[UnionGraph, list[int]]:
+    """The union of `mp`'s plans and links (`union_graph`) and a topological order of it,
+    as each node's position (`position[g]`; a direct link's receive has its send's):
+    Kahn's algorithm taking, among the nodes that can come next, anything but a `free`
+    first, then the lowest device and id (frees last: a region stays held as long as
+    anything else can proceed). Raises `VerificationError` naming a cycle."""
     import heapq
 
-    union = _union(mp)
+    union = union_graph(mp)
     kinds = [node.kind for plan in mp.plans for node in plan.mg.nodes]
     rep, waiting = union.rep, list(union.preds)
     heap = [
-        (kinds[g] is NodeKind.FREE, g) for g in range(len(rep)) if rep[g] == g and waiting[g] == 0
+        (kinds[g] is NodeKind.FREE, g) for g in range(len(rep)) if rep[g] == g and not waiting[g]
     ]
     heapq.heapify(heap)
     position = [0] * len(rep)
@@ -603,16 +605,13 @@ def union_order(mp: MultiPlan) -> list[list[int]]:
                 heapq.heappush(heap, (kinds[s] is NodeKind.FREE, s))
     if done != sum(1 for g in range(len(rep)) if rep[g] == g):
         _check_acyclic(mp)  # raises, naming a cycle
-    offsets = union.offsets + [len(rep)]
-    return [
-        [position[rep[g]] for g in range(offsets[d], offsets[d + 1])] for d in range(len(mp.plans))
-    ]
+    return union, [position[rep[g]] for g in range(len(rep))]
 
 
 def _check_acyclic(mp: MultiPlan) -> tuple[int, int]:
     """Kahn's algorithm over the union of the plans' dependencies and the links; the
     number of nodes and edges, or a `VerificationError` naming a cycle."""
-    union = _union(mp)
+    union = union_graph(mp)
     successors, rep = union.successors, union.rep
     waiting = list(union.preds)
     nodes = [g for g in range(len(rep)) if rep[g] == g]

@@ -14,16 +14,20 @@ A send and its receive are one copy, so it needs both ends at once: the source's
 is not freed, and whatever the source does after freeing it waits, until the target has
 allocated its region. That can deadlock where staging through the host cannot (a target
 whose alloc waits for a free that waits for something the source does after the send),
-so a link goes direct only where it provably cannot: one topological order of the
-host-staged plans (`memgraph.multi.union_order`: Kahn's algorithm, frees last) has every
-node either end of the copy waits for before every node that waits for it. The copy
-then fits into that order, and all copies made direct together keep the order
-topological: the direct plan's union is acyclic (`verify_multi` checks it again).
+so a link goes direct only where it provably cannot. A copy is the send waiting, besides
+for its own dependencies, for those of the receive (the target's alloc of the region):
+the links are taken one by one (in the order of their sends) and each one's edges from
+the target's waits to the source's send are added to the union of the host-staged plans
+(`memgraph.multi.union_graph`) unless they close a cycle, the check kept cheap by a
+topological order maintained as edges come (Pearce and Kelly's dynamic topological
+sort, started from `memgraph.multi.union_order`). The direct plan's union is then
+acyclic (`verify_multi` checks it again). An output sent to several devices counts as
+one send for all (conservative: it may keep a safe link staged, never the reverse).
 
 A link stays staged through the host where the rewrite does not apply: its target
 reloads the tensor more than once (the host copy serves the later reloads) or in boxes
-(a sliced reload), or its source reloads its own host copy, or the order above has a node
-that either end waits for after one that waits for the copy. `DirectReport` counts each.
+(a sliced reload), or its source reloads its own host copy, or making it direct would close a
+cycle with the links made direct before it. `DirectReport` counts each.
 """
 
 from __future__ import annotations
@@ -85,20 +89,20 @@ def direct_sends(mp: MultiPlan) -> tuple[MultiPlan, DirectReport]:
     if any(link.path != "host" for link in mp.links):
         raise PlanError("direct_sends: the plan already has direct links; give it host-staged")
     ends, reasons = _candidates(mp)
-    order = union_order(mp)
-    dependents = [_dependents(plan.mg) for plan in mp.plans]
+    union, position = union_order(mp)
+    order = _Order(union.successors, position)
+    base = union.offsets
     direct: set[int] = set()
-    for index, end in ends.items():
-        link = mp.links[index]
-        src, dst = order[link.source], order[link.target]
-        before = [src[d] for d in end.offload.deps]
-        before += [dst[d] for d in end.reload.deps if d != end.input.id]
-        after = [src[d] for d in dependents[link.source][end.offload.id] if d != end.output.id]
-        after += [dst[d] for d in dependents[link.target][end.reload.id]]
-        if before and after and max(before) >= min(after):
+    for index in sorted(
+        ends, key=lambda i: position[base[mp.links[i].source] + ends[i].offload.id]
+    ):
+        end, link = ends[index], mp.links[index]
+        send = base[link.source] + end.offload.id
+        waits = [base[link.target] + d for d in end.reload.deps if d != end.input.id]
+        if order.add_edges([(w, send) for w in waits]):
+            direct.add(index)
+        else:
             reasons["would wait in a cycle"] = reasons.get("would wait in a cycle", 0) + 1
-            continue
-        direct.add(index)
     # An output sent to several devices keeps its offload while any of its links is staged.
     by_output: dict[tuple[int, str], list[int]] = {}
     for index, link in enumerate(mp.links):
@@ -159,6 +163,68 @@ def _candidates(mp: MultiPlan) -> tuple[dict[int, _Ends], dict[str, int]]:
             continue
         found[index] = _Ends(offloads[0], output, node, reloads[0])
     return found, reasons
+
+
+class _Order:
+    """A topological order of a growing DAG, kept as edges are added (Pearce and Kelly's
+    dynamic topological sort): adding x -> y where y comes before x reorders just the
+    nodes between them that must move, or finds that y reaches x (a cycle)."""
+
+    def __init__(self, successors: list[list[int]], position: list[int]):
+        self.successors = [list(after) for after in successors]
+        self.predecessors: list[list[int]] = [[] for _ in successors]
+        for g, after in enumerate(successors):
+            for s in after:
+                self.predecessors[s].append(g)
+        self.position = list(position)
+
+    def add_edges(self, edges: list[tuple[int, int]]) -> bool:
+        """Add every edge, or none of them (False) when together they close a cycle."""
+        added = []
+        for x, y in edges:
+            if not self._add(x, y):
+                for a, b in reversed(added):  # removing edges keeps the order topological
+                    self.successors[a].remove(b)
+                    self.predecessors[b].remove(a)
+                return False
+            added.append((x, y))
+        return True
+
+    def _add(self, x: int, y: int) -> bool:
+        position = self.position
+        low, high = position[y], position[x]
+        if low > high:
+            self.successors[x].append(y)
+            self.predecessors[y].append(x)
+            return True
+        forward = self._reach(y, self.successors, lambda g: position[g] <= high, x)
+        if forward is None:
+            return False  # y reaches x: x -> y closes a cycle
+        backward = self._reach(x, self.predecessors, lambda g: position[g] >= low, None)
+        moved = sorted(backward, key=position.__getitem__) + sorted(
+            forward, key=position.__getitem__
+        )
+        for g, p in zip(moved, sorted(position[g] for g in moved), strict=True):
+            position[g] = p
+        self.successors[x].append(y)
+        self.predecessors[y].append(x)
+        return True
+
+    @staticmethod
+    def _reach(start: int, edges: list[list[int]], inside, stop: int | None) -> list[int] | None:
+        """The nodes reachable from `start` through `edges` among those `inside` accepts
+        (None if `stop` is among them)."""
+        seen = {start}
+        stack = [start]
+        while stack:
+            g = stack.pop()
+            for n in edges[g]:
+                if n == stop:
+                    return None
+                if n not in seen and inside(n):
+                    seen.add(n)
+                    stack.append(n)
+        return list(seen)
 
 
 class _Facts:
