@@ -12,6 +12,8 @@ Schema (version 1)::
       "links": [
         {"task": 3, "source": 0, "target": 1, "output": "send:%3", "input": "recv:%3",
          "shape": [4, 8], "dtype": "float32", "nbytes": 128},
+        {"task": 5, "source": 1, "target": 2, "output": "send:%5", "input": "recv:%5",
+         "shape": [4, 8], "dtype": "float32", "nbytes": 128, "path": "peer"},
         ...
       ],
       "parts": [
@@ -25,6 +27,10 @@ Schema (version 1)::
 
 `inputs`, `outputs`, `links` and `strategy` are the `PlacedGraph`'s (`inputs`: what the
 driver stages; `outputs`: original output name -> [device, that device's output name]).
+A link's `path` (`Link.path`, one of `memgraph.peer.PATHS`) is written only when it is not
+"host": "peer" for a link sent straight between the devices (a `send` node on the source,
+a `recv` on the target, each naming the link by its index in `links`); a link without it
+is staged through host memory, so files of host-staged plans are what they were.
 Each entry of `parts` is device `device`'s: its `DevicePlan.budget`, its
 `DevicePart.origin` (for each task of its TaskGraph, the task of the program it stands
 for) and its MemGraph, written by `memgraph.serialize` – which holds the device's
@@ -63,6 +69,7 @@ from typing import Any
 
 from einpage_core.errors import SerializationError
 from memgraph.multi import DevicePart, DevicePlan, Link, MultiPlan, PlacedGraph
+from memgraph.peer import PATHS
 from memgraph.serialize import memgraph_from_dict, memgraph_json_chunks
 from taskgraph.dtypes import DTYPES
 from taskgraph.graph import TaskGraph
@@ -92,6 +99,7 @@ VERSION = 1
 _TOP_KEYS = ("format", "version", "devices", "strategy", "inputs", "outputs", "links", "parts")
 _OPTIONAL_KEYS = ("program", "info")
 _LINK_KEYS = ("task", "source", "target", "output", "input", "shape", "dtype", "nbytes")
+_LINK_OPTIONAL = ("path",)
 _PART_KEYS = ("device", "budget", "origin", "plan")
 
 
@@ -112,7 +120,7 @@ class MultiPlanFile:
 
 
 def _link_to_dict(link: Link) -> dict[str, Any]:
-    return {
+    data = {
         "task": link.task,
         "source": link.source,
         "target": link.target,
@@ -122,6 +130,9 @@ def _link_to_dict(link: Link) -> dict[str, Any]:
         "dtype": link.dtype,
         "nbytes": link.nbytes,
     }
+    if link.path != "host":  # host-staged links are written as before paths existed
+        data["path"] = link.path
+    return data
 
 
 def _encode(value: Any, what: str) -> str:
@@ -229,7 +240,7 @@ def _object(value: Any, path: str, required: tuple[str, ...], optional: tuple[st
 
 
 def _link(value: Any, path: str, devices: int) -> Link:
-    entry = _object(value, path, _LINK_KEYS)
+    entry = _object(value, path, _LINK_KEYS, _LINK_OPTIONAL)
     if entry["dtype"] not in DTYPES:
         raise _fail(f"{path}.dtype", f"expected one of {', '.join(DTYPES)}, got {entry['dtype']!r}")
     shape = _list(entry["shape"], f"{path}.shape")
@@ -242,7 +253,14 @@ def _link(value: Any, path: str, devices: int) -> Link:
         tuple(_int(n, f"{path}.shape[{k}]") for k, n in enumerate(shape)),
         entry["dtype"],
         _int(entry["nbytes"], f"{path}.nbytes"),
+        _path(entry.get("path", "host"), f"{path}.path", PATHS),
     )
+
+
+def _path(value: Any, path: str, paths: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in paths:
+        raise _fail(path, f"expected one of {', '.join(map(repr, paths))}, got {value!r}")
+    return value
 
 
 def _outputs(value: Any, devices: int) -> dict[str, tuple[int, str]]:

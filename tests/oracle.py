@@ -108,6 +108,13 @@ The program (P):
   and a task is a function of its operands' data, which never changes once written (a
   reload brings back what was copied out, an apply writes its task's value): so it
   writes the same data as the first apply. It may then be read like that data (D3).
+* P5 a copy between devices (plans for several devices) stands for an end of the
+  program on this device: a `send` reads a program output on the device (its base task,
+  where its data was written, D3; once per link, so an output may be sent several times
+  and be on the host too, and it counts as appearing, P3) and a `recv` is an input put
+  on the device (P1, a write, D2); each link index (`link`) is used by one send or
+  receive of the plan. Whether the other device
+  has the matching end is the whole plan's question (`verify_multi`), not this one's.
   The mark is `true` or absent, never anything else.
 
 The verdict names the first node, in insertion order, that breaks a rule (or no node,
@@ -296,6 +303,7 @@ class _Replay:
         self.computed: set[int] = set()
         self.inputs_seen: set[str] = set()
         self.outputs_seen: set[str] = set()
+        self.links_seen: dict[int, int] = {}  # link -> the send or receive using it (P5)
         self.node: dict = {}
 
     # -- happens-before ---------------------------------------------------------------
@@ -334,6 +342,8 @@ class _Replay:
             "reload": self.on_reload,
             "free": self.on_free,
             "output": self.on_output,
+            "send": self.on_send,
+            "recv": self.on_recv,
         }
         try:
             for position, node in enumerate(self.nodes):
@@ -546,6 +556,32 @@ class _Replay:
         if self.storage_tensor.get(storage) != base or not writes:
             raise self.broken("H5", f"host#{storage} does not hold %{base}")
         self.after(writes[0], "H5", f"which wrote host#{storage}")
+
+    def on_send(self) -> None:
+        """P5: an output on the device, sent to another device (one send per link: an
+        output sent to several devices is sent several times, and may be on the host too)."""
+        node, name = self.node, self.node.get("name", "")
+        if name not in self.outputs:
+            raise self.broken("P5", f'sends "{name}", which is not a program output')
+        base = self.base(self.outputs[name])
+        if node["tensor"] != base:
+            raise self.broken("P5", f'output "{name}" is held by %{base}, not %{node["tensor"]}')
+        self.read(base, node["region"])
+        self.outputs_seen.add(name)
+        self.use_link()
+
+    def on_recv(self) -> None:
+        """P5: an input put on the device, received from another device."""
+        self.on_input()
+        self.use_link()
+
+    def use_link(self) -> None:
+        link = self.node.get("link")
+        if not isinstance(link, int) or isinstance(link, bool) or link < 0:
+            raise self.broken("P5", f"names link {link!r}, not a link index")
+        earlier = self.links_seen.setdefault(link, self.node["id"])
+        if earlier != self.node["id"]:
+            raise self.broken("P5", f"uses link#{link}, which n{earlier} uses already")
 
     def check_whole_plan(self) -> None:
         inputs = {t.attrs["name"] for t in self.tasks if t.kind == "input"}

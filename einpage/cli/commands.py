@@ -107,6 +107,7 @@ from einpage_core.units import BudgetFormatError, format_bytes, format_exact, pa
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
 from memgraph.multi import DeviceBudgetError
 from memgraph.multi_serialize import MultiPlanFile
+from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES
 from memgraph.render import memgraph_selection
 from taskgraph import TaskGraph
@@ -177,6 +178,10 @@ def _cmd_show(args: argparse.Namespace, console: Console) -> int:
 def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, *PLAN_OUTPUTS)
     partition_arg = parse_partition(args.partition)
+    if args.sends != "host" and args.devices == 1:
+        raise InputError(
+            f"--sends {args.sends} sends tensors between devices: give --devices N (N > 1)"
+        )
     if args.devices > 1:
         with console.stages(3 + bool(args.output)):
             with console.stage("building the program"):
@@ -563,6 +568,15 @@ def _add_plan(
         "by weight bytes), tensor (each device its share of every layer's heads and MLP "
         "columns, partial sums added on every device), auto (each planned, the fastest "
         "on --cost-model kept)",
+    )
+    plan.add_argument(
+        "--sends",
+        choices=list(SENDS),
+        default="host",
+        help="how --devices sends tensors between devices: host (staged through host "
+        "memory: an offload, then a reload) or direct (device to device, NVLink or PCIe "
+        "peer-to-peer, wherever that cannot deadlock; the others stay staged and the table "
+        "says why)",
     )
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
     plan.add_argument("--eviction", choices=list(POLICIES), default="belady", help="victim choice")

@@ -103,6 +103,7 @@ def plan_devices_command(
             parse_budgets(args.budget),
             args.devices,
             strategy=args.strategy,
+            sends=args.sends,
             partition=partition,
             order=args.order,
             eviction=args.eviction,

@@ -95,6 +95,7 @@ from einpage.workloads.text import (
 from einpage_core.errors import InputError
 from einpage_core.units import format_bytes
 from memgraph import COST_MODELS
+from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES
 from taskgraph import dtypes
 
@@ -264,6 +265,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         "(unrolled only: each planned, the fastest on --cost-model kept)",
     )
     gen.add_argument(
+        "--sends",
+        choices=list(SENDS),
+        default="host",
+        help="how --devices sends tensors between devices: host (staged through host "
+        "memory) or direct (device to device wherever that cannot deadlock)",
+    )
+    gen.add_argument(
         "--ray",
         action="store_true",
         help="with --devices N and --run: run each device in a Ray actor of a local Ray "
@@ -327,7 +335,7 @@ def _sampling(args: argparse.Namespace) -> Sampling | None:
 
 def _planning(args: argparse.Namespace, console: Console) -> Planning:
     """How the generation is planned: --way, --bucket-pages, --chunk-steps, --cost-model,
-    --devices, --strategy, and (on one device) the console's progress bars."""
+    --devices, --strategy, --sends, and (on one device) the console's progress bars."""
     return Planning(
         way=args.way,
         bucket_pages=args.bucket_pages,
@@ -336,6 +344,7 @@ def _planning(args: argparse.Namespace, console: Console) -> Planning:
         options={"progress": console.report} if args.devices == 1 else {},
         devices=args.devices,
         strategy=args.strategy,
+        sends=args.sends,
     )
 
 

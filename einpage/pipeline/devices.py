@@ -34,10 +34,18 @@ device receives the base of the blocks it reads), so a device that reads a large
 received tensor block by block may need room for it whole: then the error names the device,
 its smallest budget and the block limit tried.
 
+Links between devices are staged through host memory (`sends="host"`, the default: an
+offload on the source, a reload on the target), or, with `sends="direct"`, sent straight
+from device to device wherever `memgraph.peer.direct_sends` proves it cannot deadlock (a
+`send` and a `recv`, one copy over NVLink or PCIe peer-to-peer; the rest stay staged and
+`CompiledDevices.rows` says how many went direct and why the others did not). Each
+device's budget and peak are the same either way: the regions are the planned ones.
+
 `strategy="auto"` compiles the program with every strategy in `STRATEGIES` (those that
 cannot place it, or whose devices' budgets are too small, are refused and say why),
 simulates each plan on the planner's cost model (`memgraph.simulate_multi`, all devices
-together) and keeps the one that finishes first; `CompiledDevices.choice` (a
+together) and keeps the one that finishes first (each compiled with the `sends` asked,
+so the choice is made on the plans that will run); `CompiledDevices.choice` (a
 `StrategyChoice`) has every candidate's time or refusal. Only the kept plan is verified.
 
 >>> import einpage as ep
@@ -77,6 +85,7 @@ from memgraph.multi import (
     verify_multi,
 )
 from memgraph.options import PlanOptions
+from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES, check_devices, place
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
@@ -93,6 +102,7 @@ __all__ = [
     "DEVICES_KEYWORDS",
     "device_rows",
     "budgets_line",
+    "sends_line",
 ]
 
 RUNNERS = ("local", "ray")
@@ -103,7 +113,7 @@ Ray actor per device; `pip install 'einpage[cluster]'`)."""
 AUTO = "auto"
 """The `strategy` that tries every one of `STRATEGIES` and keeps the fastest."""
 
-DEVICES_KEYWORDS = ("budget", "devices", "strategy", "partition", "verify")
+DEVICES_KEYWORDS = ("budget", "devices", "strategy", "sends", "partition", "verify")
 """`compile_devices`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
 
 
@@ -114,7 +124,8 @@ def budgets_line(readings: Sequence[BudgetReading]) -> str:
 
 def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
     """A table of `mp`, a header first, then a row per device: its tasks, budget, peak,
-    bytes moved (offloaded + reloaded, each link's copies included) and links in and out."""
+    bytes moved (offloaded + reloaded, each staged link's copies included) and links in and
+    out (with how many of them go device to device, if any)."""
     rows: list[tuple[str, ...]] = [
         ("device", "tasks", "budget", "peak", "moved", "links in", "links out")
     ]
@@ -129,11 +140,37 @@ def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
                 format_bytes(plan.budget),
                 format_bytes(s.peak_bytes),
                 format_bytes(s.offload_bytes + s.reload_bytes),
-                f"{len(received)} ({format_bytes(sum(k.nbytes for k in received))})",
-                f"{len(sent)} ({format_bytes(sum(k.nbytes for k in sent))})",
+                _links_cell(received),
+                _links_cell(sent),
             )
         )
     return rows
+
+
+def _links_cell(links: Sequence[Any]) -> str:
+    """`device_rows`' cell for links in or out: count, bytes, and how many go direct."""
+    direct = sum(1 for k in links if k.path == "peer")
+    cell = f"{len(links)} ({format_bytes(sum(k.nbytes for k in links))})"
+    return cell + (f", {direct} direct" if direct else "")
+
+
+def sends_line(mp: MultiPlan) -> str:
+    """How `mp`'s links travel, on one line: all staged through the host, or how many go
+    straight between devices (`Link.path` "peer") and why each other one stays staged
+    (`mp.info["direct"]`, as `memgraph.peer.direct_sends` counted it)."""
+    links = mp.links
+    direct = [k for k in links if k.path == "peer"]
+    staged = [k for k in links if k.path != "peer"]
+    if mp.info.get("sends", "host") != "direct" and not direct:
+        return f"host: all {len(links)} links staged through host memory"
+    line = (
+        f"direct: {len(direct)} of {len(links)} links device to device "
+        f"({format_bytes(sum(k.nbytes for k in direct))}), {len(staged)} staged through the "
+        f"host ({format_bytes(sum(k.nbytes for k in staged))})"
+    )
+    counted = mp.info.get("direct", {})
+    reasons = sorted((why, n) for why, n in counted.items() if why not in ("links", "bytes"))
+    return line + (": " + ", ".join(f"{n} {why}" for why, n in reasons) if reasons else "")
 
 
 class NoStrategyError(PlanError):
@@ -197,6 +234,17 @@ class CompiledDevices:
     def strategy(self) -> str:
         return self.plan.placed.strategy
 
+    @property
+    def sends(self) -> str:
+        """How the plan's links were sent (`memgraph.peer.SENDS`): "host" or "direct"."""
+        return self.plan.info.get("sends", "host")
+
+    def sends_line(self) -> str:
+        """How many links go device to device and how many are staged through the host
+        (and why), e.g. `direct: 2 of 3 links device to device (32.0 KiB), 1 staged
+        through the host (16.0 KiB): 1 reloaded more than once or in boxes on the target`."""
+        return sends_line(self.plan)
+
     def simulate(self, cost_model: Any = None, *, timeline: bool = False) -> Any:
         """`memgraph.simulate_multi.simulate_multi` of the plan: all devices together on
         `cost_model` (a preset name or a `CostModel`; default: the one it was planned for)."""
@@ -257,6 +305,7 @@ class CompiledDevices:
                 f"({format_bytes(sum(k.nbytes for k in self.plan.links))} sent)",
             ),
             ("budgets", budgets_line(self.budgets)),
+            ("sends", self.sends_line()),
         ]
         if self.choice is not None:
             rows.append(("strategy", self.choice.describe()))
@@ -281,7 +330,8 @@ class CompiledDevices:
         verified = "verified" if self.report is not None else "not verified"
         return (
             f"<CompiledDevices {self.program.name!r}: {len(self.program)} tasks -> "
-            f"{len(self.graph)}, {self.strategy} on {self.devices} devices, "
+            f"{len(self.graph)}, {self.strategy} on {self.devices} devices, sends "
+            f"{self.sends}, "
             f"{self.partitioning.describe()}, {self.plan!r}, {verified}>"
         )
 
@@ -292,6 +342,7 @@ def compile_devices(
     devices: int,
     *,
     strategy: str = "pipeline",
+    sends: str = "host",
     partition: bool | int | str | None = "auto",
     verify: bool = True,
     **options: Any,
@@ -304,20 +355,28 @@ def compile_devices(
     (`memgraph.placement.STRATEGIES`) or is "auto" (each tried, the fastest simulated on
     the `cost_model` option kept: the module docstring; when none fits, a
     `DeviceBudgetError` if one could place the program, else `NoStrategyError`, each
-    naming every strategy's reason). `partition` is "auto", "off" or a block limit.
-    `verify` runs `verify_multi`. Other keywords are the planner's options
-    (`memgraph.plan`: order, eviction, cost_model, ...; every device is planned with
-    outputs="host"). Raises `DeviceBudgetError` for a device's budget below its smallest
-    (naming the device and that budget), `PlanError` for a placement that cannot be made
-    (more devices than weights for a pipeline, an unknown strategy), a wrong number of
-    budgets, or an option that is not one.
+    naming every strategy's reason). `sends` is one of `memgraph.peer.SENDS`: "host"
+    (every link staged through host memory) or "direct" (each link sent device to device
+    where `memgraph.peer.direct_sends` can; with "auto", every candidate so). `partition`
+    is "auto", "off" or a block limit. `verify` runs `verify_multi`. Other keywords are
+    the planner's options (`memgraph.plan`: order, eviction, cost_model, ...; every device
+    is planned with outputs="host"). Raises `DeviceBudgetError` for a device's budget
+    below its smallest (naming the device and that budget), `PlanError` for a placement
+    that cannot be made (more devices than weights for a pipeline, an unknown strategy), a
+    wrong number of budgets, an option that is not one, or `sends` not one of `SENDS`.
     """
     devices = check_devices(devices, "einpage.compile_devices")
     if strategy not in STRATEGIES and strategy != AUTO:
         valid = ", ".join(map(repr, [*STRATEGIES, AUTO]))
         raise PlanError(f"unknown placement strategy {strategy!r}; valid: {valid}")
+    if sends not in SENDS:
+        raise PlanError(
+            f"einpage.compile_devices: sends must be one of {', '.join(map(repr, SENDS))} "
+            f"(links staged through host memory, or sent device to device where safe), got "
+            f"{sends!r}"
+        )
     if strategy == AUTO:
-        return _auto_strategy(source, budget, devices, partition, verify, options)
+        return _auto_strategy(source, budget, devices, sends, partition, verify, options)
     tg = _taskgraph(source)
     started = time.perf_counter()
     if strategy == "tensor":  # split for tensor parallelism first, then for the budget
@@ -347,7 +406,7 @@ def compile_devices(
     timings["placing"] = time.perf_counter() - started
     started = time.perf_counter()
     try:
-        mp = plan_devices(placed, devices, budget, **options)
+        mp = plan_devices(placed, devices, budget, sends=sends, **options)
         readings = _readings(placed, budget, opts)
     except DeviceBudgetError as unsplit:
         if mode != "auto":
@@ -355,7 +414,7 @@ def compile_devices(
         readings = _readings(placed, budget, opts)
         try:
             graph, placed, mp, chosen = _auto_partition(declared, readings, devices, strategy,
-                                                        opts, options)  # fmt: skip
+                                                        sends, opts, options)  # fmt: skip
         except BlockLimitError as err:
             # No split reaches that block limit: the device's own error (its smallest
             # budget unsplit) says more than the partition's, so it is the one raised.
@@ -379,11 +438,13 @@ def _auto_strategy(
     source: Program | TaskGraph,
     budget: Any,
     devices: int,
+    sends: str,
     partition: bool | int | str | None,
     verify: bool,
     options: dict[str, Any],
 ) -> CompiledDevices:
-    """`compile_devices(strategy="auto")`: every strategy compiled unverified, each plan
+    """`compile_devices(strategy="auto")`: every strategy compiled unverified (with
+    `sends`: the plans compared are those that would run), each plan
     simulated on the options' cost model, the fastest verified and returned with the
     `StrategyChoice`. When no strategy fits: a `DeviceBudgetError` (the fields of the
     first strategy whose device budget was too small, the message naming every
@@ -402,8 +463,8 @@ def _auto_strategy(
     for name in STRATEGIES:
         try:
             compiled = compile_devices(
-                source, budget, devices, strategy=name, partition=partition, verify=False,
-                **options,
+                source, budget, devices, strategy=name, sends=sends, partition=partition,
+                verify=False, **options,
             )  # fmt: skip
         except PlanError as err:
             errors[name] = err
@@ -444,6 +505,7 @@ def _auto_partition(
     readings: tuple[BudgetReading, ...],
     devices: int,
     strategy: str,
+    sends: str,
     opts: PlanOptions,
     options: dict[str, Any],
 ) -> tuple[TaskGraph, Any, MultiPlan, Partitioning]:
@@ -460,7 +522,7 @@ def _auto_partition(
     how = f"auto: {DEFAULT_BUDGET_FRACTION:.0%} of the smallest device budget"
     chosen = Partitioning("auto", limit, how, DEFAULT_BUDGET_FRACTION)
     try:
-        mp = plan_devices(placed, devices, [r.nbytes for r in readings], **options)
+        mp = plan_devices(placed, devices, [r.nbytes for r in readings], sends=sends, **options)
     except DeviceBudgetError as err:
         raise DeviceBudgetError(
             f"{err}; that is after partition='auto' split the program at a block limit of "

@@ -94,6 +94,7 @@ from einpage_core.units import format_bytes
 from memgraph import CostModel, MemGraph, NodeKind
 from memgraph.budgets import PERCENT, BudgetReading, read_budget
 from memgraph.multi import DeviceBudgetError, MultiPlan
+from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES
 from runtime.hostmem import SharedHost
 from taskgraph import dtypes
@@ -144,12 +145,12 @@ DEFAULT_COST_MODEL = "h100-pcie5"
 
 
 DEVICES_OPTIONS = (
-    *(k for k in DEVICES_KEYWORDS if k not in ("budget", "devices", "strategy")),
+    *(k for k in DEVICES_KEYWORDS if k not in ("budget", "devices", "strategy", "sends")),
     *PLANNER_OPTIONS,
 )
 """The names `Planning.options` takes with `devices` > 1: `einpage.compile_devices`'s own
-keywords but the budget, the devices and the strategy (partition, verify), then the
-planner's."""
+keywords but the budget, the devices, the strategy and the sends (partition, verify), then
+the planner's."""
 
 
 class DevicesNotBuiltError(GenerationError, UnsupportedError):
@@ -193,6 +194,9 @@ class Planning:
       its share of every layer's heads and MLP columns) or, for the unrolled way,
       "auto" (each planned, the fastest on `cost_model` kept). Step plans take one
       strategy for all their plans: each device stages its weights once for them all.
+    * `sends`: how tensors travel between several devices (`memgraph.peer.SENDS`): "host"
+      (the default: staged through host memory) or "direct" (device to device wherever
+      `memgraph.peer.direct_sends` proves it safe; for every plan, unrolled or step).
 
     >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
     {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
@@ -205,6 +209,7 @@ class Planning:
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     devices: int = 1
     strategy: str = "pipeline"
+    sends: str = "host"
 
     def __post_init__(self) -> None:
         if self.way not in WAYS:
@@ -221,6 +226,13 @@ class Planning:
             raise GenerationError(
                 f"Planning: strategy={self.strategy!r} places a generation on several "
                 "devices: give devices=N (N > 1) too"
+            )
+        if self.sends not in SENDS:
+            raise GenerationError(f"Planning: sends must be one of {SENDS}, got {self.sends!r}")
+        if self.sends != "host" and self.devices == 1:
+            raise GenerationError(
+                f"Planning: sends={self.sends!r} sends tensors between several devices: give "
+                "devices=N (N > 1) too"
             )
         if self.strategy == AUTO and self.way == "steps":
             raise GenerationError(
@@ -270,9 +282,14 @@ class Planning:
 
     def devices_options(self) -> dict[str, Any]:
         """The keywords `einpage.compile_devices` gets with `devices` > 1: `options`, then
-        the cost model and the strategy (every device is planned with its outputs sent
-        to the host)."""
-        return {**self.options, "cost_model": self.cost_model, "strategy": self.strategy}
+        the cost model, the strategy and the sends (every device is planned with its
+        outputs sent to the host, then links made direct as `sends` says)."""
+        return {
+            **self.options,
+            "cost_model": self.cost_model,
+            "strategy": self.strategy,
+            "sends": self.sends,
+        }
 
     def planner_options(self, step_plans: bool | None = None) -> memgraph.PlanOptions:
         """The planner's part of `compile_options`, as `memgraph.PlanOptions`."""
