@@ -108,14 +108,14 @@ The program (P):
   and a task is a function of its operands' data, which never changes once written (a
   reload brings back what was copied out, an apply writes its task's value): so it
   writes the same data as the first apply. It may then be read like that data (D3).
+  The mark is `true` or absent, never anything else.
 * P5 a copy between devices (plans for several devices) stands for an end of the
   program on this device: a `send` reads a program output on the device (its base task,
   where its data was written, D3; once per link, so an output may be sent several times
   and be on the host too, and it counts as appearing, P3) and a `recv` is an input put
   on the device (P1, a write, D2); each link index (`link`) is used by one send or
-  receive of the plan. Whether the other device
-  has the matching end is the whole plan's question (`verify_multi`), not this one's.
-  The mark is `true` or absent, never anything else.
+  receive of the plan. Whether the other device has the matching end is the whole
+  plan's question (`verify_multi`), not this one's.
 
 The verdict names the first node, in insertion order, that breaks a rule (or no node,
 for P's "every ... appears" and H1's "every entry is written", which concern the whole
