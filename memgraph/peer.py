@@ -32,7 +32,7 @@ cycle with the links made direct before it. `DirectReport` counts each.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from einpage_core.errors import PlanError
@@ -78,6 +78,7 @@ class _Ends:
     output: MemNode  # the source's output node of that storage
     input: MemNode  # the target's input node (on the host)
     reload: MemNode  # the target's one reload of it
+    kept: bool  # whether the source's host copy is also a program output (then it stays)
 
 
 def direct_sends(mp: MultiPlan) -> tuple[MultiPlan, DirectReport]:
@@ -103,20 +104,26 @@ def direct_sends(mp: MultiPlan) -> tuple[MultiPlan, DirectReport]:
             direct.add(index)
         else:
             reasons["would wait in a cycle"] = reasons.get("would wait in a cycle", 0) + 1
-    # An output sent to several devices keeps its offload while any of its links is staged.
+    # An output sent to several devices keeps its offload while any of its links is staged,
+    # and so does a tensor that is also a program output (its host copy is that output).
     by_output: dict[tuple[int, str], list[int]] = {}
     for index, link in enumerate(mp.links):
         by_output.setdefault((link.source, link.output), []).append(index)
     plans = []
     for plan in mp.plans:
         device = plan.device
-        sends: dict[int, tuple[bool, list[int]]] = {}  # offload id -> (all direct, direct ones)
+        sends: dict[int, tuple[bool, list[int]]] = {}  # offload id -> (replaced, direct ones)
+        outputs_gone: list[int] = []  # links whose output node goes (all of its links direct)
         for (source, _), indices in by_output.items():
             made = [i for i in indices if i in direct]
             if source == device and made:
-                sends[ends[made[0]].offload.id] = (len(made) == len(indices), made)
+                end = ends[made[0]]
+                every = len(made) == len(indices)
+                sends[end.offload.id] = (every and not end.kept, made)
+                if every:
+                    outputs_gone.append(made[0])
         receives = {ends[i].reload.id: i for i in direct if mp.links[i].target == device}
-        plans.append(_rewrite(plan, mp.links, sends, receives))
+        plans.append(_rewrite(plan, mp.links, sends, receives, outputs_gone))
     links = tuple(
         replace(link, path="peer") if i in direct else link for i, link in enumerate(mp.links)
     )
@@ -161,7 +168,8 @@ def _candidates(mp: MultiPlan) -> tuple[dict[int, _Ends], dict[str, int]]:
         if dst.others.get(node.storage) or dst.input_readers.get(node.id, 0) != 1:
             skip("read from the host on the target")
             continue
-        found[index] = _Ends(offloads[0], output, node, reloads[0])
+        kept = src.others.get(output.storage, 0) > 1  # another output node reads the storage
+        found[index] = _Ends(offloads[0], output, node, reloads[0], kept)
     return found, reasons
 
 
@@ -262,27 +270,28 @@ def _rewrite(
     links: tuple[Link, ...],
     sends: Mapping[int, tuple[bool, list[int]]],
     receives: Mapping[int, int],
+    outputs_gone: Sequence[int] = (),
 ) -> DevicePlan:
     """Device `plan` with its direct links' nodes rewritten: each offload in `sends`
     (offload id -> (whether all its links are direct, the direct ones)) followed, or
-    replaced, by a send per direct link (its output node dropped when replaced); each
+    replaced, by a send per direct link (replaced where no program output is that host
+    copy); the output nodes of the links in `outputs_gone` (every link of their output
+    direct) dropped; each
     reload in `receives` (reload id -> link) made a receive, its input node dropped.
     Ids are renumbered; a node that waited for a replaced node waits for what replaced it."""
     mg = plan.mg
     dropped_storages: set[int] = set()
     gone: set[int] = set()  # old ids of nodes that disappear without replacement
+    sent_only = {links[i].output for i in outputs_gone}
+    gone.update(n.id for n in mg.nodes if n.kind is NodeKind.OUTPUT and n.name in sent_only)
     for offload_id, (whole, direct) in sends.items():
         if whole and direct:
-            storage = mg.nodes[offload_id].storage
-            dropped_storages.add(storage)
-            gone.update(
-                n.id for n in mg.nodes if n.kind is NodeKind.OUTPUT and n.storage == storage
-            )
+            dropped_storages.add(mg.nodes[offload_id].storage)
     for reload_id in receives:
         storage = mg.nodes[reload_id].storage
         dropped_storages.add(storage)
         gone.update(n.id for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage == storage)
-    if not sends and not receives:
+    if not sends and not receives and not gone:
         return plan
     new_ids: list[tuple[int, ...]] = []  # old id -> the new ids standing for it
     nodes: list[MemNode] = []
