@@ -19,18 +19,21 @@ previous node. Two things tie the devices together:
   behind it (the next layers' weights of a pipeline stage) do not wait for another
   device. Every other node keeps its stream's order.
 * **direct links** (`Link.path == "peer"`, `memgraph.peer`): the source's `send` and the
-  target's `recv` of a link are ONE copy (a rendezvous). Each is on its device's "peer"
-  stream (`memgraph.trace.PEER_STREAM`), in that stream's order like any stream; the
-  copy starts when both are ready (their own dependencies ended, and each its stream's
-  previous node) and its lanes are free, and both nodes end together, `latency + bytes /
-  bandwidth` later (`CostModel.transfer_latency_s`, the latency of every copy). The
-  lanes: with `Topology.peer_bytes_per_s` set (NVLink through NVSwitch), each device has
-  a peer-out and a peer-in lane at that bandwidth, and a copy holds the source's out lane
-  and the target's in lane; with it None, a direct copy is PCIe peer-to-peer through the
-  host links: it holds the source's host-link d2h lane and the target's host-link h2d lane
-  (shared with the other devices on those links, as below), at the smaller of the two
-  bandwidths. A copy also holds both devices' peer streams, so one device's sends and
-  receives run one at a time.
+  target's `recv` of a link are ONE copy (a rendezvous) on the devices' "peer" streams
+  (`memgraph.trace.PEER_STREAM`). It starts when both ends are ready (their own
+  dependencies ended; the send also its stream's previous node: a device's sends keep
+  their order) and its lanes are free, and both nodes end together, `latency + bytes /
+  bandwidth` later (`CostModel.transfer_latency_s`, the latency of every copy). A recv is
+  the copy of a received tensor, so like the reload of a staged one it is put on its
+  stream when its send is ready, holding up nothing queued behind it (the planner places
+  it early, where it allocated the region, as it prefetches a reload). The lanes: with
+  `Topology.peer_bytes_per_s` set (NVLink through NVSwitch), each device has a peer-out
+  and a peer-in lane at that bandwidth, and a copy holds the source's out lane and the
+  target's in lane (a device sends one tensor and receives another at once: the link is
+  full duplex); with it None, a direct copy is PCIe peer-to-peer through the host links:
+  it holds the source's host-link d2h lane and the target's host-link h2d lane (shared
+  with the other devices on those links, as below), at the smaller of the two
+  bandwidths.
 * **shared host links** (`Topology.devices_per_host_link`): the devices on one host
   link share it by serialising their copies: each link has one lane per direction, and
   a copy holds its lane for its whole time (`CostModel.transfer_seconds`, at the full
@@ -49,10 +52,8 @@ sequential replay in any topological order; with shared lanes it is a first-come
 first-served list schedule.
 
 In-order streams can still wait where the plans do not (a node queued behind an apply
-that reads a received tensor, on a stream whose later nodes another device waits for;
-two devices that each send, then receive, on their peer streams, each send waiting for
-a receive queued behind the other's send): the streams would deadlock though no
-dependency or link forms a cycle. The devices'
+that reads a received tensor, on a stream whose later nodes another device waits for):
+the streams would deadlock though no dependency or link forms a cycle. The devices'
 executor runs such a node anyway, so the simulator does too: when no node can start,
 the first node (earliest ready, then by device and node id) that waits only for its
 stream's previous node starts out of stream order; `MultiSimResult.reordered` counts
@@ -385,9 +386,10 @@ class _MultiReplay:
                 stream = self.cost[d][i][0]
                 if stream is None:
                     continue
-                if received[d].intersection(node.deps):
-                    # The copy of a received tensor: on its stream when the tensor has
-                    # arrived, holding up nothing queued behind it.
+                if received[d].intersection(node.deps) or node.kind is NodeKind.RECV:
+                    # The copy of a received tensor (a reload of a link's input, or a
+                    # direct link's recv): on its stream when the tensor has arrived (the
+                    # recv: when its send is ready), holding up nothing queued behind it.
                     continue
                 if stream in last_on:
                     self._wait(d, i, d, last_on[stream])
@@ -485,14 +487,13 @@ class _MultiReplay:
             return stream, device
         return stream, self.model.topology.host_link(device)
 
-    def _copy_lanes(self, link: Link) -> tuple[tuple[str, int], ...]:
-        """The lanes a direct copy holds: both devices' peer streams, and the source's
-        peer-out and the target's peer-in lane (a peer link) or the source's host link's
-        d2h and the target's host link's h2d lane (PCIe peer-to-peer)."""
-        streams = ((PEER_STREAM, link.source), (PEER_STREAM, link.target))
+    def _copy_lanes(self, link: Link) -> tuple[tuple[str, int], tuple[str, int]]:
+        """The lanes a direct copy holds: the source's peer-out and the target's peer-in
+        lane (a peer link), or the source's host link's d2h and the target's host link's
+        h2d lane (PCIe peer-to-peer)."""
         if self.model.topology.peer_bytes_per_s is not None:
-            return (*streams, ("peer-out", link.source), ("peer-in", link.target))
-        return (*streams, self._lane(link.source, "d2h"), self._lane(link.target, "h2d"))
+            return ("peer-out", link.source), ("peer-in", link.target)
+        return self._lane(link.source, "d2h"), self._lane(link.target, "h2d")
 
     def run(self) -> None:
         # Nodes start in the order they become ready (their dependencies and link ended),
