@@ -1,11 +1,13 @@
 """LLaMA-70B on several simulated H100s: each placement strategy against one H100 with offload.
 
-Run: `python benchmarks/multi_device.py [--json out.json] [--quick] [--weights W]`.
-A full run takes 45–50 minutes (2,724 s and 2,969 s measured on two shared CPU cores:
-planning each work on 1 device and with each strategy on 2, 4 and 8, twice each with
-`--weights best`, verifying and simulating them; the tensor-parallel unrolled
-generations, ~40,000 tasks per device, take most of it); `--quick` (tiny presets, a
-smoke test) a few seconds.
+Run: `python benchmarks/multi_device.py [--json out.json] [--quick] [--weights W]
+[--sends S]`.
+A full run with `--sends host` took 45–50 minutes (2,724 s and 2,969 s measured on two
+shared CPU cores: planning each work on 1 device and with each strategy on 2, 4 and 8,
+twice each with `--weights best`, verifying and simulating them; the tensor-parallel
+unrolled generations, ~40,000 tasks per device, take most of it); the default `--sends
+both` also rewrites, verifies and simulates each candidate with direct sends (not timed
+on the full run yet); `--quick` (tiny presets, a smoke test) a few seconds.
 
 Everything is simulated on the "8xh100-sxm" cost model (`memgraph.cost.PRESETS`: per
 device 520 TFLOP/s sustained fp16, 3.35 TB/s HBM, 50 GB/s each way to the host over its
@@ -31,18 +33,27 @@ Each on 1 device (`memgraph.plan` + `memgraph.simulate`: one H100 with offload) 
 and one for auto's choice (the fastest: `auto: NAME`). A strategy that cannot place a
 workload (too few heads or layers for the devices) has no row; the log says why. Each
 plan is one run from a cold start: the weights are in host memory and every device
-copies its own over its PCIe link (transfers between devices are staged through the
-host too: NVLink is not used by any plan yet). `--weights` says where the weights
+copies its own over its PCIe link. `--sends` says how tensors travel between devices:
+"host" (every link staged through host memory: an offload on the sender, a reload on
+the receiver, both over PCIe), "direct" (each link that `memgraph.peer.direct_sends`
+can make so sent as one copy between the devices, over NVLink: 450 GB/s each way; the
+rest staged), or "both" (default: each strategy's plans measured both ways, a row each;
+auto's choice is made among the plans of one way). The direct plans are the host-staged
+ones rewritten (`direct_sends` of each compiled candidate: the same regions and budgets).
+`--weights` says where the weights
 start: "host" (`Input.location`, copied in as the plan needs them), "device" (staged by
 the driver at the start, while they fit; the rest from the host as needed), or "best"
 (default: both planned, the faster kept; the table says which).
 
-Columns: devices; the strategy; the weights' start; makespan (s); tokens/s (prefill: prompt tokens,
-generation: generated tokens, over the makespan); speedup over the fastest one-device
-plan of the same work; scaling efficiency = speedup / devices, and against 2 devices
-of the same variant and strategy = (T2 / TN) / (N / 2); bytes over the host links (both directions,
-all devices); the largest per-device peak; planning seconds. The anchor, a published
-multi-GPU throughput of Llama-2-70B on H100s, is printed beside (`ANCHORS`).
+Columns: devices; the strategy; the weights' start; how links travel ("host", or
+"direct N/M": N of the plan's M links direct; "-" on one device); makespan (s);
+tokens/s (prefill: prompt tokens, generation: generated tokens, over the makespan);
+speedup over the fastest one-device plan of the same work; scaling efficiency =
+speedup / devices, and against 2 devices of the same variant, strategy and sends =
+(T2 / TN) / (N / 2); bytes over the host links (both directions, all devices); the
+largest per-device peak; planning seconds (for a direct row, with its rewrite). The
+anchor, a published multi-GPU throughput of Llama-2-70B on H100s, is printed beside
+(`ANCHORS`).
 """
 
 from __future__ import annotations
@@ -65,7 +76,8 @@ from einpage.pipeline import compile_devices  # noqa: E402
 from einpage.workloads.generation import GenerationSpec  # noqa: E402
 from einpage_core.units import format_bytes  # noqa: E402
 from memgraph.cost import get_cost_model  # noqa: E402
-from memgraph.multi import verify_multi  # noqa: E402
+from memgraph.multi import MultiPlan, verify_multi  # noqa: E402
+from memgraph.peer import direct_sends  # noqa: E402
 from memgraph.placement import STRATEGIES  # noqa: E402
 from memgraph.simulate_multi import simulate_multi  # noqa: E402
 from taskgraph import TaskGraph  # noqa: E402
@@ -76,6 +88,11 @@ COST_MODEL = "8xh100-sxm"
 RESERVE = 4 * 2**30
 """Bytes of each device's memory kept out of its budget."""
 WEIGHTS = ("host", "device")
+SENDS = ("host", "direct")
+"""How links travel in a row's plans (`--sends`): staged through the host, or direct where
+`memgraph.peer.direct_sends` can make them so."""
+NO_LINKS = "none"
+"""The sends of a one-device plan (it has no links)."""
 ONE = "one device"
 """The strategy column of a one-device plan."""
 
@@ -139,6 +156,10 @@ class Row:
     devices: int
     strategy: str
     weights: str
+    sends: str
+    links: int
+    direct_links: int
+    direct_bytes: int
     tokens: int
     makespan: float
     tokens_per_s: float
@@ -218,12 +239,17 @@ def weights_on_device(tg: TaskGraph) -> TaskGraph:
     return TaskGraph(tasks, tg.outputs, tg.name)
 
 
-def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
-    """Plan `tg` on `devices` devices at `budget` each, verify and simulate it: on one
-    device, `{"strategies": {"one device": result}, "chosen": "one device"}`; on several,
-    `einpage.compile_devices(strategy="auto")`'s every candidate strategy verified and
-    simulated (`strategies`), which one auto chose (`chosen`) and why others were
-    refused (`refused`)."""
+def plan_one(
+    tg: TaskGraph, devices: int, budget: int, sends: tuple[str, ...] = SENDS
+) -> dict[str, dict[str, Any]]:
+    """Plan `tg` on `devices` devices at `budget` each, verify and simulate it, for each
+    way of sending in `sends`: `{way: {"strategies": {name: result}, "chosen": name,
+    "refused": {name: why}}}`. On one device (no links) one entry, `NO_LINKS`, whose
+    strategy is "one device". On several, `einpage.compile_devices(strategy="auto")`'s
+    every candidate strategy (compiled once, its links staged through the host), verified
+    and simulated as compiled ("host") and with `memgraph.peer.direct_sends` of it
+    ("direct"); `chosen` is the fastest candidate of that way (for "host", auto's own
+    choice) and `refused` says why the other strategies could not place `tg`."""
     started = time.perf_counter()
     if devices == 1:
         mg = memgraph.plan(tg, budget, outputs="host", cost_model=COST_MODEL)
@@ -235,6 +261,9 @@ def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
             "makespan": sim.makespan,
             "host_link_bytes": moved,
             "sent_bytes": 0,
+            "links": 0,
+            "direct_links": 0,
+            "direct_bytes": 0,
             "peak_bytes": (mg.stats.peak_bytes,),
             "offload_bytes": mg.stats.offload_bytes,
             "reload_bytes": mg.stats.reload_bytes,
@@ -244,32 +273,54 @@ def plan_one(tg: TaskGraph, devices: int, budget: int) -> dict[str, Any]:
             "reordered": 0,
             "tasks": len(tg),
         }
-        return {"strategies": {ONE: result}, "chosen": ONE, "refused": {}}
+        return {NO_LINKS: {"strategies": {ONE: result}, "chosen": ONE, "refused": {}}}
     compiled = compile_devices(
         tg, budget, devices, strategy="auto", partition="off", cost_model=COST_MODEL,
         verify=False,
     )  # fmt: skip
     choice = compiled.choice
     planning = time.perf_counter() - started
-    results: dict[str, Any] = {}
-    for name, candidate in choice.candidates.items():
-        mp = candidate.plan
-        report = verify_multi(mp)
-        sim = simulate_multi(mp, COST_MODEL)
-        results[name] = {
-            "makespan": sim.makespan,
-            "host_link_bytes": sum(sum(v.values()) for v in sim.host_link_bytes.values()),
-            "sent_bytes": sum(sim.sent_bytes.values()),
-            "peak_bytes": tuple(p.mg.stats.peak_bytes for p in mp.plans),
-            "offload_bytes": sum(p.mg.stats.offload_bytes for p in mp.plans),
-            "reload_bytes": sum(p.mg.stats.reload_bytes for p in mp.plans),
-            "compute_seconds": sim.compute_seconds,
-            "planning_seconds": planning,
-            "verified": report.devices == devices and len(report.plans) == devices,
-            "reordered": sim.reordered,
-            "tasks": len(candidate.graph),
-        }
-    return {"strategies": results, "chosen": choice.chosen, "refused": dict(choice.refused)}
+    out: dict[str, dict[str, Any]] = {}
+    for way in sends:
+        results: dict[str, Any] = {}
+        for name, candidate in choice.candidates.items():
+            started = time.perf_counter()
+            mp = candidate.plan if way == "host" else direct_sends(candidate.plan)[0]
+            rewriting = time.perf_counter() - started
+            results[name] = {
+                **_measure(mp, devices),
+                "planning_seconds": planning + rewriting,
+                "tasks": len(candidate.graph),
+            }
+        if way == "host":
+            chosen = choice.chosen
+        else:  # auto's rule (the fastest simulated) on the direct plans
+            chosen = min(results, key=lambda name: results[name]["makespan"])
+        out[way] = {"strategies": results, "chosen": chosen, "refused": dict(choice.refused)}
+    return out
+
+
+def _measure(mp: MultiPlan, devices: int) -> dict[str, Any]:
+    """A plan for several devices verified and simulated: a row's numbers."""
+    report = verify_multi(mp)
+    sim = simulate_multi(mp, COST_MODEL)
+    direct = [link for link in mp.links if link.path == "peer"]
+    return {
+        "makespan": sim.makespan,
+        "host_link_bytes": sum(sum(v.values()) for v in sim.host_link_bytes.values()),
+        "sent_bytes": sum(sim.sent_bytes.values()),
+        "links": len(mp.links),
+        "direct_links": mp.info.get("direct", {}).get("links", 0),
+        "direct_bytes": sum(sim.direct_bytes.values()),
+        "peak_bytes": tuple(p.mg.stats.peak_bytes for p in mp.plans),
+        "offload_bytes": sum(p.mg.stats.offload_bytes for p in mp.plans),
+        "reload_bytes": sum(p.mg.stats.reload_bytes for p in mp.plans),
+        "compute_seconds": sim.compute_seconds,
+        "verified": report.devices == devices
+        and len(report.plans) == devices
+        and len(direct) == mp.info.get("direct", {}).get("links", 0),
+        "reordered": sim.reordered,
+    }
 
 
 def _family(strategy: str) -> str:
@@ -278,43 +329,48 @@ def _family(strategy: str) -> str:
     return "auto" if strategy.startswith("auto") else strategy
 
 
-def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> list[Row]:
+def run(
+    setting: Setting, weights: str, log: Callable[[str], None] = print, sends: str = "both"
+) -> list[Row]:
     """Every workload of `setting` on each device count, with each placement strategy
-    and auto's choice; rows with speedups filled in. Strategies that cannot place a
-    workload are left out of the rows (`Row.refused` of the auto row says why)."""
+    and auto's choice, each with its links sent each way of `sends` ("host", "direct" or
+    "both"); rows with speedups filled in. Strategies that cannot place a workload are
+    left out of the rows (`Row.refused` of the auto row says why)."""
     cost = get_cost_model(COST_MODEL)
     budget = cost.topology.device_memory_bytes - RESERVE
     starts = WEIGHTS if weights == "best" else (weights,)
+    ways = SENDS if sends == "both" else (sends,)
     raw: list[dict[str, Any]] = []
     for load in workloads(setting):
         tg = load.build()
         graphs = {"host": tg, "device": weights_on_device(tg)}
         for devices in setting.devices:
-            best: dict[str, dict[str, Any]] = {}  # strategy -> its fastest start
-            auto: dict[str, Any] | None = None
+            best: dict[tuple[str, str], dict[str, Any]] = {}  # (strategy, way) -> fastest
+            auto: dict[str, dict[str, Any]] = {}  # way -> auto's fastest choice
             for start in starts:
-                planned = plan_one(graphs[start], devices, budget)
-                for name, result in planned["strategies"].items():
-                    result["weights"] = start
-                    if name not in best or result["makespan"] < best[name]["makespan"]:
-                        best[name] = result
-                chosen = planned["strategies"][planned["chosen"]]
-                if auto is None or chosen["makespan"] < auto["makespan"]:
-                    auto = {**chosen, "strategy": f"auto: {planned['chosen']}",
-                            "refused": planned["refused"]}  # fmt: skip
-            assert auto is not None
-            results = [{**r, "strategy": name, "refused": {}} for name, r in best.items()]
+                for way, planned in plan_one(graphs[start], devices, budget, ways).items():
+                    for name, result in planned["strategies"].items():
+                        result.update(weights=start, sends=way)
+                        key = (name, way)
+                        if key not in best or result["makespan"] < best[key]["makespan"]:
+                            best[key] = result
+                    chosen = planned["strategies"][planned["chosen"]]
+                    if way not in auto or chosen["makespan"] < auto[way]["makespan"]:
+                        auto[way] = {**chosen, "strategy": f"auto: {planned['chosen']}",
+                                     "refused": planned["refused"]}  # fmt: skip
+            results = [{**r, "strategy": name, "refused": {}} for (name, _), r in best.items()]
             if devices > 1:
-                results.append(auto)
+                results.extend(auto.values())
             for r in results:
                 r.update(work=load.work, variant=load.variant, devices=devices,
                          tokens=load.tokens, budget=budget)  # fmt: skip
                 raw.append(r)
                 log(
-                    f"  planned {load.work} ({load.variant}) on {devices}, {r['strategy']}: "
+                    f"  planned {load.work} ({load.variant}) on {devices}, {r['strategy']}, "
+                    f"sends {sends_label(r['sends'], r['direct_links'], r['links'])}: "
                     f"{r['makespan']:.4g} s, weights {r['weights']}"
                 )
-            for name, why in auto["refused"].items():
+            for name, why in next(iter(auto.values()), {"refused": {}})["refused"].items():
                 log(f"  {name} refused for {load.work} ({load.variant}) on {devices}: {why}")
     rows = []
     for r in raw:
@@ -322,8 +378,8 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
         two = [
             x["makespan"]
             for x in raw
-            if (x["work"], x["variant"], _family(x["strategy"]), x["devices"])
-            == (r["work"], r["variant"], _family(r["strategy"]), 2)
+            if (x["work"], x["variant"], _family(x["strategy"]), x["sends"], x["devices"])
+            == (r["work"], r["variant"], _family(r["strategy"]), r["sends"], 2)
         ]
         speedup = one / r["makespan"]
         vs_2 = two[0] / r["makespan"] / (r["devices"] / 2) if two and r["devices"] >= 2 else None
@@ -334,6 +390,10 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
                 devices=r["devices"],
                 strategy=r["strategy"],
                 weights=r["weights"],
+                sends=r["sends"],
+                links=r["links"],
+                direct_links=r["direct_links"],
+                direct_bytes=r["direct_bytes"],
                 tokens=r["tokens"],
                 makespan=r["makespan"],
                 tokens_per_s=r["tokens"] / r["makespan"],
@@ -358,9 +418,17 @@ def run(setting: Setting, weights: str, log: Callable[[str], None] = print) -> l
 
 
 HEADER = (
-    "work", "variant", "devices", "strategy", "weights", "time s", "tokens/s", "speedup", "eff/1",
-    "eff/2", "host links", "max peak", "plan s",
+    "work", "variant", "devices", "strategy", "weights", "sends", "time s", "tokens/s",
+    "speedup", "eff/1", "eff/2", "host links", "max peak", "plan s",
 )  # fmt: skip
+
+
+def sends_label(sends: str, direct_links: int, links: int) -> str:
+    """A row's sends as the table shows them: "host", "direct N/M" (N of M links direct),
+    or "-" (one device: no links)."""
+    if sends == NO_LINKS:
+        return "-"
+    return f"direct {direct_links}/{links}" if sends == "direct" else sends
 
 
 def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
@@ -379,6 +447,7 @@ def table_rows(rows: list[Row]) -> list[tuple[str, ...]]:
                 str(r.devices),
                 r.strategy,
                 r.weights,
+                sends_label(r.sends, r.direct_links, r.links),
                 f"{r.makespan:.4g}",
                 rate,
                 ratio(r.speedup),
@@ -401,7 +470,7 @@ def format_table(rows: list[Row], markdown: bool = False) -> str:
         return "\n".join(lines)
     widths = [max(len(row[c]) for row in cells) for c in range(len(cells[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) if c in (0, 1, 3, 4) else cell.rjust(w) for c, (cell, w) in
+        "  ".join(cell.ljust(w) if c in (0, 1, 3, 4, 5) else cell.rjust(w) for c, (cell, w) in
                   enumerate(zip(row, widths, strict=True)))
         for row in cells
     )  # fmt: skip
@@ -415,6 +484,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--weights", choices=(*WEIGHTS, "best"), default="best",
         help="where the weights start (default: both planned, the faster kept)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sends", choices=(*SENDS, "both"), default="both",
+        help="how tensors travel between devices: staged through the host, direct (over "
+        "NVLink, where memgraph.peer.direct_sends can make a link so), or both (default: "
+        "a row each)",
+    )  # fmt: skip
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     args = parser.parse_args(argv)
     setting = QUICK if args.quick else FULL
@@ -427,7 +502,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         flush=True,
     )
     started = time.perf_counter()
-    rows = run(setting, args.weights, log=lambda line: print(line, flush=True))
+    rows = run(setting, args.weights, log=lambda line: print(line, flush=True), sends=args.sends)
     seconds = time.perf_counter() - started
     print(format_table(rows, markdown=args.markdown))
     for anchor in ANCHORS:
@@ -444,6 +519,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "reserve": RESERVE,
         "budget": budget,
         "weights": args.weights,
+        "sends": args.sends,
         "strategies": list(STRATEGIES),
         "seconds": seconds,
         "rows": [asdict(r) for r in rows],

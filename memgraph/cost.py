@@ -11,13 +11,15 @@ bandwidth of its direction.
 21.5
 
 Several devices: `CostModel.topology` (a `Topology`) says how many devices the machine
-has, how many of them share one host link, and how tensors travel between devices
-(staged through host memory: a device-to-host copy on the sender, then a host-to-device
-copy on the receiver, the only path built). The rates above are each device's.
-`memgraph.simulate_multi` reads it; a single-device plan never does.
+has, how many of them share one host link, and how fast a direct copy between two
+devices goes. A plan's links say how each tensor travels (`memgraph.multi.Link.path`):
+staged through host memory (a device-to-host copy on the sender, then a host-to-device
+copy on the receiver) or direct (one copy between the arenas: over the peer link, or
+PCIe peer-to-peer through the host links where the machine has none). The rates above
+are each device's. `memgraph.simulate_multi` reads it; a single-device plan never does.
 
 >>> PRESETS["8xh100-sxm"].topology.describe()
-'8 devices, 1 per host link, sends staged through the host; peer link 450 GB/s (unused)'
+'8 devices, 1 per host link, sends staged through the host; direct sends over a 450 GB/s peer link'
 
 Machines are found by name in `PRESETS`; `register_cost_model(name, model)` adds one,
 so that `memgraph.simulate(mg, name)`, the planner's `cost_model=` and the CLI's
@@ -49,13 +51,18 @@ class Topology:
     * `devices_per_host_link`: how many devices share one host link (a PCIe root port or
       switch uplink): devices `k * n .. k * n + n - 1` share link `k`. Devices on one link
       share its bandwidth in each direction (`memgraph.simulate_multi` says how);
-    * `staged_through_host`: transfers between devices go through pinned host memory (a
-      device-to-host copy on the sender, then a host-to-device copy on the receiver over
-      the host links). This is the only path built (`memgraph.multi`), so it must be True;
+    * `staged_through_host`: tensors can travel between devices through pinned host
+      memory (a device-to-host copy on the sender, then a host-to-device copy on the
+      receiver over the host links): the path of every link a plan does not send direct
+      (`memgraph.multi.Link.path == "host"`, as `plan_devices` plans every link first), so
+      it must be True;
     * `peer_bytes_per_s`: the bandwidth of a direct device-to-device link per direction
-      (NVLink through NVSwitch: ~450 GB/s on H100 SXM), or None. **Stated, not used**:
-      nothing sends device to device yet, so no plan and no simulation reads it; it is
-      here so that a preset describes its machine, for when direct sends exist;
+      (NVLink through NVSwitch: ~450 GB/s on H100 SXM), or None. `memgraph.simulate_multi`
+      times a direct link's copy (`Link.path == "peer"`, a send and its receive) at this
+      bandwidth, each device with one such lane out and one in; with None, a direct copy
+      is PCIe peer-to-peer through the two devices' host links, at the slower of their
+      d2h and h2d bandwidths. Plans do not read it: whether a link goes direct is the
+      plan's choice (`plan_devices(sends=...)`);
     * `device_memory_bytes`: each device's memory (None: unstated), a ceiling for
       per-device budgets.
     """
@@ -81,8 +88,9 @@ class Topology:
             )
         if not self.staged_through_host:
             raise EinpageError(
-                "topology: staged_through_host=False (direct device-to-device sends) is not "
-                "built: transfers between devices go through host memory (memgraph.multi)"
+                "topology: staged_through_host=False (a machine whose devices cannot stage "
+                "tensors through host memory) is not built: every link a plan does not send "
+                "direct is staged through the host (memgraph.multi: plan_devices(sends=))"
             )
         if self.peer_bytes_per_s is not None and not self.peer_bytes_per_s > 0:
             raise EinpageError(
@@ -104,11 +112,13 @@ class Topology:
         return device // self.devices_per_host_link
 
     def describe(self) -> str:
-        """One line: `4 devices, 2 per host link, sends staged through the host`."""
+        """One line: `4 devices, 2 per host link, sends staged through the host`, and where
+        the machine has a peer link, `; direct sends over a 450 GB/s peer link` (without
+        one, a direct send is PCIe peer-to-peer over the host links)."""
         count = "any number of devices" if self.devices is None else f"{self.devices} devices"
         text = f"{count}, {self.devices_per_host_link} per host link, sends staged through the host"
         if self.peer_bytes_per_s is not None:
-            text += f"; peer link {self.peer_bytes_per_s / 1e9:.0f} GB/s (unused)"
+            text += f"; direct sends over a {self.peer_bytes_per_s / 1e9:.0f} GB/s peer link"
         return text
 
 

@@ -56,7 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from einpage_core.errors import EinpageError, GraphError, expect_graph
+from einpage_core.errors import EinpageError, GraphError, PlanError, expect_graph
 from einpage_core.units import format_bytes
 from memgraph.cost import CostModel, get_cost_model
 from memgraph.graph import MemGraph
@@ -260,8 +260,12 @@ def simulate(
     `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (default
     "h100-pcie5"); explicit rates override it or, alone, define the machine (see
     `resolve_cost_model`). `timeline=True` also records the events and node times.
+
+    Raises `PlanError` for a device's plan with a `send` or `recv` (a direct copy between
+    devices takes both devices at once: `memgraph.simulate_multi` of the `MultiPlan`).
     """
     expect_graph(mg, MemGraph, "memgraph.simulate")
+    _refuse_direct_copies(mg)
     model = resolve_cost_model(
         cost_model,
         flops_per_s=flops_per_s,
@@ -273,6 +277,18 @@ def simulate(
     for node in mg.nodes:
         replay.step(node)
     return replay.result()
+
+
+def _refuse_direct_copies(mg: MemGraph) -> None:
+    """A `PlanError` naming the first send or receive of `mg`, if it has one."""
+    for node in mg.nodes:
+        if node.kind in (NodeKind.SEND, NodeKind.RECV):
+            raise PlanError(
+                f"memgraph.simulate: plan {mg.taskgraph.name!r} n{node.id} ({node.describe()}) "
+                f"is one end of a direct copy between devices (link {node.link}), which "
+                f"starts when the other device's end is ready: simulate the plan with its "
+                f"devices, memgraph.simulate_multi(multi_plan)"
+            )
 
 
 class NodeDurations:

@@ -8,18 +8,32 @@ same code), so a plan on one device simulates exactly as `simulate` times it. A 
 starts when its dependencies have ended and its stream has finished the stream's
 previous node. Two things tie the devices together:
 
-* **links**: the `input` node of a link's input on the target device (a host-located
-  input: it takes no time) starts no earlier than the end of the link's `output` node on
-  the source, which the source's plan (made with `outputs="host"`) places after the
-  offload of the tensor. So a tensor sent from A to B costs A's device-to-host copy,
-  then B's host-to-device reload: transfers between devices are staged through host
-  memory, the only path built (`memgraph.multi`); `Topology.peer_bytes_per_s` is not
-  read. The copy that brings a received tensor onto the device (a node depending on a
-  link's `input` node) is put on its stream when the tensor has arrived, as the
-  devices' dependency-driven executor (`memgraph.multi`) issues it, not at its place in
-  the stream's order: the copies queued behind it (the next layers' weights of a
-  pipeline stage) do not wait for another device. Every other node keeps its stream's
-  order.
+* **links staged through the host** (`Link.path == "host"`): the `input` node of a
+  link's input on the target device (a host-located input: it takes no time) starts no
+  earlier than the end of the link's `output` node on the source, which the source's plan
+  (made with `outputs="host"`) places after the offload of the tensor. So such a tensor
+  costs A's device-to-host copy, then B's host-to-device reload. The copy that brings a
+  received tensor onto the device (a node depending on a link's `input` node) is put on
+  its stream when the tensor has arrived, as the devices' dependency-driven executor
+  (`memgraph.multi`) issues it, not at its place in the stream's order: the copies queued
+  behind it (the next layers' weights of a pipeline stage) do not wait for another
+  device. Every other node keeps its stream's order.
+* **direct links** (`Link.path == "peer"`, `memgraph.peer`): the source's `send` and the
+  target's `recv` of a link are ONE copy (a rendezvous) on the devices' "peer" streams
+  (`memgraph.trace.PEER_STREAM`). It starts when both ends are ready (their own
+  dependencies ended; the send also its stream's previous node: a device's sends keep
+  their order) and its lanes are free, and both nodes end together, `latency + bytes /
+  bandwidth` later (`CostModel.transfer_latency_s`, the latency of every copy). A recv is
+  the copy of a received tensor, so like the reload of a staged one it is put on its
+  stream when its send is ready, holding up nothing queued behind it (the planner places
+  it early, where it allocated the region, as it prefetches a reload). The lanes: with
+  `Topology.peer_bytes_per_s` set (NVLink through NVSwitch), each device has a peer-out
+  and a peer-in lane at that bandwidth, and a copy holds the source's out lane and the
+  target's in lane (a device sends one tensor and receives another at once: the link is
+  full duplex); with it None, a direct copy is PCIe peer-to-peer through the host links:
+  it holds the source's host-link d2h lane and the target's host-link h2d lane (shared
+  with the other devices on those links, as below), at the smaller of the two
+  bandwidths.
 * **shared host links** (`Topology.devices_per_host_link`): the devices on one host
   link share it by serialising their copies: each link has one lane per direction, and
   a copy holds its lane for its whole time (`CostModel.transfer_seconds`, at the full
@@ -31,9 +45,11 @@ previous node. Two things tie the devices together:
 
 The whole is simulated as events in time order: nodes are started in the order they
 become ready (their dependencies and link ended; ties by device, then node id), each at
-the earliest time its stream and its host-link lane allow. With no shared lanes this
-gives every node the same times as a sequential replay in any topological order; with
-shared lanes it is a first-come, first-served list schedule.
+the earliest time its stream and its host-link lane allow; a direct copy starts when
+the later of its two ends becomes ready, at the earliest time all its lanes allow. With
+no shared lanes and no direct links this gives every node the same times as a
+sequential replay in any topological order; with shared lanes it is a first-come,
+first-served list schedule.
 
 In-order streams can still wait where the plans do not (a node queued behind an apply
 that reads a received tensor, on a stream whose later nodes another device waits for):
@@ -41,16 +57,17 @@ the streams would deadlock though no dependency or link forms a cycle. The devic
 executor runs such a node anyway, so the simulator does too: when no node can start,
 the first node (earliest ready, then by device and node id) that waits only for its
 stream's previous node starts out of stream order; `MultiSimResult.reordered` counts
-them. A plan whose dependencies and
-links form a cycle cannot run at all: the error names, for each device, the first node
-that never became ready.
+them. A plan whose dependencies and links form a cycle cannot run at all: the error
+names, for each device, the first node that never became ready.
 
 Reported (`MultiSimResult`): the makespan (when the last node of any device ends); per
 device, a `SimResult` (its finish time as `makespan`, its compute time, stream busy
 times and bytes, and its timeline when asked) and its stall (finish - compute: the time
 before it finishes that it does not compute: waiting for copies or for another device);
-the bytes and busy time of each host link per direction; the bytes each pair of devices
-sends (the links); and `scaling_efficiency(single_device_makespan)`.
+the bytes and busy time of each host link per direction (PCIe peer-to-peer copies of
+direct links included); each device's peer busy time and bytes per direction ("out",
+"in"); the bytes each pair of devices sends (all its links) and of those the bytes sent
+direct; and `scaling_efficiency(single_device_makespan)`.
 
 >>> import einpage as ep, memgraph
 >>> from memgraph.multi import DevicePart, DevicePlan, MultiPlan, PlacedGraph
@@ -69,7 +86,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from einpage_core.errors import GraphError, PlanError, VerificationError, expect_graph
@@ -79,11 +96,13 @@ from memgraph.graph import MemGraph
 from memgraph.multi import Link, MultiPlan
 from memgraph.nodes import NodeKind
 from memgraph.simulate import NodeDurations, SimResult, resolve_cost_model
-from memgraph.trace import STREAMS, StreamEvent, node_event
+from memgraph.trace import PEER_STREAM, STREAMS, StreamEvent, node_event
 
 __all__ = ["MultiSimResult", "simulate_multi"]
 
 _COPIES = ("h2d", "d2h")
+_DIRECTIONS = ("out", "in")  # of a device's direct copies: what it sends, what it receives
+_PEER_KINDS = (NodeKind.SEND, NodeKind.RECV)
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,8 +112,14 @@ class MultiSimResult:
     `per_device[d]` is device d's `SimResult` (its `makespan` is the time its last node
     ends, on the clock all devices share; `events`/`node_times` with `timeline=True`).
     `host_link_bytes[k]` and `host_link_busy[k]` are, per direction ("h2d", "d2h"),
-    what host link k moved and how long it was busy. `sent_bytes[(a, b)]` is what
-    device a sends device b through the links (each staged through the host).
+    what host link k moved and how long it was busy (a direct copy on a machine without
+    a peer link, PCIe peer-to-peer, counts on the source's link as "d2h" and on the
+    target's as "h2d"). `sent_bytes[(a, b)]` is what device a sends device b through all
+    its links; `direct_bytes[(a, b)]` is the part of it sent direct (links with
+    `path == "peer"`: one copy between the arenas), the rest is staged through the host.
+    `peer_bytes[d]` and `peer_busy[d]` are, per direction ("out": sent, "in": received),
+    what device d's direct copies moved and how long they took (its peer stream's busy
+    time is their sum; `per_device[d].busy` has only the streams of `memgraph.simulate`).
     """
 
     makespan: float
@@ -106,6 +131,9 @@ class MultiSimResult:
     reordered: int = 0
     """How many nodes started out of their stream's order, to avoid a deadlock of the
     in-order streams that the plans' dependencies and links do not imply."""
+    direct_bytes: Mapping[tuple[int, int], int] = field(default_factory=dict)
+    peer_bytes: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    peer_busy: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         freeze = MappingProxyType
@@ -120,6 +148,10 @@ class MultiSimResult:
             freeze({k: freeze(dict(v)) for k, v in self.host_link_busy.items()}),
         )
         object.__setattr__(self, "sent_bytes", freeze(dict(self.sent_bytes)))
+        object.__setattr__(self, "direct_bytes", freeze(dict(self.direct_bytes)))
+        for name in ("peer_bytes", "peer_busy"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, freeze({d: freeze(dict(v)) for d, v in value.items()}))
 
     @property
     def devices(self) -> int:
@@ -167,25 +199,34 @@ class MultiSimResult:
 
         span = self.makespan or 1.0
         topology = self.cost_model.topology
-        rows = [
-            ("device", "host link", "finish ms", "compute ms", "compute %", "stall ms",
-             "h2d ms", "d2h ms", "h2d bytes", "d2h bytes"),
-        ]  # fmt: skip
+        direct = bool(self.direct_bytes)  # peer columns only where a link went direct
+        header = ("device", "host link", "finish ms", "compute ms", "compute %", "stall ms",
+                  "h2d ms", "d2h ms", "h2d bytes", "d2h bytes")  # fmt: skip
+        if direct:
+            header += ("peer out ms", "peer in ms", "peer out bytes", "peer in bytes")
+        rows = [header]
         for d, r in enumerate(self.per_device):
-            rows.append(
-                (
-                    str(d),
-                    str(topology.host_link(d)),
-                    ms(r.makespan),
-                    ms(r.compute_seconds),
-                    f"{100 * r.compute_seconds / span:.1f}",
-                    ms(r.stall_seconds),
-                    ms(r.busy["h2d"]),
-                    ms(r.busy["d2h"]),
-                    format_bytes(r.h2d_bytes),
-                    format_bytes(r.d2h_bytes),
-                )
+            row = (
+                str(d),
+                str(topology.host_link(d)),
+                ms(r.makespan),
+                ms(r.compute_seconds),
+                f"{100 * r.compute_seconds / span:.1f}",
+                ms(r.stall_seconds),
+                ms(r.busy["h2d"]),
+                ms(r.busy["d2h"]),
+                format_bytes(r.h2d_bytes),
+                format_bytes(r.d2h_bytes),
             )
+            if direct:
+                busy, moved = self.peer_busy[d], self.peer_bytes[d]
+                row += (
+                    ms(busy["out"]),
+                    ms(busy["in"]),
+                    format_bytes(moved["out"]),
+                    format_bytes(moved["in"]),
+                )
+            rows.append(row)
         return rows
 
     def table(self) -> str:
@@ -205,8 +246,14 @@ class MultiSimResult:
                 f"host link {k}: h2d {format_bytes(moved['h2d'])} in {busy['h2d'] * 1e3:.3f} ms, "
                 f"d2h {format_bytes(moved['d2h'])} in {busy['d2h'] * 1e3:.3f} ms"
             )
+        peer = self.cost_model.topology.peer_bytes_per_s
+        how = "over the peer link" if peer is not None else "PCIe peer-to-peer"
         for (a, b), nbytes in sorted(self.sent_bytes.items()):
-            lines.append(f"device {a} -> device {b}: {format_bytes(nbytes)} through the host")
+            direct = self.direct_bytes.get((a, b), 0)
+            parts = [f"{format_bytes(nbytes - direct)} through the host"] if nbytes > direct else []
+            if direct:
+                parts.append(f"{format_bytes(direct)} direct ({how})")
+            lines.append(f"device {a} -> device {b}: {', '.join(parts)}")
         if self.reordered:
             lines.append(f"{self.reordered} node(s) started out of their stream's order")
         return "\n".join(lines)
@@ -217,10 +264,12 @@ class MultiSimResult:
     def __repr__(self) -> str:
         finish = ", ".join(f"{r.makespan * 1e3:.3f}" for r in self.per_device)
         sent = sum(self.sent_bytes.values())
+        direct = sum(self.direct_bytes.values())
         return (
             f"<MultiSimResult {self.cost_model.name} devices={self.devices} "
             f"makespan={self.makespan * 1e3:.3f}ms finish=[{finish}]ms "
             f"sent={format_bytes(sent)}"
+            + (f" direct={format_bytes(direct)}" if direct else "")
             + (f" reordered={self.reordered}" if self.reordered else "")
             + ">"
         )
@@ -241,8 +290,10 @@ def simulate_multi(
 
     Raises `PlanError` when the plan uses more devices than the machine has, `GraphError`
     when a link names an output or input its device's plan lacks (or a device out of
-    range, or a dependency on a later node), and `VerificationError` when the plans and
-    links form a cycle (they would deadlock).
+    range, or a dependency on a later node), when a direct link has not exactly one send
+    on its source and one receive on its target, or a send or receive names no direct
+    link of its device, and `VerificationError` when the plans and links form a cycle
+    (they would deadlock).
     """
     expect_graph(mp, MultiPlan, "memgraph.simulate_multi")
     model = resolve_cost_model(cost_model)
@@ -253,7 +304,7 @@ def simulate_multi(
 
 class _MultiReplay:
     """The devices' streams and the host links' lanes, nodes started in the order they
-    become ready."""
+    become ready; a direct link's send and receive started together, as one copy."""
 
     def __init__(self, mp: MultiPlan, model: CostModel, timeline: bool):
         topology = model.topology
@@ -276,10 +327,12 @@ class _MultiReplay:
         self.links = mp.links
         # Per device and node: (stream, seconds, bytes), then the bookkeeping of waits:
         # how many nodes each still waits for, when the last of them ended, who waits on it.
+        # A send or receive's entry is its link's copy (`_ends`).
         self.cost = [
-            [durations(node) for node in mg.nodes]
+            [(None, 0.0, 0) if node.kind in _PEER_KINDS else durations(node)
+             for node in mg.nodes]
             for durations, mg in zip(self.durations, self.mgs, strict=True)
-        ]
+        ]  # fmt: skip
         self.pending = [[0] * len(mg.nodes) for mg in self.mgs]
         self.ready = [[0.0] * len(mg.nodes) for mg in self.mgs]
         self.waiters: list[list[list[tuple[int, int]]]] = [
@@ -294,6 +347,13 @@ class _MultiReplay:
         self.lane_free: dict[tuple[str, int], float] = {}
         self.link_busy: dict[int, dict[str, float]] = {}
         self.link_moved: dict[int, dict[str, int]] = {}
+        # Direct links: link index -> its send and its receive, as (device, node); the end
+        # of each copy that is ready while the other is not: link index -> its ready time.
+        self.copy_of: list[dict[int, int]] = [{} for _ in self.mgs]  # node -> link index
+        self.ends: dict[int, tuple[tuple[int, int], tuple[int, int]]] = {}
+        self.arrived: dict[int, float] = {}
+        self.peer_busy = [dict.fromkeys(_DIRECTIONS, 0.0) for _ in self.mgs]
+        self.peer_moved = [dict.fromkeys(_DIRECTIONS, 0) for _ in self.mgs]
         self._wire()
 
     # -- the graph of waits ---------------------------------------------------------
@@ -304,7 +364,10 @@ class _MultiReplay:
 
     def _wire(self) -> None:
         received: list[set[int]] = [set() for _ in self.mgs]  # link inputs, by device
-        for link in self.links:
+        direct = self._copies()
+        for index, link in enumerate(self.links):
+            if index in direct:
+                continue
             source = self._link_node(link, link.source, NodeKind.OUTPUT, link.output)
             target = self._link_node(link, link.target, NodeKind.INPUT, link.input)
             self._wait(link.target, target, link.source, source)
@@ -323,14 +386,76 @@ class _MultiReplay:
                 stream = self.cost[d][i][0]
                 if stream is None:
                     continue
-                if received[d].intersection(node.deps):
-                    # The copy of a received tensor: on its stream when the tensor has
-                    # arrived, holding up nothing queued behind it.
+                if received[d].intersection(node.deps) or node.kind is NodeKind.RECV:
+                    # The copy of a received tensor (a reload of a link's input, or a
+                    # direct link's recv): on its stream when the tensor has arrived (the
+                    # recv: when its send is ready), holding up nothing queued behind it.
                     continue
                 if stream in last_on:
                     self._wait(d, i, d, last_on[stream])
                     self.stream_pred[d][i] = last_on[stream]
                 last_on[stream] = i
+
+    def _copies(self) -> set[int]:
+        """Index each direct link's send and receive (`copy_of`), give them their copy's
+        cost (on the peer stream), and return the direct links' indices; a send or receive
+        that names no direct link of its device, or a direct link without exactly one of
+        each, is a `GraphError`."""
+        found_ends: dict[int, dict[NodeKind, list[tuple[int, int]]]] = {}
+        for d, mg in enumerate(self.mgs):
+            for node in mg.nodes:
+                if node.kind not in _PEER_KINDS:
+                    continue
+                k = node.link
+                link = self.links[k] if isinstance(k, int) and 0 <= k < len(self.links) else None
+                device = None if link is None else (
+                    link.source if node.kind is NodeKind.SEND else link.target
+                )  # fmt: skip
+                if link is None or link.path != "peer" or device != d:
+                    what = (
+                        f"not one of the plan's {len(self.links)} links" if link is None
+                        else f"{link.describe()}, path {link.path!r}"
+                    )  # fmt: skip
+                    raise GraphError(
+                        f"device {d} n{node.id} ({node.describe()}) names link {k!r}: "
+                        f"{what}; a {node.kind} names a direct link (path 'peer') whose "
+                        f"{'source' if node.kind is NodeKind.SEND else 'target'} is its "
+                        f"device"
+                    )
+                found_ends.setdefault(k, {}).setdefault(node.kind, []).append((d, node.id))
+        direct = set()
+        for index, link in enumerate(self.links):
+            if link.path == "host":
+                continue
+            if link.path != "peer":
+                raise GraphError(
+                    f"link {index} ({link.describe()}): path {link.path!r} is not one of "
+                    f"'host', 'peer'"
+                )
+            found = found_ends.get(index, {})
+            sends, recvs = found.get(NodeKind.SEND, []), found.get(NodeKind.RECV, [])
+            if len(sends) != 1 or len(recvs) != 1:
+                raise GraphError(
+                    f"direct link {index} ({link.describe()}) needs one send on device "
+                    f"{link.source} and one recv on device {link.target}; found "
+                    f"{len(sends)} send(s) and {len(recvs)} recv(s)"
+                )
+            seconds = self._copy_seconds(link.nbytes)
+            for d, i in (*sends, *recvs):
+                self.cost[d][i] = (PEER_STREAM, seconds, link.nbytes)
+                self.copy_of[d][i] = index
+            self.ends[index] = (sends[0], recvs[0])
+            direct.add(index)
+        return direct
+
+    def _copy_seconds(self, nbytes: int) -> float:
+        """A direct copy's time: the copy latency plus the bytes at the peer link's bandwidth,
+        or, with none, at the slower of the host links' d2h and h2d (PCIe peer-to-peer)."""
+        model = self.model
+        rate = model.topology.peer_bytes_per_s
+        if rate is None:
+            rate = min(model.d2h_bytes_per_s, model.h2d_bytes_per_s)
+        return model.transfer_latency_s + nbytes / rate
 
     def _link_node(self, link: Link, device: int, kind: NodeKind, name: str) -> int:
         if not 0 <= device < len(self.mgs):
@@ -362,11 +487,20 @@ class _MultiReplay:
             return stream, device
         return stream, self.model.topology.host_link(device)
 
+    def _copy_lanes(self, link: Link) -> tuple[tuple[str, int], tuple[str, int]]:
+        """The lanes a direct copy holds: the source's peer-out and the target's peer-in
+        lane (a peer link), or the source's host link's d2h and the target's host link's
+        h2d lane (PCIe peer-to-peer)."""
+        if self.model.topology.peer_bytes_per_s is not None:
+            return ("peer-out", link.source), ("peer-in", link.target)
+        return self._lane(link.source, "d2h"), self._lane(link.target, "h2d")
+
     def run(self) -> None:
         # Nodes start in the order they become ready (their dependencies and link ended),
         # ties by device then node: a node's ready time is at least the ready time of
         # every node started before it, so each lane serves its copies first come, first
-        # served, and a lane's copies never overlap.
+        # served, and a lane's copies never overlap. A direct copy starts when the later
+        # of its send and receive comes off the heap.
         heap: list[tuple[float, int, int]] = []  # (ready, device, node)
         for d, pending in enumerate(self.pending):
             for i, count in enumerate(pending):
@@ -380,6 +514,10 @@ class _MultiReplay:
                     break
                 heap.append(out_of_order)
             ready, d, i = heapq.heappop(heap)
+            link_index = self.copy_of[d].get(i)
+            if link_index is not None:
+                self._copy(link_index, ready, heap)
+                continue
             stream, seconds, nbytes = self.cost[d][i]
             if stream is None:
                 begin = ready
@@ -388,21 +526,51 @@ class _MultiReplay:
                 begin = max(ready, self.lane_free.get(lane, 0.0))
                 self.lane_free[lane] = begin + seconds
                 if stream != "compute":
-                    k = self.model.topology.host_link(d)
-                    busy = self.link_busy.setdefault(k, dict.fromkeys(_COPIES, 0.0))
-                    moved = self.link_moved.setdefault(k, dict.fromkeys(_COPIES, 0))
-                    busy[stream] += seconds
-                    moved[stream] += nbytes
-            finish = begin + seconds
-            self.start[d][i] = begin
-            self.end[d][i] = finish
-            self.done[d][i] = True
-            for wd, wi in self.waiters[d][i]:
-                self.ready[wd][wi] = max(self.ready[wd][wi], finish)
-                self.pending[wd][wi] -= 1
-                if self.pending[wd][wi] == 0:
-                    heapq.heappush(heap, (self.ready[wd][wi], wd, wi))
+                    self._on_host_link(d, stream, seconds, nbytes)
+            self._finish(d, i, begin, begin + seconds, heap)
         self._check_all_ran()
+
+    def _on_host_link(self, device: int, direction: str, seconds: float, nbytes: int) -> None:
+        k = self.model.topology.host_link(device)
+        busy = self.link_busy.setdefault(k, dict.fromkeys(_COPIES, 0.0))
+        moved = self.link_moved.setdefault(k, dict.fromkeys(_COPIES, 0))
+        busy[direction] += seconds
+        moved[direction] += nbytes
+
+    def _finish(self, d: int, i: int, begin: float, finish: float, heap: list) -> None:
+        """Node i of device d ran from `begin` to `finish`: release what waits for it."""
+        self.start[d][i] = begin
+        self.end[d][i] = finish
+        self.done[d][i] = True
+        for wd, wi in self.waiters[d][i]:
+            self.ready[wd][wi] = max(self.ready[wd][wi], finish)
+            self.pending[wd][wi] -= 1
+            if self.pending[wd][wi] == 0:
+                heapq.heappush(heap, (self.ready[wd][wi], wd, wi))
+
+    def _copy(self, index: int, ready: float, heap: list) -> None:
+        """One end of direct link `index` is ready at `ready`: remember it, or, the other
+        end having been ready already, run the copy (both ends end together)."""
+        first = self.arrived.pop(index, None)
+        if first is None:
+            self.arrived[index] = ready
+            return
+        link = self.links[index]
+        lanes = self._copy_lanes(link)
+        (sd, si), (rd, ri) = self.ends[index]
+        _, seconds, nbytes = self.cost[sd][si]
+        begin = max(ready, first, *(self.lane_free.get(lane, 0.0) for lane in lanes))
+        finish = begin + seconds
+        for lane in lanes:
+            self.lane_free[lane] = finish
+        for device, direction in ((link.source, "out"), (link.target, "in")):
+            self.peer_busy[device][direction] += seconds
+            self.peer_moved[device][direction] += nbytes
+        if self.model.topology.peer_bytes_per_s is None:  # through the host links
+            self._on_host_link(link.source, "d2h", seconds, nbytes)
+            self._on_host_link(link.target, "h2d", seconds, nbytes)
+        self._finish(sd, si, begin, finish, heap)
+        self._finish(rd, ri, begin, finish, heap)
 
     def _out_of_order(self) -> tuple[float, int, int] | None:
         """When no node can start: the first node (earliest ready, then device, node) that
@@ -446,9 +614,10 @@ class _MultiReplay:
             stream, seconds, nbytes = self.cost[d][node.id]
             if stream is None:
                 continue
-            busy[stream] += seconds
-            if stream != "compute":
-                moved[stream] += nbytes
+            if stream != PEER_STREAM:  # a direct copy's time is in `MultiSimResult.peer_busy`
+                busy[stream] += seconds
+                if stream != "compute":
+                    moved[stream] += nbytes
             if self.timeline:
                 begin = self.start[d][node.id]
                 events.append(node_event(mg, node, stream, begin, begin + seconds))
@@ -469,10 +638,12 @@ class _MultiReplay:
     def result(self) -> MultiSimResult:
         per_device = tuple(self._device_result(d) for d in range(len(self.mgs)))
         sent: dict[tuple[int, int], int] = {}
+        direct: dict[tuple[int, int], int] = {}
         for link in self.links:
-            sent[(link.source, link.target)] = sent.get((link.source, link.target), 0) + (
-                link.nbytes
-            )
+            pair = (link.source, link.target)
+            sent[pair] = sent.get(pair, 0) + link.nbytes
+            if link.path == "peer":
+                direct[pair] = direct.get(pair, 0) + link.nbytes
         links = range(self.model.topology.host_link(len(self.mgs) - 1) + 1) if self.mgs else ()
         return MultiSimResult(
             makespan=max((r.makespan for r in per_device), default=0.0),
@@ -486,5 +657,8 @@ class _MultiReplay:
             sent_bytes=sent,
             cost_model=self.model,
             reordered=self.reordered,
+            direct_bytes=direct,
+            peer_bytes=dict(enumerate(self.peer_moved)),
+            peer_busy=dict(enumerate(self.peer_busy)),
         )
 
