@@ -3,10 +3,7 @@ writes the JSON it returns, and its numbers hang together: tokens/s, speedups an
 efficiencies follow from the makespans, every multi-device plan was verified and fits
 its budget, each strategy is measured with its links staged through the host and sent
 direct, and the auto row of each work, device count and way of sending is its fastest
-strategy's.
-
-The tests whose runs make plans with direct sends keep the oracle watch off
-(`judges_plans_itself`): tests/oracle.py knows no send or recv node yet."""
+strategy's."""
 
 from __future__ import annotations
 
@@ -39,7 +36,6 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9)
 
 
-@pytest.mark.judges_plans_itself
 def test_quick_run_writes_its_json_and_the_numbers_hang_together(bench, tmp_path, capsys):
     out = tmp_path / "multi.json"
     result = bench.main(["--quick", "--json", str(out)])
@@ -134,7 +130,6 @@ def test_weights_can_be_fixed_on_the_host_and_links_staged_through_it(bench, cap
     capsys.readouterr()
 
 
-@pytest.mark.judges_plans_itself
 def test_the_table_prints_one_line_per_row_and_as_markdown(bench):
     rows = bench.run(bench.QUICK, "device", log=lambda line: None, sends="direct")
     assert {r.sends for r in rows} == {"direct", "none"}

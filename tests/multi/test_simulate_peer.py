@@ -25,12 +25,6 @@ from memgraph.peer import direct_sends
 from memgraph.simulate_multi import simulate_multi
 from memgraph.trace import PEER_STREAM
 
-# The oracle that the test set-up runs on every plan made (tests/oracle.py, through
-# tests/oracle_watch.py) knows no send or recv node yet: it fails with KeyError('send') on
-# a direct plan. Until it does, this module keeps the watch off (the marker that pauses
-# it); the plans here are checked by `verify_multi` where they are made.
-pytestmark = pytest.mark.judges_plans_itself
-
 # Round rates, distinct in each direction, and latencies (as tests/multi/test_simulate_multi
 # has them). No device-memory roofline: a task takes latency + FLOPs / rate. The peer link
 # (4 MB/s) is faster than either host-link direction; PCIE has none.
