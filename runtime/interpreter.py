@@ -73,7 +73,9 @@ class Interpreter:
         self.poison = poison
         self.sources: dict[str, np.ndarray] = {}
         self.results: dict[str, np.ndarray] = {}
-        self.peers: Any = None  # what carries sends and receives (`runtime.multi`), if any
+        # What carries sends and receives, set for a run of a device's share of a plan for
+        # several devices (`runtime.multi.PeerPort`); None: a send or recv is an error.
+        self.peers: Any = None
         self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
         # The class's functions, not bound methods: a dict of methods bound to `self` would
@@ -199,7 +201,8 @@ class Interpreter:
             self.backend.copy_to_host(self.results[node.name], view, stream)
 
     def send(self, node: MemNode, stream: Stream | None) -> None:
-        """Offer the region's tensor to the link's target device (`peers.send`)."""
+        """Offer the region's tensor – its arena view, not a copy – to the link's target
+        device (`peers.send`); the region stays held until the peers say it was copied."""
         self._peers(node).send(node, self.device_view(node.region, node.tensor), stream)
 
     def recv(self, node: MemNode, stream: Stream | None) -> None:

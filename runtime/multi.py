@@ -22,11 +22,25 @@ plan=key)`); `runtime.ray_cluster` runs the same `DeviceRunner` in Ray actors. T
 driver stages each original input on every device whose TaskGraph has an input of that
 name.
 
-Waits are bounded: a device that waits more than `timeout` seconds for a link raises
-`BackendError` naming the device and the nodes it waits for; an error on one device
-cancels the others (their inboxes: a waiting device wakes, a computing one stops before
-its next node), every thread is joined, and the error is raised naming the device it
-happened on.
+A direct link (`Link.path == "peer"`: a `send` node on the source, a `recv` node on the
+target, `memgraph.peer`) is one copy between the two arenas, a rendezvous as a GPU peer
+copy is. The interpreter hands each send and recv to the runner's port (`PeerPort`, the
+`Interpreter.peers` of a run), which passes them to the run's `PeerLinks`: in one
+process (`InboxPeers`) the send *offers* its region's view – the source's arena bytes,
+not a copy – through the target's inbox (keyed by the link's index, `offer_key`) and
+is done only when the target has copied it (an acknowledgement through the source's
+inbox, `copied_key`); the source's thread does not block on it: other ready nodes run,
+and the send's dependents (the free of its region) wait, as a link's `input` node waits
+for its arrival. A recv waits for the offer (ready nodes run meanwhile), copies the
+view into its region (`Backend.copy_to_device`: on NumPy one `np.copyto` between the
+arenas) and acknowledges. On Ray (`runtime.ray_cluster`) the send is buffered instead:
+a copy goes through the object store and the send is done at once.
+
+Waits are bounded: a device that waits more than `timeout` seconds for a link (an
+arrival, an offer, or the acknowledgement of its send) raises `BackendError` naming the
+device and the nodes it waits for; an error on one device cancels the others (their
+inboxes: a waiting device wakes, a computing one stops before its next node), every
+thread is joined, and the error is raised naming the device it happened on.
 
 >>> out = run_devices(mp, {"x": xs, **weights})                       # doctest: +SKIP
 >>> out = run_devices(mp, inputs, order="random", seed=3, timeout=5)  # doctest: +SKIP
@@ -39,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,6 +83,12 @@ __all__ = [
     "on_device",
     "first_failure",
     "Send",
+    "Key",
+    "offer_key",
+    "copied_key",
+    "PeerLinks",
+    "InboxPeers",
+    "PeerPort",
 ]
 
 ORDERS = ("ready", "random")
@@ -80,6 +100,35 @@ DEFAULT_TIMEOUT = 60.0
 Send = Callable[[Link, np.ndarray], None]
 """Delivers a link's tensor (a host array) to the link's target device."""
 
+Key = str | tuple[str, int]
+"""What arrives in an `Inbox`: a host-staged link's input name, or for a direct link
+(by its index in `MultiPlan.links`) its offer (`offer_key`) or the acknowledgement that
+it was copied (`copied_key`)."""
+
+
+def offer_key(index: int) -> tuple[str, int]:
+    """The inbox key of direct link `index`'s offer (on the target: the source's view)."""
+    return ("offer", index)
+
+
+def copied_key(index: int) -> tuple[str, int]:
+    """The inbox key of direct link `index`'s acknowledgement (on the source: copied)."""
+    return ("copied", index)
+
+
+class PeerLinks(Protocol):
+    """How one run's direct links travel between devices (see the module docstring)."""
+
+    def offer(self, index: int, link: Link, view: Any) -> bool:
+        """Offer the source's `view` of direct link `index` to its target; True when the
+        send is done at once (the transport took a copy), False when it is done only
+        once the target acknowledges the copy."""
+        ...
+
+    def acknowledge(self, index: int, link: Link) -> None:
+        """Tell the source of direct link `index` that the target has copied it."""
+        ...
+
 
 class Cancelled(BackendError):
     """A device's run was stopped because another device failed (never the error a
@@ -87,19 +136,22 @@ class Cancelled(BackendError):
 
 
 class Inbox:
-    """The links that arrived on a device: input name -> host array, filled by other
-    devices (`put`, from any thread) and taken by the device's runner (`take`, `poll`).
-    `cancel(reason)` wakes a waiting runner, which then raises `Cancelled`."""
+    """What arrived on a device from the others, by `Key`: a host-staged link's array by
+    its input name, a direct link's offer (the source's view) or acknowledgement by the
+    link's index; filled by other devices (`put`, from any thread) and taken by the
+    device's runner (`take`, `poll`, `arrived`). `cancel(reason)` wakes a waiting
+    runner, which then raises `Cancelled`."""
 
     def __init__(self) -> None:
-        self._arrived: dict[str, np.ndarray] = {}
+        self._arrived: dict[Key, Any] = {}
         self._cancelled: str | None = None
         self._changed = threading.Condition()
 
     def __repr__(self) -> str:
-        return f"<Inbox arrived={sorted(self._arrived)} cancelled={self._cancelled is not None}>"
+        keys = sorted(map(str, self._arrived))
+        return f"<Inbox arrived={keys} cancelled={self._cancelled is not None}>"
 
-    def put(self, name: str, array: np.ndarray) -> None:
+    def put(self, name: Key, array: Any) -> None:
         with self._changed:
             self._arrived[name] = array
             self._changed.notify_all()
@@ -110,13 +162,19 @@ class Inbox:
                 self._cancelled = reason
             self._changed.notify_all()
 
-    def poll(self, name: str) -> np.ndarray | None:
-        """The array of link input `name` if it has arrived (taken out), else None."""
+    def poll(self, name: Key) -> Any:
+        """What arrived under `name` (taken out), else None."""
         with self._changed:
             self._check_cancelled()
             return self._arrived.pop(name, None)
 
-    def take(self, names: Sequence[str], timeout: float) -> dict[str, np.ndarray] | None:
+    def arrived(self, names: Sequence[Key]) -> dict[Key, Any]:
+        """Every one of `names` that has arrived (taken out), without waiting."""
+        with self._changed:
+            self._check_cancelled()
+            return {n: self._arrived.pop(n) for n in names if n in self._arrived}
+
+    def take(self, names: Sequence[Key], timeout: float) -> dict[Key, Any] | None:
         """Every one of `names` that has arrived, waiting up to `timeout` seconds for at
         least one; None when none came in time. Raises `Cancelled` once cancelled."""
         deadline = time.monotonic() + timeout
@@ -143,19 +201,99 @@ class Inbox:
 
 @dataclass(frozen=True)
 class _Routes:
-    """The links of one plan that concern one device: those it receives (by input name)
-    and sends (by output name; an output may feed several devices)."""
+    """The links of one plan that concern one device: those it receives (by input name,
+    direct ones too), those it sends staged through the host (by output name; an output
+    may feed several devices), and its direct links (by index in the plan's links)."""
 
     receives: dict[str, Link]
     sends: dict[str, list[Link]]
+    direct: dict[int, Link]
 
     @classmethod
     def of(cls, device: int, links: Sequence[Link]) -> _Routes:
         sends: dict[str, list[Link]] = {}
         for link in links:
-            if link.source == device:
+            if link.source == device and link.path == "host":
                 sends.setdefault(link.output, []).append(link)
-        return cls({link.input: link for link in links if link.target == device}, sends)
+        direct = {
+            index: link
+            for index, link in enumerate(links)
+            if link.path == "peer" and device in (link.source, link.target)
+        }
+        return cls({link.input: link for link in links if link.target == device}, sends, direct)
+
+
+class InboxPeers:
+    """Direct links between the devices of one process (`PeerLinks`): an offer is the
+    source's view put in the target's inbox, done only when the target acknowledges the
+    copy through the source's inbox (a rendezvous: no copy is taken on the way)."""
+
+    def __init__(self, inboxes: Sequence[Inbox]):
+        self.inboxes = inboxes
+
+    def __repr__(self) -> str:
+        return f"<InboxPeers devices={len(self.inboxes)}>"
+
+    def offer(self, index: int, link: Link, view: Any) -> bool:
+        self.inboxes[link.target].put(offer_key(index), view)
+        return False
+
+    def acknowledge(self, index: int, link: Link) -> None:
+        self.inboxes[link.source].put(copied_key(index), True)
+
+
+class PeerPort:
+    """A device's `Interpreter.peers` for one run: `send` passes the region's view to the
+    run's `PeerLinks` (remembering the sends not done at once, `unacknowledged`), `recv`
+    copies the offer its runner took from the inbox (`offers`, by link index) into the
+    region, on `stream` when the node has none, then acknowledges it."""
+
+    def __init__(
+        self, device: int, links: Mapping[int, Link], transport: PeerLinks, backend: Backend,
+        stream: Any,
+    ):  # fmt: skip
+        self.device = device
+        self.links = links
+        self.transport = transport
+        self.backend = backend
+        self.stream = stream
+        self.offers: dict[int, Any] = {}
+        self.unacknowledged: set[int] = set()
+
+    def __repr__(self) -> str:
+        return (
+            f"<PeerPort device={self.device} offers={sorted(self.offers)} "
+            f"unacknowledged={sorted(self.unacknowledged)}>"
+        )
+
+    def _link(self, node: MemNode, end: str) -> Link:
+        link = self.links.get(node.link) if node.link is not None else None
+        if link is None or getattr(link, end) != self.device:
+            raise BackendError(
+                f"device {self.device}: {_node_of(node)} names link#{node.link}, which is not "
+                f"a direct link with this device as its {end}"
+            )
+        return link
+
+    def send(self, node: MemNode, view: Any, stream: Any) -> None:
+        """Offer `view` (the region's bytes) to the link's target."""
+        link = self._link(node, "source")
+        if not self.transport.offer(node.link, link, view):
+            self.unacknowledged.add(node.link)
+
+    def recv(self, node: MemNode, view: Any, stream: Any) -> None:
+        """Copy the link's offer into `view` (the region), then acknowledge it."""
+        link = self._link(node, "target")
+        offered = self.offers.pop(node.link, None)
+        if offered is None:
+            raise BackendError(
+                f"device {self.device}: {_node_of(node)} ran before device {link.source}'s "
+                f"offer of link#{node.link} arrived"
+            )
+        stream = self.stream if stream is None else stream
+        self.backend.copy_to_device(view, offered, stream)
+        stream.synchronize()  # copied: the source may free its region
+        self.transport.acknowledge(node.link, link)
 
 
 def _node_of(node: MemNode) -> str:
@@ -207,11 +345,15 @@ class DeviceRunner(Session):
                 self.close()
                 raise
 
+    carries_peers = True  # its runs hand sends and receives to the other devices
+
     def __repr__(self) -> str:
         plans = "" if len(self.plans) == 1 else f" plans={len(self.plans)}"
+        direct = len(self._routes[self._current.key].direct)
         return (
             f"<DeviceRunner device={self.device} {self.tg.name!r}{plans} order={self.order} "
-            f"receives={len(self.receives)} sends={sum(map(len, self.sends.values()))}>"
+            f"receives={len(self.receives)} sends={sum(map(len, self.sends.values()))} "
+            f"direct={direct}>"
         )
 
     @property
@@ -221,7 +363,8 @@ class DeviceRunner(Session):
 
     @property
     def sends(self) -> dict[str, list[Link]]:
-        """The links this device sends in the current (or last) plan, by output name."""
+        """The links this device sends staged through the host in the current (or last)
+        plan, by output name (direct ones are sent by `send` nodes)."""
         return self._routes[self._current.key].sends
 
     def _check_links(self, mg: MemGraph, routes: _Routes) -> None:
@@ -237,6 +380,18 @@ class DeviceRunner(Session):
                 raise VerificationError(
                     f"device {self.device}: {links[0].describe()} reads output {name!r}, which "
                     f"its TaskGraph does not have; its outputs: {', '.join(map(repr, tg.outputs))}"
+                )
+        for node in mg.nodes:
+            if node.kind not in (NodeKind.SEND, NodeKind.RECV):
+                continue
+            end = "source" if node.kind is NodeKind.SEND else "target"
+            link = routes.direct.get(node.link) if node.link is not None else None
+            if link is None or getattr(link, end) != self.device:
+                raise VerificationError(
+                    f"device {self.device}: {_node_of(node)} names link#{node.link}, which is "
+                    f"not a direct link with this device as its {end}; its direct links: "
+                    f"{sorted(routes.direct) or 'none'}",
+                    node.id,
                 )
 
     @property
@@ -266,14 +421,25 @@ class DeviceRunner(Session):
         *,
         timeout: float = DEFAULT_TIMEOUT,
         plan: Any = None,
+        peers: PeerLinks | None = None,
     ) -> dict[str, np.ndarray]:
         """Run a plan once (`plan`: its key; default the first): `inputs` are the
         driver's (every input no link feeds, but those staged before with `stage`), the
         links' arrays come through `inbox`, and `send(link, array)` is called for each
-        link whose source is this device as soon as its output node has run. Returns
-        every output of this device's TaskGraph (links' outputs too), as host arrays."""
+        host-staged link whose source is this device as soon as its output node has run;
+        direct links' sends and receives go through `peers` (their offers and
+        acknowledgements arrive in `inbox` too). Returns every output of this device's
+        TaskGraph that its plan produces (links' outputs staged through the host too;
+        not those only sent direct), as host arrays."""
         self._check_open()
         self._current = self._plan(plan)
+        direct = self._routes[self._current.key].direct
+        if direct and peers is None:
+            raise BackendError(
+                f"device {self.device}: the plan has {len(direct)} direct link(s) "
+                f"({', '.join(f'link#{i}' for i in sorted(direct))}) and the run was given no "
+                "peers to carry them"
+            )
         staged = set(self.staged)
         missing = [n for n in self.driver_inputs if n not in inputs and n not in staged]
         if missing:
@@ -285,6 +451,11 @@ class DeviceRunner(Session):
         if inputs:
             self.stage(inputs)
         plan.interpreter.results = self._result_buffers(plan)
+        port = None
+        if direct:
+            stream = self.streams[plan.schedule.streams[0]]
+            port = PeerPort(self.device, direct, peers, self.backend, stream)
+        plan.interpreter.peers = port
         failure: BaseException | None = None
         self._in_flight = []
         with self.backend.running():
@@ -295,60 +466,108 @@ class DeviceRunner(Session):
                 self._issue_linked(plan, inbox, send, timeout)
             except BaseException as err:
                 failure = err
+            finally:
+                plan.interpreter.peers = None  # nothing of the other devices outlives a run
             self._drain(failure)
         return self._collect(plan)
 
+    def _collect(self, plan: Any) -> dict[str, np.ndarray]:
+        """The outputs the plan produces (`Session._collect`), but for those only sent
+        direct: a direct link's send replaces its output node."""
+        sent = {link.output for link in self._routes[plan.key].direct.values()}
+        produced = {n.name for n in plan.mg.nodes if n.kind is NodeKind.OUTPUT}
+        return super()._collect(plan, skip=frozenset(sent - produced))
+
     def _priorities(self, nodes: Sequence[MemNode]) -> list[tuple[int, float, int]]:
         """Each node's place among ready ones (smallest first): in "ready" order links'
-        outputs first, then insertion order; in "random" order a seeded random draw (the
-        seed and the device's id: each device draws its own)."""
+        outputs and direct sends first, then insertion order; in "random" order a seeded
+        random draw (the seed and the device's id: each device draws its own)."""
         if self.order == "random":
             rng = random.Random(self.seed * 1_000_003 + self.device)
             return [(0, rng.random(), node.id) for node in nodes]
-        sends = [node.kind is NodeKind.OUTPUT and node.name in self.sends for node in nodes]
+        sends = [
+            node.kind is NodeKind.SEND
+            or (node.kind is NodeKind.OUTPUT and node.name in self.sends)
+            for node in nodes
+        ]
         return [(0 if sends[node.id] else 1, 0.0, node.id) for node in nodes]
 
     def _issue_linked(self, plan: Any, inbox: Inbox, send: Send, timeout: float) -> None:
+        """Run every node of `plan` once its dependencies are done (see the module
+        docstring). Three kinds of node wait for another device, each held in `waiting`
+        under the inbox key it waits for while other ready nodes run: a host-staged
+        link's `input` node (its gate: the array's arrival), a `recv` (the source's
+        offer) and a `send` that was offered but not yet copied (the acknowledgement:
+        its dependents wait, the device does not)."""
         nodes = plan.mg.nodes
+        port: PeerPort | None = plan.interpreter.peers
         check_dependencies(plan.mg)
         ready = ReadyNodes(plan.mg, self._priorities(nodes))
-        gates = {
+        gates: dict[int, Key] = {
             node.id: node.name
             for node in nodes
             if node.kind is NodeKind.INPUT and node.name in self.receives
         }
-        waiting: dict[str, int] = {}  # link input -> its input node, ready but not arrived
+        gates.update(
+            {node.id: offer_key(node.link) for node in nodes if node.kind is NodeKind.RECV}
+        )
+        waiting: dict[Key, int] = {}  # inbox key -> the node waiting for it
         done = 0
         self.progress = (done, len(nodes))
+
+        def finish(node_id: int) -> None:
+            nonlocal done
+            done += 1
+            self.progress = (done, len(nodes))
+            ready.done(node_id)
+
+        def arrive(key: Key, value: Any) -> None:
+            """`value` arrived under `key`: release the node that waited for it."""
+            node_id = waiting.pop(key)
+            if isinstance(key, str):  # a host-staged link's array
+                self.stage({key: value})
+                ready.push(node_id)
+            elif key[0] == "offer":  # the recv can copy now
+                port.offers[key[1]] = value
+                ready.push(node_id)
+            else:  # the target copied what the send offered: the send is done
+                port.unacknowledged.discard(key[1])
+                finish(node_id)
+
         while done < len(nodes):
+            if waiting:  # what came while this device ran releases its nodes at once
+                for key, value in inbox.arrived(list(waiting)).items():
+                    arrive(key, value)
             if not ready:
                 if not waiting:  # cannot happen: dependencies point back (checked)
                     raise BackendError(f"device {self.device}: nothing can run")
                 arrived = inbox.take(list(waiting), timeout)
                 if arrived is None:
                     raise self._late(waiting, timeout)
-                self.stage(arrived)
-                for name in arrived:
-                    ready.push(waiting.pop(name))
+                for key, value in arrived.items():
+                    arrive(key, value)
                 continue
             inbox.check()
             node_id = ready.pop()
-            name = gates.pop(node_id, None)  # a gate is passed once: when its link is staged
-            if name is not None:
-                array = inbox.poll(name)
-                if array is None:
-                    waiting[name] = node_id
+            key = gates.pop(node_id, None)  # a gate is passed once: when its key has come
+            if key is not None:
+                value = inbox.poll(key)
+                if value is None:
+                    waiting[key] = node_id
                     continue
-                self.stage({name: array})
+                waiting[key] = node_id
+                arrive(key, value)
+                continue  # pushed back: it runs when it is popped again
             node = nodes[node_id]
             self._run_node(plan, node)
+            if node.kind is NodeKind.SEND and node.link in port.unacknowledged:
+                waiting[copied_key(node.link)] = node_id  # done when the target has copied
+                continue
             if node.kind is NodeKind.OUTPUT and node.name in self.sends:
                 value = self._sent_value(plan, node)
                 for link in self.sends[node.name]:
                     send(link, value)
-            done += 1
-            self.progress = (done, len(nodes))
-            ready.done(node_id)
+            finish(node_id)
 
     def _run_node(self, plan: Any, node: MemNode) -> None:
         """Issue `node` and wait until its work is done; errors name the node."""
@@ -364,7 +583,8 @@ class DeviceRunner(Session):
         except NodeFailure:
             raise
         except Exception as err:
-            raise NodeFailure(err, node, name or "host") from err
+            where = name or ("peer" if node.kind in (NodeKind.SEND, NodeKind.RECV) else "host")
+            raise NodeFailure(err, node, where) from err
         self._settle(node, name, stream)
 
     def _sent_value(self, plan: Any, node: MemNode) -> np.ndarray:
@@ -376,12 +596,24 @@ class DeviceRunner(Session):
             value = plan.interpreter.results[node.name]
         return np.array(value, copy=True)
 
-    def _late(self, waiting: Mapping[str, int], timeout: float) -> BackendError:
+    def _late(self, waiting: Mapping[Key, int], timeout: float) -> BackendError:
+        """The error of a device that waited `timeout` seconds and got none of `waiting`
+        (inbox key -> node), naming each node and what it waits for."""
         nodes = self._current.mg.nodes
+        direct = self._routes[self._current.key].direct
+
+        def what(key: Key) -> str:
+            if isinstance(key, str):
+                link = self.receives[key]
+                return f"from device {link.source}'s output {link.output!r}"
+            link = direct[key[1]]
+            if key[0] == "offer":
+                return f"for device {link.source}'s send of {link.output!r} (link#{key[1]})"
+            return f"for device {link.target} to copy it (link#{key[1]}, {link.input!r})"
+
         listed = "; ".join(
-            f"{_node_of(nodes[node_id])} from device {self.receives[name].source}'s output "
-            f"{self.receives[name].output!r}"
-            for name, node_id in sorted(waiting.items(), key=lambda item: item[1])
+            f"{_node_of(nodes[node_id])} {what(key)}"
+            for key, node_id in sorted(waiting.items(), key=lambda item: item[1])
         )
         return BackendError(
             f"device {self.device} waited more than {timeout} s for {len(waiting)} link(s) "
@@ -712,13 +944,15 @@ def _run_threads(
     failures: list[tuple[int, BaseException]] = []
     lock = threading.Lock()
 
+    peers = InboxPeers(inboxes)
+
     def send(link: Link, value: np.ndarray) -> None:
         inboxes[link.target].put(link.input, value)
 
     def work(runner: DeviceRunner) -> None:
         try:
             out = runner.run_linked(staged[runner.device], inboxes[runner.device], send,
-                                    timeout=timeout, plan=plan)  # fmt: skip
+                                    timeout=timeout, plan=plan, peers=peers)  # fmt: skip
             with lock:
                 results[runner.device] = out
         except BaseException as err:  # reported by the driver, never lost

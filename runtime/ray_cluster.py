@@ -9,6 +9,15 @@ which puts the array (through Ray's object store) in the target's inbox for that
 Actors are threaded (`max_concurrency`), so deliveries and cancellations run beside the
 executor.
 
+A direct link (`Link.path == "peer"`: a `send` node on the source, a `recv` node on the
+target) is a *buffered* send here (`RayPeers`): the send copies its region into a fresh
+array and delivers it through the object store to the target actor, keyed by the link's
+index (`runtime.multi.offer_key`), and is done at once – the copy is taken, so the
+source may free its region whatever the target does, in any order. The recv waits for
+the array and writes it into its region. The rendezvous the plan allows (one copy
+between the arenas: NCCL or CUDA peer copies between GPUs) is not built: that needs
+GPUs, and an actor's CuPy arena sends through the host like this.
+
 The driver (`RayDevices`, or `run_on_ray` for one run) checks the plans
 (`runtime.multi.check_multi`), puts each original input in the object store once
 (`ray.put`), starts every device's run and gathers the outputs. Waits are bounded: an
@@ -46,17 +55,26 @@ from runtime.multi import (
     DEFAULT_TIMEOUT,
     DeviceRunner,
     Inbox,
+    Key,
     check_order,
     check_plans,
     check_timeout,
     device_inputs,
     first_failure,
     gather,
+    offer_key,
     on_device,
     staging,
 )
 
-__all__ = ["RayDevices", "DeviceActor", "run_on_ray", "MAX_CONCURRENCY", "START_TIMEOUT"]
+__all__ = [
+    "RayDevices",
+    "DeviceActor",
+    "RayPeers",
+    "run_on_ray",
+    "MAX_CONCURRENCY",
+    "START_TIMEOUT",
+]
 
 MAX_CONCURRENCY = 4
 """Threads of each actor: its run, and deliveries and cancellations beside it."""
@@ -70,6 +88,31 @@ POLL_SECONDS = 1.0
 
 def _ray() -> Any:
     return require("ray", extra="cluster")
+
+
+class RayPeers:
+    """Direct links between Ray actors (`runtime.multi.PeerLinks`) for run `run`: a
+    buffered send – the source's region copied into a fresh host array (from a CuPy
+    arena too) and delivered through the object store to the target actor's inbox under
+    the link's offer key; done at once, so nothing is acknowledged. `actors` are every
+    device's actor handle (None for an idle device, which receives nothing)."""
+
+    def __init__(self, actors: list[Any], run: int):
+        self.actors = actors
+        self.run = run
+
+    def __repr__(self) -> str:
+        return f"<RayPeers run={self.run} devices={len(self.actors)}>"
+
+    def offer(self, index: int, link: Link, view: Any) -> bool:
+        value = view.get() if hasattr(view, "get") and not isinstance(view, np.ndarray) else view
+        copy = np.array(value, copy=True)  # taken now: the source may free its region
+        if self.actors[link.target] is not None:
+            self.actors[link.target].deliver.remote(self.run, offer_key(index), copy)
+        return True
+
+    def acknowledge(self, index: int, link: Link) -> None:
+        """Nothing: the send was done when its copy was taken."""
 
 
 class DeviceActor:
@@ -127,8 +170,9 @@ class DeviceActor:
         with self._lock:
             return self._inboxes.setdefault(run, Inbox())
 
-    def deliver(self, run: int, name: str, array: np.ndarray) -> None:
-        """Link input `name` of run `run` has arrived."""
+    def deliver(self, run: int, name: Key, array: np.ndarray) -> None:
+        """Link input `name` of run `run` has arrived (or a direct link's copy, under its
+        offer key)."""
         self._inbox(run).put(name, array)
 
     def cancel(self, run: int, reason: str) -> None:
@@ -164,7 +208,10 @@ class DeviceActor:
 
         runner = self._runner()
         try:
-            return runner.run_linked(arrays, self._inbox(run), send, timeout=timeout, plan=plan)
+            return runner.run_linked(
+                arrays, self._inbox(run), send, timeout=timeout, plan=plan,
+                peers=RayPeers(peers, run),
+            )  # fmt: skip
         finally:
             with self._lock:
                 self._inboxes.pop(run, None)

@@ -172,6 +172,21 @@ def refuse_unsupported(mg: MemGraph, backend: Backend) -> None:
             )
 
 
+def refuse_peer_nodes(mg: MemGraph, key: Any = None) -> None:
+    """`BackendError` when `mg` (plan `key` of a session, if given) has `send` or `recv`
+    nodes: a device's share of a plan for several devices with direct links runs only
+    with its other devices, before anything is allocated."""
+    peer = [n for n in mg.nodes if n.kind in (NodeKind.SEND, NodeKind.RECV)]
+    if peer:
+        which = f"plan {key!r} " if key is not None else ""
+        raise BackendError(
+            f"{which}{mg.taskgraph.name!r} has {len(peer)} send/recv node(s) copying "
+            f"between devices (first: n{peer[0].id} ({peer[0].describe()})): a device's "
+            "plan with direct sends runs only with its other devices (runtime.run_devices, "
+            "runtime.multi.LocalDevices, runtime.ray_cluster.RayDevices on the MultiPlan)"
+        )
+
+
 class HostBudgetError(BackendError):
     """The plan needs more host (pinned) memory than the session's `host_budget`."""
 
@@ -397,15 +412,23 @@ class Session:
 
     # -- setting up (in this order; see the class docstring) ----------------------
 
+    carries_peers = False
+    """Whether runs can carry `send` and `recv` nodes to other devices (a device's runner,
+    `runtime.multi.DeviceRunner`); a plain session refuses plans that have them."""
+
     def _check_plans(self, unsafe_skip_verify: bool) -> None:
         """Each plan passes `memgraph.verify` (or, unverified, its dependencies point back),
-        and an input name several plans read means one tensor in all of them."""
+        an input name several plans read means one tensor in all of them, and – unless
+        the session carries sends to other devices – no plan copies between devices."""
         for mg in self.plans.values():
             if unsafe_skip_verify:
                 check_dependencies(mg)
             else:
                 verified(mg)
         check_shared_inputs(self.plans)
+        if not self.carries_peers:
+            for key, mg in self.plans.items():
+                refuse_peer_nodes(mg, key if len(self.plans) > 1 else None)
 
     def _open_backend(
         self, backend: str | Backend, options: dict[str, Any], acquired: contextlib.ExitStack
@@ -723,10 +746,14 @@ class Session:
                 buffers[name] = np.empty(task.shape, dtype=task.dtype)
         return buffers
 
-    def _collect(self, plan: _Plan) -> dict[str, np.ndarray]:
+    def _collect(self, plan: _Plan, skip: frozenset[str] = frozenset()) -> dict[str, np.ndarray]:
+        """Every output of the plan's TaskGraph, as host arrays of the caller's own, but
+        those in `skip` (a device's outputs only sent direct: no output node has them)."""
         outputs = {}
         tg, interp = plan.tg, plan.interpreter
         for name, task_id in tg.outputs.items():
+            if name in skip:
+                continue
             node = plan.output_nodes.get(name)
             task = tg[task_id]
             if node is None:
@@ -1009,6 +1036,7 @@ def run(
     >>> out = runtime.run(mg, {"x": xs, "w": ws}, backend="numpy")   # doctest: +SKIP
     """
     expect_graph(mg, MemGraph, "runtime.run", PLAN_FIRST)
+    refuse_peer_nodes(mg)  # before its inputs: a link's input is never the caller's
     inputs = mg.taskgraph.conform_inputs(inputs)
     with Session(
         mg,
