@@ -290,6 +290,12 @@ class PeerPort:
                 f"device {self.device}: {_node_of(node)} ran before device {link.source}'s "
                 f"offer of link#{node.link} arrived"
             )
+        if not isinstance(offered, np.ndarray):
+            raise BackendError(
+                f"device {self.device}: {_node_of(node)} would copy between two GPU arenas "
+                f"({type(offered).__name__}): a peer-to-peer copy in one process is not built "
+                f"(no GPU here to test it); run direct plans with the NumPy backend or on Ray"
+            )
         stream = self.stream if stream is None else stream
         self.backend.copy_to_device(view, offered, stream)
         stream.synchronize()  # copied: the source may free its region
