@@ -79,8 +79,12 @@ class DepKind(str, enum.Enum):
         return self.value
 
 
-_PRODUCERS = frozenset({NodeKind.INPUT, NodeKind.APPLY, NodeKind.RELOAD, NodeKind.OFFLOAD})
-_READERS = frozenset({NodeKind.APPLY, NodeKind.OFFLOAD, NodeKind.RELOAD, NodeKind.OUTPUT})
+_PRODUCERS = frozenset(
+    {NodeKind.INPUT, NodeKind.APPLY, NodeKind.RELOAD, NodeKind.OFFLOAD, NodeKind.RECV}
+)
+_READERS = frozenset(
+    {NodeKind.APPLY, NodeKind.OFFLOAD, NodeKind.RELOAD, NodeKind.OUTPUT, NodeKind.SEND}
+)
 
 
 def classify_dep(src: MemNode, dst: MemNode) -> DepKind:
@@ -136,6 +140,8 @@ MEM_STYLES: dict[str, NodeStyle] = {
     "reload": NodeStyle("reload (host to device)", "house", "#a1d99b"),
     "free": NodeStyle("free", "box", "#ffffff", "dashed"),
     "output": NodeStyle("output", "box", "#fff2ae", "rounded,filled,bold"),
+    "send": NodeStyle("send (to another device)", "invtrapezium", "#fdae6b"),
+    "recv": NodeStyle("recv (from another device)", "trapezium", "#74c476"),
     "reload_kv": NodeStyle("reload of a KV page", "house", "#d4b9da"),
     "offload_kv": NodeStyle("offload of a KV page", "invhouse", "#c994c7"),
     "layer": NodeStyle("a folded layer (open it with its scope)", "box3d", "#e5f5e0"),
@@ -184,6 +190,8 @@ def node_lines(mg: MemGraph, node: MemNode) -> list[Line]:
         NodeKind.OFFLOAD: f"{region} → {host}",
         NodeKind.RELOAD: f"{host} → {region}",
         NodeKind.APPLY: f"→ {region}",
+        NodeKind.SEND: f"{region} → link#{node.link}",
+        NodeKind.RECV: f"link#{node.link} → {region}",
     }.get(kind, host or region)
     if where:
         lines.append(Line(where, "mono"))
@@ -253,7 +261,7 @@ def _fold_layers(mg: MemGraph, folding: _Folding) -> _Folding:
 def _fold(mg: MemGraph) -> _Folding:
     """Fold each alloc into its residency's first writer, each free into its latest dep
     that is neither an alloc nor a free."""
-    writers = (NodeKind.APPLY, NodeKind.RELOAD, NodeKind.INPUT)
+    writers = (NodeKind.APPLY, NodeKind.RELOAD, NodeKind.INPUT, NodeKind.RECV)
     into: dict[int, int] = {}
     frees_at: dict[int, list[int]] = {}
     for node in mg.nodes:
