@@ -35,8 +35,8 @@ def test_the_several_devices_example_runs_and_equals_the_reference(tmp_path):
     assert "makespan" in result.stdout
     assert float(lines[-2]) <= 1e-5  # the largest difference from taskgraph.evaluate
     assert float(lines[-1]) <= 1e-5  # the tensor-parallel plan's
-    strategy, links = lines[-3].split()
-    assert strategy == "tensor" and int(links) > 0
+    strategy, links, direct = lines[-3].split()
+    assert strategy == "tensor" and int(links) > 0 and int(direct) == int(links)
     saved = read_multi_json((tmp_path / "two.json").read_text(encoding="utf-8"))
     assert saved.plan.devices == 2 and len(saved.plan.links) >= 1
     verify_multi(saved.plan)
