@@ -19,7 +19,7 @@ PCIe peer-to-peer through the host links where the machine has none). The rates 
 are each device's. `memgraph.simulate_multi` reads it; a single-device plan never does.
 
 >>> PRESETS["8xh100-sxm"].topology.describe()
-'8 devices, 1 per host link, sends staged through the host; direct sends over a 450 GB/s peer link'
+'8 devices, 1 per host link; direct sends over a 450 GB/s peer link'
 
 Machines are found by name in `PRESETS`; `register_cost_model(name, model)` adds one,
 so that `memgraph.simulate(mg, name)`, the planner's `cost_model=` and the CLI's
@@ -112,14 +112,14 @@ class Topology:
         return device // self.devices_per_host_link
 
     def describe(self) -> str:
-        """One line: `4 devices, 2 per host link, sends staged through the host`, and where
-        the machine has a peer link, `; direct sends over a 450 GB/s peer link` (without
-        one, a direct send is PCIe peer-to-peer over the host links)."""
+        """One line: `4 devices, 2 per host link; direct sends PCIe peer-to-peer over the
+        host links`, or where the machine has a peer link `...; direct sends over a 450
+        GB/s peer link` (links not sent direct are staged through the host)."""
         count = "any number of devices" if self.devices is None else f"{self.devices} devices"
-        text = f"{count}, {self.devices_per_host_link} per host link, sends staged through the host"
+        text = f"{count}, {self.devices_per_host_link} per host link; direct sends "
         if self.peer_bytes_per_s is not None:
-            text += f"; direct sends over a {self.peer_bytes_per_s / 1e9:.0f} GB/s peer link"
-        return text
+            return text + f"over a {self.peer_bytes_per_s / 1e9:.0f} GB/s peer link"
+        return text + "PCIe peer-to-peer over the host links"
 
 
 SINGLE_DEVICE = Topology()

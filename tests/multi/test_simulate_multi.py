@@ -252,7 +252,8 @@ def test_the_table_and_repr_name_devices_links_and_bytes():
     result = simulate_multi(sim_plans.chain(), shared(TOY, 2))
     table = result.table()
     assert table.splitlines()[0] == (
-        "toy/2: any number of devices, 2 per host link, sends staged through the host"
+        "toy/2: any number of devices, 2 per host link; direct sends PCIe peer-to-peer over "
+        "the host links"
     )
     assert "device  host link  finish ms" in table
     assert "host link 0: h2d 2.0 KiB" in table

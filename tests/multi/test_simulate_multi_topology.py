@@ -28,7 +28,9 @@ def test_a_cost_model_without_a_topology_has_each_device_on_its_own_host_link():
 def test_devices_are_grouped_on_host_links_in_order():
     topology = Topology(devices=8, devices_per_host_link=2)
     assert [topology.host_link(d) for d in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert topology.describe() == "8 devices, 2 per host link, sends staged through the host"
+    assert topology.describe() == (
+        "8 devices, 2 per host link; direct sends PCIe peer-to-peer over the host links"
+    )
 
 
 def test_the_8xh100_sxm_preset_states_its_machine():
