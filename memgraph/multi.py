@@ -182,36 +182,59 @@ class MultiPlan:
         budgets = ", ".join(format_bytes(p.budget) for p in self.plans)
         peaks = ", ".join(format_bytes(p.mg.stats.peak_bytes) for p in self.plans)
         moved = sum(p.mg.stats.offload_bytes + p.mg.stats.reload_bytes for p in self.plans)
+        direct = [k for k in self.links if k.path == "peer"]
         return (
             f"<MultiPlan {self.placed.strategy} devices={self.devices} links={len(self.links)} "
-            f"sent={format_bytes(sum(k.nbytes for k in self.links))} budgets=[{budgets}] "
-            f"peaks=[{peaks}] moved={format_bytes(moved)}>"
+            f"sent={format_bytes(sum(k.nbytes for k in self.links))}"
+            + (
+                f" direct={len(direct)} ({format_bytes(sum(k.nbytes for k in direct))})"
+                if direct
+                else ""
+            )
+            + f" budgets=[{budgets}] peaks=[{peaks}] moved={format_bytes(moved)}>"
         )
 
     def lines(self, nodes: bool = True) -> list[str]:
-        """A header per device (its plan's summary: nodes, budget, peak, bytes moved), its
-        plan's node lines (unless `nodes` is False), then one line per link and where each
-        original output ends."""
+        """A header per device (its plan's summary: nodes, budget, peak, bytes offloaded
+        and reloaded – a direct link's copy is neither –, its links out and in, and of
+        those the bytes sent and received direct), its plan's node lines (unless `nodes`
+        is False), then one line per link (`link#i`, its index, as sends and receives name
+        it) and where each original output ends."""
         out = []
         for plan in self.plans:
             s = plan.mg.stats
-            sends = sum(1 for k in self.links if k.source == plan.device)
-            receives = sum(1 for k in self.links if k.target == plan.device)
+            sends = [k for k in self.links if k.source == plan.device]
+            receives = [k for k in self.links if k.target == plan.device]
             out.append(
                 f"device {plan.device}: {len(plan.mg)} nodes, budget {format_bytes(plan.budget)},"
                 f" peak {format_bytes(s.peak_bytes)}, offloaded {format_bytes(s.offload_bytes)}"
                 f" ({s.offload_count}), reloaded {format_bytes(s.reload_bytes)} "
-                f"({s.reload_count}), sends {sends}, receives {receives}"
+                f"({s.reload_count}), sends {len(sends)}, receives {len(receives)}"
+                + _direct_note(sends, receives)
             )
             if nodes:
                 out.extend(f"  {line}" for line in plan.mg.lines())
-        out.append(f"links ({len(self.links)}):")
-        out.extend(f"  {link.describe()}" for link in self.links)
+        direct = sum(1 for k in self.links if k.path == "peer")
+        out.append(f"links ({len(self.links)}" + (f", {direct} direct" if direct else "") + "):")
+        out.extend(f"  link#{i} {link.describe()}" for i, link in enumerate(self.links))
         out.extend(f'output "{n}" on device {d} as "{m}"' for n, (d, m) in self.outputs.items())
         return out
 
     def __str__(self) -> str:
         return "\n".join([repr(self), *self.lines()])
+
+
+def _direct_note(sends: Sequence[Link], receives: Sequence[Link]) -> str:
+    """`MultiPlan.lines`' note of what a device sends and receives direct (nothing when
+    none of its links is direct): `, direct: sent 16.0 KiB (1), received 0 B (0)`."""
+    out = [k for k in sends if k.path == "peer"]
+    into = [k for k in receives if k.path == "peer"]
+    if not out and not into:
+        return ""
+    return (
+        f", direct: sent {format_bytes(sum(k.nbytes for k in out))} ({len(out)}), "
+        f"received {format_bytes(sum(k.nbytes for k in into))} ({len(into)})"
+    )
 
 
 # -- planning every device -----------------------------------------------------------

@@ -3,13 +3,16 @@
 * `memory_map(mg)`: arena offset against plan step, one rectangle per residency of a
   tensor (alloc to free), coloured by kind (weight, activation, output; the legend
   says what each colour is), kernels' workspaces hatched over their applies, with
-  offloads, reloads and drops marked, the budget
-  drawn and the largest residencies numbered and named beside the legend. It shows fragmentation
-  and eviction at a glance. Residencies, drops and live bytes come from the one
-  residency analysis (`memgraph.residency`, `MemGraph.residencies`).
+  offloads, reloads and drops marked, the budget drawn and the largest residencies
+  numbered and named beside the legend. It shows fragmentation and eviction at a
+  glance. A device's plan of several (`memgraph.multi`) has its direct
+  copies marked too: each `recv` (the residency it fills) and each `send` (the residency
+  it reads), and its title says the bytes sent and received. Residencies, drops and live
+  bytes come from the one residency analysis (`memgraph.residency`, `MemGraph.residencies`).
 * `live_bytes_timeline(mg, compare=...)`: device bytes allocated against step, with
   other plans (e.g. a no-offload baseline) or curves beside it, and the budget.
-* `stream_timeline(events)`: compute / H2D / D2H lanes from `StreamEvent`s, which a
+* `stream_timeline(events)`: compute / H2D / D2H lanes (and the "peer" lane of direct
+  copies between devices, `memgraph.trace.PEER_STREAM`) from `StreamEvent`s, which a
   simulator can make directly and a runtime can write and read as a Chrome trace
   (`to_chrome_trace`, `read_chrome_trace`).
 
@@ -37,6 +40,7 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from memgraph.residency import Residency, Workspace, residencies
 from memgraph.trace import (
+    PEER_STREAM,
     StreamEvent,
     lane_name,
     ordered_lanes,
@@ -103,8 +107,10 @@ _MARKERS: dict[str, dict[str, Any]] = {
     "offload": {"marker": "v", "color": "#d62728", "label": "offload (device to host)"},
     "reload": {"marker": "^", "color": "#17becf", "label": "reload (host to device)"},
     "drop": {"marker": "x", "color": "#7f7f7f", "label": "drop (host copy kept)"},
+    "send": {"marker": ">", "color": "#ff7f0e", "label": "send (to another device)"},
+    "recv": {"marker": "<", "color": "#2ca02c", "label": "recv (from another device)"},
 }
-_STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759"}
+_STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759", PEER_STREAM: "#f28e2b"}
 
 
 # -- what a plan holds, step by step --------------------------------------------------
@@ -250,6 +256,22 @@ def _stats_line(mg: MemGraph) -> str:
         f"offloaded {format_bytes(s.offload_bytes)} ({s.offload_count}) · "
         f"reloaded {format_bytes(s.reload_bytes)} ({s.reload_count}) · "
         f"dropped {format_bytes(s.drop_bytes)} ({s.drop_count}) · {s.node_count} nodes"
+        + _direct_copies(mg)
+    )
+
+
+def _direct_copies(mg: MemGraph) -> str:
+    """The title's line of a plan's direct copies between devices (its sends and
+    receives: no offload or reload counts them), "" if it has none."""
+    tg = mg.taskgraph
+    sends = mg.of_kind(NodeKind.SEND)
+    receives = mg.of_kind(NodeKind.RECV)
+    if not sends and not receives:
+        return ""
+    return (
+        f"\ndirect to other devices: sent {format_bytes(sum(tg[n.tensor].nbytes for n in sends))}"
+        f" ({len(sends)}) · received {format_bytes(sum(tg[n.tensor].nbytes for n in receives))}"
+        f" ({len(receives)})"
     )
 
 
@@ -272,12 +294,13 @@ def memory_map(
     """The arena over the plan: offset (y) against step (x), one rectangle per residency.
 
     Rectangles are coloured by tensor kind (weight, activation, output, KV page: the
-    legend says what each colour is); offloads (▼), reloads (▲) and drops (×) are
-    marked at their step when `transfers`; the budget is a dashed line. The `labels`
-    largest residencies (bytes × steps on the plot; 0: none) are named with their task
-    (`%12 layers.0.mlp.w_up`), numbered by size in their rectangles and listed beside
-    the legend. `annotate` writes tensor ids into rectangles large enough (by
-    default when there are at most 80 residencies). The rectangles are one
+    legend says what each colour is); offloads (▼), reloads (▲), drops (×), and a
+    device's direct copies in a plan for several devices, sends (▶) and receives (◀),
+    are marked at their step when `transfers` (gid `"transfers:<kind>"`); the budget is
+    a dashed line. The `labels` largest residencies (bytes × steps on the plot; 0: none)
+    are named with their task (`%12 layers.0.mlp.w_up`), numbered by size in their
+    rectangles and listed beside the legend. `annotate` writes tensor ids into rectangles
+    large enough (by default when there are at most 80 residencies). The rectangles are one
     `PolyCollection` per kind (gid `"residencies:<kind>"`), so plans with tens of
     thousands of nodes draw quickly.
     """
@@ -296,15 +319,20 @@ def memory_map(
     workspaces = mg.residencies.workspaces
     _workspace_rectangles(ax, workspaces, scale)
 
+    received = {r.kind for r in stays if r.arrival == "received"}
     handles: list[Any] = [
-        Patch(facecolor=shades[0], label=KIND_MEANINGS.get(kind, kind))
+        Patch(
+            facecolor=shades[0],
+            label=KIND_MEANINGS.get(kind, kind)
+            + (" or received from another device" if kind in received else ""),
+        )
         for kind, shades in TENSOR_KINDS.items()
         if any(r.kind == kind for r in stays)
     ]
     if workspaces:
         handles.append(Patch(facecolor=WORKSPACE_COLOR, hatch="////", label=WORKSPACE_MEANING))
     if transfers:
-        handles += _transfer_markers(ax, stays, scale)
+        handles += _transfer_markers(ax, mg, stays, scale)
     ax.axhline(mg.budget / yscale, color="#d62728", linestyle="--", linewidth=1.2, zorder=3)
     handles.append(
         Line2D([], [], color="#d62728", linestyle="--", label=f"budget {format_bytes(mg.budget)}")
@@ -480,18 +508,23 @@ def _workspace_rectangles(ax: Axes, workspaces: Sequence[Workspace], scale: _Sca
     )
 
 
-def _transfer_markers(ax: Axes, stays: list[Residency], scale: _Scale) -> list[Any]:
-    """Offloads, reloads and drops of the residencies, at their steps, in their regions."""
+def _transfer_markers(ax: Axes, mg: MemGraph, stays: list[Residency], scale: _Scale) -> list[Any]:
+    """Offloads, reloads, drops, sends and receives of the residencies, at their steps, in
+    their regions."""
     Line2D = require("matplotlib.lines", extra="viz").Line2D
 
     points: dict[str, list[tuple[float, float]]] = {name: [] for name in _MARKERS}
     start, end = scale.start, scale.end
     for stay in stays:
         centre = stay.region.offset + stay.region.size / 2
-        if stay.arrival == "reloaded":
-            points["reload"].append(((start[stay.writer] + end[stay.writer]) / 2, centre))
+        if stay.arrival in ("reloaded", "received"):
+            name = "reload" if stay.arrival == "reloaded" else "recv"
+            points[name].append(((start[stay.writer] + end[stay.writer]) / 2, centre))
         for node in stay.offloads:
             points["offload"].append(((start[node] + end[node]) / 2, centre))
+        for node in stay.readers:
+            if mg.nodes[node].kind is NodeKind.SEND:
+                points["send"].append(((start[node] + end[node]) / 2, centre))
         if stay.dropped and stay.free is not None:
             points["drop"].append((end[stay.free], centre))
     handles = []
@@ -654,7 +687,9 @@ def stream_timeline(
     title: str | None = None,
     labels: bool | None = None,
 ) -> Figure:
-    """Compute / H2D / D2H lanes (and any other streams) from events.
+    """Compute / H2D / D2H lanes, the peer lane of direct copies between devices (a
+    device of a plan for several: its sends and receives), and any other streams, from
+    events.
 
     `events`: StreamEvents, `(stream, start, end, label)` tuples (seconds), or a Chrome
     trace (a path or the loaded JSON). Time starts at the earliest event. `labels`
@@ -700,7 +735,12 @@ def stream_timeline(
     return fig
 
 
-_LANE_TITLES = {"compute": "compute", "h2d": "H2D (reload)", "d2h": "D2H (offload)"}
+_LANE_TITLES = {
+    "compute": "compute",
+    "h2d": "H2D (reload)",
+    "d2h": "D2H (offload)",
+    PEER_STREAM: "peer (send/recv)",
+}
 
 
 def _bar_labels(

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -424,6 +424,7 @@ def _add_layer(graph: DotGraph, mg: MemGraph, first: int, folding: _Folding) -> 
     lines = [
         Line(name, "title"),
         Line(clip(f"{len(ids)} nodes: {kinds}")),
+        *_layer_copies(mg, ids),
         Line(f"open: scope={name!r} (--scope {name})", "note"),
     ]
     scope = name.rsplit(".", 1)[0]
@@ -434,6 +435,17 @@ def _add_layer(graph: DotGraph, mg: MemGraph, first: int, folding: _Folding) -> 
         tooltip=f"layer {name}: nodes n{min(ids)}..n{max(ids)}",
         **MEM_STYLES["layer"].attrs(),
     )
+
+
+def _layer_copies(mg: MemGraph, ids: Sequence[int]) -> list[Line]:
+    """A folded layer's direct copies between devices, by link: `sends link#0, link#2`,
+    `receives link#1` (one line each, none without them)."""
+    lines = []
+    for kind, verb in ((NodeKind.SEND, "sends"), (NodeKind.RECV, "receives")):
+        links = [f"link#{mg.nodes[i].link}" for i in ids if mg.nodes[i].kind is kind]
+        if links:
+            lines.append(Line(clip(f"{verb} {', '.join(links)}")))
+    return lines
 
 
 def _add_layers_note(graph: DotGraph, folding: _Folding) -> None:

@@ -12,6 +12,11 @@ runtime (`runtime.Session`, `einpage run --trace`) both use them, so a simulated
 measured trace of one plan have the same lanes and, node by node, the same event
 names: `combine_chrome_traces` puts them in one file, one process each, to compare
 side by side in https://ui.perfetto.dev.
+
+A plan for several devices (`memgraph.multi`) has one timeline per device on one clock
+(`memgraph.simulate_multi(..., timeline=True)`): `devices_chrome_trace` puts them in one
+trace, a process per device, each with its "peer" lane (`PEER_STREAM`) of direct copies,
+and an arrow (a flow event) from each link's send to its receive.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ __all__ = [
     "node_event",
     "event_name",
     "to_chrome_trace",
+    "devices_chrome_trace",
     "combine_chrome_traces",
     "read_chrome_trace",
     "write_chrome_trace",
@@ -90,7 +96,8 @@ class StreamEvent:
 def event_name(mg: MemGraph, node: MemNode) -> str:
     """How a node's event is named in traces: its task's scope, then for an apply the task
     id, its op and label, for a copy the node kind, the task id and the input's name or
-    the task's label.
+    the task's label, and for a direct copy between devices (a send or a receive) the
+    link it carries (`link#3`).
 
     >>> import einpage as ep
     >>> from memgraph import MemGraphBuilder, Region
@@ -113,6 +120,8 @@ def event_name(mg: MemGraph, node: MemNode) -> str:
     else:
         hint = getattr(task.op, "name", "") or task.label
         what = f"{node.kind} %{task.id}" + (f" {hint}" if hint else "")
+        if node.link is not None:
+            what += f" link#{node.link}"
     return f"{task.scope}: {what}" if task.scope else what
 
 
@@ -120,7 +129,8 @@ def node_event(mg: MemGraph, node: MemNode, stream: str, start: float, end: floa
     """The event of `node` busy on `stream` from `start` to `end` seconds, as the simulator
     and the runtime both record it: named by `event_name`, its kind as category, and as
     args the task id, the bytes it moves or writes, an apply's FLOPs, the task's scope
-    and label, and the node itself (`MemNode.describe`: regions, host storage, box)."""
+    and label, a send's or receive's link (its index in `MultiPlan.links`), and the node
+    itself (`MemNode.describe`: regions, host storage, box)."""
     task = mg.taskgraph[node.tensor]
     args: dict[str, Any] = {"tensor": node.tensor, "bytes": task.nbytes}
     if node.kind is NodeKind.APPLY:
@@ -129,6 +139,8 @@ def node_event(mg: MemGraph, node: MemNode, stream: str, start: float, end: floa
         args["scope"] = task.scope
     if task.label:
         args["label"] = task.label
+    if node.link is not None:
+        args["link"] = node.link
     args["step"] = node.describe()
     return StreamEvent(stream, start, end, event_name(mg, node), node.id, node.kind.value, args)
 
@@ -194,8 +206,74 @@ def to_chrome_trace(
     start) per StreamEvent; `cat` is the node kind and `args.node` the MemGraph node.
     `metadata` goes to `otherData`.
     """
+    events = list(events)
+    origin = min((e.start for e in events), default=0.0)
+    trace = _process_records(events, 1, title, origin)
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+
+
+def devices_chrome_trace(
+    per_device: Sequence[Iterable[StreamEvent]],
+    title: str = "einpage",
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The timelines of a plan's devices (one clock) as one Chrome trace document.
+
+    Device d is process d + 1, named `"{title} device {d}"`, its lanes as
+    `to_chrome_trace` makes them (the "peer" lane of its sends and receives among them);
+    all devices share one time origin, the first event's start. Each link that a send
+    and a receive carry (their events' `args["link"]`, as `node_event` records them) gets
+    an arrow from the send to the receive: a flow start (`"ph": "s"`) on the source's
+    peer lane and a flow end (`"ph": "f"`) on the target's, with the link's index as id
+    (category "link"). `metadata` goes to `otherData`.
+
+    >>> send = StreamEvent("peer", 1e-6, 3e-6, "send %4 link#0", 7, "send", {"link": 0})
+    >>> recv = StreamEvent("peer", 1e-6, 3e-6, "recv %0 link#0", 2, "recv", {"link": 0})
+    >>> doc = devices_chrome_trace([[send], [recv]], "two")
+    >>> [(r["ph"], r["pid"]) for r in doc["traceEvents"] if r.get("cat") == "link"]
+    [('s', 1), ('f', 2)]
+    """
+    timelines = [list(events) for events in per_device]
+    origin = min((e.start for events in timelines for e in events), default=0.0)
+    trace: list[dict[str, Any]] = []
+    ends: dict[int, dict[str, dict[str, Any]]] = {}  # link -> "send"/"recv" -> its record
+    for device, events in enumerate(timelines):
+        pid = device + 1
+        records = _process_records(events, pid, f"{title} device {device}", origin)
+        trace.extend(records)
+        trace.append(
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": pid}}
+        )
+        for record in records:
+            link = record.get("args", {}).get("link")
+            if record["ph"] == "X" and record.get("cat") in ("send", "recv") and link is not None:
+                ends.setdefault(link, {})[record["cat"]] = record
+    for link in sorted(ends):
+        pair = ends[link]
+        if set(pair) != {"send", "recv"}:
+            continue  # one end only (a timeline of some of the devices)
+        for phase, end in (("s", pair["send"]), ("f", pair["recv"])):
+            flow = {
+                "name": f"link#{link}",
+                "cat": "link",
+                "ph": phase,
+                "id": link,
+                "pid": end["pid"],
+                "tid": end["tid"],
+                "ts": end["ts"],
+            }
+            if phase == "f":
+                flow["bp"] = "e"  # bound to the receive's slice, which starts then
+            trace.append(flow)
+    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+
+
+def _process_records(
+    events: list[StreamEvent], pid: int, title: str, origin: float
+) -> list[dict[str, Any]]:
+    """The records of one process of a Chrome trace: its name, a track per stream in
+    display order, a complete event per StreamEvent (times from `origin`)."""
     events = sorted(events, key=lambda e: (e.start, -1 if e.node is None else e.node))
-    pid = 1
     tids = {lane: k for k, lane in enumerate(ordered_lanes(e.stream for e in events), 1)}
     trace: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": title}}
@@ -213,7 +291,6 @@ def to_chrome_trace(
                 "args": {"sort_index": tid},
             }
         )
-    origin = min((e.start for e in events), default=0.0)
     for e in events:
         args = dict(e.args)
         if e.node is not None:
@@ -230,7 +307,7 @@ def to_chrome_trace(
         if e.kind:
             record["cat"] = e.kind
         trace.append(record)
-    return {"traceEvents": trace, "displayTimeUnit": "ms", "otherData": dict(metadata or {})}
+    return trace
 
 
 def combine_chrome_traces(*documents: Mapping[str, Any]) -> dict[str, Any]:

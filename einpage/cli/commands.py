@@ -63,7 +63,7 @@ from einpage.cli.checks import (
     tolerance_dtypes,
 )
 from einpage.cli.console import Console, format_table, plan_report, plan_title, program_rows
-from einpage.cli.devices import plan_devices_command, run_multi, stats_multi
+from einpage.cli.devices import device_to_render, plan_devices_command, run_multi, stats_multi
 from einpage.cli.files import (
     atomic_output,
     load_json_graph,
@@ -349,7 +349,10 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
     check_outputs(args, ("output", "graph picture", "-o"))
     with console.stages(2):
         with console.stage("loading"):
-            graph = load_json_graph(args.file, progress=console.report)
+            if args.device is None:
+                graph, links = load_json_graph(args.file, progress=console.report), []
+            else:
+                graph, links = device_to_render(args.file, args.device)
         options: dict[str, Any] = {"max_nodes": max_nodes(args.max_nodes), "scope": args.scope}
         if isinstance(graph, MemGraph):
             options["collapse"] = args.collapse
@@ -367,6 +370,8 @@ def _cmd_render(args: argparse.Namespace, console: Console) -> int:
             path = graph.render(args.output, **options)
     wrote(console, "picture", path)
     console.print(drawn(chosen, graph, args))
+    for line in links:
+        console.print(line)
     return EXIT_OK
 
 
@@ -709,6 +714,13 @@ def _add_render(commands: Any, common: argparse.ArgumentParser) -> None:
         "--unfold",
         action="store_true",
         help="draw every node of a whole layered plan (by default each layer is one box)",
+    )
+    render.add_argument(
+        "--device",
+        type=_count,
+        metavar="D",
+        help="a plan for several devices (einpage plan --devices N): draw device D's plan "
+        "(its sends and receives name their links, listed after drawing)",
     )
     render.set_defaults(handler=_cmd_render)
 

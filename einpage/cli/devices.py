@@ -4,6 +4,12 @@ and `einpage run` of a multi-device plan file (`memgraph.multi_serialize`).
     einpage plan llama:tiny --devices 2 -b 60% -o two.json   a plan per device, the links
     einpage stats two.json                                    each device, simulated, verified
     einpage run two.json --check [--ray]                      run every device; compare
+    einpage render two.json --device 1 -o one.svg             draw one device's plan
+
+`plan --devices N --trace SIM.json` writes the simulated timelines of all devices as one
+Chrome trace (a process per device, its "peer" lane of direct copies, an arrow per direct
+link). `plan` and `stats` list the links, each with its index (`link#3`, as the device
+plans' sends and receives name it) and whether it goes direct (`--sends direct`).
 
 `--budget` takes one budget for every device or one per device, comma-separated
 (`-b 2GiB,3GiB`); a percentage is read against each device's own graph. `--devices 1`
@@ -34,12 +40,13 @@ from einpage.cli.console import Console, format_table
 from einpage.cli.files import atomic_output, run_inputs, save_arrays
 from einpage.cli.outputs import wrote
 from einpage.cli.presets import random_inputs
-from einpage.pipeline import device_rows
+from einpage.pipeline.devices import device_rows, sends_line
 from einpage_core.errors import InputError, VerificationError
 from einpage_core.units import format_bytes
 from memgraph.multi import MultiPlan, verify_multi
 from memgraph.multi_serialize import MultiPlanFile
 from memgraph.simulate_multi import simulate_multi
+from memgraph.trace import devices_chrome_trace
 from taskgraph import TaskGraph
 
 __all__ = [
@@ -48,11 +55,34 @@ __all__ = [
     "plan_devices_command",
     "stats_multi",
     "run_multi",
+    "links_lines",
+    "device_to_render",
     "PICTURES",
+    "LINKS_SHOWN",
 ]
 
-PICTURES = ("render", "memory_map", "timeline", "trace", "memory_snapshot")
-"""`einpage plan`'s pictures and exports, drawn of one device's plan only."""
+PICTURES = ("render", "memory_map", "timeline", "memory_snapshot")
+"""`einpage plan`'s pictures and exports, drawn of one device's plan only (`--trace` is
+written of all devices together)."""
+
+LINKS_SHOWN = 24
+"""The most links `links_lines` lists (`einpage stats --json` lists every one)."""
+
+
+def links_lines(mp: MultiPlan, limit: int | None = LINKS_SHOWN) -> list[str]:
+    """The links of `mp` for the terminal: a title saying how many go direct, then one
+    line per link (at most `limit`; None: all), numbered as sends and receives name them.
+
+    `links (2, 1 direct)`, `  link#0 %6 f32[64,64] 16.0 KiB: device 0 ... direct`."""
+    direct = sum(1 for k in mp.links if k.path == "peer")
+    shown = mp.links if limit is None else mp.links[:limit]
+    lines = [f"links ({len(mp.links)}, {direct} direct)"]
+    lines += [f"  link#{i} {link.describe()}" for i, link in enumerate(shown)]
+    if len(shown) < len(mp.links):
+        lines.append(
+            f"  ... and {len(mp.links) - len(shown)} more (einpage stats --json lists all)"
+        )
+    return lines
 
 
 def parse_budgets(text: str) -> str | list[str]:
@@ -95,7 +125,8 @@ def plan_devices_command(
             option = "--" + attribute.replace("_", "-")
             raise InputError(
                 f"{option} draws the plan of one device; with --devices {args.devices}, "
-                f"-o writes the plans (pictures of several devices are not built yet)"
+                f"-o writes the plans and `einpage render PLAN.json --device D` draws device "
+                f"D's (--trace writes all devices' simulated streams)"
             )
     with console.stage("compiling"):
         compiled = pipeline.compile_devices(
@@ -114,14 +145,26 @@ def plan_devices_command(
     console.print()
     console.print(format_columns(device_rows(mp), "devices"))
     console.print()
+    console.print("\n".join(links_lines(mp)))
+    console.print()
     with console.stage("simulating"):
-        sim = simulate_multi(mp, args.cost_model)
+        sim = simulate_multi(mp, args.cost_model, timeline=bool(args.trace))
     console.print("simulated, all devices together")
     console.print(sim.table())
     if args.output:
         with console.stage("writing the plan"), atomic_output(args.output) as temporary:
             compiled.save(temporary)
         wrote(console, "plan for several devices", args.output)
+    if args.trace:
+        document = devices_chrome_trace(
+            [r.events for r in sim.per_device],
+            tg.name,
+            {"cost_model": sim.cost_model.name, "makespan_s": sim.makespan},
+        )
+        with atomic_output(args.trace) as temporary:
+            temporary.write_text(json.dumps(document), encoding="utf-8")
+        wrote(console, "simulated trace of all devices (open it in https://ui.perfetto.dev)",
+              args.trace)  # fmt: skip
     return 0
 
 
@@ -143,12 +186,31 @@ def stats_multi(args: argparse.Namespace, console: Console, loaded: MultiPlanFil
             "program": None if loaded.program is None else loaded.program.name,
             "links": len(mp.links),
             "sent_bytes": sum(k.nbytes for k in mp.links),
+            "direct_links": sum(1 for k in mp.links if k.path == "peer"),
+            "direct_bytes": sum(k.nbytes for k in mp.links if k.path == "peer"),
+            "link_list": [
+                {
+                    "link": index,
+                    "task": k.task,
+                    "source": k.source,
+                    "target": k.target,
+                    "bytes": k.nbytes,
+                    "path": k.path,
+                }
+                for index, k in enumerate(mp.links)
+            ],
             "per_device": [
                 {
                     "device": p.device,
                     "tasks": len(p.mg.taskgraph),
                     "budget": p.budget,
                     "stats": p.mg.stats.as_dict(),
+                    "direct_sent_bytes": sum(
+                        k.nbytes for k in mp.links if k.path == "peer" and k.source == p.device
+                    ),
+                    "direct_received_bytes": sum(
+                        k.nbytes for k in mp.links if k.path == "peer" and k.target == p.device
+                    ),
                     "finish_s": sim.per_device[p.device].makespan,
                     "compute_s": sim.per_device[p.device].compute_seconds,
                 }
@@ -164,6 +226,9 @@ def stats_multi(args: argparse.Namespace, console: Console, loaded: MultiPlanFil
         console.print()
         console.print(format_columns(device_rows(mp), "devices"))
         console.print()
+        console.print(format_table([("sends", sends_line(mp))]))
+        console.print("\n".join(links_lines(mp)))
+        console.print()
         console.print("simulated, all devices together")
         console.print(sim.table())
         if report is not None:
@@ -176,6 +241,30 @@ def stats_multi(args: argparse.Namespace, console: Console, loaded: MultiPlanFil
     if failure is not None:
         raise failure
     return 0
+
+
+def device_to_render(path: str, device: int) -> tuple[Any, list[str]]:
+    """`einpage render PLAN.json --device D`: device D's MemGraph of a plan file for several
+    devices, and lines naming the links its sends and receives carry (its staged ones
+    too), to print after the picture."""
+    from einpage.cli.files import load_plan_file
+
+    loaded = load_plan_file(path)
+    if not isinstance(loaded, MultiPlanFile):
+        raise InputError(
+            f"--device picks one device of a plan for several devices; {path} is a plan for "
+            f"one device: draw it without --device"
+        )
+    mp = loaded.plan
+    if not 0 <= device < mp.devices:
+        raise InputError(
+            f"--device {device}: {path} is a plan for {mp.devices} devices, 0..{mp.devices - 1}"
+        )
+    mine = [(i, k) for i, k in enumerate(mp.links) if device in (k.source, k.target)]
+    direct = sum(1 for _, k in mine if k.path == "peer")
+    lines = [f"device {device}'s links ({len(mine)}, {direct} direct)"]
+    lines += [f"  link#{i} {k.describe()}" for i, k in mine]
+    return mp.plans[device].mg, lines
 
 
 def _random_inputs(loaded: MultiPlanFile, seed: int) -> dict[str, np.ndarray]:

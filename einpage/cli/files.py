@@ -203,8 +203,9 @@ def load_json_graph(
         raise SerializationError(f"{path}: {err}") from None
     if kind == MULTI_FORMAT:
         raise SerializationError(
-            f"{path}: a plan for several devices ({MULTI_FORMAT!r}); `einpage render` draws "
-            f"a plan for one device or a TaskGraph, and `einpage stats {path}` describes it"
+            f"{path}: a plan for several devices ({MULTI_FORMAT!r}); `einpage render "
+            f"{path} --device D` draws device D's plan, and `einpage stats {path}` "
+            f"describes them all"
         )
     raise SerializationError(
         f"{path}: $.format: expected {PLAN_FORMAT!r} (a plan) or {GRAPH_FORMAT!r} "

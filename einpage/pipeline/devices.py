@@ -124,27 +124,34 @@ def budgets_line(readings: Sequence[BudgetReading]) -> str:
 
 def device_rows(mp: MultiPlan) -> list[tuple[str, ...]]:
     """A table of `mp`, a header first, then a row per device: its tasks, budget, peak,
-    bytes moved (offloaded + reloaded, each staged link's copies included) and links in and
-    out (with how many of them go device to device, if any)."""
-    rows: list[tuple[str, ...]] = [
-        ("device", "tasks", "budget", "peak", "moved", "links in", "links out")
-    ]
+    bytes moved through the host (offloaded + reloaded, each staged link's copies included;
+    a direct link's copy is not), where any link goes direct the bytes it sends and
+    receives device to device ("direct out/in"), and links in and out (with how many of
+    them go device to device, if any)."""
+    direct = any(k.path == "peer" for k in mp.links)
+    header: tuple[str, ...] = ("device", "tasks", "budget", "peak", "moved")
+    header += ("direct out/in",) if direct else ()
+    rows: list[tuple[str, ...]] = [header + ("links in", "links out")]
     for plan in mp.plans:
         s = plan.mg.stats
         received = [k for k in mp.links if k.target == plan.device]
         sent = [k for k in mp.links if k.source == plan.device]
-        rows.append(
-            (
-                str(plan.device),
-                f"{len(plan.mg.taskgraph):,}",
-                format_bytes(plan.budget),
-                format_bytes(s.peak_bytes),
-                format_bytes(s.offload_bytes + s.reload_bytes),
-                _links_cell(received),
-                _links_cell(sent),
-            )
+        row: tuple[str, ...] = (
+            str(plan.device),
+            f"{len(plan.mg.taskgraph):,}",
+            format_bytes(plan.budget),
+            format_bytes(s.peak_bytes),
+            format_bytes(s.offload_bytes + s.reload_bytes),
         )
+        if direct:
+            row += (f"{_direct_bytes(sent)} / {_direct_bytes(received)}",)
+        rows.append(row + (_links_cell(received), _links_cell(sent)))
     return rows
+
+
+def _direct_bytes(links: Sequence[Any]) -> str:
+    """The bytes of those of `links` that go device to device."""
+    return format_bytes(sum(k.nbytes for k in links if k.path == "peer"))
 
 
 def _links_cell(links: Sequence[Any]) -> str:
