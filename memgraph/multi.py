@@ -35,7 +35,7 @@ from einpage_core.errors import InfeasibleBudgetError, PlanError, VerificationEr
 from einpage_core.units import format_bytes, format_exact
 from memgraph.budgets import BudgetReading
 from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind
+from memgraph.nodes import HostStorage, MemNode, NodeKind
 from taskgraph import dtypes
 
 __all__ = [
@@ -516,12 +516,7 @@ def _check_link(
                     f'"{name}"'
                 )
             task = mp.plans[device].mg.taskgraph[node.tensor]
-            if (task.shape, task.dtype, task.nbytes) != (link.shape, link.dtype, link.nbytes):
-                raise VerificationError(
-                    f"{what}: device {device}'s {kind} n{node.id} copies %{task.id} "
-                    f"({task.dtype}{list(task.shape)}, {task.nbytes} B), but the link carries "
-                    f"{link.dtype}{list(link.shape)}, {link.nbytes} B"
-                )
+            _check_carried(what, link, f"device {device}'s {kind} n{node.id} copies", task)
         return
     ends = (
         ("output", link.source, outputs[link.source].get(link.output), link.output),
@@ -536,12 +531,17 @@ def _check_link(
                 f"({node.region}), not the host: {node.line()}"
             )
         held = mp.plans[device].mg.storages[node.storage]
-        if (held.shape, held.dtype, held.nbytes) != (link.shape, link.dtype, link.nbytes):
-            raise VerificationError(
-                f"{what}: device {device}'s {kind} n{node.id} holds {held} "
-                f"({held.dtype}{list(held.shape)}, {held.nbytes} B), but the link carries "
-                f"{link.dtype}{list(link.shape)}, {link.nbytes} B"
-            )
+        _check_carried(what, link, f"device {device}'s {kind} n{node.id} holds", held)
+
+
+def _check_carried(what: str, link: Link, subject: str, held: Any) -> None:
+    """`held` (a task or a host storage: shape, dtype, nbytes) is what `link` carries."""
+    if (held.shape, held.dtype, held.nbytes) != (link.shape, link.dtype, link.nbytes):
+        name = f"%{held.id}" if not isinstance(held, HostStorage) else str(held)
+        raise VerificationError(
+            f"{what}: {subject} {name} ({held.dtype}{list(held.shape)}, {held.nbytes} B), "
+            f"but the link carries {link.dtype}{list(link.shape)}, {link.nbytes} B"
+        )
 
 
 @dataclass

@@ -310,34 +310,22 @@ def _rewrite(
             made.append(len(nodes))
             if node.id in receives:
                 link = receives[node.id]
-                nodes.append(
-                    MemNode(
-                        len(nodes),
-                        NodeKind.RECV,
-                        deps,
-                        node.tensor,
-                        node.region,
-                        name=links[link].input,
-                        link=link,
-                    )
-                )
+                nodes.append(_copy(NodeKind.RECV, len(nodes), deps, node, links[link].input, link))
             else:
                 nodes.append(replace(node, id=len(nodes), deps=deps))
         for link in direct:
             made.append(len(nodes))
-            nodes.append(
-                MemNode(
-                    len(nodes),
-                    NodeKind.SEND,
-                    deps,
-                    node.tensor,
-                    node.region,
-                    name=links[link].output,
-                    link=link,
-                )
-            )
+            nodes.append(_copy(NodeKind.SEND, len(nodes), deps, node, links[link].output, link))
         new_ids.append(tuple(made))
     storages = {sid: s for sid, s in mg.storages.items() if sid not in dropped_storages}
     info = dict(mg.info)
     new = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, info, storages)
     return DevicePlan(plan.device, new, plan.budget)
+
+
+def _copy(
+    kind: NodeKind, node_id: int, deps: tuple[int, ...], moved: MemNode, name: str, link: int
+) -> MemNode:
+    """The send or receive of link `link` (input or output `name`) that stands for the
+    offload or reload `moved`: its tensor and region."""
+    return MemNode(node_id, kind, deps, moved.tensor, moved.region, name=name, link=link)
