@@ -287,10 +287,13 @@ def _rewrite(
     for offload_id, (whole, direct) in sends.items():
         if whole and direct:
             dropped_storages.add(mg.nodes[offload_id].storage)
+    input_of = {
+        n.storage: n.id for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None
+    }
     for reload_id in receives:
         storage = mg.nodes[reload_id].storage
         dropped_storages.add(storage)
-        gone.update(n.id for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage == storage)
+        gone.add(input_of[storage])
     if not sends and not receives and not gone:
         return plan
     new_ids: list[tuple[int, ...]] = []  # old id -> the new ids standing for it
