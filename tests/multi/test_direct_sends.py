@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_placement import layered_programs, weighted_programs
+from test_verify_multi import rejected
 
 import einpage as ep
-from einpage_core.errors import PlanError, VerificationError
+from einpage_core.errors import PlanError
 from memgraph import MemGraph, NodeKind, min_budget, read_budget
 from memgraph.multi import DevicePlan, Link, MultiPlan, plan_devices, verify_multi
 from memgraph.multi_serialize import multi_to_json
@@ -260,15 +261,6 @@ def inserted(nodes: tuple[MemNode, ...], after: int, node: MemNode) -> list[MemN
 def only(mg: MemGraph, kind: NodeKind, link: int) -> MemNode:
     (node,) = copies(mg, kind)[link]
     return node
-
-
-def rejected(mp: MultiPlan, *words: str) -> str:
-    with pytest.raises(VerificationError) as caught:
-        verify_multi(mp)
-    message = str(caught.value)
-    for word in words:
-        assert word in message, message
-    return message
 
 
 def test_a_dropped_send_is_named():
