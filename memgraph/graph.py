@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from einpage_core.errors import GraphError, VerificationError
 from einpage_core.units import format_bytes
-from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
+from memgraph.nodes import HostBox, HostStorage, HostTier, MemNode, NodeKind, Region
 from memgraph.residency import Residencies, analyze
 from taskgraph.assembly import assembly_pieces
 from taskgraph.graph import TaskGraph
@@ -76,6 +76,12 @@ class PlanStats:
     recompute_bytes: int = 0
     discard_bytes: int = 0
     discard_count: int = 0
+    host_budget: int | None = None
+    host_peak_bytes: int = 0
+    disk_read_bytes: int = 0
+    disk_read_count: int = 0
+    disk_write_bytes: int = 0
+    disk_write_count: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +118,20 @@ class PlanStats:
             )
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
+        if self.host_budget is not None:
+            pct = 100.0 * self.host_peak_bytes / self.host_budget if self.host_budget else 0.0
+            rows += [
+                ("host budget", format_bytes(self.host_budget)),
+                ("host peak", f"{format_bytes(self.host_peak_bytes)} ({pct:.1f}% of budget)"),
+                (
+                    "read from disk",
+                    f"{format_bytes(self.disk_read_bytes)} in {self.disk_read_count}",
+                ),
+                (
+                    "written to disk",
+                    f"{format_bytes(self.disk_write_bytes)} in {self.disk_write_count}",
+                ),
+            ]
         return rows
 
     def _reloaded(self) -> str:
@@ -138,6 +158,8 @@ class MemGraph:
     plan's host storages by id (`HostStorage`: shape, dtype, bytes, what each holds);
     when not given, it is worked out from the nodes as `MemGraphBuilder` does
     (`HostFacts`), so a MemGraph remade from another's nodes keeps its table.
+    `tier` is set on a plan whose host memory is planned too (`memgraph.tiers`): the
+    host arena's budget and the disk files below it.
     """
 
     taskgraph: TaskGraph
@@ -146,6 +168,7 @@ class MemGraph:
     alignment: int = 256
     info: Mapping[str, Any] = field(default_factory=dict)
     storages: Mapping[int, HostStorage] | None = None
+    tier: HostTier | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "info", MappingProxyType(dict(self.info)))
@@ -194,6 +217,8 @@ class MemGraph:
         discarded = [s for s in stays.stays if s.departure == "discarded"]
         recomputes = [n for n in self.nodes if n.recompute]
         first = _first_loads(self.nodes)
+        reads = self.of_kind(NodeKind.READ)
+        writes = self.of_kind(NodeKind.WRITE)
         return PlanStats(
             budget=self.budget,
             peak_bytes=stays.peak_bytes,
@@ -217,6 +242,12 @@ class MemGraph:
             recompute_bytes=sum(tg[n.tensor].nbytes for n in recomputes),
             discard_bytes=sum(tg[s.tensor].nbytes for s in discarded),
             discard_count=len(discarded),
+            host_budget=None if self.tier is None else self.tier.budget,
+            host_peak_bytes=_host_peak(self.nodes),
+            disk_read_bytes=sum(self.storages[n.storage].nbytes for n in reads),
+            disk_read_count=len(reads),
+            disk_write_bytes=sum(self.storages[n.storage].nbytes for n in writes),
+            disk_write_count=len(writes),
         )
 
     # -- verification ------------------------------------------------------------
@@ -267,6 +298,12 @@ class MemGraph:
             f"{format_bytes(s.offload_bytes)} ({s.offload_count}), reloaded "
             f"{format_bytes(s.reload_bytes)} ({s.reload_count})"
         )
+        if self.tier is not None:
+            header += (
+                f"; {self.tier}, host peak {format_bytes(s.host_peak_bytes)}, read "
+                f"{format_bytes(s.disk_read_bytes)} ({s.disk_read_count}), written "
+                f"{format_bytes(s.disk_write_bytes)} ({s.disk_write_count})"
+            )
         return "\n".join([header, *self.lines()])
 
     # -- pictures (memgraph.render, memgraph.plots) ---------------------------------
@@ -513,6 +550,26 @@ class MemGraphBuilder:
             info or {},
             dict(self.host.storages),
         )
+
+
+def _host_peak(nodes: Sequence[MemNode]) -> int:
+    """The most host-arena bytes held at once in node order: a slot is held from the node
+    that first names it (a read, or an offload into it) until its release (to the end
+    when never released)."""
+    held: dict[tuple[int, int], int] = {}
+    live = peak = 0
+    for node in nodes:
+        if node.slot is None:
+            continue
+        key = (node.slot.offset, node.slot.size)
+        if node.kind is NodeKind.RELEASE:
+            if held.pop(key, None) is not None:
+                live -= node.slot.size
+        elif key not in held:
+            held[key] = node.id
+            live += node.slot.size
+            peak = max(peak, live)
+    return peak
 
 
 def _first_loads(nodes: Sequence[MemNode]) -> list[MemNode]:

@@ -42,6 +42,20 @@ Node kinds (`NodeKind`), and the fields each one uses:
               device into `region` (allocated by an earlier `alloc`), by link `link`.
               A send and its receive are one copy: it starts when both have their
               dependencies done, and both end when it ends.
+* `read`    – in a plan with a host tier (`MemGraph.tier`, `memgraph.tiers`): host
+              `storage` is copied from its place on disk (`HostStorage.disk`: a
+              checkpoint file or the spill file) into host `slot`, bytes of the host
+              arena of `HostTier.budget` bytes.
+* `write`   – in a plan with a host tier: host `storage`, in `slot`, is copied to its
+              place in the spill file.
+* `release` – in a plan with a host tier: host `slot`, holding `storage`, is released
+              (whatever takes its bytes later waits for it, as for a `free`).
+
+In a plan with a host tier, every copy between a host storage the tier holds and the
+device (an offload, a reload, a device-side input of a checkpoint weight) and every
+output assembled on the host names the `slot` of the host arena the storage is in at
+that moment; copies of storages the tier does not hold (inputs the caller passes) name
+none.
 
 `tensor` is always a TaskGraph task id: the task whose bytes the node concerns (for
 a view, its base task: views occupy no memory of their own). Every node lists in
@@ -71,7 +85,12 @@ __all__ = [
     "Region",
     "HostBox",
     "HostStorage",
+    "HostRegion",
     "STORAGE_KINDS",
+    "DISK_FILE_KINDS",
+    "DiskFile",
+    "DiskPlace",
+    "HostTier",
     "KindFields",
     "NODE_FIELDS",
     "FIELDS",
@@ -92,6 +111,9 @@ class NodeKind(str, enum.Enum):
     OUTPUT = "output"  # a program output is final (on the device or the host)
     SEND = "send"  # device region -> another device's region (a link's output)
     RECV = "recv"  # another device's region -> device region (a link's input)
+    READ = "read"  # disk -> host slot (a tier's storage arrives in host memory)
+    WRITE = "write"  # host slot -> disk (a tier's storage is spilled)
+    RELEASE = "release"  # a host slot is released
 
     def __str__(self) -> str:
         return self.value
@@ -107,9 +129,13 @@ STREAM_OF: dict[NodeKind, str] = {
     NodeKind.OUTPUT: "none",
     NodeKind.SEND: "peer",
     NodeKind.RECV: "peer",
+    NodeKind.READ: "disk_read",
+    NodeKind.WRITE: "disk_write",
+    NodeKind.RELEASE: "none",
 }
 """The stream each kind runs on: compute, h2d (host to device), d2h, peer (device to
-device: a send and its receive), or none (bookkeeping)."""
+device: a send and its receive), disk_read and disk_write (between disk and host
+memory), or none (bookkeeping)."""
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -128,6 +154,16 @@ class Region:
 
     def __str__(self) -> str:
         return f"[{self.offset:#010x}, +{format_bytes(self.size)})"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class HostRegion(Region):
+    """The bytes `[offset, offset + size)` of a plan's host arena (`HostTier`): where a
+    host storage is while it is in host memory. A type of its own, so that a host slot
+    is never taken for a device region."""
+
+    def __str__(self) -> str:
+        return f"h[{self.offset:#010x}, +{format_bytes(self.size)})"
 
 
 # -- host memory ------------------------------------------------------------------
@@ -209,6 +245,7 @@ class HostStorage:
     nbytes: int
     tensor: int
     kind: str
+    disk: DiskPlace | None = None
 
     @classmethod
     def of(cls, storage: int, shape: tuple[int, ...], dtype: str, tensor: int, kind: str):
@@ -224,7 +261,62 @@ class HostStorage:
     def __str__(self) -> str:
         dims = ",".join(map(str, self.shape))
         size = format_bytes(self.nbytes)
-        return f"host#{self.id}: {self.dtype}[{dims}] {size} {self.kind} %{self.tensor}"
+        disk = f" on disk {self.disk}" if self.disk is not None else ""
+        return f"host#{self.id}: {self.dtype}[{dims}] {size} {self.kind} %{self.tensor}{disk}"
+
+
+# -- disk ---------------------------------------------------------------------------
+
+DISK_FILE_KINDS = ("checkpoint", "spill")
+"""What a disk file of a plan is: a checkpoint file holding weights where they already
+are (read only), or the spill file a run creates in its spill folder (read and written)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFile:
+    """A file of a plan's host tier: `kind` (`DISK_FILE_KINDS`), `nbytes` its size (a
+    checkpoint's size when planned, checked before and during a run; the size a run
+    creates the spill file with), `path` a checkpoint's path ("" for the spill file: the
+    run's spill folder decides where it goes)."""
+
+    kind: str
+    nbytes: int
+    path: str = ""
+
+    def __str__(self) -> str:
+        where = self.path or "in the spill folder"
+        return f"{self.kind} {where} ({format_bytes(self.nbytes)})"
+
+
+@dataclass(frozen=True, slots=True)
+class DiskPlace:
+    """Where a host storage's bytes are on disk: at `offset` of file `file` (an index in
+    `HostTier.files`), `HostStorage.nbytes` of them, C-contiguous."""
+
+    file: int
+    offset: int
+
+    def __str__(self) -> str:
+        return f"file#{self.file}@{self.offset}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostTier:
+    """A plan's host memory, planned as its device memory is: an arena of `budget` bytes
+    that every host storage the tier holds is in while in host memory (`read`, `write`,
+    `release` nodes move storages between it and `files`), and the disk files below it."""
+
+    budget: int
+    files: tuple[DiskFile, ...]
+
+    @property
+    def spill_bytes(self) -> int:
+        """The size of the spill file a run creates (0 without one)."""
+        return sum(f.nbytes for f in self.files if f.kind == "spill")
+
+    def __str__(self) -> str:
+        files = "; ".join(f"file#{i}: {f}" for i, f in enumerate(self.files))
+        return f"host tier {format_bytes(self.budget)}" + (f", {files}" if files else "")
 
 
 # -- which fields each kind uses ----------------------------------------------------
@@ -256,6 +348,7 @@ FIELDS: dict[str, str] = {
     "workspace": "a workspace region",
     "recompute": "a recompute mark",
     "link": "a link between devices",
+    "slot": "a host slot",
 }
 """The optional fields of a `MemNode`, each with what it is (for messages)."""
 
@@ -269,13 +362,18 @@ _USE = {
     "workspace": "hold a kernel's workspace ('workspace')",
     "recompute": "compute a task again ('recompute')",
     "link": "copy between devices ('link')",
+    "slot": "use a slot of the host arena ('slot')",
 }
 
 _ONE_PLACE = ("storage", "region")  # an input or output is on the host or on the device
+_SLOT_KINDS = ("read", "write", "release")  # kinds whose template prints the slot itself
 
 NODE_FIELDS: dict[NodeKind, KindFields] = {
     NodeKind.INPUT: KindFields(
-        required=("name",), one_of=_ONE_PLACE, template='input "{name}" {tensor} -> {where}'
+        required=("name",),
+        one_of=_ONE_PLACE,
+        optional=("slot",),
+        template='input "{name}" {tensor} {from}-> {where}',
     ),
     NodeKind.ALLOC: KindFields(required=("region",), template="alloc {tensor} {region}"),
     NodeKind.APPLY: KindFields(
@@ -285,23 +383,35 @@ NODE_FIELDS: dict[NodeKind, KindFields] = {
     ),
     NodeKind.OFFLOAD: KindFields(
         required=("region", "storage"),
-        optional=("into", "box"),
+        optional=("into", "box", "slot"),
         template="offload {tensor} {region} -> {host}{into}",
     ),
     NodeKind.RELOAD: KindFields(
         required=("region", "storage"),
-        optional=("box",),
+        optional=("box", "slot"),
         template="reload {tensor} {host} -> {region}",
     ),
     NodeKind.FREE: KindFields(required=("region",), template="free {tensor} {region}"),
     NodeKind.OUTPUT: KindFields(
-        required=("name",), one_of=_ONE_PLACE, template='output "{name}" {tensor} {where}'
+        required=("name",),
+        one_of=_ONE_PLACE,
+        optional=("slot",),
+        template='output "{name}" {tensor} {where}',
     ),
     NodeKind.SEND: KindFields(
         required=("name", "region", "link"), template='send "{name}" {tensor} {region} -> {link}'
     ),
     NodeKind.RECV: KindFields(
         required=("name", "region", "link"), template='recv "{name}" {tensor} {link} -> {region}'
+    ),
+    NodeKind.READ: KindFields(
+        required=("storage", "slot"), template="read {tensor} {host} disk -> {slot}"
+    ),
+    NodeKind.WRITE: KindFields(
+        required=("storage", "slot"), template="write {tensor} {host} {slot} -> disk"
+    ),
+    NodeKind.RELEASE: KindFields(
+        required=("storage", "slot"), template="release {tensor} {host} {slot}"
     ),
 }
 """The fields of each node kind, declared once: serialization, `MemNode.describe` and the
@@ -338,6 +448,7 @@ class MemNode:
     workspace: Region | None = None  # an apply: its kernel's transient workspace region
     recompute: bool = False  # an apply that computes its task again (see the module docstring)
     link: int | None = None  # a send or receive: the index of its link in `MultiPlan.links`
+    slot: HostRegion | None = None  # with a host tier: where in the host arena the storage is
 
     @property
     def stream(self) -> str:
@@ -365,6 +476,7 @@ class MemNode:
             "workspace": self.workspace,
             "recompute": True if self.recompute else None,
             "link": self.link,
+            "slot": self.slot,
         }
         return frozenset(f for f, value in values.items() if value is not None)
 
@@ -385,6 +497,8 @@ class MemNode:
     def describe(self) -> str:
         """The node without id and dependencies: `reload %7 host#3 -> [0x0000a000, +1.0 KiB)`."""
         host = f"host#{self.storage}" + (str(self.box) if self.box is not None else "")
+        if self.slot is not None and self.kind not in _SLOT_KINDS:
+            host += f" {self.slot}"
         parts = {
             "tensor": f"%{self.tensor}",
             "name": self.name,
@@ -396,6 +510,8 @@ class MemNode:
             "workspace": f" + workspace {self.workspace}" if self.workspace is not None else "",
             "verb": "recompute" if self.recompute else "apply",
             "link": f"link#{self.link}",
+            "slot": str(self.slot),
+            "from": f"{self.slot} " if self.slot is not None else "",
         }
         return NODE_FIELDS[self.kind].template.format(**parts)
 

@@ -77,11 +77,16 @@ from einpage_core.errors import SerializationError
 from einpage_core.progress import ProgressCallback, ProgressReport, Tick, ticks
 from memgraph.graph import HostFacts, MemGraph
 from memgraph.nodes import (
+    DISK_FILE_KINDS,
     FIELDS,
     NODE_FIELDS,
     STORAGE_KINDS,
+    DiskFile,
+    DiskPlace,
     HostBox,
+    HostRegion,
     HostStorage,
+    HostTier,
     MemNode,
     NodeKind,
     Region,
@@ -135,7 +140,7 @@ def _node_to_dict(node: MemNode) -> dict[str, Any]:
         if name not in present or name not in spec.allowed:
             continue
         value = getattr(node, name)
-        if name in ("region", "workspace"):
+        if name in ("region", "workspace", "slot"):
             data[name] = [value.offset, value.size]
         elif name == "reads":
             data[name] = [[r.offset, r.size] for r in value]
@@ -147,7 +152,7 @@ def _node_to_dict(node: MemNode) -> dict[str, Any]:
 
 
 def _storage_to_dict(storage: HostStorage) -> dict[str, Any]:
-    return {
+    data = {
         "id": storage.id,
         "shape": list(storage.shape),
         "dtype": storage.dtype,
@@ -155,10 +160,18 @@ def _storage_to_dict(storage: HostStorage) -> dict[str, Any]:
         "tensor": storage.tensor,
         "kind": storage.kind,
     }
+    if storage.disk is not None:
+        data["disk"] = [storage.disk.file, storage.disk.offset]
+    return data
+
+
+def _tier_to_dict(tier: HostTier) -> dict[str, Any]:
+    files = [{"kind": f.kind, "nbytes": f.nbytes, "path": f.path} for f in tier.files]
+    return {"budget": tier.budget, "files": files}
 
 
 def memgraph_to_dict(mg: MemGraph) -> dict[str, Any]:
-    return {
+    data = {
         "format": FORMAT,
         "version": VERSION,
         "budget": mg.budget,
@@ -168,6 +181,9 @@ def memgraph_to_dict(mg: MemGraph) -> dict[str, Any]:
         "nodes": [_node_to_dict(n) for n in mg.nodes],
         "info": dict(mg.info),
     }
+    if mg.tier is not None:
+        data["tier"] = _tier_to_dict(mg.tier)
+    return data
 
 
 def memgraph_to_json(mg: MemGraph, indent: int | None = None) -> str:
@@ -223,7 +239,8 @@ def memgraph_json_chunks(
     kinds = {kind: _NodeFormat(kind, quoted) for kind in NodeKind}
     tick = node_tick() if node_tick is not None else None
     yield from joined_chunks(mg.nodes, lambda node: kinds[node.kind].text(node), tick)
-    yield f'], "info": {ENCODER.encode(dict(mg.info))}}}'
+    tier = "" if mg.tier is None else f', "tier": {ENCODER.encode(_tier_to_dict(mg.tier))}'
+    yield f'], "info": {ENCODER.encode(dict(mg.info))}{tier}}}'
 
 
 def _region_text(region: Region) -> str:
@@ -242,6 +259,7 @@ _FIELD_TEXT: dict[str, Callable[[Any, Quoted], str]] = {
     "workspace": lambda region, quoted: _region_text(region),
     "recompute": lambda recompute, quoted: "true",
     "link": lambda link, quoted: str(link),
+    "slot": lambda slot, quoted: _region_text(slot),
 }
 """Each optional node field's value as JSON text, as `_node_to_dict` puts it."""
 
@@ -255,6 +273,7 @@ _UNSET: dict[str, Any] = {
     "workspace": None,
     "recompute": False,
     "link": None,
+    "slot": None,
 }
 """Each optional field's value when a node does not set it (`MemNode.fields_set`)."""
 
@@ -314,6 +333,11 @@ def _region(value: Any, path: str) -> Region:
     return Region(_int(value[0], f"{path}[0]"), _int(value[1], f"{path}[1]", 1))
 
 
+def _slot(value: Any, path: str) -> HostRegion:
+    region = _region(value, path)
+    return HostRegion(region.offset, region.size)
+
+
 def _object(value: Any, path: str, keys: set[str]) -> dict[str, Any]:
     """`value` as an object with exactly `keys`."""
     if not isinstance(value, dict):
@@ -332,7 +356,7 @@ def _storages(value: Any, tg: TaskGraph) -> dict[int, HostStorage]:
     table: dict[int, HostStorage] = {}
     for position, entry in enumerate(value):
         path = f"$.storages[{position}]"
-        entry = _object(entry, path, _STORAGE_KEYS)
+        entry = _object(entry, path, _STORAGE_KEYS | ({"disk"} & entry.keys()))
         sid = _int(entry["id"], f"{path}.id")
         if sid in table:
             raise _fail(f"{path}.id", f"host#{sid} is listed twice")
@@ -347,8 +371,44 @@ def _storages(value: Any, tg: TaskGraph) -> dict[int, HostStorage]:
             _int(entry["nbytes"], f"{path}.nbytes"),
             _task(entry["tensor"], f"{path}.tensor", tg),
             entry["kind"],
+            _disk_place(entry["disk"], f"{path}.disk") if "disk" in entry else None,
         )
     return table
+
+
+def _disk_place(value: Any, path: str) -> DiskPlace:
+    if not isinstance(value, list) or len(value) != 2:
+        raise _fail(path, f"expected [file, offset], got {value!r}")
+    return DiskPlace(_int(value[0], f"{path}[0]"), _int(value[1], f"{path}[1]"))
+
+
+def _tier(value: Any, storages: dict[int, HostStorage] | None) -> HostTier:
+    """The `tier` document: the host budget and the files, each storage's place in one."""
+    entry = _object(value, "$.tier", {"budget", "files"})
+    budget = _int(entry["budget"], "$.tier.budget", 1)
+    if not isinstance(entry["files"], list):
+        raise _fail("$.tier.files", "expected a list")
+    files = []
+    for k, item in enumerate(entry["files"]):
+        path = f"$.tier.files[{k}]"
+        item = _object(item, path, {"kind", "nbytes", "path"})
+        if item["kind"] not in DISK_FILE_KINDS:
+            raise _fail(f"{path}.kind", f"expected one of {', '.join(DISK_FILE_KINDS)}")
+        if not isinstance(item["path"], str) or (item["kind"] == "checkpoint") != bool(
+            item["path"]
+        ):
+            raise _fail(f"{path}.path", "expected a checkpoint's path, or \"\" for the spill file")
+        files.append(DiskFile(item["kind"], _int(item["nbytes"], f"{path}.nbytes"), item["path"]))
+    for storage in (storages or {}).values():
+        place = storage.disk
+        if place is not None and (
+            place.file >= len(files) or place.offset + storage.nbytes > files[place.file].nbytes
+        ):
+            raise _fail(
+                f"$.storages (host#{storage.id}).disk",
+                f"{place} ({storage.nbytes} bytes) is not inside a file of $.tier.files",
+            )
+    return HostTier(budget, tuple(files))
 
 
 def _box(value: Any, path: str, storage: HostStorage | None) -> HostBox:
@@ -422,6 +482,7 @@ def _node(
     if "recompute" in entry and entry["recompute"] is not True:
         raise _fail(f"{path}.recompute", f"expected true (or no key), got {entry['recompute']!r}")
     link = _int(entry["link"], f"{path}.link") if "link" in entry else None
+    slot = _slot(entry["slot"], f"{path}.slot") if "slot" in entry else None
     return MemNode(
         position,
         kind,
@@ -436,6 +497,7 @@ def _node(
         workspace,
         "recompute" in entry,
         link,
+        slot,
     )
 
 
@@ -516,7 +578,12 @@ def _memgraph_from_checked_dict(
     nodes = _nodes(entries, tg, storages, report.stage("checking nodes", len(entries)))
     if storages is None:
         nodes = _with_boxes(tg, nodes)
-    return MemGraph(tg, tuple(nodes), budget, alignment, info, storages)
+    tier = None
+    if "tier" in data:
+        tier = _tier(data["tier"], storages)
+    elif storages is not None and any(s.disk is not None for s in storages.values()):
+        raise _fail("$.tier", "missing, but storages have places on disk")
+    return MemGraph(tg, tuple(nodes), budget, alignment, info, storages, tier)
 
 
 def _nodes(
@@ -652,6 +719,12 @@ def _quick_node(
     link = entry.get("link")
     if link is not None and (type(link) is not int or link < 0):
         return None
+    slot = None
+    if "slot" in entry:
+        held_at = _quick_region(entry["slot"], regions)
+        if held_at is None:
+            return None
+        slot = HostRegion(held_at.offset, held_at.size)
     deps = tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps)
     return MemNode(
         position,
@@ -667,4 +740,5 @@ def _quick_node(
         workspace,
         recompute,
         link,
+        slot,
     )

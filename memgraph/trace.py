@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "StreamEvent",
     "STREAMS",
+    "DISK_STREAMS",
     "PEER_STREAM",
     "node_event",
     "event_name",
@@ -60,6 +61,10 @@ outputs copied out). The runtime's streams (`runtime.schedule.STREAMS`) are thes
 PEER_STREAM = "peer"
 """The lane of copies between devices (the sends and receives of a plan for several
 devices, `memgraph.multi`): only such plans have it, shown after `STREAMS`."""
+
+DISK_STREAMS = ("disk_read", "disk_write")
+"""The lanes of copies between disk and host memory (the reads and writes of a plan with a
+host tier, `memgraph.tiers`): only such plans have them, shown after `STREAMS`."""
 _STREAM_ALIASES = {
     "htod": "h2d",
     "hosttodevice": "h2d",

@@ -242,6 +242,9 @@ class _Verifier:
             NodeKind.OUTPUT: self.on_output,
             NodeKind.SEND: self.on_send,
             NodeKind.RECV: self.on_recv,
+            NodeKind.READ: self.on_tier,
+            NodeKind.WRITE: self.on_tier,
+            NodeKind.RELEASE: self.on_tier,
         }
         total, every = len(self.mg.nodes), ticks(len(self.mg.nodes))
         try:
@@ -704,6 +707,11 @@ class _Verifier:
         earlier = self.links_seen.setdefault(node.link, node.id)
         if earlier != node.id:
             raise self.fail(f"link#{node.link} is already used by n{earlier}")
+
+    def on_tier(self, node: MemNode) -> None:
+        """A move between disk and the host arena: only a plan with a host tier has one."""
+        if self.mg.tier is None:
+            raise self.fail(f"a {node.kind} node in a plan without a host tier", node)
 
     def check_complete(self) -> None:
         missing_inputs = [name for name in self.tg.inputs if name not in self.inputs_seen]

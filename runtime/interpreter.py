@@ -76,6 +76,10 @@ class Interpreter:
         # What carries sends and receives, set for a run of a device's share of a plan for
         # several devices (`runtime.multi.PeerPort`); None: a send or recv is an error.
         self.peers: Any = None
+        # What moves a host tier's storages between disk and the host arena, set for a run
+        # of a plan with a host tier (`runtime.tiers`); None: a read, write or release is
+        # an error.
+        self.disk: Any = None
         self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
         # The class's functions, not bound methods: a dict of methods bound to `self` would
@@ -208,6 +212,26 @@ class Interpreter:
     def recv(self, node: MemNode, stream: Stream | None) -> None:
         """Copy the link's tensor from its source device into the region (`peers.recv`)."""
         self._peers(node).recv(node, self.device_view(node.region, node.tensor), stream)
+
+    def read(self, node: MemNode, stream: Stream | None) -> None:
+        """Copy the node's storage from its place on disk into its host slot."""
+        self._disk(node).read(node, stream)
+
+    def write(self, node: MemNode, stream: Stream | None) -> None:
+        """Copy the node's storage from its host slot to its place in the spill file."""
+        self._disk(node).write(node, stream)
+
+    def release(self, node: MemNode, stream: Stream | None) -> None:
+        """Nothing to do, unless poisoning: then the slot is filled with `POISON_BYTE`."""
+        self._disk(node).release(node, stream)
+
+    def _disk(self, node: MemNode) -> Any:
+        if self.disk is None:
+            raise BackendError(
+                f"n{node.id} ({node.describe()}) moves data between disk and host memory: a "
+                f"plan with a host tier runs only in a session that opened its files"
+            )
+        return self.disk
 
     def _peers(self, node: MemNode) -> Any:
         if self.peers is None:

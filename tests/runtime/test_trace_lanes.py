@@ -11,13 +11,19 @@ from runtime_cases import block_program, make_inputs
 import memgraph
 import runtime
 from memgraph.nodes import STREAM_OF
-from memgraph.trace import PEER_STREAM, STREAMS, combine_chrome_traces, read_chrome_trace
+from memgraph.trace import (
+    DISK_STREAMS,
+    PEER_STREAM,
+    STREAMS,
+    combine_chrome_traces,
+    read_chrome_trace,
+)
 from runtime import schedule
 
 
 def test_the_lane_names_are_defined_once():
     assert schedule.STREAMS is STREAMS
-    assert set(STREAM_OF.values()) - {"none"} == {*STREAMS, PEER_STREAM}
+    assert set(STREAM_OF.values()) - {"none"} == {*STREAMS, PEER_STREAM, *DISK_STREAMS}
 
 
 @pytest.fixture(scope="module")
