@@ -51,11 +51,10 @@ Node kinds (`NodeKind`), and the fields each one uses:
 * `release` – in a plan with a host tier: host `slot`, holding `storage`, is released
               (whatever takes its bytes later waits for it, as for a `free`).
 
-In a plan with a host tier, every copy between a host storage the tier holds and the
-device (an offload, a reload, a device-side input of a checkpoint weight) and every
-output assembled on the host names the `slot` of the host arena the storage is in at
-that moment; copies of storages the tier does not hold (inputs the caller passes) name
-none.
+In a plan with a host tier, every offload or reload of a host storage the tier holds,
+and every output assembled on the host, names the `slot` of the host arena the storage
+is in at that moment; copies of storages the tier does not hold (inputs the caller
+passes) name none.
 
 `tensor` is always a TaskGraph task id: the task whose bytes the node concerns (for
 a view, its base task: views occupy no memory of their own). Every node lists in
@@ -370,10 +369,7 @@ _SLOT_KINDS = ("read", "write", "release")  # kinds whose template prints the sl
 
 NODE_FIELDS: dict[NodeKind, KindFields] = {
     NodeKind.INPUT: KindFields(
-        required=("name",),
-        one_of=_ONE_PLACE,
-        optional=("slot",),
-        template='input "{name}" {tensor} {from}-> {where}',
+        required=("name",), one_of=_ONE_PLACE, template='input "{name}" {tensor} -> {where}'
     ),
     NodeKind.ALLOC: KindFields(required=("region",), template="alloc {tensor} {region}"),
     NodeKind.APPLY: KindFields(
@@ -511,7 +507,6 @@ class MemNode:
             "verb": "recompute" if self.recompute else "apply",
             "link": f"link#{self.link}",
             "slot": str(self.slot),
-            "from": f"{self.slot} " if self.slot is not None else "",
         }
         return NODE_FIELDS[self.kind].template.format(**parts)
 
