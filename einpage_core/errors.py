@@ -21,7 +21,9 @@ __all__ = [
     "InfeasibleBudgetError",
     "VerificationError",
     "AllocationError",
+    "HostBudgetPlanError",
     "BackendError",
+    "DiskError",
     "BackendUnavailableError",
     "RenderError",
     "GraphvizNotFoundError",
@@ -108,8 +110,19 @@ class AllocationError(PlanError):
     """The device arena cannot satisfy an allocation request."""
 
 
+class HostBudgetPlanError(PlanError):
+    """A host tier cannot be planned: the host budget cannot hold what must be in host
+    memory at once (the message says how much that is), or no spill folder was given
+    for what must leave it."""
+
+
 class BackendError(EinpageError, RuntimeError):
     """A runtime backend failed (e.g. the arena could not be allocated)."""
+
+
+class DiskError(BackendError):
+    """A run's disk files failed: a spill folder that is missing, read-only or too small,
+    a checkpoint file that is missing or changed size, or a read or write that failed."""
 
 
 class BackendUnavailableError(BackendError):
