@@ -219,12 +219,7 @@ def _storages(mg: MemGraph, weights: Mapping[str, CheckpointPlace]) -> dict[int,
             entry.fills.append(node.id)
         elif node.kind is NodeKind.RELOAD:
             entry.reads.append(node.id)
-        elif node.kind is NodeKind.OUTPUT:
-            if entry.kind == "weight":
-                raise PlanError(
-                    f"output {node.name!r} is weight storage host#{entry.id}: an output read "
-                    f"from a checkpoint is not supported; leave it out of the checkpoint"
-                )
+        elif node.kind is NodeKind.OUTPUT:  # kept to the end (a weight: read, then kept)
             entry.output = node.id
     for sid, entry in list(table.items()):
         if not (entry.fills or entry.reads or entry.output is not None):
