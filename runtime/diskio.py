@@ -128,9 +128,7 @@ class DiskFiles:
             except FileExistsError:
                 continue
             except OSError as err:
-                raise DiskError(
-                    f"the spill file cannot be created in {folder!r}: {err}"
-                ) from err
+                raise DiskError(f"the spill file cannot be created in {folder!r}: {err}") from err
             break
         self.spill_path = path
         try:

@@ -1046,6 +1046,8 @@ def _public_error(
             return failure
         return BackendError(f"the run failed: {type(failure).__name__}: {failure}")
     error, node = failure.error, failure.context
+    if not isinstance(error, Exception) and lost is None:
+        return error  # an interruption (KeyboardInterrupt) in a stream's work stays one
     if isinstance(node, MemNode):
         where = node.line() if debug else f"n{node.id} ({node.describe()})"
     else:

@@ -44,6 +44,7 @@ __all__ = [
     "refuse_tier_plan",
 ]
 
+
 def tier_held(mg: MemGraph) -> frozenset[int]:
     """The host storages `mg`'s tier holds (none without a tier): every offloaded tensor
     and output assembled on the host, and every input whose bytes are on disk."""
@@ -201,4 +202,3 @@ class DiskPort:
         """The first failure of host work since the last call (then forgotten)."""
         failure, self.failure = self.failure, None
         return failure
-

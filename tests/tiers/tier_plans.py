@@ -114,9 +114,12 @@ def tier_plan(
             new[node.id] = emit(dataclasses.replace(node, slot=pinned[sid]), deps)
         elif node.kind is NodeKind.OFFLOAD and sid in spilled:
             slot = take()
-            off = new[node.id] = emit(dataclasses.replace(node, slot=slot.region), deps + after(slot))
+            filled = dataclasses.replace(node, slot=slot.region)
+            off = new[node.id] = emit(filled, deps + after(slot))
             tensor = node.tensor
-            write = emit(MemNode(0, NodeKind.WRITE, (), tensor, storage=sid, slot=slot.region), [off])
+            write = emit(
+                MemNode(0, NodeKind.WRITE, (), tensor, storage=sid, slot=slot.region), [off]
+            )
             written[sid] = write
             slot.last_release = emit(
                 MemNode(0, NodeKind.RELEASE, (), tensor, storage=sid, slot=slot.region), [write]
