@@ -60,6 +60,8 @@ def tier_held(mg: MemGraph) -> frozenset[int]:
 def disk_inputs(mg: MemGraph) -> dict[str, int]:
     """The inputs `mg` reads from disk (checkpoint weights), by name: their storage ids."""
     held = tier_held(mg)
+    if not held:
+        return {}  # no tier: nothing to walk
     return {
         n.name: n.storage
         for n in mg.nodes
