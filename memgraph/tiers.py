@@ -39,6 +39,7 @@ the order across tiers.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +49,14 @@ from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import DiskFile, DiskPlace, HostRegion, HostTier, MemNode, NodeKind
 
-__all__ = ["CheckpointPlace", "Occupancy", "place_host", "SLOT_ALIGNMENT", "tier_storages"]
+__all__ = [
+    "CheckpointPlace",
+    "Occupancy",
+    "place_host",
+    "host_reference",
+    "SLOT_ALIGNMENT",
+    "tier_storages",
+]
 
 SLOT_ALIGNMENT = 4096
 """Every slot of the host arena and every place in the spill file starts at a multiple of
@@ -135,10 +143,12 @@ def place_host(
     spill: bool = True,
     depth: int = 2,
 ) -> MemGraph:
-    """`mg` with its host memory planned within `host_budget` bytes (see the module
-    docstring): weights named in `weights` read from their checkpoint files, offloaded
-    tensors kept in host memory or, with `spill`, written to a spill file; `depth` streamed
-    reads are in flight ahead of the reloads at most.
+    """`mg` with its host memory planned within `host_budget` (bytes, a size string, or a
+    percentage of what the tier holds: `"50%"` is half the bytes of every storage it would
+    keep, in their slots – `host_reference`; see the module docstring): weights named in
+    `weights` read from their checkpoint files, offloaded tensors kept in host memory or,
+    with `spill`, written to a spill file; `depth` streamed reads are in flight ahead of
+    the reloads at most.
 
     Raises `HostBudgetPlanError` when the host budget cannot hold what must be in host
     memory at once (the message says how much), or when something must be spilled and
@@ -148,9 +158,9 @@ def place_host(
         raise PlanError("the plan already has a host tier; plan the host of a device plan")
     if not isinstance(depth, int) or depth < 1:
         raise PlanError(f"depth must be an integer >= 1, got {depth!r}")
-    budget = parse_bytes(host_budget, "host budget")
     weights = dict(weights or {})
     storages = _storages(mg, weights)
+    budget = read_host_budget(host_budget, storages)
     files, places = _checkpoint_files(mg, storages, weights)
     streamed: set[int] = set()
     while True:
@@ -193,6 +203,24 @@ def place_host(
 
 
 # -- what the tier holds --------------------------------------------------------------
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def host_reference(mg: MemGraph, weights: Mapping[str, Any] | None = None) -> int:
+    """What a host budget's percentage is of: the bytes of every storage the tier would
+    hold (`weights` read from a checkpoint, offloaded tensors, outputs assembled on the
+    host), each in its page-aligned slot – at "100%" every one is kept, none streamed."""
+    return sum(_aligned(s.nbytes) for s in _storages(mg, dict(weights or {})).values())
+
+
+def read_host_budget(host_budget: int | str, storages: Mapping[int, _Storage]) -> int:
+    """`host_budget` in bytes: a percentage of the storages' slots, or bytes."""
+    match = _PERCENT.match(host_budget) if isinstance(host_budget, str) else None
+    if match is None:
+        return parse_bytes(host_budget, "host budget")
+    reference = sum(_aligned(s.nbytes) for s in storages.values())
+    return max(1, int(reference * float(match.group(1)) / 100))
 
 
 def _storages(mg: MemGraph, weights: Mapping[str, CheckpointPlace]) -> dict[int, _Storage]:
