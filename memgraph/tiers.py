@@ -16,11 +16,13 @@ Each storage's **occupancies** of the host arena (`Occupancy`) are planned in no
 
 * a *kept* storage has one occupancy from its first use to its last: a weight read once,
   an offloaded tensor kept in host memory until its last reload (no disk traffic);
-* a *streamed* storage has one occupancy per reload: a `read` from disk into a slot, the
-  reload, a `release`; an offloaded tensor is first `write`n to the spill file from the
-  slot its offload filled. Reads are prefetched: a streamed read is placed `depth`
-  streamed reloads ahead of its own (double buffering by default), so the disk stream
-  runs ahead of the reloads as far as slots are free;
+* a *streamed* storage has one occupancy per run of its reloads (reloads of it with no
+  reload of another streamed storage between: the slices of one weight a partitioned
+  matmul reloads one after another are one run): a `read` from disk into a slot, the
+  reloads, a `release`; an offloaded tensor is first `write`n to the spill file from the
+  slot its offload filled. Reads are prefetched: a streamed read is placed `depth` runs
+  ahead of its own (double buffering by default), so the disk stream runs ahead of the
+  reloads as far as slots are free;
 * an output assembled on the host is kept to the end (the run returns it from there).
 
 Every storage starts kept; where the host arena cannot place an occupancy (first fit, in
@@ -290,8 +292,8 @@ def _checkpoint_files(
 def _occupancies(
     mg: MemGraph, storages: Mapping[int, _Storage], streamed: set[int], depth: int
 ) -> list[Occupancy]:
-    """Every occupancy of the host arena, for the storages in `streamed` one per reload
-    (prefetched `depth` streamed reloads ahead), for the others one over all their uses."""
+    """Every occupancy of the host arena, for the storages in `streamed` one per run of
+    reloads (prefetched `depth` runs ahead), for the others one over all their uses."""
     result: list[Occupancy] = []
     stream_reads: list[tuple[int, int]] = []  # (reload node, storage) of streamed storages
     for sid, entry in storages.items():
@@ -311,14 +313,22 @@ def _occupancies(
             )
         stream_reads.extend((reload, sid) for reload in entry.reads)
     stream_reads.sort()
-    for k, (reload, sid) in enumerate(stream_reads):
-        earliest = stream_reads[k - depth + 1][0] if k >= depth - 1 else 0
+    runs: list[list[tuple[int, int]]] = []  # reloads of one storage with no other between
+    for reload, sid in stream_reads:
+        if runs and runs[-1][-1][1] == sid:
+            runs[-1].append((reload, sid))
+        else:
+            runs.append([(reload, sid)])
+    for k, run in enumerate(runs):
+        first, sid = run[0]
+        earliest = runs[k - depth + 1][0][0] if k >= depth - 1 else 0
         entry = storages[sid]
         if entry.kind == "offload":
             earliest = max(earliest, entry.fills[0] + 1)  # after its write
-        begin = min(reload, earliest) if depth > 1 else reload
+        begin = min(first, earliest)
+        uses = [reload for reload, _ in run]
         result.append(
-            Occupancy(sid, entry.nbytes, begin, reload, [reload], read=True, wanted=reload)
+            Occupancy(sid, entry.nbytes, begin, uses[-1], uses, read=True, wanted=first)
         )
     result.sort(key=lambda o: (o.begin, o.last, o.storage))
     return result
