@@ -27,11 +27,12 @@ Each storage's **occupancies** of the host arena (`Occupancy`) are planned in no
 
 Every storage starts kept; where the host arena cannot place an occupancy (first fit, in
 node order), a prefetch is given up first (the read placed just before its reload), and
-then the kept storage alive there that saves the fewest disk bytes per byte held becomes
-streamed; placement starts again. The nodes a slot's reuse must wait for are added as
-the device planner adds them: whatever first fills a slot waits for the release of every
-earlier occupancy it overlaps; a release waits for every use of its occupancy; a reload
-waits for what filled its slot; a read of a spilled tensor waits for its write.
+then the kept storages alive there that save the fewest disk bytes per byte held become
+streamed, as many as free the bytes missing; placement starts again. The nodes a slot's
+reuse must wait for are added as the device planner adds them: whatever first fills a
+slot waits for the release of every earlier occupancy it overlaps; a release waits for
+every use of its occupancy; a reload waits for what filled its slot; a read of a spilled
+tensor waits for its write.
 
 The result is a new MemGraph with `tier` set; the device nodes, regions and budget are
 unchanged (the device plan is not re-planned). `memgraph.verify` checks both budgets and
@@ -170,10 +171,10 @@ def place_host(
         blocked = _place(occupancies, budget)
         if blocked is None:
             break
-        victim = _victim(blocked, occupancies, storages, streamed)
-        if victim is None:
+        victims = _victims(blocked, occupancies, storages, streamed, budget)
+        if not victims:
             raise _too_small(blocked, occupancies, budget, storages)
-        streamed.add(victim)
+        streamed.update(victims)
     spilled = sorted(s for s in streamed if storages[s].kind == "offload")
     if spilled and not spill:
         total = sum(storages[s].nbytes for s in spilled)
@@ -372,27 +373,38 @@ def _first_fit(live: Sequence[Occupancy], size: int, budget: int) -> int | None:
     return offset if offset + size <= budget else None
 
 
-def _victim(
+def _victims(
     blocked: Occupancy,
     occupancies: Sequence[Occupancy],
     storages: Mapping[int, _Storage],
     streamed: set[int],
-) -> int | None:
-    """The kept storage alive where `blocked` begins that saves the fewest disk bytes per
-    byte held (None: none can be streamed)."""
+    budget: int,
+) -> list[int]:
+    """Kept storages alive where `blocked` begins to stream from now on: those that save the
+    fewest disk bytes per byte held first, as many as free the bytes `blocked` lacks (at
+    least one; none: none can be streamed). Several at once, so that a budget far below
+    what is kept is planned in a few rounds, not one round per storage."""
     alive = [
-        o.storage
+        o
         for o in occupancies
-        if o.slot is not None
-        and o.storage not in streamed
-        and not storages[o.storage].pinned
-        and o.begin <= blocked.begin <= o.last
+        if o.slot is not None and o.begin <= blocked.begin <= o.last
     ]
+    lacking = _aligned(blocked.nbytes) - (budget - sum(o.slot.size for o in alive))
+    candidates = {
+        o.storage for o in alive if o.storage not in streamed and not storages[o.storage].pinned
+    }
     if blocked.storage not in streamed and not storages[blocked.storage].pinned:
-        alive.append(blocked.storage)
-    if not alive:
-        return None
-    return min(alive, key=lambda s: (storages[s].saved_per_byte(), -storages[s].nbytes, s))
+        candidates.add(blocked.storage)
+    ranked = sorted(
+        candidates, key=lambda s: (storages[s].saved_per_byte(), -storages[s].nbytes, s)
+    )
+    chosen: list[int] = []
+    for sid in ranked:
+        chosen.append(sid)
+        lacking -= _aligned(storages[sid].nbytes)
+        if lacking <= 0:
+            break
+    return chosen
 
 
 def _too_small(
