@@ -36,6 +36,7 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import HostBox, HostRegion, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
 from runtime.hostmem import HOST_ALIGNMENT, HostLayout, HostSlot
+from runtime.tiers import tier_held
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT", "arena_bytes"]
 
@@ -143,6 +144,11 @@ class Interpreter:
         view = self._host_views.get(storage)
         if view is None:
             if storage not in self.layout.storages:
+                if self.mg.tier is not None and storage in tier_held(self.mg):
+                    raise BackendError(
+                        f"host#{storage} is held by the plan's host tier, so a node copying "
+                        "it must name its slot of the host arena; this one names none"
+                    )
                 raise BackendError(f"host#{storage} holds no data: its input was never placed")
             view = self._host_views[storage] = self.layout.storages[storage].of(self.host)
         return view
