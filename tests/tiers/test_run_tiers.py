@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from plans import reference_plan, sliced_weight_plan
+from run_tier_plans import tier_plan, write_checkpoint
 from strategies import einsum_programs, program_inputs
-from tier_plans import tier_plan, write_checkpoint
 
 import einpage as ep
 import runtime
