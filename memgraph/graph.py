@@ -52,6 +52,12 @@ class PlanStats:
     recomputes must offload (reload) bounds `offload_bytes + discard_bytes`
     (`reload_bytes + recompute_bytes`) of any plan: make each discard an offload and each
     recompute a reload, and the plan still holds, moving no more.
+
+    A plan with a host tier (`MemGraph.tier`) also has its host arena's `host_budget` and
+    `host_peak_bytes`, what its reads bring from disk (`disk_read_*`; of it,
+    `checkpoint_read_bytes` from checkpoint files, the rest from the spill file) and its
+    writes put there (`disk_write_*`), and the size of its spill file (`spill_file_bytes`).
+    `tier_rows` says what each tier needs; `rows` and `MemGraph.__str__` print its rows.
     """
 
     budget: int
@@ -82,6 +88,8 @@ class PlanStats:
     disk_read_count: int = 0
     disk_write_bytes: int = 0
     disk_write_count: int = 0
+    checkpoint_read_bytes: int = 0
+    spill_file_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,21 +126,40 @@ class PlanStats:
             )
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
-        if self.host_budget is not None:
-            pct = 100.0 * self.host_peak_bytes / self.host_budget if self.host_budget else 0.0
-            rows += [
-                ("host budget", format_bytes(self.host_budget)),
-                ("host peak", f"{format_bytes(self.host_peak_bytes)} ({pct:.1f}% of budget)"),
-                (
-                    "read from disk",
-                    f"{format_bytes(self.disk_read_bytes)} in {self.disk_read_count}",
-                ),
-                (
-                    "written to disk",
-                    f"{format_bytes(self.disk_write_bytes)} in {self.disk_write_count}",
-                ),
-            ]
-        return rows
+        return rows + self.tier_rows()[1:]  # the device's are the rows above
+
+    def tier_rows(self) -> list[tuple[str, str]]:
+        """What each tier needs, a row each: the device (budget, peak), and for a plan with
+        a host tier the host (its arena's budget, peak) and the disk (bytes read, from
+        checkpoints and from the spill file; bytes written; the spill file's size). The one
+        place these are worded: `rows`, `MemGraph.__str__` and `einpage show` use it.
+
+        >>> stats = PlanStats(4096, 3072, 3072, 0, 0, 0, 0, 0, 0, 9, 2, host_budget=2048,
+        ...                   host_peak_bytes=1024, disk_read_bytes=2048, disk_read_count=2,
+        ...                   checkpoint_read_bytes=1024, disk_write_bytes=1024,
+        ...                   disk_write_count=1, spill_file_bytes=1024)
+        >>> for label, value in stats.tier_rows():
+        ...     print(f"{label}: {value}")
+        device: budget 4.0 KiB, peak 3.0 KiB (75.0%)
+        host: budget 2.0 KiB, peak 1.0 KiB (50.0%)
+        disk: read 2.0 KiB in 2 (1.0 KiB from checkpoints, 1.0 KiB from the spill file), written 1.0 KiB in 1, spill file 1.0 KiB
+        """  # noqa: E501 (a doctest's output line)
+        rows = [("device", _budget_and_peak(self.budget, self.peak_bytes))]
+        if self.host_budget is None:
+            return rows
+        spilled = self.disk_read_bytes - self.checkpoint_read_bytes
+        read = f"read {format_bytes(self.disk_read_bytes)} in {self.disk_read_count}"
+        if self.disk_read_count:
+            read += (
+                f" ({format_bytes(self.checkpoint_read_bytes)} from checkpoints, "
+                f"{format_bytes(spilled)} from the spill file)"
+            )
+        written = f"written {format_bytes(self.disk_write_bytes)} in {self.disk_write_count}"
+        spill = f"spill file {format_bytes(self.spill_file_bytes)}"
+        return rows + [
+            ("host", _budget_and_peak(self.host_budget, self.host_peak_bytes)),
+            ("disk", f"{read}, {written}, {spill}"),
+        ]
 
     def _reloaded(self) -> str:
         text = f"{format_bytes(self.reload_bytes)} in {self.reload_count}"
@@ -147,6 +174,12 @@ class PlanStats:
     def __str__(self) -> str:
         width = max(len(label) for label, _ in self.rows())
         return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())
+
+
+def _budget_and_peak(budget: int, peak: int) -> str:
+    """`budget 4.0 KiB, peak 3.0 KiB (75.0%)`: a tier's row (`PlanStats.tier_rows`)."""
+    pct = 100.0 * peak / budget if budget else 0.0
+    return f"budget {format_bytes(budget)}, peak {format_bytes(peak)} ({pct:.1f}%)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -219,6 +252,7 @@ class MemGraph:
         first = _first_loads(self.nodes)
         reads = self.of_kind(NodeKind.READ)
         writes = self.of_kind(NodeKind.WRITE)
+        from_checkpoints = [n for n in reads if self._on_checkpoint(n.storage)]
         return PlanStats(
             budget=self.budget,
             peak_bytes=stays.peak_bytes,
@@ -248,6 +282,18 @@ class MemGraph:
             disk_read_count=len(reads),
             disk_write_bytes=sum(self.storages[n.storage].nbytes for n in writes),
             disk_write_count=len(writes),
+            checkpoint_read_bytes=sum(self.storages[n.storage].nbytes for n in from_checkpoints),
+            spill_file_bytes=0 if self.tier is None else self.tier.spill_bytes,
+        )
+
+    def _on_checkpoint(self, storage: int) -> bool:
+        """Whether host storage `storage` is read from a checkpoint file of the tier."""
+        place = self.storages[storage].disk
+        files = () if self.tier is None else self.tier.files
+        return (
+            place is not None
+            and 0 <= place.file < len(files)
+            and files[place.file].kind == "checkpoint"
         )
 
     # -- verification ------------------------------------------------------------
@@ -299,11 +345,8 @@ class MemGraph:
             f"{format_bytes(s.reload_bytes)} ({s.reload_count})"
         )
         if self.tier is not None:
-            header += (
-                f"; {self.tier}, host peak {format_bytes(s.host_peak_bytes)}, read "
-                f"{format_bytes(s.disk_read_bytes)} ({s.disk_read_count}), written "
-                f"{format_bytes(s.disk_write_bytes)} ({s.disk_write_count})"
-            )
+            tiers = "; ".join(f"{label}: {value}" for label, value in s.tier_rows()[1:])
+            header += f"; {self.tier}; {tiers}"
         return "\n".join([header, *self.lines()])
 
     # -- pictures (memgraph.render, memgraph.plots) ---------------------------------
