@@ -344,6 +344,9 @@ class _Replay:
             "output": self.on_output,
             "send": self.on_send,
             "recv": self.on_recv,
+            "read": self.on_tier,
+            "write": self.on_tier,
+            "release": self.on_tier,
         }
         try:
             for position, node in enumerate(self.nodes):
@@ -355,6 +358,10 @@ class _Replay:
         except _Broken as err:
             return Verdict(False, err.node, err.rule, err.reason, self.peak)
         return Verdict(True, peak_bytes=self.peak)
+
+    def on_tier(self) -> None:
+        """A move between disk and host memory: no device bytes change (the host tier's
+        own rules are not judged here yet)."""
 
     def check_structure(self, position: int) -> None:
         node = self.node
