@@ -126,39 +126,42 @@ class PlanStats:
             )
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
-        return rows + self.tier_rows()[1:]  # the device's are the rows above
+        return rows + self.tier_rows()
 
     def tier_rows(self) -> list[tuple[str, str]]:
-        """What each tier needs, a row each: the device (budget, peak), and for a plan with
-        a host tier the host (its arena's budget, peak) and the disk (bytes read, from
-        checkpoints and from the spill file; bytes written; the spill file's size). The one
-        place these are worded: `rows`, `MemGraph.__str__` and `einpage show` use it.
+        """What a plan's host tier and disk need (no rows without a tier): the host arena's
+        budget and peak; the bytes read from disk, of them from checkpoints and from the
+        spill file; the bytes written; the spill file's size. The one place these are
+        worded: `rows` ends with them, `MemGraph.__str__` says them in its header.
 
         >>> stats = PlanStats(4096, 3072, 3072, 0, 0, 0, 0, 0, 0, 9, 2, host_budget=2048,
         ...                   host_peak_bytes=1024, disk_read_bytes=2048, disk_read_count=2,
         ...                   checkpoint_read_bytes=1024, disk_write_bytes=1024,
         ...                   disk_write_count=1, spill_file_bytes=1024)
         >>> for label, value in stats.tier_rows():
-        ...     print(f"{label}: {value}")
-        device: budget 4.0 KiB, peak 3.0 KiB (75.0%)
-        host: budget 2.0 KiB, peak 1.0 KiB (50.0%)
-        disk: read 2.0 KiB in 2 (1.0 KiB from checkpoints, 1.0 KiB from the spill file), written 1.0 KiB in 1, spill file 1.0 KiB
-        """  # noqa: E501 (a doctest's output line)
-        rows = [("device", _budget_and_peak(self.budget, self.peak_bytes))]
+        ...     print(f"{label:<22}{value}")
+        host budget           2.0 KiB
+        host peak             1.0 KiB (50.0% of budget)
+        read from disk        2.0 KiB in 2
+          from checkpoints    1.0 KiB
+          from the spill file 1.0 KiB
+        written to disk       1.0 KiB in 1
+        spill file            1.0 KiB
+        """
         if self.host_budget is None:
-            return rows
+            return []
+        pct = 100.0 * self.host_peak_bytes / self.host_budget if self.host_budget else 0.0
         spilled = self.disk_read_bytes - self.checkpoint_read_bytes
-        read = f"read {format_bytes(self.disk_read_bytes)} in {self.disk_read_count}"
-        if self.disk_read_count:
-            read += (
-                f" ({format_bytes(self.checkpoint_read_bytes)} from checkpoints, "
-                f"{format_bytes(spilled)} from the spill file)"
-            )
-        written = f"written {format_bytes(self.disk_write_bytes)} in {self.disk_write_count}"
-        spill = f"spill file {format_bytes(self.spill_file_bytes)}"
-        return rows + [
-            ("host", _budget_and_peak(self.host_budget, self.host_peak_bytes)),
-            ("disk", f"{read}, {written}, {spill}"),
+        read = f"{format_bytes(self.disk_read_bytes)} in {self.disk_read_count}"
+        written = f"{format_bytes(self.disk_write_bytes)} in {self.disk_write_count}"
+        return [
+            ("host budget", format_bytes(self.host_budget)),
+            ("host peak", f"{format_bytes(self.host_peak_bytes)} ({pct:.1f}% of budget)"),
+            ("read from disk", read),
+            ("  from checkpoints", format_bytes(self.checkpoint_read_bytes)),
+            ("  from the spill file", format_bytes(spilled)),
+            ("written to disk", written),
+            ("spill file", format_bytes(self.spill_file_bytes)),
         ]
 
     def _reloaded(self) -> str:
@@ -174,12 +177,6 @@ class PlanStats:
     def __str__(self) -> str:
         width = max(len(label) for label, _ in self.rows())
         return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())
-
-
-def _budget_and_peak(budget: int, peak: int) -> str:
-    """`budget 4.0 KiB, peak 3.0 KiB (75.0%)`: a tier's row (`PlanStats.tier_rows`)."""
-    pct = 100.0 * peak / budget if budget else 0.0
-    return f"budget {format_bytes(budget)}, peak {format_bytes(peak)} ({pct:.1f}%)"
 
 
 @dataclass(frozen=True, eq=False)
@@ -345,7 +342,7 @@ class MemGraph:
             f"{format_bytes(s.reload_bytes)} ({s.reload_count})"
         )
         if self.tier is not None:
-            tiers = "; ".join(f"{label}: {value}" for label, value in s.tier_rows()[1:])
+            tiers = ", ".join(f"{label.strip()} {value}" for label, value in s.tier_rows())
             header += f"; {self.tier}; {tiers}"
         return "\n".join([header, *self.lines()])
 
