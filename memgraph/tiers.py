@@ -16,11 +16,13 @@ Each storage's **occupancies** of the host arena (`Occupancy`) are planned in no
 
 * a *kept* storage has one occupancy from its first use to its last: a weight read once,
   an offloaded tensor kept in host memory until its last reload (no disk traffic);
-* a *streamed* storage has one occupancy per reload: a `read` from disk into a slot, the
-  reload, a `release`; an offloaded tensor is first `write`n to the spill file from the
-  slot its offload filled. Reads are prefetched: a streamed read is placed `depth`
-  streamed reloads ahead of its own (double buffering by default), so the disk stream
-  runs ahead of the reloads as far as slots are free;
+* a *streamed* storage has one occupancy per run of its reloads (reloads of it with no
+  reload of another streamed storage between: the slices of one weight a partitioned
+  matmul reloads one after another are one run): a `read` from disk into a slot, the
+  reloads, a `release`; an offloaded tensor is first `write`n to the spill file from the
+  slot its offload filled. Reads are prefetched: a streamed read is placed `depth` runs
+  ahead of its own (double buffering by default), so the disk stream runs ahead of the
+  reloads as far as slots are free;
 * an output assembled on the host is kept to the end (the run returns it from there).
 
 Every storage starts kept; where the host arena cannot place an occupancy (first fit, in
@@ -39,6 +41,7 @@ the order across tiers.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +51,14 @@ from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import DiskFile, DiskPlace, HostRegion, HostTier, MemNode, NodeKind
 
-__all__ = ["CheckpointPlace", "Occupancy", "place_host", "SLOT_ALIGNMENT", "tier_storages"]
+__all__ = [
+    "CheckpointPlace",
+    "Occupancy",
+    "place_host",
+    "host_reference",
+    "SLOT_ALIGNMENT",
+    "tier_storages",
+]
 
 SLOT_ALIGNMENT = 4096
 """Every slot of the host arena and every place in the spill file starts at a multiple of
@@ -135,10 +145,12 @@ def place_host(
     spill: bool = True,
     depth: int = 2,
 ) -> MemGraph:
-    """`mg` with its host memory planned within `host_budget` bytes (see the module
-    docstring): weights named in `weights` read from their checkpoint files, offloaded
-    tensors kept in host memory or, with `spill`, written to a spill file; `depth` streamed
-    reads are in flight ahead of the reloads at most.
+    """`mg` with its host memory planned within `host_budget` (bytes, a size string, or a
+    percentage of what the tier holds: `"50%"` is half the bytes of every storage it would
+    keep, in their slots – `host_reference`; see the module docstring): weights named in
+    `weights` read from their checkpoint files, offloaded tensors kept in host memory or,
+    with `spill`, written to a spill file; `depth` streamed reads are in flight ahead of
+    the reloads at most.
 
     Raises `HostBudgetPlanError` when the host budget cannot hold what must be in host
     memory at once (the message says how much), or when something must be spilled and
@@ -148,9 +160,9 @@ def place_host(
         raise PlanError("the plan already has a host tier; plan the host of a device plan")
     if not isinstance(depth, int) or depth < 1:
         raise PlanError(f"depth must be an integer >= 1, got {depth!r}")
-    budget = parse_bytes(host_budget, "host budget")
     weights = dict(weights or {})
     storages = _storages(mg, weights)
+    budget = read_host_budget(host_budget, storages)
     files, places = _checkpoint_files(mg, storages, weights)
     streamed: set[int] = set()
     while True:
@@ -193,6 +205,24 @@ def place_host(
 
 
 # -- what the tier holds --------------------------------------------------------------
+
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def host_reference(mg: MemGraph, weights: Mapping[str, Any] | None = None) -> int:
+    """What a host budget's percentage is of: the bytes of every storage the tier would
+    hold (`weights` read from a checkpoint, offloaded tensors, outputs assembled on the
+    host), each in its page-aligned slot – at "100%" every one is kept, none streamed."""
+    return sum(_aligned(s.nbytes) for s in _storages(mg, dict(weights or {})).values())
+
+
+def read_host_budget(host_budget: int | str, storages: Mapping[int, _Storage]) -> int:
+    """`host_budget` in bytes: a percentage of the storages' slots, or bytes."""
+    match = _PERCENT.match(host_budget) if isinstance(host_budget, str) else None
+    if match is None:
+        return parse_bytes(host_budget, "host budget")
+    reference = sum(_aligned(s.nbytes) for s in storages.values())
+    return max(1, int(reference * float(match.group(1)) / 100))
 
 
 def _storages(mg: MemGraph, weights: Mapping[str, CheckpointPlace]) -> dict[int, _Storage]:
@@ -262,8 +292,8 @@ def _checkpoint_files(
 def _occupancies(
     mg: MemGraph, storages: Mapping[int, _Storage], streamed: set[int], depth: int
 ) -> list[Occupancy]:
-    """Every occupancy of the host arena, for the storages in `streamed` one per reload
-    (prefetched `depth` streamed reloads ahead), for the others one over all their uses."""
+    """Every occupancy of the host arena, for the storages in `streamed` one per run of
+    reloads (prefetched `depth` runs ahead), for the others one over all their uses."""
     result: list[Occupancy] = []
     stream_reads: list[tuple[int, int]] = []  # (reload node, storage) of streamed storages
     for sid, entry in storages.items():
@@ -283,14 +313,22 @@ def _occupancies(
             )
         stream_reads.extend((reload, sid) for reload in entry.reads)
     stream_reads.sort()
-    for k, (reload, sid) in enumerate(stream_reads):
-        earliest = stream_reads[k - depth + 1][0] if k >= depth - 1 else 0
+    runs: list[list[tuple[int, int]]] = []  # reloads of one storage with no other between
+    for reload, sid in stream_reads:
+        if runs and runs[-1][-1][1] == sid:
+            runs[-1].append((reload, sid))
+        else:
+            runs.append([(reload, sid)])
+    for k, run in enumerate(runs):
+        first, sid = run[0]
+        earliest = runs[k - depth + 1][0][0] if k >= depth - 1 else 0
         entry = storages[sid]
         if entry.kind == "offload":
             earliest = max(earliest, entry.fills[0] + 1)  # after its write
-        begin = min(reload, earliest) if depth > 1 else reload
+        begin = min(first, earliest)
+        uses = [reload for reload, _ in run]
         result.append(
-            Occupancy(sid, entry.nbytes, begin, reload, [reload], read=True, wanted=reload)
+            Occupancy(sid, entry.nbytes, begin, uses[-1], uses, read=True, wanted=first)
         )
     result.sort(key=lambda o: (o.begin, o.last, o.storage))
     return result
