@@ -4,10 +4,11 @@ back, in every mode, equal to the reference; what a run refuses and what it leav
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from plans import reference_plan, sliced_weight_plan
 from run_tier_plans import tier_plan, write_checkpoint
@@ -17,6 +18,7 @@ import einpage as ep
 import runtime
 import taskgraph
 from einpage_core.errors import BackendError, DiskError, HostBudgetPlanError, InputError
+from memgraph import MemGraph
 from memgraph import plan as plan_device
 from memgraph.multi import DevicePart, DevicePlan, MultiPlan, PlacedGraph
 from memgraph.nodes import NodeKind
@@ -296,17 +298,32 @@ def unslotted_outputs(mg):
     return [n for n in mg.nodes if n.kind is NodeKind.OUTPUT and n.storage in held and not n.slot]
 
 
-def test_an_output_of_a_tier_storage_without_a_slot_is_refused(tmp_path):
+def test_a_weight_returned_twice_from_the_host_is_read_once_and_returned_twice(tmp_path):
     prog = ep.Program("echo")
     a = prog.input("a", (1,), role="weight", location="host")
     prog.output(prog.view(a, (1,)), "out")
     prog.output(a, "extra")
     tg = prog.build()
+    mg, _ = pass_plan(tg, tmp_path, {"a": np.full(1, 7, "float32")}, "host", 1)
+    assert not unslotted_outputs(mg)
+    assert len(mg.of_kind(NodeKind.READ)) == 1
+    got = runtime.run(mg, {}, backend="numpy")
+    assert got["out"].tolist() == got["extra"].tolist() == [7.0]
+
+
+def test_an_output_of_a_tier_storage_without_a_slot_is_refused(tmp_path):
+    prog = ep.Program("echo")
+    a = prog.input("a", (1,), role="weight", location="host")
+    prog.output(a, "out")
+    tg = prog.build()
     mg, _ = pass_plan(tg, tmp_path, {"a": np.ones(1, "float32")}, "host", 1)
-    if not unslotted_outputs(mg):
-        pytest.skip("place_host now gives every host output its slot")
+    output = next(n for n in mg.nodes if n.kind is NodeKind.OUTPUT)
+    nodes = list(mg.nodes)
+    nodes[output.id] = replace(output, slot=None)
+    broken = MemGraph(mg.taskgraph, tuple(nodes), mg.budget, mg.alignment, mg.info,
+                      mg.storages, mg.tier)  # fmt: skip
     with pytest.raises(BackendError, match="must name its slot of the host arena"):
-        runtime.run(mg, {}, backend="numpy")
+        runtime.run(broken, {}, backend="numpy", unsafe_skip_verify=True)
 
 
 def pass_plan(tg, folder, inputs, outputs, host_factor):
@@ -351,11 +368,7 @@ def test_pass_made_plans_run_to_the_reference(tg, data, tmp_path_factory):
     mode = data.draw(st.sampled_from(MODES), label="mode")
     mg, _ = pass_plan(tg, folder, inputs, outputs, factor)
     mg.verified()
-    # place_host (963edeb) names the slot on only the last of two host outputs of one
-    # storage (an input that is also an output through a view): the first names none, and
-    # the run refuses it (test_an_output_of_a_tier_storage_without_a_slot_is_refused).
-    # Reported to the lead; remove this once the pass gives every such output its slot.
-    assume(not unslotted_outputs(mg))
+    assert not unslotted_outputs(mg)
     given_inputs = {k: v for k, v in inputs.items() if k not in disk_inputs(mg)}
     with np.errstate(all="ignore"):
         expected = taskgraph.evaluate(tg, inputs)
