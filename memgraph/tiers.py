@@ -41,7 +41,9 @@ the order across tiers.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import heapq
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -337,39 +339,62 @@ def _occupancies(
 def _place(occupancies: Sequence[Occupancy], budget: int) -> Occupancy | None:
     """Give each occupancy a slot, first fit in order of beginning; the first one that
     finds no room even without its prefetch is returned (None: all placed)."""
-    def order(o: Occupancy) -> tuple[int, float, int]:
-        return (o.begin, o.last, o.storage)
-
-    live: list[Occupancy] = []
-    pending = sorted(occupancies, key=order)
-    for occupancy in pending:
+    pending = [(o.begin, o.last, o.storage, k, o) for k, o in enumerate(occupancies)]
+    heapq.heapify(pending)
+    ending: list[tuple[float, int, Occupancy]] = []  # live occupancies by their last node
+    free = _FreeList(budget)
+    for occupancy in occupancies:
         occupancy.slot = None
-    k = 0
-    while k < len(pending):
-        occupancy = pending[k]
-        live = [o for o in live if o.last >= occupancy.begin]
+    while pending:
+        begin, _, _, k, occupancy = heapq.heappop(pending)
+        while ending and ending[0][0] < begin:
+            _, _, done = heapq.heappop(ending)
+            free.give(done.slot.offset, done.slot.size)
         size = _aligned(occupancy.nbytes)
-        offset = _first_fit(live, size, budget)
+        offset = free.take(size)
         if offset is None:
             if occupancy.read and occupancy.wanted > occupancy.begin:
                 occupancy.begin = occupancy.wanted  # give up the prefetch: place it later
-                pending[k:] = sorted(pending[k:], key=order)
+                heapq.heappush(pending, (occupancy.begin, occupancy.last, occupancy.storage, k,
+                                         occupancy))  # fmt: skip
                 continue
             return occupancy
         occupancy.slot = HostRegion(offset, size)
-        live.append(occupancy)
-        k += 1
+        heapq.heappush(ending, (occupancy.last, k, occupancy))
     return None
 
 
-def _first_fit(live: Sequence[Occupancy], size: int, budget: int) -> int | None:
-    """The lowest offset where `size` bytes fit between the live slots, within `budget`."""
-    offset = 0
-    for slot in sorted(o.slot for o in live if o.slot is not None):
-        if slot.offset - offset >= size:
-            return offset
-        offset = max(offset, slot.end)
-    return offset if offset + size <= budget else None
+class _FreeList:
+    """The free bytes of the host arena as sorted, coalesced gaps `[start, end)`."""
+
+    def __init__(self, budget: int):
+        self.starts = [0]
+        self.ends = [budget]
+
+    def take(self, size: int) -> int | None:
+        """The lowest offset of a gap of at least `size` bytes, now taken (None: no gap)."""
+        for k, (start, end) in enumerate(zip(self.starts, self.ends, strict=True)):
+            if end - start >= size:
+                if end - start == size:
+                    del self.starts[k], self.ends[k]
+                else:
+                    self.starts[k] = start + size
+                return start
+        return None
+
+    def give(self, offset: int, size: int) -> None:
+        """Bytes `[offset, offset + size)` are free again (merged with the gaps beside)."""
+        end = offset + size
+        k = bisect.bisect_left(self.starts, offset)
+        if k > 0 and self.ends[k - 1] == offset:  # joins the gap before
+            k -= 1
+            self.ends[k] = end
+        else:
+            self.starts.insert(k, offset)
+            self.ends.insert(k, end)
+        if k + 1 < len(self.starts) and self.starts[k + 1] == self.ends[k]:  # and the one after
+            self.ends[k] = self.ends[k + 1]
+            del self.starts[k + 1], self.ends[k + 1]
 
 
 def _victims(
