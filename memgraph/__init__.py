@@ -25,7 +25,9 @@ Where things live:
   `simulate`, `baselines`, `bounds`, `optimal/` (the exact optimum and its LP bound);
 * pictures – `render`, `plots`, `trace`, `snapshot` (PyTorch memory snapshots);
 * several devices – `placement` (`pipeline_placement`, `split`: a TaskGraph per device
-  and the links between them), `multi` (the types, `plan_devices`, `verify_multi`).
+  and the links between them), `multi` (the types, `plan_devices`, `verify_multi`);
+* the host tier – `tiers` (`place_host`: host memory planned under a host budget, disk
+  below it: weights read from their checkpoint, offloaded tensors spilled).
 """
 
 from memgraph.allocator import Allocator
@@ -47,7 +49,18 @@ from memgraph.multi import (
     plan_devices,
     verify_multi,
 )
-from memgraph.nodes import NODE_FIELDS, HostBox, HostStorage, MemNode, NodeKind, Region
+from memgraph.nodes import (
+    NODE_FIELDS,
+    DiskFile,
+    DiskPlace,
+    HostBox,
+    HostRegion,
+    HostStorage,
+    HostTier,
+    MemNode,
+    NodeKind,
+    Region,
+)
 from memgraph.optimal import OptimalTransfers, lp_transfer_bound, optimal_transfers
 from memgraph.orders import ORDERS, register_order
 from memgraph.placement import REPLICATED, pipeline_placement, place, split
@@ -64,6 +77,7 @@ from memgraph.render import render_memgraph
 from memgraph.residency import Residencies, Residency
 from memgraph.simulate import SimResult, simulate
 from memgraph.snapshot import memory_snapshot, write_memory_snapshot
+from memgraph.tiers import CheckpointPlace, place_host
 from memgraph.trace import StreamEvent, combine_chrome_traces
 from memgraph.verify import VerifyReport, verify
 
@@ -129,6 +143,12 @@ __all__ = [
     "split",
     "place",
     "REPLICATED",
+    "place_host",
+    "CheckpointPlace",
+    "HostTier",
+    "HostRegion",
+    "DiskFile",
+    "DiskPlace",
 ]
 
 

@@ -182,6 +182,10 @@ def _cmd_plan(args: argparse.Namespace, console: Console) -> int:
         raise InputError(
             f"--sends {args.sends} sends tensors between devices: give --devices N (N > 1)"
         )
+    tiered = [f for f in ("host_budget", "checkpoint", "spill") if getattr(args, f) is not None]
+    if tiered and args.devices > 1:
+        flags = ", ".join("--" + f.replace("_", "-") for f in tiered)
+        raise InputError(f"{flags}: a host tier is planned for one device (not --devices N)")
     if args.devices > 1:
         with console.stages(3 + bool(args.output)):
             with console.stage("building the program"):
@@ -226,6 +230,9 @@ def _compile(
         cost_model=args.cost_model,
         max_blocks=args.max_blocks,
         progress=console.report,
+        host_budget=getattr(args, "host_budget", None),
+        checkpoint=getattr(args, "checkpoint", None),
+        spill=getattr(args, "spill", None),
     )
 
 
@@ -582,6 +589,26 @@ def _add_plan(
         "memory: an offload, then a reload) or direct (device to device, NVLink or PCIe "
         "peer-to-peer, wherever that cannot deadlock; the others stay staged and the table "
         "says why)",
+    )
+    plan.add_argument(
+        "--host-budget",
+        metavar="SIZE|PCT",
+        help="plan host memory too, within SIZE (e.g. 16GiB) or a percentage of what the "
+        "host would hold: what does not fit is read from --checkpoint where it is, or "
+        "spilled to a file in --spill DIR at run time",
+    )
+    plan.add_argument(
+        "--checkpoint",
+        metavar="FILE.safetensors|DIR",
+        help="read the program's weights from this safetensors file (or sharded folder), "
+        "by input name, where they are (einpage.weight_files.save_weights writes one); "
+        "implies a host tier (--host-budget, default 100%%)",
+    )
+    plan.add_argument(
+        "--spill",
+        metavar="DIR",
+        help="what does not fit --host-budget goes to a spill file in DIR when the plan "
+        "runs (einpage run PLAN --spill DIR); without it, a plan that must spill is refused",
     )
     plan.add_argument("--order", choices=list(ORDERS), default="program", help="task order")
     plan.add_argument("--eviction", choices=list(POLICIES), default="belady", help="victim choice")

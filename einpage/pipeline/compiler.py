@@ -55,6 +55,7 @@ it compiles, and one byte less does not. Messages print it rounded up, with its 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -76,6 +77,7 @@ from einpage_core.progress import ProgressCallback, ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
 from memgraph.budgets import BudgetReading, min_budget, read_budget
+from memgraph.tiers import place_host
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION
@@ -93,10 +95,25 @@ __all__ = [
 PARTITION_MODES = ("auto", "off")
 """`compile(..., partition=)` besides a block limit: split only what does not fit, or never."""
 
-COMPILE_KEYWORDS = ("budget", "partition", "verify", "max_blocks", "progress")
+COMPILE_KEYWORDS = (
+    "budget",
+    "partition",
+    "verify",
+    "max_blocks",
+    "progress",
+    "host_budget",
+    "checkpoint",
+    "spill",
+)
 """`compile`'s own keywords; the others are the planner's (`memgraph.PlanOptions`)."""
 
-STAGE_SHARES = {"reading the budget": 1, "partitioning": 1, "planning": 6, "verifying": 2}
+STAGE_SHARES = {
+    "reading the budget": 1,
+    "partitioning": 1,
+    "planning": 6,
+    "planning the host": 1,
+    "verifying": 2,
+}
 """The stages of `compile` in order, and the share of a progress bar each takes."""
 
 
@@ -170,6 +187,7 @@ class Compiled:
     partitioning: Partitioning
     report: VerifyReport | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    spill: str | None = None
 
     @property
     def block_limit(self) -> int | None:
@@ -210,6 +228,8 @@ class Compiled:
                 f"({format_bytes(s.reload_bytes)}), {s.drop_count} drops" + _assembled_note(mg),
             )
         )
+        if mg.tier is not None:
+            rows.append(("host", _host_row(mg)))
         if self.report is not None:
             report = self.report
             rows.append(
@@ -227,6 +247,18 @@ class Compiled:
             f"{len(self.graph)}, budget {self.budget}, {self.partitioning.describe()}, "
             f"plan {len(self.plan)} nodes, {verified}>"
         )
+
+
+def _host_row(mg: MemGraph) -> str:
+    """`budget 1.0 GiB, peak 980.0 MiB; 2.9 GiB read from disk in 230, 0 B written ...`."""
+    s, info = mg.stats, mg.info.get("tier", {})
+    return (
+        f"budget {format_bytes(mg.tier.budget)}, peak {format_bytes(s.host_peak_bytes)}; "
+        f"{format_bytes(s.disk_read_bytes)} read from disk in {s.disk_read_count}, "
+        f"{format_bytes(s.disk_write_bytes)} written in {s.disk_write_count}; "
+        f"{info.get('kept', 0)} storages kept, {info.get('streamed_weights', 0)} weights "
+        f"streamed, {info.get('spilled', 0)} tensors spilled"
+    )
 
 
 def _assembled_note(mg: MemGraph) -> str:
@@ -252,9 +284,20 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     verify: bool = True,
     max_blocks: int | None = MAX_AUTO_BLOCKS,
     progress: ProgressCallback | None = None,
+    host_budget: int | str | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
+    spill: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Compiled:
     """Partition `source` when needed, plan it within `budget`, verify; a `Compiled`.
+
+    With `host_budget`, `checkpoint` or `spill`, host memory is planned too
+    (`memgraph.tiers.place_host`): within `host_budget` (bytes, a size string, or a
+    percentage of what the host would hold; default "100%": all kept), the weights the
+    safetensors `checkpoint` holds under their input names read from it where they are
+    (`einpage.weight_files`), and, when `spill` names a folder, what does not fit the host
+    written to a spill file there at run time (without it, a plan that would have to
+    spill is a `HostBudgetPlanError`).
 
     `source` is a `Program` (built first) or a TaskGraph. `budget` is bytes, a size
     string (`"8GiB"`) or a percentage of the program's resident peak (`"50%"`; at
@@ -303,12 +346,31 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
         tick = report.stage("planning", len(graph))
         mg = memgraph.plan(graph, reading, progress=tick, **options)
     mg = replace(mg, info={**mg.info, **_info(tg, chosen)})
+    tiered = host_budget is not None or checkpoint is not None or spill is not None
+    if tiered:
+        with _timed(timings, "planning the host"):
+            report.stage("planning the host", 1)
+            mg = _plan_host(mg, graph, host_budget, checkpoint, spill)
     verified = None
     if verify:
         with _timed(timings, "verifying"):
             verified = memgraph.verify(mg, report.stage("verifying", len(mg)))
     report.finish()
-    return Compiled(tg, graph, mg, reading, chosen, verified, MappingProxyType(timings))
+    folder = None if spill is None else os.fspath(spill)
+    return Compiled(tg, graph, mg, reading, chosen, verified, MappingProxyType(timings), folder)
+
+
+def _plan_host(
+    mg: MemGraph, graph: TaskGraph, host_budget: Any, checkpoint: Any, spill: Any
+) -> MemGraph:
+    """`mg` with its host tier planned (see `compile`)."""
+    from einpage.weight_files import weight_places  # reads files: only when asked
+
+    if spill is not None and not os.path.isdir(spill):
+        raise InputError(f"spill folder {os.fspath(spill)!r} is not a folder")
+    weights = weight_places(checkpoint, graph) if checkpoint is not None else {}
+    budget = "100%" if host_budget is None else host_budget
+    return place_host(mg, budget, weights, spill=spill is not None)
 
 
 def _taskgraph(source: Any) -> TaskGraph:

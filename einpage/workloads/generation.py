@@ -136,9 +136,11 @@ PLANNER_OPTIONS = tuple(f.name for f in fields(memgraph.PlanOptions) if f.name !
 """The planner's options a `Planning` passes on (`memgraph.PlanOptions`; the cost model
 is a field of the record itself)."""
 
-PLANNING_OPTIONS = (*(k for k in COMPILE_KEYWORDS if k != "budget"), *PLANNER_OPTIONS)
-"""The names `Planning.options` takes: `einpage.compile`'s own keywords but the budget
-(partition, verify, max_blocks, progress), then the planner's."""
+_NOT_PLANNING = ("budget", "host_budget", "checkpoint", "spill")
+
+PLANNING_OPTIONS = (*(k for k in COMPILE_KEYWORDS if k not in _NOT_PLANNING), *PLANNER_OPTIONS)
+"""The names `Planning.options` takes: `einpage.compile`'s own keywords but the budget and
+the host tier's (partition, verify, max_blocks, progress), then the planner's."""
 
 DEFAULT_COST_MODEL = "h100-pcie5"
 """The machine plans are made and simulated for unless a `Planning` names another."""
