@@ -14,12 +14,14 @@ checks here follow the shared spec of the tier (`RULES`, one sentence each):
   (offload, reload, an output on the host) of a storage the tier holds name its slot, of
   any other storage none;
 * occupancies: a storage occupies a slot from the node that fills it (a read, or the
-  first offload into it) to its release. It occupies one slot at a time, a slot holds
-  its bytes, and every later node naming the storage's slot (an offload, reload, write,
-  release or host output) names that occupancy. Occupancies of overlapping slots are
-  never live at once in node order, and the node beginning the later one comes after
-  the release of the earlier (nothing overwritten while a copy from it may be in
-  flight). The host bytes live at once stay within the budget;
+  first offload into it) to its release; a slot holds its storage's bytes. A storage may
+  occupy several slots at once (a streamed weight read ahead of its next reload while
+  the last one is in flight): a node naming a storage and a slot names the storage's live
+  occupancy of exactly that slot (an offload naming one that is not live fills a new
+  one). Occupancies of overlapping slots are never live at once in node order, and the
+  node beginning the later one comes after the release of the earlier (nothing
+  overwritten while a copy from it may be in flight). The host bytes live at once stay
+  within the budget;
 * order ("comes after": through dependencies, `_Verifier.after`, the verifier's own
   happens-before): a reload, write, release or host output comes after every node that
   filled its occupancy; a release after every use of it; a read from the spill file
@@ -56,8 +58,7 @@ RULES: dict[str, str] = {
     "held": "a copy of a storage the tier holds names its slot, of any other storage none",
     "tensor": "a read, write or release names the tensor its storage holds",
     "size": "a slot holds its storage's bytes",
-    "one slot": "a storage occupies one slot at a time",
-    "current": "a node naming a slot names its storage's current occupancy of it",
+    "current": "a node naming a slot names its storage's live occupancy of that slot",
     "overlap": "occupancies of overlapping slots are never live at once",
     "reuse": "an occupancy begins after the release of the earlier occupancies of its bytes",
     "filled": "a reload, write, release or host output comes after what filled its slot",
@@ -126,12 +127,12 @@ class HostTierRules:
         self.tier = tier
         self.storages = storages
         self.v = verifier
-        self.current: dict[int, _Occupancy] = {}  # storage -> its occupancy now
-        self.slots = LiveRegions()  # the live slots, by storage
+        self.live_at: dict[int, _Occupancy] = {}  # slot offset -> the live occupancy there
+        self.slots = LiveRegions()  # the live slots (disjoint), by storage
         self.released = LatestFrees()  # the latest release of each host byte
         self.written: dict[int, int] = {}  # storage -> its latest write to the spill file
         self.occupied: set[int] = set()  # storages that have had an occupancy
-        self.live = 0  # host bytes of live occupancies
+        self.live_bytes = 0  # host bytes of live occupancies
         self.peak = 0
         self.handlers = {
             NodeKind.OFFLOAD: self.on_offload,
@@ -240,34 +241,34 @@ class HostTierRules:
             )
         return storage
 
+    def live(self, node: MemNode) -> _Occupancy | None:
+        """The live occupancy of the node's storage in the node's slot, if any."""
+        occupancy = self.live_at.get(node.slot.offset)
+        if occupancy is None or (occupancy.storage, occupancy.slot) != (node.storage, node.slot):
+            return None
+        return occupancy
+
     def occupancy(self, node: MemNode) -> _Occupancy:
-        """The current occupancy of the node's storage, which must be in the node's slot."""
-        occupancy = self.current.get(node.storage)
+        """The live occupancy of the node's storage in the node's slot, which must exist."""
+        occupancy = self.live(node)
         if occupancy is None:
-            raise self.fail(f"host#{node.storage} is in no slot now", "current")
-        if occupancy.slot != node.slot:
+            live = self.live_at.values()
+            held = [f"{o.slot} since n{o.begin}" for o in live if o.storage == node.storage]
+            where = f"in {', '.join(held)}" if held else "in no slot"
             raise self.fail(
-                f"host#{node.storage} is in slot {occupancy.slot} since n{occupancy.begin}, "
-                f"not {node.slot}",
-                "current",
+                f"host#{node.storage} is not in slot {node.slot} now: it is {where}", "current"
             )
         return occupancy
 
     def begin(self, node: MemNode, storage: HostStorage) -> None:
         """The node fills `storage` into its slot: a new occupancy."""
         slot = node.slot
-        earlier = self.current.get(storage.id)
-        if earlier is not None:
-            raise self.fail(
-                f"{storage} is in slot {earlier.slot} since n{earlier.begin}, not released",
-                "one slot",
-            )
         if slot.size < storage.nbytes:
             raise self.fail(f"slot {slot} is smaller than {storage}", "size")
         hit = self.slots.overlapping(slot)
         if hit is not None:
             other, at = hit
-            since = self.current[other].begin
+            since = self.live_at[at.offset].begin
             raise self.fail(
                 f"slot {slot} overlaps slot {HostRegion(at.offset, at.size)} of host#{other}, "
                 f"live since n{since}",
@@ -276,13 +277,13 @@ class HostTierRules:
         for release in self.released.overlapping(slot):
             self.after(release, "reuse", "the release of bytes of its slot, at n{}", release)
         self.slots.add(slot, storage.id)
-        self.current[storage.id] = _Occupancy(storage.id, slot, node.id, [node.id])
+        self.live_at[slot.offset] = _Occupancy(storage.id, slot, node.id, [node.id])
         self.occupied.add(storage.id)
-        self.live += slot.size
-        self.peak = max(self.peak, self.live)
-        if self.live > self.tier.budget:  # pragma: no cover (slots inside the arena, apart)
+        self.live_bytes += slot.size
+        self.peak = max(self.peak, self.live_bytes)
+        if self.live_bytes > self.tier.budget:  # pragma: no cover (slots inside the arena, apart)
             raise self.fail(
-                f"{self.live} host bytes live exceed the host budget of {self.tier.budget}",
+                f"{self.live_bytes} host bytes live exceed the host budget of {self.tier.budget}",
                 "peak",
             )
 
@@ -296,17 +297,17 @@ class HostTierRules:
         storage = self.held(node)
         if storage is None:
             return
-        occupancy = self.current.get(storage.id)
+        occupancy = self.live(node)
         if occupancy is None:
             if storage.kind == "assembly" and storage.id in self.occupied:
                 raise self.fail(
                     f"starts {storage} afresh in slot {node.slot}, losing the boxes its "
-                    f"released slot held",
+                    f"earlier slot holds or held",
                     "boxes",
                 )
             self.begin(node, storage)
             return
-        self.occupancy(node).fillers.append(node.id)
+        occupancy.fillers.append(node.id)
 
     def on_reload(self, node: MemNode) -> None:
         if self.held(node) is None:
@@ -362,5 +363,5 @@ class HostTierRules:
             self.after(user, "release", "n{}, which uses host#{} there", user, node.storage)
         self.slots.remove(occupancy.slot)
         self.released.record(occupancy.slot, node.id)
-        del self.current[node.storage]
-        self.live -= occupancy.slot.size
+        del self.live_at[occupancy.slot.offset]
+        self.live_bytes -= occupancy.slot.size

@@ -129,11 +129,11 @@ The program (P):
     offload, reload or host output of a storage the tier holds names a slot, of any
     other storage (or an output on the device) none;
   - a storage *occupies* a slot from the node that fills it -- a `read` (from its place
-    on disk), or an offload when it occupies no slot -- until a `release`. The slot holds
-    the storage's bytes; a storage occupies one slot at a time; a read, write or release
-    names a storage the tier holds, and its tensor; every node naming the storage's
-    slot after the fill (offloads, reloads, writes, the release, a host output) names
-    the slot it occupies;
+    on disk), or an offload naming a slot it does not occupy -- until a `release`. The
+    slot holds the storage's bytes; a storage may occupy several slots at once (a weight
+    read ahead of its next reload); a read, write or release names a storage the tier
+    holds, and its tensor; a reload, write, release or host output names a slot its
+    storage occupies (an offload naming one fills it again);
   - two occupancies of overlapping slots are never live at once (in insertion order),
     and the fill of the later one happens after the release of the earlier; the bytes
     of the live slots never exceed the budget;
@@ -335,7 +335,7 @@ class _Replay:
         self.links_seen: dict[int, int] = {}  # link -> the send or receive using it (P5)
         self.node: dict = {}
         self.tier: dict | None = doc.get("tier")  # P6
-        self.occupying: dict[int, _Occupying] = {}  # storage -> the slot it occupies now
+        self.occupying: dict[tuple, _Occupying] = {}  # (storage, offset, size) -> it, if live
         self.released: list[tuple[int, int, int]] = []  # (offset, end, release) of each one
         self.occupied: set[int] = set()  # storages that have occupied a slot
         self.spill_writes: dict[int, int] = {}  # storage -> its latest write
@@ -759,6 +759,8 @@ class _Replay:
             if "slot" in node or node["kind"] in ("read", "write", "release"):
                 raise self.broken("P6", "names a host slot or moves a storage, with no tier")
             return
+        if node["kind"] in ("read", "write", "release") and "slot" not in node:
+            raise self.broken("P6", f"a {node['kind']} names no slot")
         if "slot" in node:
             offset, size = node["slot"]
             if offset < 0 or size < 1 or offset + size > self.tier["budget"]:
@@ -778,7 +780,7 @@ class _Replay:
             return
         if "slot" not in node:
             raise self.broken("P6", f"names no slot for host#{storage}, which the tier holds")
-        if node["kind"] == "offload" and storage not in self.occupying:
+        if node["kind"] == "offload" and self.key(storage) not in self.occupying:
             if entry["kind"] == "assembly" and storage in self.occupied:
                 raise self.broken("P6", f"fills host#{storage} afresh, losing its boxes")
             self.fill_slot(entry)
@@ -792,11 +794,15 @@ class _Replay:
         if node["kind"] == "output":
             here.output = node["id"]
 
+    def key(self, storage: int) -> tuple:
+        """The key of storage `storage`'s occupancy of the current node's slot."""
+        return (storage, *self.node["slot"])
+
     def occupying_now(self, storage: int) -> _Occupying:
-        """Storage `storage`'s occupancy, which must be in the current node's slot."""
-        here = self.occupying.get(storage)
-        if here is None or list(here.slot) != list(self.node.get("slot", ())):
-            raise self.broken("P6", f"host#{storage} is not in slot {self.node.get('slot')}")
+        """Storage `storage`'s occupancy of the current node's slot, which must be live."""
+        here = self.occupying.get(self.key(storage))
+        if here is None:
+            raise self.broken("P6", f"host#{storage} is not in slot {self.node['slot']}")
         return here
 
     def after_fills(self, here: _Occupying, storage: int) -> None:
@@ -806,18 +812,15 @@ class _Replay:
     def fill_slot(self, entry: dict) -> None:
         """The current node fills storage `entry` into its slot."""
         offset, size = self.node["slot"]
-        if entry["id"] in self.occupying:
-            raise self.broken("P6", f"host#{entry['id']} already occupies a slot")
         if size < entry["nbytes"]:
             raise self.broken("P6", f"a slot of {size} bytes cannot hold host#{entry['id']}")
-        for sid, there in self.occupying.items():
-            start, length = there.slot
+        for (sid, start, length), _ in self.occupying.items():
             if start < offset + size and offset < start + length:
                 raise self.broken("P6", f"its slot overlaps host#{sid}'s, still occupied")
         for start, end, release in self.released:
             if start < offset + size and offset < end:
                 self.after(release, "P6", "which released bytes of its slot")
-        self.occupying[entry["id"]] = _Occupying((offset, size), [self.node["id"]], [])
+        self.occupying[self.key(entry["id"])] = _Occupying((offset, size), [self.node["id"]], [])
         self.occupied.add(entry["id"])
         self.host_held += size
         if self.host_held > self.tier["budget"]:
@@ -861,7 +864,7 @@ class _Replay:
             self.after(use, "P6", f"which used host#{entry['id']}'s slot")
         offset, size = here.slot
         self.released.append((offset, offset + size, self.node["id"]))
-        del self.occupying[entry["id"]]
+        del self.occupying[self.key(entry["id"])]
         self.host_held -= size
 
 

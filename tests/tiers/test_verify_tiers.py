@@ -331,11 +331,30 @@ def test_a_slot_smaller_than_its_storage():
 
 
 def test_a_storage_in_two_slots_at_once():
-    def change(d: Draft) -> None:
-        d.add("read w twice", tier_node(NodeKind.READ, d.storages[0], OTHER, 0), after="read w")
+    """A weight read again, into another slot, while its first occupancy is live (a read
+    ahead of the next reload): allowed. Into the same slot: the occupancies overlap."""
 
-    mg, d = spill_mutant(change, budget=512)
-    refused(mg, d.index["read w twice"], "one slot")
+    def twice(slot: HostRegion):
+        def change(d: Draft) -> None:
+            read = tier_node(NodeKind.READ, d.storages[0], slot, 0)
+            d.add("read w twice", read, after="read w")
+
+        return change
+
+    mg, d = spill_mutant(twice(OTHER), budget=512)
+    assert verify(mg).host_peak_bytes == 512
+    assert oracle.judge(mg.to_json()).accepted
+    mg, d = spill_mutant(twice(SLOT), budget=512)
+    refused(mg, d.index["read w twice"], "overlap")
+
+
+def test_a_read_without_a_slot():
+    """The verifier remembers the field problems of each kind of node by the fields set:
+    the slot is one of them (a read without one, after a read with one, is refused)."""
+    mg, d = spill_mutant(lambda d: d.change("read", slot=None))
+    with pytest.raises(VerificationError, match="has no host slot") as caught:
+        verify(mg)
+    assert caught.value.node == d.index["read"]
 
 
 def test_a_copy_names_another_slot_than_its_storage_is_in():
@@ -347,7 +366,7 @@ def test_a_copy_names_another_slot_than_its_storage_is_in():
 def test_a_copy_of_a_storage_in_no_slot():
     reload = first(device_plan(), NodeKind.RELOAD, 3)
     mg, d = spill_mutant(lambda d: d.drop("read"))
-    assert "is in no slot now" in str(refused(mg, d.index[reload], "current"))
+    assert "now: it is in no slot" in str(refused(mg, d.index[reload], "current"))
 
 
 def test_overlapping_occupancies_live_at_once():
