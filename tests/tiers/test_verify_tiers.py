@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import oracle
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from plans import hand_assembled
+from strategies import einsum_programs
 
 import einpage as ep
-from einpage.errors import VerificationError
+import memgraph
+from einpage.errors import HostBudgetPlanError, VerificationError
+from einpage.models import llama
+from einpage.weight_files import save_weights
 from memgraph import MemGraph, NodeKind, plan, verify
 from memgraph.nodes import DiskFile, DiskPlace, HostRegion, HostStorage, HostTier, MemNode
+from memgraph.tiers import SLOT_ALIGNMENT, CheckpointPlace, host_reference, place_host
 from memgraph.verify_tiers import RULES
 
 SLOT = HostRegion(0, 256)
@@ -444,3 +452,196 @@ def test_an_assembly_loses_no_box():
     d.drop("write")
     mg = d.build(ASSEMBLY_TIER)
     refused(mg, d.index[third], "boxes")
+
+
+# -- plans made by the pass (`memgraph.tiers.place_host`) ------------------------------------
+
+HOST_FRACTIONS = (2.0, 0.6, 0.25, 0.08)
+TIER_KINDS = (NodeKind.READ, NodeKind.WRITE, NodeKind.RELEASE)
+
+
+def checkpoint(mg: MemGraph) -> dict[str, CheckpointPlace]:
+    """Made-up places in one checkpoint file for every host-side input of `mg`."""
+    inputs = [n for n in mg.nodes if n.kind is NodeKind.INPUT and n.storage is not None]
+    offsets, end = {}, 64
+    for node in inputs:
+        offsets[node.name] = end
+        end += mg.storages[node.storage].nbytes
+    return {
+        name: CheckpointPlace("/models/ckpt.safetensors", end, at) for name, at in offsets.items()
+    }
+
+
+def tier_plans(tg, device: float, weights: bool) -> list[MemGraph]:
+    """`tg` planned on the device, then its host at each of `HOST_FRACTIONS` of what the
+    tier would hold (budgets too small for the pass are left out)."""
+    low, high = memgraph.min_budget(tg)[0], memgraph.resident_peak(tg)
+    mg = plan(tg, low + int((high - low) * device))
+    places = checkpoint(mg) if weights else {}
+    reference = max(1, host_reference(mg, places))
+    plans = []
+    for fraction in HOST_FRACTIONS:
+        try:
+            plans.append(place_host(mg, max(1, int(reference * fraction)), places))
+        except HostBudgetPlanError:
+            continue
+    return plans
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(einsum_programs(max_tasks=14), st.floats(0, 1), st.booleans())
+def test_plans_of_the_pass_verify_at_every_host_budget(tg, device, weights):
+    for mg in tier_plans(tg, device, weights):
+        report = verify(mg)
+        assert report.host_peak_bytes == mg.stats.host_peak_bytes <= mg.tier.budget
+        assert oracle.judge(mg.to_json()).accepted
+
+
+def test_the_pass_streams_spills_and_reads_ahead_and_verifies(tmp_path):
+    """A model compiled with a checkpoint at small host budgets: weights streamed from the
+    checkpoint, read ahead of their reloads (at some budget in two slots at once),
+    offloaded tensors spilled and read back; every plan verifies."""
+    prog = llama.generation_program(llama.PRESETS["tiny"], 1, 8, 4, "float32")
+    tg = prog.build()
+    rng = np.random.default_rng(0)
+    weights = {
+        name: rng.standard_normal(tg[t].shape).astype(tg[t].dtype)
+        for name, t in tg.inputs.items()
+        if tg[t].op.role == "weight"
+    }
+    path = save_weights(weights, tmp_path / "m.safetensors")
+    budget = memgraph.min_budget(tg)[0]
+    kinds, twice = set(), False
+    for host_budget in ("50%", "30%", "20%", "14%"):
+        mg = ep.compile(prog, budget, host_budget=host_budget, checkpoint=path, spill=tmp_path).plan
+        report = verify(mg)
+        assert report.host_peak_bytes == mg.stats.host_peak_bytes <= mg.tier.budget
+        kinds |= {n.kind for n in mg.nodes}
+        twice |= Walk(mg).twice
+    assert set(TIER_KINDS) <= kinds
+    assert twice, "no storage is in two slots at once: the read-ahead is not exercised"
+
+
+class Walk:
+    """A walk of a tier plan in node order, independent of the verifier: for each node,
+    the nodes the spec says it must come after (`required`), where the storages are
+    (`live_before`: (storage, slot) pairs) before it, and the occupancy it names
+    (`occupancy_of`: (node that began it, storage, slot)). A read, or an offload naming a
+    slot its storage does not occupy, begins an occupancy; a release ends it."""
+
+    def __init__(self, mg: MemGraph):
+        self.required: dict[int, set[int]] = {}
+        self.live_before: list[set[tuple[int, HostRegion]]] = []
+        self.occupancy_of: dict[int, tuple[int, int, HostRegion]] = {}
+        self.twice = False  # some storage is in two slots at once
+        live: dict[tuple[int, HostRegion], tuple[int, list[int], list[int]]] = {}
+        released: list[tuple[HostRegion, int]] = []
+        written: dict[int, int] = {}
+        spill = {k for k, f in enumerate(mg.tier.files) if f.kind == "spill"}
+        for node in mg.nodes:
+            self.live_before.append(set(live))
+            if node.slot is None:
+                continue
+            key = (node.storage, node.slot)
+            need = self.required.setdefault(node.id, set())
+            if node.kind is NodeKind.READ or key not in live:
+                need.update(r for slot, r in released if slot.overlaps(node.slot))
+                if node.kind is NodeKind.READ and mg.storages[node.storage].disk.file in spill:
+                    need.add(written[node.storage])
+                self.twice |= any(s == node.storage for s, _ in live)
+                live[key] = (node.id, [node.id], [])
+            elif node.kind is NodeKind.OFFLOAD:
+                live[key][1].append(node.id)
+            else:
+                _, fills, uses = live[key]
+                need.update(fills)
+                uses.append(node.id)
+                if node.kind is NodeKind.WRITE:
+                    written[node.storage] = node.id
+                if node.kind is NodeKind.RELEASE:
+                    need.update(uses[:-1])
+                    released.append((node.slot, node.id))
+            self.occupancy_of[node.id] = (live[key][0], *key)
+            if node.kind is NodeKind.RELEASE:
+                del live[key]
+
+
+def ancestors(nodes) -> list[int]:
+    """Each node's transitive dependencies, as a bit set."""
+    sets: list[int] = []
+    for node in nodes:
+        bits = 0
+        for dep in node.deps:
+            bits |= sets[dep] | 1 << dep
+        sets.append(bits)
+    return sets
+
+
+def with_nodes(mg: MemGraph, changed: dict[int, MemNode]) -> MemGraph:
+    nodes = tuple(changed.get(n.id, n) for n in mg.nodes)
+    return MemGraph(mg.taskgraph, nodes, mg.budget, mg.alignment, {}, dict(mg.storages), mg.tier)
+
+
+MUTATED = settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+"""Programs without a storage the tier holds (no host-side input, nothing offloaded) have
+no tier node to break: many are filtered out."""
+
+
+@MUTATED
+@given(einsum_programs(max_tasks=14), st.floats(0, 0.6), st.randoms(use_true_random=False))
+def test_a_dependency_the_tier_needs_dropped_is_refused_at_its_node(tg, device, rng):
+    """Drop, from a read, offload, reload, write or release, a direct dependency the spec
+    requires of it (the release of bytes its slot reuses, the write it reads back, what
+    filled its slot, a use of the slot it releases) that it does not come after by another
+    path: the plan is refused at that node, naming the missing dependency."""
+    candidates = []
+    for mg in tier_plans(tg, device, weights=True):
+        walk, before = Walk(mg), ancestors(mg.nodes)
+        for node in mg.nodes:
+            for dep in walk.required.get(node.id, ()):
+                rest = [d for d in node.deps if d != dep]
+                if dep in node.deps and not any(d == dep or before[d] >> dep & 1 for d in rest):
+                    candidates.append((mg, node, dep, rest))
+    assume(candidates)
+    mg, node, dep, rest = rng.choice(candidates)
+    mutant = with_nodes(mg, {node.id: dataclasses.replace(node, deps=tuple(rest))})
+    with pytest.raises(VerificationError, match=rf"missing dependency on n{dep} ") as caught:
+        verify(mutant)
+    assert caught.value.node == node.id
+
+
+@MUTATED
+@given(einsum_programs(max_tasks=14), st.floats(0, 0.6), st.randoms(use_true_random=False))
+def test_a_shifted_slot_is_refused(tg, device, rng):
+    """Shift the slot of one reload, write, release or host output to bytes where its
+    storage is not (by the walk): refused at that node. Or move a whole occupancy onto the
+    slot of another storage's occupancy live where it begins: refused where it begins."""
+    mutants = []  # (plan, the nodes changed, the node to be named)
+    using = (NodeKind.RELOAD, NodeKind.WRITE, NodeKind.RELEASE, NodeKind.OUTPUT)
+    for mg in tier_plans(tg, device, weights=True):
+        walk = Walk(mg)
+        members: dict[tuple, list[MemNode]] = {}
+        for node in mg.nodes:
+            if node.id in walk.occupancy_of:
+                members.setdefault(walk.occupancy_of[node.id], []).append(node)
+            if node.slot is None or node.kind not in using:
+                continue
+            for k in (-2, -1, 1, 2):
+                slot = HostRegion(node.slot.offset + k * SLOT_ALIGNMENT, node.slot.size)
+                if slot.offset >= 0 and (node.storage, slot) not in walk.live_before[node.id]:
+                    mutants.append((mg, {node.id: dataclasses.replace(node, slot=slot)}, node.id))
+        for (begin, storage, slot), nodes in members.items():
+            for other, there in walk.live_before[begin]:
+                if other != storage:
+                    moved = HostRegion(there.offset, slot.size)
+                    changed = {n.id: dataclasses.replace(n, slot=moved) for n in nodes}
+                    mutants.append((mg, changed, begin))
+    assume(mutants)
+    mg, changed, named = rng.choice(mutants)
+    with pytest.raises(VerificationError) as caught:
+        verify(with_nodes(mg, changed))
+    assert caught.value.node == named
