@@ -24,10 +24,25 @@ are each device's. `memgraph.simulate_multi` reads it; a single-device plan neve
 Machines are found by name in `PRESETS`; `register_cost_model(name, model)` adds one,
 so that `memgraph.simulate(mg, name)`, the planner's `cost_model=` and the CLI's
 `--cost-model` (choices read at startup) know it.
+
+The disk below a host tier (`memgraph.tiers`): `disk_read_bytes_per_s` and
+`disk_write_bytes_per_s`, both set or both None (a machine that states no disk: every
+preset above, whose results they never change, as only a plan with a host tier reads or
+writes disk). Drives are presets of their own (`DISKS`), put under any machine with
+`get_cost_model(machine, disk=name)` or `CostModel.with_disk`: the model is named
+`machine+disk`, and that name finds it again. A read or a write takes its bytes at the
+drive's bandwidth (no latency: the copies are long sequential runs).
+
+>>> both = get_cost_model("h100-pcie5", disk="nvme-pcie4")
+>>> both.name, both.disk_seconds(7 * 10**9, "read")
+('h100-pcie5+nvme-pcie4', 1.0)
+>>> get_cost_model("h100-pcie5+nvme-pcie4") == both
+True
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from einpage_core.errors import EinpageError
@@ -36,8 +51,12 @@ from taskgraph.graph import TaskGraph
 __all__ = [
     "CostModel",
     "Topology",
+    "Disk",
     "PRESETS",
+    "DISKS",
+    "DEFAULT_DISK",
     "get_cost_model",
+    "get_disk",
     "register_cost_model",
     "rebuild_bytes",
 ]
@@ -132,7 +151,8 @@ class CostModel:
     """Rates of one machine. Bandwidths in bytes/s, compute in FLOP/s, latencies in s.
 
     The rates are one device's; `topology` says how several devices connect (read only
-    by `memgraph.simulate_multi`)."""
+    by `memgraph.simulate_multi`); the disk rates are the drive below a host tier (None:
+    none stated; `memgraph.simulate` then assumes `DEFAULT_DISK` for a plan with a tier)."""
 
     name: str
     flops_per_s: float
@@ -142,6 +162,8 @@ class CostModel:
     kernel_latency_s: float = 0.0
     transfer_latency_s: float = 0.0
     topology: Topology = SINGLE_DEVICE
+    disk_read_bytes_per_s: float | None = None
+    disk_write_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         for field_name in (
@@ -157,6 +179,37 @@ class CostModel:
                 f"cost model {self.name!r}: topology must be a Topology, "
                 f"got {type(self.topology).__name__}"
             )
+        rates = (self.disk_read_bytes_per_s, self.disk_write_bytes_per_s)
+        if (rates[0] is None) != (rates[1] is None):
+            raise EinpageError(
+                f"cost model {self.name!r}: give disk_read_bytes_per_s and "
+                f"disk_write_bytes_per_s together (a drive has both), got {rates}"
+            )
+        if rates[0] is not None and not (rates[0] > 0 and rates[1] > 0):
+            raise EinpageError(
+                f"cost model {self.name!r}: disk rates must be positive, got read "
+                f"{rates[0]!r}, write {rates[1]!r}"
+            )
+
+    @property
+    def has_disk(self) -> bool:
+        """Whether the model states a disk (`disk_read_bytes_per_s` and the write rate)."""
+        return self.disk_read_bytes_per_s is not None
+
+    def with_disk(self, disk: str | Disk) -> CostModel:
+        """This machine over `disk` (a `DISKS` name or a `Disk`), named `machine+disk`.
+
+        >>> PRESETS["cpu"].with_disk("nvme-pcie4").disk_write_bytes_per_s
+        5000000000.0
+        """
+        drive = get_disk(disk)
+        base = self.name.split("+")[0] if self.has_disk else self.name
+        return dataclasses.replace(
+            self,
+            name=f"{base}+{drive.name}",
+            disk_read_bytes_per_s=drive.read_bytes_per_s,
+            disk_write_bytes_per_s=drive.write_bytes_per_s,
+        )
 
     def task_seconds(self, tg: TaskGraph, task_id: int) -> float:
         """Time of one task's apply: latency + max(FLOPs / rate, bytes touched / bandwidth).
@@ -177,6 +230,56 @@ class CostModel:
         if rate is None:
             raise EinpageError(f"transfer direction must be 'h2d' or 'd2h', got {direction!r}")
         return self.transfer_latency_s + nbytes / rate
+
+    def disk_seconds(self, nbytes: int, direction: str) -> float:
+        """Time to "read" `nbytes` from disk into host memory, or to "write" them to disk."""
+        rates = {"read": self.disk_read_bytes_per_s, "write": self.disk_write_bytes_per_s}
+        if direction not in rates:
+            raise EinpageError(f"disk direction must be 'read' or 'write', got {direction!r}")
+        rate = rates[direction]
+        if rate is None:
+            raise EinpageError(
+                f"cost model {self.name!r} states no disk: give it one "
+                f"(get_cost_model({self.name!r}, disk=...); disks: {', '.join(DISKS)})"
+            )
+        return nbytes / rate
+
+
+@dataclass(frozen=True, slots=True)
+class Disk:
+    """A drive below a host tier: `name`, sequential read and write bandwidths in bytes/s."""
+
+    name: str
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.read_bytes_per_s > 0 and self.write_bytes_per_s > 0):
+            raise EinpageError(f"disk {self.name!r}: bandwidths must be positive")
+
+
+DISKS: dict[str, Disk] = {
+    # A PCIe 4.0 x4 NVMe SSD. Samsung 990 PRO datasheet (semiconductor.samsung.com,
+    # 990 PRO): sequential read up to 7,450 MB/s, write up to 6,900 MB/s, near the
+    # ~7.9 GB/s a PCIe 4.0 x4 link carries; drives of this class quote 7.0-7.4 GB/s read
+    # and 5-7 GB/s write. Taken as ~7 GB/s read and ~5 GB/s write: a spill file is
+    # written in long runs, which burst figures (into the drive's SLC cache) overstate.
+    "nvme-pcie4": Disk("nvme-pcie4", 7e9, 5e9),
+}
+"""Drives by name, for `get_cost_model(machine, disk=name)` and `CostModel.with_disk`."""
+
+DEFAULT_DISK = "nvme-pcie4"
+"""The drive `memgraph.simulate` assumes below a plan's host tier when the cost model
+states none."""
+
+
+def get_disk(disk: str | Disk) -> Disk:
+    """A drive given by name (from `DISKS`) or as a `Disk`."""
+    if isinstance(disk, Disk):
+        return disk
+    if disk not in DISKS:
+        raise EinpageError(f"unknown disk {disk!r}; disks: {', '.join(DISKS)}")
+    return DISKS[disk]
 
 
 def rebuild_bytes(cost: CostModel, tg: TaskGraph, task_id: int, operands: int) -> int:
@@ -220,13 +323,26 @@ PRESETS: dict[str, CostModel] = {
 """Machines by name."""
 
 
-def get_cost_model(model: str | CostModel) -> CostModel:
-    """A cost model given by name (from `PRESETS`) or as a `CostModel`."""
+def get_cost_model(model: str | CostModel, disk: str | Disk | None = None) -> CostModel:
+    """A cost model given by name (from `PRESETS`, or `machine+disk`: a preset over a
+    `DISKS` drive) or as a `CostModel`; with `disk`, over that drive (`with_disk`)."""
     if isinstance(model, CostModel):
-        return model
-    if model not in PRESETS:
-        raise EinpageError(f"unknown cost model {model!r}; presets: {', '.join(PRESETS)}")
-    return PRESETS[model]
+        found = model
+    elif model in PRESETS:
+        found = PRESETS[model]
+    elif isinstance(model, str) and model.count("+") == 1 and model.split("+")[0] in PRESETS:
+        machine, drive = model.split("+")
+        if drive not in DISKS:
+            raise EinpageError(
+                f"unknown disk {drive!r} in cost model {model!r}; disks: {', '.join(DISKS)}"
+            )
+        found = PRESETS[machine].with_disk(drive)
+    else:
+        raise EinpageError(
+            f"unknown cost model {model!r}; presets: {', '.join(PRESETS)} (each may be "
+            f"followed by +DISK, disks: {', '.join(DISKS)})"
+        )
+    return found if disk is None else found.with_disk(disk)
 
 
 def register_cost_model(name: str, model: CostModel) -> None:

@@ -52,6 +52,12 @@ class PlanStats:
     recomputes must offload (reload) bounds `offload_bytes + discard_bytes`
     (`reload_bytes + recompute_bytes`) of any plan: make each discard an offload and each
     recompute a reload, and the plan still holds, moving no more.
+
+    A plan with a host tier (`MemGraph.tier`) also has its host arena's `host_budget` and
+    `host_peak_bytes`, what its reads bring from disk (`disk_read_*`; of it,
+    `checkpoint_read_bytes` from checkpoint files, the rest from the spill file) and its
+    writes put there (`disk_write_*`), and the size of its spill file (`spill_file_bytes`).
+    `tier_rows` says what each tier needs; `rows` and `MemGraph.__str__` print its rows.
     """
 
     budget: int
@@ -82,6 +88,8 @@ class PlanStats:
     disk_read_count: int = 0
     disk_write_bytes: int = 0
     disk_write_count: int = 0
+    checkpoint_read_bytes: int = 0
+    spill_file_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -118,21 +126,43 @@ class PlanStats:
             )
         if self.block_limit is not None:
             rows.append(("block limit", format_bytes(self.block_limit)))
-        if self.host_budget is not None:
-            pct = 100.0 * self.host_peak_bytes / self.host_budget if self.host_budget else 0.0
-            rows += [
-                ("host budget", format_bytes(self.host_budget)),
-                ("host peak", f"{format_bytes(self.host_peak_bytes)} ({pct:.1f}% of budget)"),
-                (
-                    "read from disk",
-                    f"{format_bytes(self.disk_read_bytes)} in {self.disk_read_count}",
-                ),
-                (
-                    "written to disk",
-                    f"{format_bytes(self.disk_write_bytes)} in {self.disk_write_count}",
-                ),
-            ]
-        return rows
+        return rows + self.tier_rows()
+
+    def tier_rows(self) -> list[tuple[str, str]]:
+        """What a plan's host tier and disk need (no rows without a tier): the host arena's
+        budget and peak; the bytes read from disk, of them from checkpoints and from the
+        spill file; the bytes written; the spill file's size. The one place these are
+        worded: `rows` ends with them, `MemGraph.__str__` says them in its header.
+
+        >>> stats = PlanStats(4096, 3072, 3072, 0, 0, 0, 0, 0, 0, 9, 2, host_budget=2048,
+        ...                   host_peak_bytes=1024, disk_read_bytes=2048, disk_read_count=2,
+        ...                   checkpoint_read_bytes=1024, disk_write_bytes=1024,
+        ...                   disk_write_count=1, spill_file_bytes=1024)
+        >>> for label, value in stats.tier_rows():
+        ...     print(f"{label:<22}{value}")
+        host budget           2.0 KiB
+        host peak             1.0 KiB (50.0% of budget)
+        read from disk        2.0 KiB in 2
+          from checkpoints    1.0 KiB
+          from the spill file 1.0 KiB
+        written to disk       1.0 KiB in 1
+        spill file            1.0 KiB
+        """
+        if self.host_budget is None:
+            return []
+        pct = 100.0 * self.host_peak_bytes / self.host_budget if self.host_budget else 0.0
+        spilled = self.disk_read_bytes - self.checkpoint_read_bytes
+        read = f"{format_bytes(self.disk_read_bytes)} in {self.disk_read_count}"
+        written = f"{format_bytes(self.disk_write_bytes)} in {self.disk_write_count}"
+        return [
+            ("host budget", format_bytes(self.host_budget)),
+            ("host peak", f"{format_bytes(self.host_peak_bytes)} ({pct:.1f}% of budget)"),
+            ("read from disk", read),
+            ("  from checkpoints", format_bytes(self.checkpoint_read_bytes)),
+            ("  from the spill file", format_bytes(spilled)),
+            ("written to disk", written),
+            ("spill file", format_bytes(self.spill_file_bytes)),
+        ]
 
     def _reloaded(self) -> str:
         text = f"{format_bytes(self.reload_bytes)} in {self.reload_count}"
@@ -219,6 +249,7 @@ class MemGraph:
         first = _first_loads(self.nodes)
         reads = self.of_kind(NodeKind.READ)
         writes = self.of_kind(NodeKind.WRITE)
+        from_checkpoints = [n for n in reads if self._on_checkpoint(n.storage)]
         return PlanStats(
             budget=self.budget,
             peak_bytes=stays.peak_bytes,
@@ -248,6 +279,18 @@ class MemGraph:
             disk_read_count=len(reads),
             disk_write_bytes=sum(self.storages[n.storage].nbytes for n in writes),
             disk_write_count=len(writes),
+            checkpoint_read_bytes=sum(self.storages[n.storage].nbytes for n in from_checkpoints),
+            spill_file_bytes=0 if self.tier is None else self.tier.spill_bytes,
+        )
+
+    def _on_checkpoint(self, storage: int) -> bool:
+        """Whether host storage `storage` is read from a checkpoint file of the tier."""
+        place = self.storages[storage].disk
+        files = () if self.tier is None else self.tier.files
+        return (
+            place is not None
+            and 0 <= place.file < len(files)
+            and files[place.file].kind == "checkpoint"
         )
 
     # -- verification ------------------------------------------------------------
@@ -299,11 +342,8 @@ class MemGraph:
             f"{format_bytes(s.reload_bytes)} ({s.reload_count})"
         )
         if self.tier is not None:
-            header += (
-                f"; {self.tier}, host peak {format_bytes(s.host_peak_bytes)}, read "
-                f"{format_bytes(s.disk_read_bytes)} ({s.disk_read_count}), written "
-                f"{format_bytes(s.disk_write_bytes)} ({s.disk_write_count})"
-            )
+            tiers = ", ".join(f"{label.strip()} {value}" for label, value in s.tier_rows())
+            header += f"; {self.tier}; {tiers}"
         return "\n".join([header, *self.lines()])
 
     # -- pictures (memgraph.render, memgraph.plots) ---------------------------------

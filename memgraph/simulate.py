@@ -7,11 +7,22 @@ A plan runs on three in-order streams, like CUDA streams:
 * `compute` runs the `apply` nodes (a task takes `CostModel.task_seconds`),
 * `h2d` (host to device) runs the `reload` nodes and the `input` nodes that put an
   input on the device (a copy of the tensor's bytes at the h2d bandwidth),
-* `d2h` (device to host) runs the `offload` nodes.
+* `d2h` (device to host) runs the `offload` nodes;
+
+and a plan with a host tier (`MemGraph.tier`) two more, the lanes of its disk
+(`memgraph.trace.DISK_STREAMS`):
+
+* `disk_read` runs the `read` nodes (a host storage from disk into its host slot),
+* `disk_write` runs the `write` nodes (a host storage from its slot to the spill file),
+
+each taking the storage's bytes at the disk's read or write bandwidth
+(`CostModel.disk_seconds`; a cost model that states no disk is taken over
+`memgraph.cost.DEFAULT_DISK`, and the result is named so: `h100-pcie5+nvme-pcie4`).
+A `release` is bookkeeping, as a `free` is.
 
 Each stream executes its nodes in insertion order: a node starts when its stream has
 finished the stream's previous node *and* every node it depends on has finished, and
-ends its duration later. The bookkeeping nodes (`alloc`, `free`, `output`) and the
+ends its duration later. The bookkeeping nodes (`alloc`, `free`, `output`, `release`) and the
 `input` nodes to host storage (the data is already in host memory) take no time on
 no stream: they complete as soon as all their dependencies have. Dependencies are
 honoured exactly as listed, nothing else orders the streams, so a plan that forgets a
@@ -20,9 +31,11 @@ dependency simulates faster than it could run (the verifier catches that, not th
 Reported: the makespan (when the last node ends); the compute time (the sum of the
 apply times: the makespan with infinitely fast transfers, since one compute stream
 runs every apply); the stall that transfers add (makespan - compute time); each
-stream's busy time; the bytes each direction moves; and optionally the timeline as
-`memgraph.trace.StreamEvent`s (for `memgraph.plots.stream_timeline` and Chrome
-traces) with every node's (start, end). One pass over the nodes: O(nodes + deps).
+stream's busy time; the bytes each direction moves (the disk lanes only for a plan
+with a tier: a plan without one gives what it gave before tiers existed); and
+optionally the timeline as `memgraph.trace.StreamEvent`s (for
+`memgraph.plots.stream_timeline` and Chrome traces) with every node's (start, end).
+One pass over the nodes: O(nodes + deps).
 
 >>> from memgraph.cost import CostModel
 >>> import einpage as ep
@@ -58,10 +71,17 @@ from typing import Any
 
 from einpage_core.errors import EinpageError, GraphError, PlanError, expect_graph
 from einpage_core.units import format_bytes
-from memgraph.cost import CostModel, get_cost_model
+from memgraph.cost import DEFAULT_DISK, CostModel, Disk, get_cost_model
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from memgraph.trace import STREAMS, StreamEvent, node_event, to_chrome_trace, write_chrome_trace
+from memgraph.trace import (
+    DISK_STREAMS,
+    STREAMS,
+    StreamEvent,
+    node_event,
+    to_chrome_trace,
+    write_chrome_trace,
+)
 
 __all__ = ["SimResult", "simulate", "resolve_cost_model", "NodeDurations", "DEFAULT_COST_MODEL"]
 
@@ -74,9 +94,10 @@ class SimResult:
     """What `simulate` found (seconds and bytes).
 
     `busy` and `bytes_moved` are keyed by stream ("compute", "h2d", "d2h"; no bytes
-    on compute). `events` (one per node that occupies a stream, in insertion order,
-    named and annotated as the runtime's traces are: `memgraph.trace.node_event`) and
-    `node_times` (every node's (start, end), indexed by node id) are present when
+    on compute; and for a plan with a host tier "disk_read", "disk_write": `lanes`).
+    `events` (one per node that occupies a stream, in insertion order, named and
+    annotated as the runtime's traces are: `memgraph.trace.node_event`) and `node_times`
+    (every node's (start, end), indexed by node id) are present when
     `simulate(..., timeline=True)`, else None. `program` is the name of the plan's
     TaskGraph (for trace titles).
     """
@@ -112,6 +133,21 @@ class SimResult:
     @property
     def d2h_bytes(self) -> int:
         return self.bytes_moved["d2h"]
+
+    @property
+    def lanes(self) -> tuple[str, ...]:
+        """The streams simulated: `STREAMS`, then `DISK_STREAMS` for a plan with a tier."""
+        return tuple(self.busy)
+
+    @property
+    def disk_read_bytes(self) -> int:
+        """Bytes read from disk into host memory (0 without a tier)."""
+        return self.bytes_moved.get("disk_read", 0)
+
+    @property
+    def disk_write_bytes(self) -> int:
+        """Bytes written from host memory to disk (0 without a tier)."""
+        return self.bytes_moved.get("disk_write", 0)
 
     @property
     def times(self) -> dict[int, tuple[float, float]]:
@@ -177,7 +213,7 @@ class SimResult:
             ("compute", f"{ms(self.compute_seconds)} ({100 * self.compute_utilization:.1f}%)"),
             ("stall from transfers", ms(self.stall_seconds)),
         ]
-        for stream in STREAMS:
+        for stream in self.lanes:
             moved = f", {format_bytes(self.bytes_moved[stream])}" if stream != "compute" else ""
             busy = self.busy[stream]
             rows.append((f"{stream} busy", f"{ms(busy)} ({100 * busy / span:.1f}%){moved}"))
@@ -188,10 +224,15 @@ class SimResult:
         return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())
 
     def __repr__(self) -> str:
+        disk = "".join(
+            f" {lane.removeprefix('disk_')}={format_bytes(self.bytes_moved[lane])}"
+            for lane in DISK_STREAMS
+            if lane in self.bytes_moved
+        )
         return (
             f"<SimResult {self.cost_model.name} makespan={self.makespan * 1e3:.3f}ms "
             f"compute={self.compute_seconds * 1e3:.3f}ms stall={self.stall_seconds * 1e3:.3f}ms "
-            f"h2d={format_bytes(self.h2d_bytes)} d2h={format_bytes(self.d2h_bytes)}>"
+            f"h2d={format_bytes(self.h2d_bytes)} d2h={format_bytes(self.d2h_bytes)}{disk}>"
         )
 
 
@@ -254,15 +295,20 @@ def simulate(
     h2d_bytes_per_s: float | None = None,
     d2h_bytes_per_s: float | None = None,
     device_bytes_per_s: float | None = None,
+    disk: str | Disk | None = None,
 ) -> SimResult:
-    """Simulate `mg` on compute / h2d / d2h streams (the model is in the module docstring).
+    """Simulate `mg` on compute / h2d / d2h streams, and its disk's two lanes for a plan
+    with a host tier (the model is in the module docstring).
 
     `cost_model`: a `memgraph.cost.PRESETS` name or a `CostModel` (default
     "h100-pcie5"); explicit rates override it or, alone, define the machine (see
-    `resolve_cost_model`). `timeline=True` also records the events and node times.
+    `resolve_cost_model`). `disk`: the drive below a host tier (a `memgraph.cost.DISKS`
+    name or a `Disk`), for a plan with one: default the cost model's own disk rates, else
+    `DEFAULT_DISK`. `timeline=True` also records the events and node times.
 
     Raises `PlanError` for a device's plan with a `send` or `recv` (a direct copy between
-    devices takes both devices at once: `memgraph.simulate_multi` of the `MultiPlan`).
+    devices takes both devices at once: `memgraph.simulate_multi` of the `MultiPlan`),
+    and for a `read` or `write` in a plan without a host tier.
     """
     expect_graph(mg, MemGraph, "memgraph.simulate")
     _refuse_direct_copies(mg)
@@ -273,6 +319,8 @@ def simulate(
         d2h_bytes_per_s=d2h_bytes_per_s,
         device_bytes_per_s=device_bytes_per_s,
     )
+    if mg.tier is not None and (disk is not None or not model.has_disk):
+        model = model.with_disk(DEFAULT_DISK if disk is None else disk)
     replay = _Replay(mg, model, timeline)
     for node in mg.nodes:
         replay.step(node)
@@ -280,8 +328,15 @@ def simulate(
 
 
 def _refuse_direct_copies(mg: MemGraph) -> None:
-    """A `PlanError` naming the first send or receive of `mg`, if it has one."""
+    """A `PlanError` naming the first send or receive of `mg`, if it has one, or its first
+    read or write from or to disk if it has no host tier."""
     for node in mg.nodes:
+        if mg.tier is None and node.kind in (NodeKind.READ, NodeKind.WRITE):
+            raise PlanError(
+                f"memgraph.simulate: plan {mg.taskgraph.name!r} n{node.id} ({node.describe()}) "
+                f"moves data between disk and host memory, but the plan has no host tier "
+                f"(MemGraph.tier): memgraph.verify names what is wrong with it"
+            )
         if node.kind in (NodeKind.SEND, NodeKind.RECV):
             raise PlanError(
                 f"memgraph.simulate: plan {mg.taskgraph.name!r} n{node.id} ({node.describe()}) "
@@ -291,6 +346,9 @@ def _refuse_direct_copies(mg: MemGraph) -> None:
             )
 
 
+_DISK_LANES = {NodeKind.READ: "disk_read", NodeKind.WRITE: "disk_write"}
+
+
 class NodeDurations:
     """How long each node of one plan takes on a cost model – the rule `simulate` uses,
     shared with `memgraph.simulate_multi` – as (stream, seconds, bytes copied).
@@ -298,12 +356,15 @@ class NodeDurations:
     An apply runs on "compute" for `CostModel.task_seconds` (memoized per task: a
     recomputed task costs what it cost the first time); a copy between host and device
     (`MemNode.copies`) runs on its direction's stream ("h2d" or "d2h") for
-    `CostModel.transfer_seconds` of the tensor's bytes; any other node (alloc, free,
-    output, an input to host storage) occupies no stream: (None, 0.0, 0).
+    `CostModel.transfer_seconds` of the tensor's bytes; a read or a write (a plan with a
+    host tier) runs on "disk_read" or "disk_write" for `CostModel.disk_seconds` of its
+    host storage's bytes; any other node (alloc, free, output, release, an input to host
+    storage) occupies no stream: (None, 0.0, 0).
     """
 
     def __init__(self, mg: MemGraph, model: CostModel):
         self.tg = mg.taskgraph
+        self.storages = mg.storages
         self.model = model
         self.apply_time: dict[int, float] = {}
 
@@ -315,6 +376,10 @@ class NodeDurations:
                     self.tg, node.tensor
                 )
             return "compute", seconds, 0
+        disk = _DISK_LANES.get(node.kind)
+        if disk is not None:
+            nbytes = self.storages[node.storage].nbytes
+            return disk, self.model.disk_seconds(nbytes, disk.removeprefix("disk_")), nbytes
         direction = node.copies
         if direction is None:
             return None, 0.0, 0
@@ -323,7 +388,8 @@ class NodeDurations:
 
 
 class _Replay:
-    """The three streams as `simulate` runs the nodes through them, one node at a time."""
+    """The streams (three, five with a host tier) as `simulate` runs the nodes through
+    them, one node at a time."""
 
     def __init__(self, mg: MemGraph, model: CostModel, timeline: bool):
         self.mg = mg
@@ -331,9 +397,10 @@ class _Replay:
         n = len(mg.nodes)
         self.end = [0.0] * n
         self.start = [0.0] * n if timeline else None
-        self.free_at = dict.fromkeys(STREAMS, 0.0)  # when each stream finishes its last node
-        self.busy = dict.fromkeys(STREAMS, 0.0)
-        self.moved = dict.fromkeys(STREAMS, 0)
+        lanes = STREAMS if mg.tier is None else (*STREAMS, *DISK_STREAMS)
+        self.free_at = dict.fromkeys(lanes, 0.0)  # when each stream finishes its last node
+        self.busy = dict.fromkeys(lanes, 0.0)
+        self.moved = dict.fromkeys(lanes, 0)
         self.events: list[StreamEvent] = []
         self.durations = NodeDurations(mg, model)
 
@@ -353,7 +420,7 @@ class _Replay:
                 raise GraphError(f"n{i} ({node.kind}): dependency n{d} is not an earlier node")
             ready = max(ready, self.end[d])
         stream, seconds = self.duration(node)
-        if stream is None:  # alloc, free, output, input to host: done when the deps are
+        if stream is None:  # alloc, free, output, release, input to host: done with the deps
             self.end[i] = ready
             if self.start is not None:
                 self.start[i] = ready

@@ -293,9 +293,18 @@ def simulate_multi(
     range, or a dependency on a later node), when a direct link has not exactly one send
     on its source and one receive on its target, or a send or receive names no direct
     link of its device, and `VerificationError` when the plans and links form a cycle
-    (they would deadlock).
+    (they would deadlock); `PlanError` for a device's plan with a host tier (its disk
+    lanes are simulated for one device only: `memgraph.simulate`).
     """
     expect_graph(mp, MultiPlan, "memgraph.simulate_multi")
+    for part in mp.plans:
+        if part.mg.tier is not None:
+            raise PlanError(
+                f"memgraph.simulate_multi: device {part.device}'s plan of "
+                f"{part.mg.taskgraph.name!r} has a host tier ({part.mg.tier}); plans for "
+                f"several devices with host tiers are not simulated: memgraph.simulate "
+                f"times one device's plan with its disk"
+            )
     model = resolve_cost_model(cost_model)
     run = _MultiReplay(mp, model, timeline)
     run.run()

@@ -16,20 +16,23 @@ Each storage's **occupancies** of the host arena (`Occupancy`) are planned in no
 
 * a *kept* storage has one occupancy from its first use to its last: a weight read once,
   an offloaded tensor kept in host memory until its last reload (no disk traffic);
-* a *streamed* storage has one occupancy per reload: a `read` from disk into a slot, the
-  reload, a `release`; an offloaded tensor is first `write`n to the spill file from the
-  slot its offload filled. Reads are prefetched: a streamed read is placed `depth`
-  streamed reloads ahead of its own (double buffering by default), so the disk stream
-  runs ahead of the reloads as far as slots are free;
+* a *streamed* storage has one occupancy per run of its reloads (reloads of it with no
+  reload of another streamed storage between: the slices of one weight a partitioned
+  matmul reloads one after another are one run): a `read` from disk into a slot, the
+  reloads, a `release`; an offloaded tensor is first `write`n to the spill file from the
+  slot its offload filled. Reads are prefetched: a streamed read is placed `depth` runs
+  ahead of its own (double buffering by default), so the disk stream runs ahead of the
+  reloads as far as slots are free;
 * an output assembled on the host is kept to the end (the run returns it from there).
 
 Every storage starts kept; where the host arena cannot place an occupancy (first fit, in
 node order), a prefetch is given up first (the read placed just before its reload), and
-then the kept storage alive there that saves the fewest disk bytes per byte held becomes
-streamed; placement starts again. The nodes a slot's reuse must wait for are added as
-the device planner adds them: whatever first fills a slot waits for the release of every
-earlier occupancy it overlaps; a release waits for every use of its occupancy; a reload
-waits for what filled its slot; a read of a spilled tensor waits for its write.
+then the kept storages alive there that save the fewest disk bytes per byte held become
+streamed, as many as free the bytes missing; placement starts again. The nodes a slot's
+reuse must wait for are added as the device planner adds them: whatever first fills a
+slot waits for the release of every earlier occupancy it overlaps; a release waits for
+every use of its occupancy; a reload waits for what filled its slot; a read of a spilled
+tensor waits for its write.
 
 The result is a new MemGraph with `tier` set; the device nodes, regions and budget are
 unchanged (the device plan is not re-planned). `memgraph.verify` checks both budgets and
@@ -168,10 +171,10 @@ def place_host(
         blocked = _place(occupancies, budget)
         if blocked is None:
             break
-        victim = _victim(blocked, occupancies, storages, streamed)
-        if victim is None:
+        victims = _victims(blocked, occupancies, storages, streamed, budget)
+        if not victims:
             raise _too_small(blocked, occupancies, budget, storages)
-        streamed.add(victim)
+        streamed.update(victims)
     spilled = sorted(s for s in streamed if storages[s].kind == "offload")
     if spilled and not spill:
         total = sum(storages[s].nbytes for s in spilled)
@@ -290,8 +293,8 @@ def _checkpoint_files(
 def _occupancies(
     mg: MemGraph, storages: Mapping[int, _Storage], streamed: set[int], depth: int
 ) -> list[Occupancy]:
-    """Every occupancy of the host arena, for the storages in `streamed` one per reload
-    (prefetched `depth` streamed reloads ahead), for the others one over all their uses."""
+    """Every occupancy of the host arena, for the storages in `streamed` one per run of
+    reloads (prefetched `depth` runs ahead), for the others one over all their uses."""
     result: list[Occupancy] = []
     stream_reads: list[tuple[int, int]] = []  # (reload node, storage) of streamed storages
     for sid, entry in storages.items():
@@ -311,14 +314,22 @@ def _occupancies(
             )
         stream_reads.extend((reload, sid) for reload in entry.reads)
     stream_reads.sort()
-    for k, (reload, sid) in enumerate(stream_reads):
-        earliest = stream_reads[k - depth + 1][0] if k >= depth - 1 else 0
+    runs: list[list[tuple[int, int]]] = []  # reloads of one storage with no other between
+    for reload, sid in stream_reads:
+        if runs and runs[-1][-1][1] == sid:
+            runs[-1].append((reload, sid))
+        else:
+            runs.append([(reload, sid)])
+    for k, run in enumerate(runs):
+        first, sid = run[0]
+        earliest = runs[k - depth + 1][0][0] if k >= depth - 1 else 0
         entry = storages[sid]
         if entry.kind == "offload":
             earliest = max(earliest, entry.fills[0] + 1)  # after its write
-        begin = min(reload, earliest) if depth > 1 else reload
+        begin = min(first, earliest)
+        uses = [reload for reload, _ in run]
         result.append(
-            Occupancy(sid, entry.nbytes, begin, reload, [reload], read=True, wanted=reload)
+            Occupancy(sid, entry.nbytes, begin, uses[-1], uses, read=True, wanted=first)
         )
     result.sort(key=lambda o: (o.begin, o.last, o.storage))
     return result
@@ -362,27 +373,38 @@ def _first_fit(live: Sequence[Occupancy], size: int, budget: int) -> int | None:
     return offset if offset + size <= budget else None
 
 
-def _victim(
+def _victims(
     blocked: Occupancy,
     occupancies: Sequence[Occupancy],
     storages: Mapping[int, _Storage],
     streamed: set[int],
-) -> int | None:
-    """The kept storage alive where `blocked` begins that saves the fewest disk bytes per
-    byte held (None: none can be streamed)."""
+    budget: int,
+) -> list[int]:
+    """Kept storages alive where `blocked` begins to stream from now on: those that save the
+    fewest disk bytes per byte held first, as many as free the bytes `blocked` lacks (at
+    least one; none: none can be streamed). Several at once, so that a budget far below
+    what is kept is planned in a few rounds, not one round per storage."""
     alive = [
-        o.storage
+        o
         for o in occupancies
-        if o.slot is not None
-        and o.storage not in streamed
-        and not storages[o.storage].pinned
-        and o.begin <= blocked.begin <= o.last
+        if o.slot is not None and o.begin <= blocked.begin <= o.last
     ]
+    lacking = _aligned(blocked.nbytes) - (budget - sum(o.slot.size for o in alive))
+    candidates = {
+        o.storage for o in alive if o.storage not in streamed and not storages[o.storage].pinned
+    }
     if blocked.storage not in streamed and not storages[blocked.storage].pinned:
-        alive.append(blocked.storage)
-    if not alive:
-        return None
-    return min(alive, key=lambda s: (storages[s].saved_per_byte(), -storages[s].nbytes, s))
+        candidates.add(blocked.storage)
+    ranked = sorted(
+        candidates, key=lambda s: (storages[s].saved_per_byte(), -storages[s].nbytes, s)
+    )
+    chosen: list[int] = []
+    for sid in ranked:
+        chosen.append(sid)
+        lacking -= _aligned(storages[sid].nbytes)
+        if lacking <= 0:
+            break
+    return chosen
 
 
 def _too_small(

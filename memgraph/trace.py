@@ -6,6 +6,9 @@ them, `memgraph.plots.stream_timeline` draws them, and `to_chrome_trace` /
 `read_chrome_trace` convert to and from the Chrome trace JSON that Perfetto and
 chrome://tracing display (one track per stream).
 
+A plan with a host tier (`MemGraph.tier`) has two more lanes, its disk's reads and
+writes (`DISK_STREAMS`), shown after the others.
+
 `STREAMS` is the one definition of the lane names; `node_event` is the one way a
 node's event is named and annotated. The simulator (`memgraph.simulate`) and the
 runtime (`runtime.Session`, `einpage run --trace`) both use them, so a simulated and a
@@ -135,9 +138,13 @@ def node_event(mg: MemGraph, node: MemNode, stream: str, start: float, end: floa
     and the runtime both record it: named by `event_name`, its kind as category, and as
     args the task id, the bytes it moves or writes, an apply's FLOPs, the task's scope
     and label, a send's or receive's link (its index in `MultiPlan.links`), and the node
-    itself (`MemNode.describe`: regions, host storage, box)."""
+    itself (`MemNode.describe`: regions, host storage, box). A read's or write's bytes
+    are its host storage's (what moves between disk and the host arena)."""
     task = mg.taskgraph[node.tensor]
-    args: dict[str, Any] = {"tensor": node.tensor, "bytes": task.nbytes}
+    nbytes = task.nbytes
+    if node.kind in (NodeKind.READ, NodeKind.WRITE):  # a whole host storage (an assembly's)
+        nbytes = mg.storages[node.storage].nbytes
+    args: dict[str, Any] = {"tensor": node.tensor, "bytes": nbytes}
     if node.kind is NodeKind.APPLY:
         args["flops"] = task.flops
     if task.scope:
@@ -382,9 +389,14 @@ def read_chrome_trace(
 
 
 def ordered_lanes(streams: Iterable[str]) -> list[str]:
-    """Lane names in display order: compute, h2d, d2h, then others sorted."""
+    """Lane names in display order: compute, h2d, d2h, peer, disk_read, disk_write, then
+    others sorted.
+
+    >>> ordered_lanes(["disk_write", "d2h", "disk_read", "compute"])
+    ['compute', 'd2h', 'disk_read', 'disk_write']
+    """
     seen = set(streams)
-    known = (*STREAMS, PEER_STREAM)
+    known = (*STREAMS, PEER_STREAM, *DISK_STREAMS)
     return [s for s in known if s in seen] + sorted(seen - set(known))
 
 

@@ -105,6 +105,7 @@ from einpage_core.errors import (
 from einpage_core.progress import ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_exact, parse_bytes
 from memgraph import COST_MODELS, ORDERS, POLICIES, MemGraph, PlanOptions, budget_references
+from memgraph.cost import DEFAULT_DISK, DISKS
 from memgraph.multi import DeviceBudgetError
 from memgraph.multi_serialize import MultiPlanFile
 from memgraph.peer import SENDS
@@ -243,7 +244,8 @@ def _cmd_stats(args: argparse.Namespace, console: Console) -> int:
         if isinstance(mg, MultiPlanFile):
             return stats_multi(args, console, mg)
         with console.stage("simulating"):
-            sim = memgraph.simulate(mg, args.cost_model or mg.info.get("cost_model") or None)
+            machine = args.cost_model or mg.info.get("cost_model") or None
+            sim = memgraph.simulate(mg, machine, disk=args.disk)
         with console.stage("verifying"):
             try:
                 report, failure = memgraph.verify(mg), None
@@ -659,7 +661,9 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="what a plan does: memory, transfers, simulated time, verification",
         description="Print what PLAN.json does (memory, transfers), its simulated time, "
-        "and whether it passes memgraph.verify (exit code 1 if not). A plan for several "
+        "and whether it passes memgraph.verify (exit code 1 if not). A plan with a host "
+        "tier also prints what it needs of host memory and disk, and its disk's reads and "
+        "writes in the simulated time. A plan for several "
         "devices (einpage plan --devices N) prints each device, the simulated time of all "
         "together, and memgraph.multi.verify_multi.",
     )
@@ -668,6 +672,12 @@ def _add_stats(commands: Any, common: argparse.ArgumentParser) -> None:
         "--cost-model",
         choices=list(COST_MODELS),
         help="the machine's cost model the simulator times the plan on (default: the plan's)",
+    )
+    stats.add_argument(
+        "--disk",
+        choices=list(DISKS),
+        help="the drive below a plan's host tier, for its reads and writes (default: the "
+        f"cost model's, else {DEFAULT_DISK})",
     )
     stats.add_argument("--json", action="store_true", help="print JSON instead of tables")
     stats.set_defaults(handler=_cmd_stats)
