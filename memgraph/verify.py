@@ -60,6 +60,11 @@ residencies and host storages, and checks:
   used by one node of the plan, and an output sent is produced. That a send's link
   ends in a receive on another device, of the same size, is `verify_multi`'s check.
 
+* a host tier (`MemGraph.tier`): after each node's device checks, the host tier's rules
+  (`memgraph.verify_tiers`: slots of the host arena, places on disk, and the order of
+  reads, writes and releases, through the same "after" as every rule here); a plan
+  without a tier has no read, write or release node, no slot and no place on disk.
+
 The live bytes checked against the budget at each alloc are those of the residency
 analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
 with the planner.
