@@ -6,6 +6,11 @@ reload; an offloaded tensor spilled (offload -> write -> release) and read back 
 reload -> release), in the same slot; an output assembled on the host in its slot, spilled
 and read back half-way. The oracle watch (`conftest.py`) judges each plan too, so the
 independent oracle's rule P6 (`tests/oracle.py`) must name the same node.
+
+Then plans of the pass (`memgraph.tiers.place_host`), random programs at several host
+budgets: they verify, and their mutants – a dependency the tier needs dropped, a slot
+shifted, an occupancy moved onto a live one – are refused where a walk written here (not
+the verifier's code) says the violation is.
 """
 
 from __future__ import annotations
