@@ -45,7 +45,7 @@ from einpage_core.errors import VerificationError
 from memgraph.nodes import HostRegion, HostStorage, HostTier, MemNode, NodeKind
 from memgraph.verify_ranges import LatestFrees, LiveRegions
 
-__all__ = ["RULES", "HostTierRules", "holds", "check_no_tier"]
+__all__ = ["RULES", "rule", "HostTierRules", "holds", "check_no_tier"]
 
 RULES: dict[str, str] = {
     "no tier": "a plan without a host tier names no host slot and no place on disk",
