@@ -108,16 +108,16 @@ class _Storage:
     kind: str  # "weight" (from a checkpoint), "offload" or "assembly"
     fills: list[int] = field(default_factory=list)  # offloads into it, in order
     reads: list[int] = field(default_factory=list)  # reloads from it, in order
-    output: int | None = None  # the output node that returns it from the host
+    outputs: list[int] = field(default_factory=list)  # output nodes returning it from the host
 
     @property
     def pinned(self) -> bool:
         """Whether it stays in host memory to the end: the run returns it from there."""
-        return self.output is not None
+        return bool(self.outputs)
 
     @property
     def first(self) -> int:
-        return min(self.fills + self.reads + ([self.output] if self.output is not None else []))
+        return min(self.fills + self.reads + self.outputs)
 
     def saved_per_byte(self) -> float:
         """Disk bytes saved by keeping it, per byte kept per node: what demotion ranks."""
@@ -251,9 +251,9 @@ def _storages(mg: MemGraph, weights: Mapping[str, CheckpointPlace]) -> dict[int,
         elif node.kind is NodeKind.RELOAD:
             entry.reads.append(node.id)
         elif node.kind is NodeKind.OUTPUT:  # kept to the end (a weight: read, then kept)
-            entry.output = node.id
+            entry.outputs.append(node.id)
     for sid, entry in list(table.items()):
-        if not (entry.fills or entry.reads or entry.output is not None):
+        if not (entry.fills or entry.reads or entry.outputs):
             del table[sid]  # never used: nothing to place
         elif entry.kind == "offload" and not entry.fills:
             raise PlanError(f"host#{sid} is an offload storage that nothing offloads into")
@@ -282,8 +282,7 @@ def _checkpoint_files(
             files.append(DiskFile("checkpoint", place.file_nbytes, place.path))
         elif files[index[place.path]].nbytes != place.file_nbytes:
             raise PlanError(f"{place.path!r} is given two sizes")
-        if node.storage in storages:
-            places[node.storage] = DiskPlace(index[place.path], place.offset)
+        places[node.storage] = DiskPlace(index[place.path], place.offset)  # used or not
     return files, places
 
 
@@ -303,7 +302,7 @@ def _occupancies(
             uses = sorted(entry.fills + entry.reads)
             end = None if entry.pinned else max(uses)
             if entry.pinned:
-                uses.append(entry.output)
+                uses += entry.outputs
             read = entry.kind == "weight"
             result.append(Occupancy(sid, nbytes, entry.first, end, uses, read=read))
             continue

@@ -12,6 +12,11 @@ Backends copy boxes of host arrays with one strided primitive (`Backend.copy_box
 `declare_workspaces(tg)` states the device memory each GPU kernel needs besides its
 operands and output, for the planner to place (`runtime.workspace`).
 
+A plan with a host tier (`memgraph.tiers`) runs alone, with `run(mg, inputs, spill=FOLDER)`
+or `Session(mg, spill=FOLDER)`: its weights are read from their checkpoint (not passed),
+what it spills goes to a spill file in FOLDER, removed when the run ends, and its host
+storages live in one host arena (`runtime.tiers`, `runtime.diskio`).
+
 A plan for several devices (`memgraph.multi.MultiPlan`) runs in one process with
 `run_devices(mp, inputs)` (a thread and an arena per device, links between them,
 `runtime.multi`), or on Ray with `run_on_ray(mp, inputs)` / `RayDevices(mp)` (an actor

@@ -21,6 +21,11 @@ registered for another array, or the driver refuses – is it copied into pinned
 allocated then. `SharedHost.promise` counts every home either way: the host bytes a
 session pins, allocated or registered, at most (`runtime.pinned_bytes`).
 
+A plan with a host tier (`runtime.tiers`) keeps the storages its tier holds (offloaded
+tensors, outputs assembled on the host, weights read from a checkpoint) in its own host
+arena, not here: they get no home and no scratch slot, and `SharedHost.tier_bytes`
+counts that arena in the session's `promise`.
+
 Offsets are multiples of `HOST_ALIGNMENT` (256 B).
 """
 
@@ -37,6 +42,7 @@ import numpy as np
 from einpage_core.errors import BackendError
 from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
+from runtime.tiers import host_arena_bytes, tier_held
 from taskgraph.nodes import Input
 
 __all__ = [
@@ -126,18 +132,20 @@ class SharedHost:
     `plans`: each plan's `HostLayout`, in order; `homes`: the slot of each home in the
     buffer, or None for a weight read in place; `nbytes`: the buffer, allocated when the
     session opens; `in_place`: the homes read in place, with the bytes each would take
-    if copied (rounded as a slot is); `promise`: the buffer and those, the most host
-    memory the session pins.
+    if copied (rounded as a slot is); `tier_bytes`: the host arena of a plan with a host
+    tier (`runtime.tiers.host_arena_bytes`; 0 without one); `promise`: the buffer, those
+    and the host arena, the most host memory the session pins.
     """
 
     plans: tuple[HostLayout, ...]
     homes: dict[HomeKey, HostSlot | None]
     nbytes: int
     in_place: dict[HomeKey, int]
+    tier_bytes: int = 0
 
     @property
     def promise(self) -> int:
-        return self.nbytes + sum(self.in_place.values())
+        return self.nbytes + sum(self.in_place.values()) + self.tier_bytes
 
     @classmethod
     def of(
@@ -168,7 +176,8 @@ class SharedHost:
         layouts = []
         for mg, (storages, outputs, _) in zip(plans, scratch, strict=True):
             layouts.append(_plan_layout(mg, staging, slots, storages, outputs, nbytes))
-        return cls(tuple(layouts), slots, nbytes, in_place)
+        tier = max((host_arena_bytes(mg) for mg in plans), default=0)
+        return cls(tuple(layouts), slots, nbytes, in_place, tier)
 
 
 def _homes_of(plans: Sequence[MemGraph], staging: bool) -> dict[HomeKey, _Home]:
@@ -177,8 +186,9 @@ def _homes_of(plans: Sequence[MemGraph], staging: bool) -> dict[HomeKey, _Home]:
     for mg in plans:
         tg = mg.taskgraph
         written = {n.storage for n in mg.nodes if n.kind is NodeKind.OFFLOAD}
+        held = tier_held(mg)
         for node in mg.nodes:
-            if node.kind is not NodeKind.INPUT:
+            if node.kind is not NodeKind.INPUT or node.storage in held:
                 continue
             task = tg[node.tensor]
             key = (node.name, tuple(task.shape), task.dtype)
@@ -194,11 +204,12 @@ def _homes_of(plans: Sequence[MemGraph], staging: bool) -> dict[HomeKey, _Home]:
 def _scratch_of(
     mg: MemGraph, base: int, staging: bool
 ) -> tuple[dict[int, HostSlot], dict[str, HostSlot], int]:
-    """`mg`'s scratch slots from offset `base`: storages that are no input's, then the
-    staging slots of device-side outputs; and the end of the area."""
+    """`mg`'s scratch slots from offset `base`: storages that are no input's (nor in its
+    host tier's arena), then the staging slots of device-side outputs; and the end of
+    the area."""
     tg = mg.taskgraph
     top = base
-    inputs = {n.storage for n in mg.nodes if n.kind is NodeKind.INPUT}
+    inputs = {n.storage for n in mg.nodes if n.kind is NodeKind.INPUT} | tier_held(mg)
 
     def place(shape: tuple[int, ...], dtype: str) -> HostSlot:
         nonlocal top
@@ -229,8 +240,9 @@ def _plan_layout(
     inputs: dict[str, HostSlot] = {}
     aliased: set[int] = set()
     keys: dict[str, HomeKey] = {}
+    held = tier_held(mg)
     for node in mg.nodes:
-        if node.kind is not NodeKind.INPUT:
+        if node.kind is not NodeKind.INPUT or node.storage in held:
             continue
         task = tg[node.tensor]
         key = keys[node.name] = (node.name, tuple(task.shape), task.dtype)

@@ -17,6 +17,11 @@ An offload or reload copies what its node says and nothing else: its `box` of th
 storage (a sliced copy), or else the whole storage, with the backend's one strided
 copy primitive (`Backend.copy_box`), straight between the storage's place in host
 memory and the arena. The interpreter reads no TaskGraph to find a box.
+
+In a plan with a host tier (`runtime.tiers`), a copy that names a host `slot` copies
+from or to that slot of the host arena (`tier_arena`), seen as its storage's shape and
+dtype (`slot_view`), not a slot of the `HostLayout`; `read`, `write` and `release`
+nodes go to `disk` (a `runtime.tiers.DiskPort`).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ import numpy as np
 
 from einpage_core.errors import BackendError
 from memgraph.graph import MemGraph
-from memgraph.nodes import HostBox, MemNode, NodeKind, Region
+from memgraph.nodes import HostBox, HostRegion, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
 from runtime.hostmem import HOST_ALIGNMENT, HostLayout, HostSlot
+from runtime.tiers import tier_held
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT", "arena_bytes"]
 
@@ -80,8 +86,12 @@ class Interpreter:
         # of a plan with a host tier (`runtime.tiers`); None: a read, write or release is
         # an error.
         self.disk: Any = None
+        # The host arena of a plan with a host tier (`runtime.tiers.host_arena_bytes`),
+        # where the copies that name a slot copy from and to; None without a tier.
+        self.tier_arena: np.ndarray | None = None
         self._views: dict[tuple[Any, ...], Any] = {}
         self._host_views: dict[int, np.ndarray] = {}
+        self._slot_views: dict[tuple[int, int], np.ndarray] = {}
         # The class's functions, not bound methods: a dict of methods bound to `self` would
         # be a reference cycle, keeping the arena's views alive until a collection.
         self._handlers: dict[NodeKind, Callable[[Interpreter, MemNode, Stream | None], None]] = {
@@ -134,9 +144,45 @@ class Interpreter:
         view = self._host_views.get(storage)
         if view is None:
             if storage not in self.layout.storages:
+                if self.mg.tier is not None and storage in tier_held(self.mg):
+                    raise BackendError(
+                        f"host#{storage} is held by the plan's host tier, so a node copying "
+                        "it must name its slot of the host arena; this one names none"
+                    )
                 raise BackendError(f"host#{storage} holds no data: its input was never placed")
             view = self._host_views[storage] = self.layout.storages[storage].of(self.host)
         return view
+
+    def slot_view(self, slot: HostRegion, storage: int) -> np.ndarray:
+        """The host arena's bytes of `slot` seen as host storage `storage` (its shape and
+        dtype, in the slot's first `nbytes` bytes)."""
+        key = (slot.offset, storage)
+        view = self._slot_views.get(key)
+        if view is None:
+            entry = self.mg.storages.get(storage)
+            if entry is None:
+                raise BackendError(f"host#{storage} is not in the plan's table of host storages")
+            arena = self.tier_arena
+            if arena is None:
+                raise BackendError(
+                    f"host#{storage} is in host slot {slot}, but this run has no host arena "
+                    "(a plan with a host tier runs only in a session that allocated it)"
+                )
+            if entry.nbytes > slot.size or slot.offset < 0 or slot.end > arena.nbytes:
+                raise BackendError(
+                    f"host#{storage} ({entry.nbytes} bytes) in slot {slot} does not fit (in "
+                    f"the host arena of {arena.nbytes} bytes)"
+                )
+            raw = arena[slot.offset : slot.offset + entry.nbytes]
+            view = self._slot_views[key] = raw.view(entry.dtype).reshape(entry.shape)
+        return view
+
+    def output_host(self, node: MemNode) -> np.ndarray:
+        """The host array of an output on the host: its slot of the host arena, or its
+        storage's place."""
+        if node.slot is not None:
+            return self.slot_view(node.slot, node.storage)
+        return self.host_view(node.storage)
 
     def bind_host(self, storage: int, array: np.ndarray) -> None:
         """Use `array` as host storage `storage` (an aliased input storage, only ever read)."""
@@ -186,11 +232,15 @@ class Interpreter:
         self.backend.copy_box(host, box.starts, self.box_view(node.region, box), "h2d", stream)
 
     def host_box(self, node: MemNode) -> tuple[np.ndarray, HostBox]:
-        """The host array of a copy's storage, and the box of it the copy moves."""
+        """The host array of a copy's storage (in its slot of the host arena, when the
+        node names one), and the box of it the copy moves."""
         storage = self.mg.storages.get(node.storage)
         if storage is None:
             raise BackendError(f"host#{node.storage} is not in the plan's table of host storages")
-        return self.host_view(node.storage), node.box if node.box is not None else storage.box
+        box = node.box if node.box is not None else storage.box
+        if node.slot is not None:
+            return self.slot_view(node.slot, node.storage), box
+        return self.host_view(node.storage), box
 
     def free(self, node: MemNode, stream: Stream | None) -> None:
         """Nothing to do, unless poisoning: then the region is filled with `POISON_BYTE`."""
@@ -222,7 +272,7 @@ class Interpreter:
         self._disk(node).write(node, stream)
 
     def release(self, node: MemNode, stream: Stream | None) -> None:
-        """Nothing to do, unless poisoning: then the slot is filled with `POISON_BYTE`."""
+        """The slot's occupancy ends: nothing to do, unless poisoning (`disk.release`)."""
         self._disk(node).release(node, stream)
 
     def _disk(self, node: MemNode) -> Any:

@@ -64,6 +64,7 @@ from memgraph.nodes import MemNode, NodeKind
 from runtime.backend import Backend, NodeFailure
 from runtime.schedule import ReadyNodes, check_dependencies
 from runtime.session import Session, _naming
+from runtime.tiers import refuse_tier_plan
 
 __all__ = [
     "ORDERS",
@@ -636,9 +637,12 @@ def check_multi(mp: MultiPlan, unsafe_skip_verify: bool = False) -> None:
     of `memgraph.multi.verify_multi` (each device plan, the links' sizes, every input fed
     once, the union of the plans and links acyclic: a run cannot deadlock; errors name
     the device). With `unsafe_skip_verify` only the structure and each plan's
-    dependencies are checked, as `runtime.run` does."""
+    dependencies are checked, as `runtime.run` does. A device plan with a host tier is
+    refused (`BackendError` naming the device): tiers run only in a plan's own session."""
     if not isinstance(mp, MultiPlan):
         raise BackendError(f"expected a memgraph.multi.MultiPlan, got {type(mp).__name__}")
+    for plan in mp.plans:
+        refuse_tier_plan(plan.mg, f"a plan for several devices (device {plan.device})")
     devices = [plan.device for plan in mp.plans]
     if devices != list(range(mp.devices)):
         raise VerificationError(

@@ -14,6 +14,11 @@ Execution modes (`MODES`):
                  each node finished before the next starts: a missing dependency
                  shows up as a wrong answer for some seed (see `random_order`).
 
+A plan with a host tier (`runtime.tiers`) has two more streams in the modes `streams`
+and `random`, `disk_read` (reads from disk into the host arena) and `disk_write`
+(writes to the spill file; and, when poisoning, releases of host slots), so that
+reads overlap compute (`memgraph.trace.DISK_STREAMS`).
+
 Bookkeeping nodes (allocs, frees, host-side inputs and outputs) do no work; their
 dependencies pass through them: a node that depends on a free waits for everything
 the free depends on.
@@ -30,11 +35,12 @@ from typing import Any
 from einpage_core.errors import BackendError, VerificationError
 from memgraph.graph import MemGraph
 from memgraph.nodes import MemNode, NodeKind
-from memgraph.trace import STREAMS  # the lane names, defined once
+from memgraph.trace import DISK_STREAMS, STREAMS  # the lane names, defined once
 
 __all__ = [
     "MODES",
     "STREAMS",
+    "DISK_STREAMS",
     "Schedule",
     "ReadyNodes",
     "node_stream",
@@ -63,10 +69,16 @@ def node_stream(node: MemNode, poison: bool = False) -> str | None:
     Unlike `memgraph.nodes.STREAM_OF` (where a plan's nodes belong), this is where
     the runtime has work to do: a host-side input does none (its data is placed in
     host storage before the run starts), a device-side output is a device-to-host
-    copy, and a free poisons its region on the compute stream when asked to.
+    copy, and a free poisons its region on the compute stream when asked to; a read
+    from disk runs on `disk_read`, a write to the spill file on `disk_write`, and a
+    release of a host slot poisons the slot there when asked to.
     """
     if node.kind is NodeKind.APPLY:
         return "compute"
+    if node.kind is NodeKind.READ:
+        return "disk_read"
+    if node.kind is NodeKind.WRITE or (node.kind is NodeKind.RELEASE and poison):
+        return "disk_write"
     if node.copies is not None:  # a reload, an offload, an input put on the device
         return node.copies
     if node.kind is NodeKind.OUTPUT and node.region is not None:
@@ -97,11 +109,13 @@ class Schedule:
             stream_of = tuple(None if s is None else "compute" for s in own)
             return cls(mode, ("compute",), stream_of, ((),) * len(mg.nodes), frozenset())
         stream_of = tuple(own)
+        disk = mg.tier is not None or any(s in DISK_STREAMS for s in own)
+        streams = STREAMS + DISK_STREAMS if disk else STREAMS
         if mode == "random":
-            return cls(mode, STREAMS, stream_of, ((),) * len(mg.nodes), frozenset())
+            return cls(mode, streams, stream_of, ((),) * len(mg.nodes), frozenset())
         waits = _event_waits(mg, stream_of)
         recorded = frozenset(i for w in waits for i in w)
-        return cls(mode, STREAMS, stream_of, waits, recorded)
+        return cls(mode, streams, stream_of, waits, recorded)
 
     def __repr__(self) -> str:
         count = sum(len(w) for w in self.waits)

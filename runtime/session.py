@@ -18,6 +18,15 @@ its failure surfaces at a later call: in debug mode (`debug=True`, `EINPAGE_SYNC
 the node that failed, its line; otherwise a sticky CUDA error (the device context is
 lost) raises `ContextLostError` listing the nodes in flight.
 
+A plan with a host tier (`MemGraph.tier`, `runtime.tiers`) runs alone in its session
+(a session of several plans refuses one with a tier: a generation's step plans with
+tiers are not supported yet). Its disk files are opened when the session opens, before
+anything is allocated (`runtime.diskio.DiskFiles`: checkpoints checked, the spill file
+created in the folder `spill=` names, which a plan with a spill file requires), and
+closed – the spill file removed – when it closes; its host arena is allocated once
+with the other buffers. Its runs take only the inputs that are not on disk: a weight
+the plan reads from its checkpoint, given anyway, is refused (`InputError`).
+
 `run` makes a session per call and closes it before returning: nothing of a run
 outlives it, in this module or elsewhere. Fresh buffers cost their first-touch page
 faults on every call (on a 122 MiB NumPy arena, about 180 ms against 90 ms of compute:
@@ -51,9 +60,11 @@ from memgraph.nodes import MemNode, NodeKind
 from memgraph.trace import node_event
 from memgraph.verify import VerifyReport
 from runtime.backend import Backend, Event, NodeFailure, Stream, get_backend
+from runtime.diskio import DiskFiles
 from runtime.hostmem import HomeKey, HostLayout, HostSlot, Registrations, SharedHost, aligned
 from runtime.interpreter import POISON_BYTE, Interpreter, arena_bytes
 from runtime.schedule import Schedule, check_dependencies, random_order, resolve_mode
+from runtime.tiers import DiskPort, disk_inputs, refuse_disk_inputs
 from runtime.trace import Trace
 
 __all__ = [
@@ -141,6 +152,20 @@ class _Placeholder:
         self.dtype = np.dtype(dtype)
 
 
+def conform_caller_inputs(mg: MemGraph, inputs: Any, key: Any = None) -> dict[str, Any]:
+    """`TaskGraph.conform_inputs` of the inputs a caller passes: every input but those the
+    plan reads from disk itself (`runtime.tiers.disk_inputs`), which are refused."""
+    on_disk = disk_inputs(mg)
+    if not on_disk:
+        return mg.taskgraph.conform_inputs(inputs)
+    if not isinstance(inputs, Mapping):
+        raise InputError(f"inputs must be a mapping of name to array, got {type(inputs).__name__}")
+    refuse_disk_inputs(mg, inputs, key)
+    stand_ins = {name: v for name, v in _placeholders(mg, inputs).items() if name in on_disk}
+    conformed = mg.taskgraph.conform_inputs({**stand_ins, **inputs})
+    return {name: value for name, value in conformed.items() if name not in on_disk}
+
+
 def _placeholders(mg: MemGraph, exclude: Mapping[str, Any]) -> dict[str, _Placeholder]:
     tg = mg.taskgraph
     return {
@@ -170,6 +195,28 @@ def refuse_unsupported(mg: MemGraph, backend: Backend) -> None:
                 f"the {backend.name} backend cannot run {dtype} tensors ({len(tasks)} tasks "
                 f"of this plan, e.g. {example}): {missing}"
             )
+
+
+def refuse_tier_plans(plans: Mapping[Any, MemGraph], carries_peers: bool) -> None:
+    """`BackendError` naming the plan when a session cannot run a plan with a host tier:
+    one of several plans (generation step plans with tiers are not supported), or a
+    device's share of a plan for several devices."""
+    tiered = [key for key, mg in plans.items() if mg.tier is not None]
+    if not tiered:
+        return
+    mg = plans[tiered[0]]
+    name = f"{mg.taskgraph.name!r}" + (f" (plan {tiered[0]!r})" if len(plans) > 1 else "")
+    if carries_peers:
+        raise BackendError(
+            f"{name} has a host tier ({mg.tier}): a plan for several devices with host "
+            "tiers cannot run (runtime.run_devices, LocalDevices, RayDevices refuse them)"
+        )
+    if len(plans) > 1:
+        raise BackendError(
+            f"{name} has a host tier ({mg.tier}), and a session of several plans cannot "
+            f"run plans with host tiers ({len(tiered)} of its {len(plans)} plans have one): "
+            "run it alone, in runtime.run or a Session of that plan"
+        )
 
 
 def refuse_peer_nodes(mg: MemGraph, key: Any = None) -> None:
@@ -345,10 +392,11 @@ class Session:
     `pinned_bytes(plans)` – refused up front with `HostBudgetError` when the plans need
     more), `debug` (synchronize after each node, so that a failure names the node that
     failed, its line; default: on when the environment sets `EINPAGE_SYNC=1`), and
-    backend options (NumPy: `timeout`; CuPy: `scratch`, `device`).
+    backend options (NumPy: `timeout`; CuPy: `scratch`, `device`). `spill`: the folder a
+    plan with a host tier creates its spill file in (required when it has one).
 
-    Setting up takes a few steps (`_check_plans`, `_open_backend`, `_plan_memory`,
-    `_allocate`, `_open_streams`, `_start`), each registering the release of what it
+    Setting up takes a few steps (`_check_plans`, `_open_disk`, `_open_backend`,
+    `_plan_memory`, `_allocate`, `_open_streams`, `_start`), each registering the release of what it
     acquired on one `ExitStack`: when a step fails, what the earlier ones acquired is
     released before the error propagates, and `close()` releases the same way – every
     buffer, staged input and registration is dropped then, not when the session is
@@ -373,6 +421,7 @@ class Session:
         unsafe_skip_verify: bool = False,
         host_budget: int | str | None = None,
         debug: bool | None = None,
+        spill: str | os.PathLike[str] | None = None,
         **options: Any,
     ):
         self._closed = True  # until every step below succeeded: close() has nothing to do
@@ -380,6 +429,7 @@ class Session:
         self.debug = _debug_from_environment() if debug is None else bool(debug)
         self._check_plans(unsafe_skip_verify)
         with contextlib.ExitStack() as acquired:
+            self._open_disk(spill, acquired)
             self._open_backend(backend, options, acquired)
             self._plan_memory(mode, poison, host_budget)
             self._allocate(acquired)
@@ -426,9 +476,19 @@ class Session:
             else:
                 verified(mg)
         check_shared_inputs(self.plans)
+        refuse_tier_plans(self.plans, self.carries_peers)
         if not self.carries_peers:
             for key, mg in self.plans.items():
                 refuse_peer_nodes(mg, key if len(self.plans) > 1 else None)
+
+    def _open_disk(self, spill: Any, acquired: contextlib.ExitStack) -> None:
+        """The disk files of the plan with a host tier, if any (`runtime.diskio`), closed –
+        the spill file removed – on release; before anything is allocated."""
+        self.disk_files: DiskFiles | None = None
+        tiered = [mg for mg in self.plans.values() if mg.tier is not None]
+        if tiered:
+            self.disk_files = DiskFiles.open(tiered[0].tier, spill)
+            acquired.callback(self.disk_files.close)
 
     def _open_backend(
         self, backend: str | Backend, options: dict[str, Any], acquired: contextlib.ExitStack
@@ -472,10 +532,15 @@ class Session:
         self._registrations = Registrations(self.backend)
         acquired.callback(self._drop_buffers)
         acquired.callback(self._registrations.close)  # before the buffers are dropped
+        self.tier_arena: np.ndarray | None = None
         self.arena = self.backend.allocate_arena(self.arena_nbytes)
         self.host = self.backend.allocate_host(self.host_layout.nbytes)
+        if self.disk_files is not None:
+            self.tier_arena = self.backend.allocate_host(self.host_layout.tier_bytes)
         if self.poison:
             self.host.fill(POISON_BYTE)
+            if self.tier_arena is not None:
+                self.tier_arena.fill(POISON_BYTE)
 
     def _drop_buffers(self) -> None:
         """Drop every reference to device and host memory: the interpreters (their views,
@@ -484,7 +549,7 @@ class Session:
             plan.interpreter = None
         self._staged.clear()
         self._copies.clear()
-        self.arena = self.host = None
+        self.arena = self.host = self.tier_arena = None
 
     def _open_streams(self, acquired: contextlib.ExitStack) -> None:
         """One stream per stream of the schedules, each closed on release."""
@@ -506,8 +571,16 @@ class Session:
             plan.interpreter = Interpreter(
                 plan.mg, self.backend, self.arena, self.host, plan.layout, self.poison
             )
+            if plan.mg.tier is not None:
+                plan.interpreter.tier_arena = self.tier_arena
+                plan.interpreter.disk = DiskPort(
+                    plan.mg, self.disk_files, self.tier_arena, POISON_BYTE if self.poison else None
+                )
             nodes = plan.mg.nodes
-            plan.input_nodes = {n.name: n for n in nodes if n.kind is NodeKind.INPUT}
+            on_disk = disk_inputs(plan.mg)
+            plan.input_nodes = {
+                n.name: n for n in nodes if n.kind is NodeKind.INPUT and n.name not in on_disk
+            }
             plan.output_nodes = {n.name: n for n in nodes if n.kind is NodeKind.OUTPUT}
             homes = {n.storage for n in plan.input_nodes.values()}
             plan.scratch = sorted(set(plan.layout.storages) - homes)
@@ -589,6 +662,8 @@ class Session:
                 f"inputs must be a mapping of name to array, got {type(arrays).__name__}"
             )
         _reject_device_arrays(arrays)
+        for key, mg in self.plans.items():
+            refuse_disk_inputs(mg, arrays, key if len(self.plans) > 1 else None)
         given: dict[Any, dict[str, Any]] = {}  # plan key -> the arrays checked against it
         wanted: list[tuple[HomeKey, Any, str]] = []
         for name, value in arrays.items():
@@ -696,9 +771,10 @@ class Session:
                 f"inputs must be a mapping of name to array, got {type(inputs).__name__}"
             )
         _reject_device_arrays(inputs)
+        refuse_disk_inputs(chosen.mg, inputs)
         homes = chosen.layout.homes
         staged = {name: self._staged[k] for name, k in homes.items() if k in self._staged}
-        conformed = chosen.tg.conform_inputs({**staged, **inputs})
+        conformed = conform_caller_inputs(chosen.mg, {**staged, **inputs})
         started = time.perf_counter()
         placed = self._place({homes[name]: conformed[name] for name in inputs})
         self._staged.update({key: a for key, a in placed.items() if key in self._staged})
@@ -729,7 +805,10 @@ class Session:
             **self.backend.memory_report(plan.interpreter.arena_bytes),
             "arena_bytes": plan.interpreter.arena_bytes,
             "arena_allocated_bytes": self.arena_nbytes,
-            "host_bytes": self.host_layout.nbytes + sum(c.nbytes for c in self._copies),
+            "host_bytes": self.host_layout.nbytes
+            + self.host_layout.tier_bytes
+            + sum(c.nbytes for c in self._copies),
+            "host_tier_bytes": self.host_layout.tier_bytes,
             "host_in_place_bytes": sum(self.host_layout.in_place[key] for key in in_place),
             "host_registered_bytes": self._registrations.registered_bytes,
         }
@@ -759,7 +838,7 @@ class Session:
             if node is None:
                 raise BackendError(f"the plan never produces output {name!r}")
             if node.storage is not None:
-                value = interp.host_view(node.storage).reshape(task.shape)
+                value = interp.output_host(node).reshape(task.shape)
                 outputs[name] = np.array(value, copy=True)
             elif self.backend.host_staging:
                 outputs[name] = np.array(interp.results[name], copy=True)
@@ -805,6 +884,10 @@ class Session:
                 stream.synchronize()
             except BaseException as err:
                 failure = failure or err
+        for plan in self._plans.values():  # host work run as CUDA host functions
+            disk = plan.interpreter.disk if plan.interpreter is not None else None
+            if disk is not None:
+                failure = failure or disk.take_failure()
         if failure is not None:
             raise self._failed(failure) from (
                 failure.error if isinstance(failure, NodeFailure) else failure
@@ -828,6 +911,8 @@ class Session:
         for storage in plan.scratch:
             slot = plan.layout.storages[storage]
             self.host[slot.offset : slot.offset + slot.nbytes] = POISON_BYTE
+        if plan.mg.tier is not None and self.tier_arena is not None:
+            self.tier_arena.fill(POISON_BYTE)
 
     def _barrier(self, plan: _Plan) -> Event:
         """An event on the first stream that every other stream waits for: the poisoning
@@ -961,6 +1046,8 @@ def _public_error(
             return failure
         return BackendError(f"the run failed: {type(failure).__name__}: {failure}")
     error, node = failure.error, failure.context
+    if not isinstance(error, Exception) and lost is None:
+        return error  # an interruption (KeyboardInterrupt) in a stream's work stays one
     if isinstance(node, MemNode):
         where = node.line() if debug else f"n{node.id} ({node.describe()})"
     else:
@@ -1020,6 +1107,7 @@ def run(
     trace: str | os.PathLike[str] | None = None,
     poison: bool | None = None,
     unsafe_skip_verify: bool = False,
+    spill: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> dict[str, np.ndarray]:
     """Execute the plan `mg` on `inputs` (name -> NumPy array); return its outputs.
@@ -1029,7 +1117,9 @@ def run(
     (`memgraph.verify`, once per plan: `VerificationError`). `backend` is "auto"
     (CuPy when a GPU is usable, else NumPy), "numpy" or "cupy"; `mode` is
     "sequential", "streams" (alias "threaded") or "random" (ordered by `seed`);
-    `trace` is a path to write a Chrome trace of the run to. Other keywords go to
+    `trace` is a path to write a Chrome trace of the run to; `spill` the folder a plan
+    with a host tier creates its spill file in (required when it has one; a weight the
+    plan reads from its checkpoint is not passed in `inputs`). Other keywords go to
     `Session` and the backend (see `Session`). Each call allocates the plan's buffers
     and releases them before returning: run a plan many times in a `Session`.
 
@@ -1037,13 +1127,14 @@ def run(
     """
     expect_graph(mg, MemGraph, "runtime.run", PLAN_FIRST)
     refuse_peer_nodes(mg)  # before its inputs: a link's input is never the caller's
-    inputs = mg.taskgraph.conform_inputs(inputs)
+    inputs = conform_caller_inputs(mg, inputs)
     with Session(
         mg,
         backend,
         mode=mode,
         poison=poison,
         unsafe_skip_verify=unsafe_skip_verify,
+        spill=spill,
         **options,
     ) as session:
         outputs = session.run(inputs, seed=seed, trace=trace is not None)
