@@ -502,14 +502,9 @@ def test_plans_of_the_pass_verify_at_every_host_budget(tg, device, weights):
         assert oracle.judge(mg.to_json()).accepted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=VerificationError,
-    reason="place_host records one output node per storage (the last): the first output of "
-    "a weight output twice on the host (an input and a view of it) names no slot and comes "
-    "before the weight's read",
-)
 def test_a_weight_output_twice_on_the_host_verifies():
+    """Both host outputs of a checkpoint weight (an input and a view of it) name its slot,
+    after its read (place_host once gave a slot to the last one only)."""
     prog = ep.Program("twice")
     a = prog.input("a", (1,), role="weight", location="device")
     w = prog.input("w", (1,), role="weight", location="host")
