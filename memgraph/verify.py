@@ -60,6 +60,11 @@ residencies and host storages, and checks:
   used by one node of the plan, and an output sent is produced. That a send's link
   ends in a receive on another device, of the same size, is `verify_multi`'s check.
 
+* a host tier (`MemGraph.tier`): after each node's device checks, the host tier's rules
+  (`memgraph.verify_tiers`: slots of the host arena, places on disk, and the order of
+  reads, writes and releases, through the same "after" as every rule here); a plan
+  without a tier has no read, write or release node, no slot and no place on disk.
+
 The live bytes checked against the budget at each alloc are those of the residency
 analysis (`memgraph.residency`, `MemGraph.residencies`). This module shares no code
 with the planner.
@@ -100,6 +105,7 @@ from memgraph.graph import MemGraph
 from memgraph.happens_before import waits_for
 from memgraph.nodes import HostBox, HostStorage, MemNode, NodeKind, Region
 from memgraph.verify_ranges import LatestFrees, LiveRegions, WrittenBoxes
+from memgraph.verify_tiers import HostTierRules, check_no_tier, rule
 from taskgraph import dtypes
 from taskgraph.nodes import Concat, Input, Slice, Task
 
@@ -113,6 +119,10 @@ class VerifyReport:
     nodes: int
     peak_bytes: int
     dependencies_checked: int
+    host_peak_bytes: int = 0  # with a host tier: the most host-arena bytes live at once
+
+
+_TIER_KINDS = (NodeKind.READ, NodeKind.WRITE, NodeKind.RELEASE)  # refused by `on_tier` then
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +193,7 @@ class _Verifier:
             if task.op.aliases_input:
                 self.roots[task.id] = self.roots[task.inputs[0]]
         self.field_problems: dict[tuple, str | None] = {}
+        self.tiers = None if mg.tier is None else HostTierRules(mg.tier, mg.storages, self)
 
     # -- reporting ---------------------------------------------------------------
 
@@ -247,7 +258,12 @@ class _Verifier:
             NodeKind.RELEASE: self.on_tier,
         }
         total, every = len(self.mg.nodes), ticks(len(self.mg.nodes))
+        tiers = self.tiers
         try:
+            if tiers is None:
+                check_no_tier(self.mg.storages, self)
+            else:
+                tiers.check_table()
             for position, node in enumerate(self.mg.nodes):
                 if progress is not None and position % every == 0:
                     progress(position, total)
@@ -256,6 +272,8 @@ class _Verifier:
                 deps = node.deps
                 self.deps = frozenset(deps) if len(deps) > 8 else deps
                 handlers[node.kind](node)
+                if tiers is not None:
+                    tiers.see(node)  # the host tier's rules (`memgraph.verify_tiers`)
         except VerificationError:
             self.settle()  # a missing dependency asked before this violation comes first
             raise
@@ -264,7 +282,8 @@ class _Verifier:
         self.check_complete()
         if progress is not None:
             progress(total, total)
-        return VerifyReport(len(self.mg.nodes), self.peak, self.checked)
+        host_peak = 0 if tiers is None else tiers.peak
+        return VerifyReport(len(self.mg.nodes), self.peak, self.checked, host_peak)
 
     def check_structure(self, node: MemNode, position: int) -> None:
         if node.id != position:
@@ -288,6 +307,10 @@ class _Verifier:
         problem = self.field_problem(node)
         if problem is not None:
             raise self.fail(problem)
+        if node.slot is not None and self.tiers is None and node.kind not in _TIER_KINDS:
+            raise self.fail(
+                f"names host slot {node.slot} in a plan without a host tier" + rule("no tier")
+            )
 
     def field_problem(self, node: MemNode) -> str | None:
         """`MemNode.field_problem`, remembered per kind and set of fields set (which is all
@@ -303,6 +326,7 @@ class _Verifier:
             node.workspace is None,
             node.recompute,
             node.link is None,
+            node.slot is None,
         )
         if key not in self.field_problems:
             self.field_problems[key] = node.field_problem()

@@ -116,6 +116,35 @@ The program (P):
   on the device (P1, a write, D2); each link index (`link`) is used by one send or
   receive of the plan. Whether the other device has the matching end is the whole
   plan's question (`verify_multi`), not this one's.
+* P6 a host tier (the document's `"tier"`: a host arena of `budget` bytes and disk
+  `files`) holds every storage of kind "offload" or "assembly" and every input storage
+  with a place on disk (`"disk"`: [file, offset]); any other input is the caller's
+  array. Without a tier, no storage has a place on disk and no node names a slot or is a
+  `read`, `write` or `release`. With one:
+
+  - (the table, before any node) a place on disk lies inside its file; an input's is
+    in a "checkpoint" file, any other storage's in a "spill" file; the spill places of
+    two storages share no byte;
+  - every `slot` [offset, size] lies inside [0, budget), with at least one byte; an
+    offload, reload or host output of a storage the tier holds names a slot, of any
+    other storage (or an output on the device) none;
+  - a storage *occupies* a slot from the node that fills it -- a `read` (from its place
+    on disk), or an offload naming a slot it does not occupy -- until a `release`. The
+    slot holds the storage's bytes; a storage may occupy several slots at once (a weight
+    read ahead of its next reload); a read, write or release names a storage the tier
+    holds, and its tensor; a reload, write, release or host output names a slot its
+    storage occupies (an offload naming one fills it again);
+  - two occupancies of overlapping slots are never live at once (in insertion order),
+    and the fill of the later one happens after the release of the earlier; the bytes
+    of the live slots never exceed the budget;
+  - a reload, write, release or host output happens after every fill of its
+    occupancy, and a release after every node that used it (reloads, writes);
+  - a read from a spill file happens after the latest write of its storage before it
+    (there is one); a write needs a place in a spill file (a checkpoint is never
+    written);
+  - a host output's occupancy is never released; an assembled storage whose slot was
+    released is filled again by a read, never by a sliced offload (which would start
+    it empty, losing the boxes written before).
 
 The verdict names the first node, in insertion order, that breaks a rule (or no node,
 for P's "every ... appears" and H1's "every entry is written", which concern the whole
@@ -305,6 +334,12 @@ class _Replay:
         self.outputs_seen: set[str] = set()
         self.links_seen: dict[int, int] = {}  # link -> the send or receive using it (P5)
         self.node: dict = {}
+        self.tier: dict | None = doc.get("tier")  # P6
+        self.occupying: dict[tuple, _Occupying] = {}  # (storage, offset, size) -> it, if live
+        self.released: list[tuple[int, int, int]] = []  # (offset, end, release) of each one
+        self.occupied: set[int] = set()  # storages that have occupied a slot
+        self.spill_writes: dict[int, int] = {}  # storage -> its latest write
+        self.host_held = 0
 
     # -- happens-before ---------------------------------------------------------------
 
@@ -344,24 +379,24 @@ class _Replay:
             "output": self.on_output,
             "send": self.on_send,
             "recv": self.on_recv,
-            "read": self.on_tier,
-            "write": self.on_tier,
-            "release": self.on_tier,
+            "read": self.on_read,
+            "write": self.on_write,
+            "release": self.on_release,
         }
         try:
+            self.check_tier_table()
             for position, node in enumerate(self.nodes):
                 self.node = node
                 self.check_structure(position)
+                self.check_slot()
                 kinds[node["kind"]]()
+                if node["kind"] in ("offload", "reload", "output"):
+                    self.tier_copy()
             self.node = {}
             self.check_whole_plan()
         except _Broken as err:
             return Verdict(False, err.node, err.rule, err.reason, self.peak)
         return Verdict(True, peak_bytes=self.peak)
-
-    def on_tier(self) -> None:
-        """A move between disk and host memory: no device bytes change (the host tier's
-        own rules are not judged here yet)."""
 
     def check_structure(self, position: int) -> None:
         node = self.node
@@ -688,6 +723,165 @@ class _Replay:
             )
         if list(box["starts"]) != list(task.attrs["starts"]):
             raise self.broken("H3", f"box {box} does not start where %{task.id} slices")
+
+    # -- the host tier (P6) -----------------------------------------------------------
+
+    def check_tier_table(self) -> None:
+        """Before any node: places on disk inside their files, in files of the right kind,
+        the spill places apart; none at all without a tier."""
+        placed = [entry for entry in self.table.values() if "disk" in entry]
+        if self.tier is None:
+            if placed:
+                raise self.broken("P6", f"host#{placed[0]['id']} is on disk, with no tier")
+            return
+        files = self.tier["files"]
+        spill: list[tuple[int, int, int, int]] = []
+        for entry in placed:
+            file, offset = entry["disk"]
+            if not 0 <= file < len(files):
+                raise self.broken("P6", f"host#{entry['id']} is in file#{file}: no such file")
+            if offset < 0 or offset + entry["nbytes"] > files[file]["nbytes"]:
+                raise self.broken("P6", f"host#{entry['id']} does not fit file#{file} at {offset}")
+            kind = "checkpoint" if entry["kind"] == "input" else "spill"
+            if files[file]["kind"] != kind:
+                raise self.broken("P6", f"host#{entry['id']} is not in a {kind} file")
+            if kind == "spill":
+                spill.append((file, offset, offset + entry["nbytes"], entry["id"]))
+        for i, (file, start, end, sid) in enumerate(spill):
+            for other, start2, end2, sid2 in spill[:i]:
+                if file == other and start < end2 and start2 < end:
+                    raise self.broken("P6", f"host#{sid} and host#{sid2} share bytes on disk")
+
+    def check_slot(self) -> None:
+        """A slot, or a read, write or release, only with a tier; a slot inside its arena."""
+        node = self.node
+        if self.tier is None:
+            if "slot" in node or node["kind"] in ("read", "write", "release"):
+                raise self.broken("P6", "names a host slot or moves a storage, with no tier")
+            return
+        if node["kind"] in ("read", "write", "release") and "slot" not in node:
+            raise self.broken("P6", f"a {node['kind']} names no slot")
+        if "slot" in node:
+            offset, size = node["slot"]
+            if offset < 0 or size < 1 or offset + size > self.tier["budget"]:
+                raise self.broken("P6", f"slot [{offset}, +{size}) is not in the host arena")
+
+    def tier_copy(self) -> None:
+        """An offload, reload or output of a storage the tier holds names its slot; an
+        offload fills it (or fills it again), the others use it."""
+        node = self.node
+        if self.tier is None:
+            return
+        storage = node.get("storage")
+        entry = None if storage is None else self.table.get(storage)
+        if entry is None or not _tier_holds(entry):
+            if "slot" in node:
+                raise self.broken("P6", "names a slot for what the tier does not hold")
+            return
+        if "slot" not in node:
+            raise self.broken("P6", f"names no slot for host#{storage}, which the tier holds")
+        if node["kind"] == "offload" and self.key(storage) not in self.occupying:
+            if entry["kind"] == "assembly" and storage in self.occupied:
+                raise self.broken("P6", f"fills host#{storage} afresh, losing its boxes")
+            self.fill_slot(entry)
+            return
+        here = self.occupying_now(storage)
+        if node["kind"] == "offload":
+            here.fills.append(node["id"])
+            return
+        self.after_fills(here, storage)
+        here.uses.append(node["id"])
+        if node["kind"] == "output":
+            here.output = node["id"]
+
+    def key(self, storage: int) -> tuple:
+        """The key of storage `storage`'s occupancy of the current node's slot."""
+        return (storage, *self.node["slot"])
+
+    def occupying_now(self, storage: int) -> _Occupying:
+        """Storage `storage`'s occupancy of the current node's slot, which must be live."""
+        here = self.occupying.get(self.key(storage))
+        if here is None:
+            raise self.broken("P6", f"host#{storage} is not in slot {self.node['slot']}")
+        return here
+
+    def after_fills(self, here: _Occupying, storage: int) -> None:
+        for fill in here.fills:
+            self.after(fill, "P6", f"which filled host#{storage}'s slot")
+
+    def fill_slot(self, entry: dict) -> None:
+        """The current node fills storage `entry` into its slot."""
+        offset, size = self.node["slot"]
+        if size < entry["nbytes"]:
+            raise self.broken("P6", f"a slot of {size} bytes cannot hold host#{entry['id']}")
+        for (sid, start, length), _ in self.occupying.items():
+            if start < offset + size and offset < start + length:
+                raise self.broken("P6", f"its slot overlaps host#{sid}'s, still occupied")
+        for start, end, release in self.released:
+            if start < offset + size and offset < end:
+                self.after(release, "P6", "which released bytes of its slot")
+        self.occupying[self.key(entry["id"])] = _Occupying((offset, size), [self.node["id"]], [])
+        self.occupied.add(entry["id"])
+        self.host_held += size
+        if self.host_held > self.tier["budget"]:
+            raise self.broken("P6", f"{self.host_held} host bytes held exceed the host budget")
+
+    def tier_entry(self) -> dict:
+        """The storage a read, write or release names: listed, of its tensor, on the tier."""
+        storage, tensor = self.node.get("storage"), self.node["tensor"]
+        entry = self.table.get(storage)
+        if entry is None or entry["tensor"] != tensor or not _tier_holds(entry):
+            raise self.broken("P6", f"host#{storage} is no storage of %{tensor} on the tier")
+        return entry
+
+    def on_read(self) -> None:
+        entry = self.tier_entry()
+        if "disk" not in entry:
+            raise self.broken("P6", f"reads host#{entry['id']}, which has no place on disk")
+        if self.tier["files"][entry["disk"][0]]["kind"] == "spill":
+            write = self.spill_writes.get(entry["id"])
+            if write is None:
+                raise self.broken("P6", f"reads host#{entry['id']} before any write of it")
+            self.after(write, "P6", f"which wrote host#{entry['id']} to the spill file")
+        self.fill_slot(entry)
+
+    def on_write(self) -> None:
+        entry = self.tier_entry()
+        if "disk" not in entry or self.tier["files"][entry["disk"][0]]["kind"] != "spill":
+            raise self.broken("P6", f"writes host#{entry['id']}, which has no spill place")
+        here = self.occupying_now(entry["id"])
+        self.after_fills(here, entry["id"])
+        here.uses.append(self.node["id"])
+        self.spill_writes[entry["id"]] = self.node["id"]
+
+    def on_release(self) -> None:
+        entry = self.tier_entry()
+        here = self.occupying_now(entry["id"])
+        if here.output is not None:
+            raise self.broken("P6", f"releases host#{entry['id']}, which n{here.output} keeps")
+        self.after_fills(here, entry["id"])
+        for use in here.uses:
+            self.after(use, "P6", f"which used host#{entry['id']}'s slot")
+        offset, size = here.slot
+        self.released.append((offset, offset + size, self.node["id"]))
+        del self.occupying[self.key(entry["id"])]
+        self.host_held -= size
+
+
+@dataclass
+class _Occupying:
+    """A storage in `slot` (offset, size) since node `fills[0]`: the nodes that filled it,
+    those that used it since, and the host output that keeps it (if any)."""
+
+    slot: tuple[int, int]
+    fills: list[int]
+    uses: list[int]
+    output: int | None = None
+
+
+def _tier_holds(entry: dict) -> bool:
+    """P6: whether the tier holds a storage (by its table entry)."""
+    return entry["kind"] != "input" or "disk" in entry
 
 
 def _box_inside(replay: _Replay, box: dict, entry: dict, rule: str) -> None:
