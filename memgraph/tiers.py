@@ -49,6 +49,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from einpage_core.errors import HostBudgetPlanError, PlanError
 from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
@@ -167,7 +169,7 @@ def place_host(
     storages = _storages(mg, weights)
     budget = read_host_budget(host_budget, storages)
     files, places = _checkpoint_files(mg, storages, weights)
-    streamed: set[int] = set()
+    streamed = _first_guess(storages, budget, depth, len(mg.nodes))
     while True:
         occupancies = _occupancies(mg, storages, streamed, depth)
         blocked = _place(occupancies, budget)
@@ -397,6 +399,49 @@ class _FreeList:
             del self.starts[k + 1], self.ends[k + 1]
 
 
+def _first_guess(
+    storages: Mapping[int, _Storage], budget: int, depth: int, count: int
+) -> set[int]:
+    """The storages to stream before placing anything: where the kept storages alive at
+    once would exceed the budget (less room for `depth` reads of the largest in flight),
+    those that save the fewest disk bytes per byte held, as `_victims` ranks them – so
+    that placement, which finds the rest, starts near the answer (every round of it
+    places the whole plan again)."""
+    movable = [e for e in storages.values() if not e.pinned]
+    largest = max((_aligned(e.nbytes) for e in movable), default=0)
+    target = budget - min(depth * largest, budget // 2)
+    spans = {}
+    curve = np.zeros(count + 1, dtype=np.int64)
+    for entry in storages.values():
+        last = count - 1 if entry.pinned else max(entry.fills + entry.reads)
+        spans[entry.id] = (entry.first, last)
+        curve[entry.first] += _aligned(entry.nbytes)
+        curve[last + 1] -= _aligned(entry.nbytes)
+    curve = np.cumsum(curve)
+    if int(curve.max()) <= budget:
+        return set()  # all kept fit: nothing is streamed, no room needed for reads
+    rank = {e.id: (e.saved_per_byte(), -e.nbytes, e.id) for e in movable}
+    kept = set(rank)
+    streamed: set[int] = set()
+    while kept:
+        at = int(np.argmax(curve))
+        excess = int(curve[at]) - target
+        if excess <= 0:
+            break
+        alive = sorted((s for s in kept if spans[s][0] <= at <= spans[s][1]), key=rank.get)
+        if not alive:
+            break
+        for sid in alive:
+            first, last = spans[sid]
+            curve[first : last + 1] -= _aligned(storages[sid].nbytes)
+            kept.discard(sid)
+            streamed.add(sid)
+            excess -= _aligned(storages[sid].nbytes)
+            if excess <= 0:
+                break
+    return streamed
+
+
 def _victims(
     blocked: Occupancy,
     occupancies: Sequence[Occupancy],
@@ -517,11 +562,13 @@ def _rewrite(
                 deps += reuse(o.slot)
             else:
                 deps.append(began[id(o)])
-            new = add(node.kind, deps, **_fields(node, slot=o.slot))
+            new = len(nodes)
+            nodes.append(_renumbered(node, new, deps, o.slot))
             began.setdefault(id(o), new)
             users.setdefault(id(o), []).append(new)
         else:
-            new = add(node.kind, deps, **_fields(node))
+            new = len(nodes)
+            nodes.append(_renumbered(node, new, deps, node.slot))
         new_id[node.id] = new
         for what, o in after.get(node.id, ()):
             tensor = tensor_of[o.storage]
@@ -538,12 +585,22 @@ def _rewrite(
     return nodes
 
 
-def _fields(node: MemNode, **changes: Any) -> dict[str, Any]:
-    """A node's fields other than id, kind and deps (with `changes`)."""
-    values = {
-        f.name: getattr(node, f.name)
-        for f in dataclasses.fields(node)
-        if f.name not in ("id", "kind", "deps")
-    }
-    values.update(changes)
-    return values
+def _renumbered(node: MemNode, node_id: int, deps: list[int], slot: HostRegion | None) -> MemNode:
+    """`node` as node `node_id` of the new plan, waiting for `deps`, naming `slot` (made
+    field by field: a plan has millions of nodes, and `dataclasses.replace` is slow)."""
+    return MemNode(
+        node_id,
+        node.kind,
+        tuple(sorted(set(deps))) if len(deps) > 1 else tuple(deps),
+        node.tensor,
+        node.region,
+        node.storage,
+        node.reads,
+        node.name,
+        node.into,
+        node.box,
+        node.workspace,
+        node.recompute,
+        node.link,
+        slot,
+    )
