@@ -32,7 +32,7 @@ from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
-__all__ = ["weight_places", "save_weights", "read_header", "SAFETENSORS_DTYPES"]
+__all__ = ["weight_places", "save_weights", "read_header", "planned_weights", "SAFETENSORS_DTYPES"]
 
 SAFETENSORS_DTYPES = {
     "F64": "float64",
@@ -199,3 +199,30 @@ def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
         partial.unlink(missing_ok=True)
         raise
     return path
+
+
+def planned_weights(mg: Any) -> dict[str, np.ndarray]:
+    """The weights a plan with a host tier reads from its checkpoint files, read here whole
+    by name (`np.fromfile` at the offsets the plan states, not the runtime's reads): what a
+    reference evaluation of the plan's program needs besides the inputs a run is given."""
+    if mg.tier is None:
+        return {}
+    names = {
+        n.storage: n.name
+        for n in mg.nodes
+        if n.kind.value == "input" and n.storage is not None
+    }
+    arrays = {}
+    for sid, storage in mg.storages.items():
+        if storage.disk is None or storage.kind != "input":
+            continue
+        file = mg.tier.files[storage.disk.file]
+        if os.path.getsize(file.path) != file.nbytes:
+            raise CheckpointError(
+                f"{file.path!r} is {os.path.getsize(file.path)} bytes, the plan says {file.nbytes}"
+            )
+        dtype = dtypes.numpy_dtype(storage.dtype)
+        count = math.prod(storage.shape)
+        array = np.fromfile(file.path, dtype=dtype, count=count, offset=storage.disk.offset)
+        arrays[names[sid]] = array.reshape(storage.shape)
+    return arrays

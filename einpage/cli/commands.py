@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -92,6 +92,7 @@ from einpage.pipeline import (
     explicit_partition,
 )
 from einpage.version import __version__
+from einpage.weight_files import planned_weights
 from einpage_core.dot import Selection, select_ids
 from einpage_core.errors import (
     BackendUnavailableError,
@@ -111,7 +112,8 @@ from memgraph.multi_serialize import MultiPlanFile
 from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES
 from memgraph.render import memgraph_selection
-from taskgraph import TaskGraph
+from runtime.tiers import disk_inputs
+from taskgraph import TaskGraph, dtypes
 from taskgraph.partition import BlockLimitError
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
 
@@ -297,13 +299,18 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 f"(run it without --ray, or plan with --devices N)"
             )
         tg = mg.taskgraph
+        on_disk = disk_inputs(mg)  # read by the plan from its checkpoint, not passed
         with console.stage("preparing inputs"):
             draw = partial(random_inputs, tg)
             arrays, source = run_inputs(args.inputs, args.random_inputs, draw)
-            tg.check_inputs(arrays)
+            if args.inputs is None:
+                arrays = {k: v for k, v in arrays.items() if k not in on_disk}
+            tg.check_inputs({**arrays, **_stand_ins(tg, on_disk)})
         with console.stage("staging"):  # the arena, host storage and staging slots
             debug = True if args.sync else None  # None: EINPAGE_SYNC decides
-            session = runtime.Session(mg, args.backend, mode=args.mode, debug=debug)
+            session = runtime.Session(
+                mg, args.backend, mode=args.mode, debug=debug, spill=args.spill
+            )
         with console.stage("running"), session:
             ran = ProgressReport(console.report, {"running": 1.0}).stage("running", len(mg))
             outputs = session.run(arrays, trace=bool(args.trace), progress=ran)
@@ -314,7 +321,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         comparisons = []
         if args.check:
             with console.stage("evaluating the reference"):
-                reference = taskgraph.evaluate(tg, arrays)
+                reference = taskgraph.evaluate(tg, {**arrays, **planned_weights(mg)})
             with console.stage("comparing"):
                 comparisons = compare_outputs(outputs, reference, tolerance_dtypes(tg))
     rows = [
@@ -326,6 +333,17 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
     peak = last.memory.get("device_peak_bytes")
     if peak is not None:
         rows.append(("device memory", format_bytes(peak)))
+    if mg.tier is not None:
+        s = mg.stats
+        rows.append(
+            (
+                "host tier",
+                f"budget {format_bytes(mg.tier.budget)}, planned peak "
+                f"{format_bytes(s.host_peak_bytes)}; {len(on_disk)} inputs read from their "
+                f"checkpoint, {format_bytes(s.disk_read_bytes)} read and "
+                f"{format_bytes(s.disk_write_bytes)} written",
+            )
+        )
     console.print(format_table(rows, "run"))
     console.print()
     console.print(format_table([_output_row(n, v) for n, v in outputs.items()], "outputs"))
@@ -340,6 +358,17 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         wrote(console, "outputs", args.output)
     raise_on_mismatch(comparisons)
     return EXIT_OK
+
+
+def _stand_ins(tg: TaskGraph, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """Zero-byte arrays of the shapes and dtypes of inputs `names` (read from disk by the
+    plan), so that the inputs a run is given are checked with the graph's own check."""
+    stand_ins = {}
+    for name in names:
+        task = tg[tg.inputs[name]]
+        zero = np.zeros((), dtypes.numpy_dtype(task.dtype))
+        stand_ins[name] = np.broadcast_to(zero, task.shape)
+    return stand_ins
 
 
 def _stage_times(timings: Mapping[str, float], run_seconds: float) -> str:
@@ -723,6 +752,12 @@ def _add_run(commands: Any, common: argparse.ArgumentParser) -> None:
         "(slower; EINPAGE_SYNC=1 does the same)",
     )
     run.add_argument("--trace", metavar="TRACE.json", help="write a Chrome trace of the run")
+    run.add_argument(
+        "--spill",
+        metavar="DIR",
+        help="a plan with a host tier that spills: the folder its spill file is made in "
+        "(removed when the run ends); its weights are read from the checkpoint it names",
+    )
     run.add_argument("-o", "--output", metavar="OUTPUTS.npz", help="write the outputs")
     run.set_defaults(handler=_cmd_run)
 
