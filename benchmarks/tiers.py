@@ -14,8 +14,9 @@ vocabulary 32,000: 762 M parameters, 3.05 GB of float32 weights) with random wei
 budget of 1 GiB, the checkpoint and a spill folder (`einpage.compile`). The plan is
 written to a file; each runtime mode (sequential, streams, random) then runs it in a
 process of its own (`runtime.run(..., spill=)`, the NumPy backend: its "device" arena
-is host memory too), which reports its peak resident set (`ru_maxrss`) and its resident
-set once the plan is loaded, before the run. A third process computes the reference,
+is host memory too), which reports its peak resident set (VmHWM) and its resident set
+once the plan is loaded, before the run. The weights are drawn and written by a process
+of their own too, so no measured process ever held them. A third process computes the reference,
 `taskgraph.evaluate` on the weights read whole (safetensors), and the chosen token ids
 of every mode must equal it. The weights are read with `os.preadv` into the host arena,
 so the file's pages in the kernel's cache are not part of the resident set.
@@ -55,7 +56,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -116,14 +116,27 @@ def _rss_now() -> int:
 
 
 def _peak_rss() -> int:
-    """This process's peak resident set so far, in bytes (ru_maxrss is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident set so far, in bytes: VmHWM of /proc/self/status, the
+    high-water mark of this program's own memory (`ru_maxrss` is not: Linux keeps it
+    across `execve`, so a child started by a parent holding 3 GB reports the parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _child(args: argparse.Namespace) -> None:
     """One measured process: `einpage` runs the plan in a mode, `reference` evaluates."""
     folder = Path(args.folder)
     meta = json.loads((folder / "meta.json").read_text())
+    if args.child == "weights":  # in a process of its own: the parent never holds them
+        from einpage.cli.generate import random_weights
+        from einpage.weight_files import save_weights
+
+        weights = random_weights(QUICK_CONFIG if meta["quick"] else RUN_CONFIG, "float32", 0)
+        save_weights(weights, folder / "model.safetensors")
+        print(json.dumps({"weight_bytes": sum(a.nbytes for a in weights.values())}))
+        return
     if args.child == "reference":
         import safetensors.numpy
 
@@ -171,9 +184,7 @@ def _spawn(folder: Path, child: str, mode: str | None = None) -> dict[str, Any]:
 def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
     """Write the checkpoint, compile, run each mode in a process of its own; see the
     module docstring."""
-    from einpage.cli.generate import random_weights
     from einpage.models.generation import generation_inputs
-    from einpage.weight_files import save_weights
 
     cfg = QUICK_CONFIG if quick else RUN_CONFIG
     device, host = ("4MiB", "8MiB") if quick else ("256MiB", "1GiB")
@@ -182,10 +193,9 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
     prog = llama.generation_program(cfg, 1, PROMPT, NEW, "float32")
     tg = prog.build()
     started = time.perf_counter()
-    weights = random_weights(cfg, "float32", seed=0)
-    weight_bytes = sum(a.nbytes for a in weights.values())
-    path = save_weights(weights, work / "model.safetensors")
-    del weights
+    (work / "meta.json").write_text(json.dumps({"quick": quick}))
+    weight_bytes = _spawn(work, "weights")["weight_bytes"]
+    path = work / "model.safetensors"
     written = time.perf_counter() - started
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (1, PROMPT))
     inputs = generation_inputs(llama.FAMILY, cfg, tokens, NEW, "float32")
@@ -196,7 +206,8 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
     planning = time.perf_counter() - started
     mg = compiled.plan
     (work / "plan.json").write_text(mg.to_json())
-    (work / "meta.json").write_text(json.dumps({"host_budget": mg.tier.budget}))
+    meta = {"quick": quick, "host_budget": mg.tier.budget}
+    (work / "meta.json").write_text(json.dumps(meta))
     reference = _spawn(work, "reference")
     runs = {}
     for mode in MODES:
@@ -356,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     parser.add_argument("--json", metavar="OUT.json", help="write every figure")
     parser.add_argument("--folder", help="run: where the checkpoint and spill folder go")
-    parser.add_argument("--child", choices=["einpage", "reference"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", choices=["weights", "einpage", "reference"], help=argparse.SUPPRESS
+    )
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
