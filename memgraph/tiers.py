@@ -353,7 +353,7 @@ def _place(occupancies: Sequence[Occupancy], budget: int) -> Occupancy | None:
             _, _, done = heapq.heappop(ending)
             free.give(done.slot.offset, done.slot.size)
         size = _aligned(occupancy.nbytes)
-        offset = free.take(size)
+        offset = free.take(size, top=occupancy.end is None)
         if offset is None:
             if occupancy.read and occupancy.wanted > occupancy.begin:
                 occupancy.begin = occupancy.wanted  # give up the prefetch: place it later
@@ -373,15 +373,23 @@ class _FreeList:
         self.starts = [0]
         self.ends = [budget]
 
-    def take(self, size: int) -> int | None:
-        """The lowest offset of a gap of at least `size` bytes, now taken (None: no gap)."""
-        for k, (start, end) in enumerate(zip(self.starts, self.ends, strict=True)):
-            if end - start >= size:
-                if end - start == size:
-                    del self.starts[k], self.ends[k]
-                else:
-                    self.starts[k] = start + size
+    def take(self, size: int, top: bool = False) -> int | None:
+        """The lowest offset of a gap of at least `size` bytes, now taken (None: no gap);
+        with `top`, the highest bytes of the highest such gap: what stays to the end of the
+        run goes to the top of the arena, so it does not split the free bytes below."""
+        order = range(len(self.starts) - 1, -1, -1) if top else range(len(self.starts))
+        for k in order:
+            start, end = self.starts[k], self.ends[k]
+            if end - start < size:
+                continue
+            if end - start == size:
+                del self.starts[k], self.ends[k]
                 return start
+            if top:
+                self.ends[k] = end - size
+                return end - size
+            self.starts[k] = start + size
+            return start
         return None
 
     def give(self, offset: int, size: int) -> None:
@@ -485,11 +493,17 @@ def _too_small(
     """The error for a host budget that cannot hold what must be there at once."""
     alive = [o for o in occupancies if o.slot is not None and o.begin <= blocked.begin <= o.last]
     need = sum(_aligned(o.nbytes) for o in alive) + _aligned(blocked.nbytes)
+    why = (
+        "outputs assembled on the host and the slots of copies in flight cannot go to disk"
+        if need > budget
+        else f"they fit in bytes, but not in slots of whole {SLOT_ALIGNMENT // 1024} KiB "
+        f"pages placed first fit: the free bytes are split"
+    )
     return HostBudgetPlanError(
         f"host budget {format_bytes(budget)} is too small: at node n{blocked.begin}, "
         f"host#{blocked.storage} ({format_bytes(storages[blocked.storage].nbytes)}) must be "
         f"in host memory with {len(alive)} other storage(s), {format_bytes(need)} in all "
-        f"(outputs assembled on the host and the slots of copies in flight cannot go to disk)"
+        f"({why})"
     )
 
 
