@@ -18,6 +18,7 @@ import memgraph
 from einpage_core.progress import Progress
 from einpage_core.units import format_bytes, format_count
 from memgraph import MemGraph
+from memgraph.tiers import SLOT_ALIGNMENT
 from taskgraph import TaskGraph
 from taskgraph.nodes import Input
 
@@ -146,6 +147,28 @@ def program_rows(tg: TaskGraph) -> list[tuple[str, str]]:
         ("inputs", f"{format_bytes(tg.input_bytes)} ({format_bytes(weights)} start on the host)"),
         *refs.rows()[:2],  # the resident peak and the streaming minimum
         ("smallest budget", f"{format_bytes(refs.min_budget)}{at}, without partitioning"),
+        *tier_rows(tg),
+    ]
+
+
+def tier_rows(tg: TaskGraph) -> list[tuple[str, str]]:
+    """What the program needs of host memory and disk: with two tiers, every weight in
+    host memory; with a host tier (`--host-budget`), at least its largest weight (in a
+    page-aligned slot: the rest is read from disk as it is needed); on disk, the weights
+    as a checkpoint, read where they are."""
+    weights = [t.nbytes for t in tg if isinstance(t.op, Input) and t.op.role in ("weight", "state")]
+    if not weights:
+        return []
+    total, largest = sum(weights), max(weights)
+    page = SLOT_ALIGNMENT
+    return [
+        ("host, two tiers", f"{format_bytes(total)}: every weight, and what a plan offloads"),
+        (
+            "host, with a tier",
+            f"at least {format_bytes(-(-largest // page) * page)}: the largest weight, in a "
+            f"slot of whole pages; the rest read from disk (--host-budget, --checkpoint)",
+        ),
+        ("disk", f"{format_bytes(total)} of weights in a checkpoint, read where they are"),
     ]
 
 

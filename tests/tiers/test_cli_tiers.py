@@ -100,3 +100,17 @@ def test_tier_options_are_refused_with_several_devices(capsys, tmp_path):
         capsys, "plan", "llama:tiny", "--budget", "50%", "--devices", "2", "--host-budget", "1GiB"
     )
     assert code == EXIT_BAD_INPUT and "--host-budget" in err and "one device" in err
+
+
+def test_show_says_what_a_program_needs_in_each_tier(capsys):
+    code, out, err = cli(capsys, "show", "llama:tiny", "--summary")
+    assert code == EXIT_OK, err
+    shapes = llama.weight_shapes(llama.PRESETS["tiny"])
+    total = sum(4 * int(np.prod(s)) for s in shapes.values())
+    largest = max(4 * int(np.prod(s)) for s in shapes.values())
+    from einpage_core.units import format_bytes
+
+    assert re.search(rf"host, two tiers +{re.escape(format_bytes(total))}: every weight", out)
+    page = -(-largest // 4096) * 4096
+    assert f"at least {format_bytes(page)}: the largest weight" in out
+    assert re.search(rf"disk +{re.escape(format_bytes(total))} of weights in a checkpoint", out)
