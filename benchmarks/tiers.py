@@ -16,10 +16,13 @@ written to a file; each runtime mode (sequential, streams, random) then runs it 
 process of its own (`runtime.run(..., spill=)`, the NumPy backend: its "device" arena
 is host memory too), which reports its peak resident set (VmHWM) and its resident set
 once the plan is loaded, before the run. The weights are drawn and written by a process
-of their own too, so no measured process ever held them. A third process computes the reference,
-`taskgraph.evaluate` on the weights read whole (safetensors), and the chosen token ids
-of every mode must equal it. The weights are read with `os.preadv` into the host arena,
-so the file's pages in the kernel's cache are not part of the resident set.
+of their own too, so no measured process ever held them. For comparison, the row "two
+tiers" runs the same program planned without a host tier (the same device arena) in
+sequential mode, the caller holding every weight in host memory, as before host tiers.
+A last process computes the reference, `taskgraph.evaluate` on the weights read whole
+(safetensors), and the chosen token ids of every run must equal it. The weights are read
+with `os.preadv` into the host arena, so the file's pages in the kernel's cache are not
+part of the resident set.
 
 **simulate** – `memgraph.simulate` of plans made by `einpage.compile` and
 `memgraph.tiers.place_host` (weights at made-up offsets of one checkpoint file: planning
@@ -151,8 +154,13 @@ def _child(args: argparse.Namespace) -> None:
     import runtime
     from memgraph.serialize import memgraph_from_json
 
-    mg = memgraph_from_json((folder / "plan.json").read_text())
+    two_tiers = args.child == "two-tiers"  # the same program planned without a host tier
+    mg = memgraph_from_json((folder / ("plan2.json" if two_tiers else "plan.json")).read_text())
     inputs = {k: np.asarray(v) for k, v in np.load(folder / "inputs.npz").items()}
+    if two_tiers:  # the caller holds every weight, as before host tiers
+        import safetensors.numpy
+
+        inputs.update(safetensors.numpy.load_file(folder / "model.safetensors"))
     before = _rss_now()
     started = time.perf_counter()
     out = runtime.run(mg, inputs, backend="numpy", mode=args.mode, spill=folder / "spill")
@@ -206,6 +214,7 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
     planning = time.perf_counter() - started
     mg = compiled.plan
     (work / "plan.json").write_text(mg.to_json())
+    (work / "plan2.json").write_text(ep.compile(prog, device).plan.to_json())
     meta = {"quick": quick, "host_budget": mg.tier.budget}
     (work / "meta.json").write_text(json.dumps(meta))
     reference = _spawn(work, "reference")
@@ -213,6 +222,8 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
     for mode in MODES:
         runs[mode] = _spawn(work, "einpage", mode)
         runs[mode]["equal"] = runs[mode]["ids"] == reference["ids"]
+    two_tiers = _spawn(work, "two-tiers", "sequential")
+    two_tiers["equal"] = two_tiers["ids"] == reference["ids"]
     s = mg.stats
     return {
         "model": cfg.name,
@@ -230,6 +241,7 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
         "planning_s": planning,
         "reference_ids": reference["ids"],
         "runs": runs,
+        "two_tiers": two_tiers,
         "folder": str(work),
     }
 
@@ -248,7 +260,8 @@ def print_run(result: dict[str, Any]) -> None:
     print(f"reference ids (taskgraph.evaluate): {result['reference_ids']}")
     print(f"{'mode':<11} {'equal':>5} {'run s':>7} {'RSS before run':>15} {'peak RSS':>10} "
           f"{'peak - before':>14}")  # fmt: skip
-    for mode, run in result["runs"].items():
+    rows = [*result["runs"].items(), ("two tiers", result["two_tiers"])]
+    for mode, run in rows:
         print(
             f"{mode:<11} {str(run['equal']):>5} {run['seconds']:>7.1f} "
             f"{format_bytes(run['rss_before_run']):>15} {format_bytes(run['peak_rss']):>10} "
@@ -368,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT.json", help="write every figure")
     parser.add_argument("--folder", help="run: where the checkpoint and spill folder go")
     parser.add_argument(
-        "--child", choices=["weights", "einpage", "reference"], help=argparse.SUPPRESS
+        "--child", choices=["weights", "einpage", "two-tiers", "reference"], help=argparse.SUPPRESS
     )
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -379,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "run":
         result: Any = real_run(args.quick, Path(args.folder) if args.folder else None)
         print_run(result)
-        ok = all(run["equal"] and not run["spill_left"] for run in result["runs"].values())
+        runs = [*result["runs"].values(), result["two_tiers"]]
+        ok = all(run["equal"] and not run["spill_left"] for run in runs)
     else:
         result = simulate_tables(args.quick)
         print()
