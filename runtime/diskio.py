@@ -10,9 +10,10 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 * the **spill file** is created in `spill_folder` (which must exist, be a writable
   directory and have room for it: `os.statvfs`) under a fresh name (`einpage-spill-...`,
   `O_CREAT | O_EXCL`, mode 0o600), sized up front (`os.posix_fallocate` where the file
-  system can, else `ftruncate`), and removed when the files are closed – after a
-  success, a failure or an interruption (`KeyboardInterrupt`). Nothing is written
-  outside the spill folder.
+  system can, else `ftruncate`), and at once unlinked: the run reads and writes it by its
+  open descriptor, and the system frees its blocks when that closes – however the
+  process ends, a success, a failure, an interruption or a `kill -9`, nothing is left
+  in the folder. Nothing is written outside the spill folder.
 
 Reads (`os.preadv`) and writes (`os.pwritev`) go straight between a file and bytes of
 the host arena (a NumPy `uint8` array), looping over short transfers; end of file
@@ -69,7 +70,8 @@ def check_spill_folder(folder: str | os.PathLike[str], nbytes: int) -> str:
 @dataclass
 class DiskFiles:
     """The open files of a run, by index in `tier.files` (`fds`); `spill_path` is the
-    spill file's path while it exists ("" when the tier has none)."""
+    name the spill file was created under, for messages (it is unlinked at once; "" when
+    the tier has none)."""
 
     tier: HostTier
     fds: list[int] = field(default_factory=list)
@@ -136,18 +138,17 @@ class DiskFiles:
         except BaseException:
             os.close(fd)
             raise
+        finally:
+            os.unlink(path)  # kept open, gone from the folder: nothing outlives the process
         return fd
 
     def close(self) -> None:
-        """Close every file and remove the spill file (safe to call again)."""
+        """Close every file (the spill file's blocks are freed then; safe to call again)."""
         fds, self.fds = self.fds, []
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        path, self.spill_path = self.spill_path, ""
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        self.spill_path = ""
 
     def __enter__(self) -> DiskFiles:
         return self

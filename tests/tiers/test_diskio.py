@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,26 +37,50 @@ def spill_dir(tmp_path):
     return folder
 
 
-def test_spill_file_is_created_private_sized_and_removed_on_close(tmp_path, spill_dir):
+def test_spill_file_is_created_private_sized_and_unlinked_at_once(tmp_path, spill_dir):
     ckpt = checkpoint(tmp_path)
     t = tier(DiskFile("checkpoint", 1000, str(ckpt)), DiskFile("spill", 8192))
     files = DiskFiles.open(t, spill_dir)
-    (name,) = os.listdir(spill_dir)
-    assert name.startswith(SPILL_PREFIX)
-    info = os.stat(spill_dir / name)
+    assert os.listdir(spill_dir) == []  # open by its descriptor only
+    assert os.path.dirname(files.spill_path) == str(spill_dir)
+    assert os.path.basename(files.spill_path).startswith(SPILL_PREFIX)
+    info = os.fstat(files.fds[1])
     assert stat.S_IMODE(info.st_mode) == 0o600
-    assert info.st_size == 8192
-    assert files.spill_path == str(spill_dir / name)
+    assert info.st_size == 8192 and info.st_nlink == 0
     files.close()
     assert os.listdir(spill_dir) == []
     files.close()  # again: nothing to do
+
+
+def test_a_killed_process_leaves_nothing_in_the_spill_folder(spill_dir):
+    """`kill -9` runs no cleanup: the spill file was unlinked when it was made."""
+    script = (
+        "import os, sys\n"
+        "from memgraph.nodes import DiskFile, HostTier\n"
+        "from runtime.diskio import DiskFiles\n"
+        "files = DiskFiles.open(HostTier(1 << 20, (DiskFile('spill', 1 << 20),)), sys.argv[1])\n"
+        "os.pwrite(files.fds[0], b'x' * 4096, 0)\n"
+        "print('open', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    root = str(Path(__file__).resolve().parents[2])
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(spill_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )  # fmt: skip
+    assert child.stdout.readline().strip() == "open"
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    assert os.listdir(spill_dir) == []
 
 
 def test_two_runs_get_two_spill_files(spill_dir):
     t = tier(DiskFile("spill", 4096))
     with DiskFiles.open(t, spill_dir) as a, DiskFiles.open(t, spill_dir) as b:
         assert a.spill_path != b.spill_path
-        assert len(os.listdir(spill_dir)) == 2
+        assert os.fstat(a.fds[0]).st_ino != os.fstat(b.fds[0]).st_ino
     assert os.listdir(spill_dir) == []
 
 
@@ -206,7 +234,7 @@ def test_a_file_system_without_fallocate_gets_a_truncated_file(spill_dir, monkey
 
     monkeypatch.setattr(os, "posix_fallocate", unsupported)
     with DiskFiles.open(tier(DiskFile("spill", 12345)), spill_dir) as files:
-        assert os.path.getsize(files.spill_path) == 12345
+        assert os.fstat(files.fds[0]).st_size == 12345
 
 
 def test_an_interruption_while_opening_leaves_nothing(spill_dir, monkeypatch):
