@@ -14,9 +14,9 @@ vocabulary 32,000: 762 M parameters, 3.05 GB of float32 weights) with random wei
 budget of 1 GiB, the checkpoint and a spill folder (`einpage.compile`). The plan is
 written to a file; each runtime mode (sequential, streams, random) then runs it in a
 process of its own (`runtime.run(..., spill=)`, the NumPy backend: its "device" arena
-is host memory too), which reports its peak resident set (VmHWM) and its resident set
-once the plan is loaded, before the run. The weights are drawn and written by a process
-of their own too, so no measured process ever held them. For comparison, the row "two
+is host memory too), which reports its resident set once the plan is loaded, before the
+run, and its peak resident set during the run (VmHWM, reset before the run). The
+weights are drawn and written by a process of their own too. For comparison, the row "two
 tiers" runs the same program planned without a host tier (the same device arena) in
 sequential mode, the caller holding every weight in host memory, as before host tiers.
 A last process computes the reference, `taskgraph.evaluate` on the weights read whole
@@ -128,6 +128,11 @@ def _peak_rss() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+def _reset_peak_rss() -> None:
+    """Start this process's VmHWM afresh (Linux >= 4.0: 5 written to clear_refs)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def _child(args: argparse.Namespace) -> None:
     """One measured process: `einpage` runs the plan in a mode, `reference` evaluates."""
     folder = Path(args.folder)
@@ -161,6 +166,7 @@ def _child(args: argparse.Namespace) -> None:
         import safetensors.numpy
 
         inputs.update(safetensors.numpy.load_file(folder / "model.safetensors"))
+    _reset_peak_rss()  # the peak of the run, not of loading the plan or the weights
     before = _rss_now()
     started = time.perf_counter()
     out = runtime.run(mg, inputs, backend="numpy", mode=args.mode, spill=folder / "spill")
