@@ -203,6 +203,31 @@ def test_a_read_only_spill_folder_is_refused(spill_dir):
     assert os.listdir(spill_dir) == []
 
 
+def test_a_folder_the_process_may_not_write_is_refused(spill_dir, monkeypatch):
+    """The permission check as any user sees it (root passes os.access everywhere)."""
+    real = os.access
+
+    def no_writes(path, mode):
+        return False if mode & os.W_OK else real(path, mode)
+
+    monkeypatch.setattr(os, "access", no_writes)
+    with pytest.raises(DiskError, match="is not writable") as caught:
+        DiskFiles.open(tier(DiskFile("spill", 4096)), spill_dir)
+    assert str(spill_dir) in str(caught.value) and os.listdir(spill_dir) == []
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_folder_that_takes_no_files_is_refused_even_for_root(monkeypatch):
+    """/proc passes os.access(W_OK) for root (as CI runs) yet takes no new file: creating
+    the spill file fails there, and the error names the folder."""
+    class Roomy:
+        f_bavail, f_frsize = 1 << 40, 1
+
+    monkeypatch.setattr(os, "statvfs", lambda path: Roomy())
+    with pytest.raises(DiskError, match="the spill file cannot be created in '/proc'"):
+        DiskFiles.open(tier(DiskFile("spill", 4096)), "/proc")
+
+
 def test_a_spill_folder_without_room_is_refused_with_both_figures(spill_dir, monkeypatch):
     real = os.statvfs
 

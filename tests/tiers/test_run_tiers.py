@@ -421,3 +421,21 @@ def test_host_work_on_a_cuda_stream_runs_as_a_host_function_whose_failure_is_kep
     failure = port.take_failure()
     assert failure is not None and failure.context is read and failure.stream == "disk_read"
     assert port.take_failure() is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_run_writes_nothing_outside_its_spill_folder(case, tmp_path, monkeypatch, mode):
+    """The checkpoint is never written (its bytes and time stamp unchanged), the working
+    folder gets nothing, the spill folder ends empty, and the tree holds what it held."""
+    mg, spill, weights, xs = case
+    checkpoint = tmp_path / "model.safetensors"
+    before = checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns
+    tree = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    got = runtime.run(mg, xs, backend="numpy", mode=mode, spill=spill)
+    np.testing.assert_array_equal(got["y"], reference(mg, weights, xs)["y"])
+    assert (checkpoint.read_bytes(), checkpoint.stat().st_mtime_ns) == before
+    assert list(elsewhere.iterdir()) == [] and os.listdir(spill) == []
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == tree
