@@ -12,7 +12,8 @@
 * `live_bytes_timeline(mg, compare=...)`: device bytes allocated against step, with
   other plans (e.g. a no-offload baseline) or curves beside it, and the budget.
 * `stream_timeline(events)`: compute / H2D / D2H lanes (and the "peer" lane of direct
-  copies between devices, `memgraph.trace.PEER_STREAM`) from `StreamEvent`s, which a
+  copies between devices, `memgraph.trace.PEER_STREAM`, and the disk lanes of a plan
+  with a host tier, `memgraph.trace.DISK_STREAMS`) from `StreamEvent`s, which a
   simulator can make directly and a runtime can write and read as a Chrome trace
   (`to_chrome_trace`, `read_chrome_trace`).
 
@@ -40,6 +41,7 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import NodeKind
 from memgraph.residency import Residency, Workspace, residencies
 from memgraph.trace import (
+    DISK_STREAMS,
     PEER_STREAM,
     StreamEvent,
     lane_name,
@@ -110,7 +112,14 @@ _MARKERS: dict[str, dict[str, Any]] = {
     "send": {"marker": ">", "color": "#ff7f0e", "label": "send (to another device)"},
     "recv": {"marker": "<", "color": "#2ca02c", "label": "recv (from another device)"},
 }
-_STREAM_COLORS = {"compute": "#4e79a7", "h2d": "#59a14f", "d2h": "#e15759", PEER_STREAM: "#f28e2b"}
+_STREAM_COLORS = {
+    "compute": "#4e79a7",
+    "h2d": "#59a14f",
+    "d2h": "#e15759",
+    PEER_STREAM: "#f28e2b",
+    DISK_STREAMS[0]: "#b07aa1",
+    DISK_STREAMS[1]: "#9c755f",
+}
 
 
 # -- what a plan holds, step by step --------------------------------------------------
@@ -740,6 +749,8 @@ _LANE_TITLES = {
     "h2d": "H2D (reload)",
     "d2h": "D2H (offload)",
     PEER_STREAM: "peer (send/recv)",
+    DISK_STREAMS[0]: "disk -> host (read)",
+    DISK_STREAMS[1]: "host -> disk (write)",
 }
 
 

@@ -446,3 +446,18 @@ def test_every_node_kind_of_a_tier_plan_is_timed_as_stated():
     for event in result.events:
         node: MemNode = mg[event.node]
         assert lanes[node.kind] == event.stream
+
+
+def test_stream_timeline_draws_the_disk_lanes():
+    pytest.importorskip("matplotlib")
+    from memgraph.plots import stream_timeline
+
+    mg = both_plan()
+    fig = stream_timeline(memgraph.simulate(mg, TOY, timeline=True).events)
+    ax = fig.axes[0]
+    titles = [t.get_text() for t in ax.get_yticklabels()]
+    assert titles[-2:] == ["disk -> host (read)", "host -> disk (write)"]
+    for lane, kind in zip(DISK_STREAMS, (NodeKind.READ, NodeKind.WRITE), strict=True):
+        bars = [c for c in ax.collections if c.get_gid() == f"stream:{lane}"]
+        assert sum(len(c.get_paths()) for c in bars) == len(mg.of_kind(kind))
+        assert f"{lane} busy" in ax.get_title()
