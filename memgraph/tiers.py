@@ -45,7 +45,7 @@ import bisect
 import dataclasses
 import heapq
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,12 @@ class _Storage:
     @property
     def first(self) -> int:
         return min(self.fills + self.reads + self.outputs)
+
+    @property
+    def rank(self) -> tuple[float, int, int]:
+        """How streaming it first is ranked: the fewest disk bytes saved per byte held, the
+        larger first among equals (what frees most), then by id (deterministic)."""
+        return (self.saved_per_byte(), -self.nbytes, self.id)
 
     def saved_per_byte(self) -> float:
         """Disk bytes saved by keeping it, per byte kept per node: what demotion ranks."""
@@ -412,7 +418,7 @@ def _first_guess(
 ) -> set[int]:
     """The storages to stream before placing anything: where the kept storages alive at
     once would exceed the budget (less room for `depth` reads of the largest in flight),
-    those that save the fewest disk bytes per byte held, as `_victims` ranks them – so
+    those that save the fewest disk bytes per byte held (`_cheapest`) – so
     that placement, which finds the rest, starts near the answer (every round of it
     places the whole plan again)."""
     movable = [e for e in storages.values() if not e.pinned]
@@ -428,26 +434,34 @@ def _first_guess(
     curve = np.cumsum(curve)
     if int(curve.max()) <= budget:
         return set()  # all kept fit: nothing is streamed, no room needed for reads
-    rank = {e.id: (e.saved_per_byte(), -e.nbytes, e.id) for e in movable}
-    kept = set(rank)
+    kept = {e.id for e in movable}
     streamed: set[int] = set()
     while kept:
         at = int(np.argmax(curve))
         excess = int(curve[at]) - target
-        if excess <= 0:
+        alive = [s for s in kept if spans[s][0] <= at <= spans[s][1]]
+        if excess <= 0 or not alive:
             break
-        alive = sorted((s for s in kept if spans[s][0] <= at <= spans[s][1]), key=rank.get)
-        if not alive:
-            break
-        for sid in alive:
+        for sid in _cheapest(alive, storages, excess):
             first, last = spans[sid]
             curve[first : last + 1] -= _aligned(storages[sid].nbytes)
             kept.discard(sid)
             streamed.add(sid)
-            excess -= _aligned(storages[sid].nbytes)
-            if excess <= 0:
-                break
     return streamed
+
+
+def _cheapest(
+    candidates: Iterable[int], storages: Mapping[int, _Storage], lacking: int
+) -> list[int]:
+    """Of `candidates`, those that save the fewest disk bytes per byte held first (the
+    larger first among equals), as many as free `lacking` bytes – at least one."""
+    chosen: list[int] = []
+    for sid in sorted(candidates, key=lambda s: storages[s].rank):
+        chosen.append(sid)
+        lacking -= _aligned(storages[sid].nbytes)
+        if lacking <= 0:
+            break
+    return chosen
 
 
 def _victims(
@@ -472,16 +486,7 @@ def _victims(
     }
     if blocked.storage not in streamed and not storages[blocked.storage].pinned:
         candidates.add(blocked.storage)
-    ranked = sorted(
-        candidates, key=lambda s: (storages[s].saved_per_byte(), -storages[s].nbytes, s)
-    )
-    chosen: list[int] = []
-    for sid in ranked:
-        chosen.append(sid)
-        lacking -= _aligned(storages[sid].nbytes)
-        if lacking <= 0:
-            break
-    return chosen
+    return _cheapest(candidates, storages, lacking) if candidates else []
 
 
 def _too_small(
