@@ -137,7 +137,8 @@ def test_compile_names_its_options_when_given_one_it_lacks():
     with pytest.raises(
         PlanError,
         match=r"einpage.compile has no option 'evict'; it takes "
-        r"budget, partition, verify, max_blocks, progress, order, eviction",
+        r"budget, partition, verify, max_blocks, progress, host_budget, checkpoint, spill, "
+        r"order, eviction",
     ):
         ep.compile(tg, "1GiB", evict="lru")
     with pytest.raises(PlanError, match="memgraph.plan has no option 'partition_size'"):

@@ -21,7 +21,7 @@ def test_compile_reports_every_stage_in_order_up_to_one():
     compiled = ep.compile(load_program("mlp"), "40%", progress=events.append)
     assert compiled.block_limit is not None  # partitioned: every stage does work
     stages = list(dict.fromkeys(e.stage for e in events))
-    assert stages == [*STAGE_SHARES, "done"]
+    assert stages == [*(s for s in STAGE_SHARES if s != "planning the host"), "done"]
     fractions = [e.fraction for e in events]
     assert fractions == sorted(fractions) and fractions[0] == 0.0
     assert events[-1] == Progress("done", 1, 1, 1.0)
@@ -32,6 +32,16 @@ def test_compile_reports_every_stage_in_order_up_to_one():
     assert planning[-1].done == planning[-1].total > 0
     verifying = [e for e in events if e.stage == "verifying"]
     assert verifying[-1].done == verifying[-1].total == len(compiled.plan)
+
+
+def test_a_host_tier_is_a_stage_of_its_own(tmp_path):
+    events: list[Progress] = []
+    ep.compile(load_program("mlp"), "40%", host_budget="50%", spill=tmp_path,
+               progress=events.append)  # fmt: skip
+    stages = list(dict.fromkeys(e.stage for e in events))
+    assert stages == [*STAGE_SHARES, "done"]
+    fractions = [e.fraction for e in events]
+    assert fractions == sorted(fractions) and events[-1].fraction == 1.0
 
 
 def test_without_verification_the_verifying_stage_is_skipped():

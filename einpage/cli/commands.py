@@ -91,8 +91,8 @@ from einpage.pipeline import (
     TooManyBlocksError,
     explicit_partition,
 )
+from einpage.pipeline.weight_files import planned_weights
 from einpage.version import __version__
-from einpage.weight_files import planned_weights
 from einpage_core.dot import Selection, select_ids
 from einpage_core.errors import (
     BackendUnavailableError,

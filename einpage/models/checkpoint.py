@@ -31,6 +31,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from einpage.models.errors import CheckpointError
+from einpage.pipeline.checkpoint_files import (
+    HEADER_LIMIT,
+    INDEX_FILE,
+    SINGLE_FILE,
+    checkpoint_files,
+    load_json,
+)
 from taskgraph import dtypes
 
 __all__ = [
@@ -47,8 +54,6 @@ __all__ = [
     "CONFIG_FILE",
 ]
 
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 Part = tuple[int, int] | None
@@ -132,7 +137,7 @@ class SafetensorsSource:
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.where = f"checkpoint {str(self.path)!r}"
-        self._files = _checkpoint_files(self.path)  # key -> the file that holds it
+        self._files = checkpoint_files(self.path)  # key -> the file that holds it
         self._handles: dict[Path, Any] = {}  # open files
         self._held: dict[Path, set[str]] = {}  # file -> the keys it really holds
 
@@ -199,7 +204,7 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     file = path / CONFIG_FILE if path.is_dir() else path.parent / CONFIG_FILE
     if not file.is_file():
         return None
-    data = _load_json(file)
+    data = load_json(file)
     if not isinstance(data, dict):
         raise CheckpointError(f"{str(file)!r}: expected a JSON object, got {type(data).__name__}")
     return data
@@ -280,96 +285,13 @@ def checkpoint_dtype(config: Mapping[str, Any], where: str) -> str | None:
     return None
 
 
-def _load_json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"cannot read {str(file)!r}: {err}") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(
-            f"{str(file)!r} is not valid JSON: {err.msg} at line {err.lineno} column {err.colno}"
-        ) from None
-
-
-def _checkpoint_files(path: Path) -> dict[str, Path]:
-    """Every tensor key of the checkpoint at `path`, mapped to the file that holds it.
-
-    A directory with `model.safetensors` is read as one file (as `from_pretrained`
-    prefers it); otherwise `model.safetensors.index.json` lists the shards.
-    """
-    if path.is_file():
-        return dict.fromkeys(_file_keys(path), path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint path {str(path)!r} does not exist")
-    single, index = path / SINGLE_FILE, path / INDEX_FILE
-    if single.is_file():
-        return dict.fromkeys(_file_keys(single), single)
-    if index.is_file():
-        return _index_files(index)
-    present = sorted(p.name for p in path.iterdir())[:10]
-    raise CheckpointError(
-        f"checkpoint directory {str(path)!r} has neither {SINGLE_FILE} nor {INDEX_FILE} "
-        f"(it holds: {', '.join(present) or 'nothing'})"
-    )
-
-
-def _file_keys(file: Path) -> list[str]:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="numpy") as handle:
-            return list(handle.keys())
-    except Exception as err:  # safetensors raises its own error types
-        raise CheckpointError(f"cannot open safetensors file {str(file)!r}: {err}") from None
-
-
-def _index_files(index: Path) -> dict[str, Path]:
-    """Validate a sharded checkpoint's index and map each key to its shard's path."""
-    data = _load_json(index)
-    where = str(index)
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{where!r}: expected a JSON object, got {type(data).__name__}")
-    if not isinstance(data.get("metadata", {}), dict | type(None)):
-        raise CheckpointError(f"{where!r}: 'metadata' must be an object")
-    weight_map = data.get("weight_map")
-    if not isinstance(weight_map, dict):
-        raise CheckpointError(
-            f"{where!r}: 'weight_map' must be an object mapping tensor names to shard files, "
-            f"got {type(weight_map).__name__}"
-        )
-    if not weight_map:
-        raise CheckpointError(f"{where!r}: 'weight_map' is empty")
-    files: dict[str, Path] = {}
-    for key, shard in weight_map.items():
-        if not isinstance(shard, str):
-            raise CheckpointError(
-                f"{where!r}: weight_map[{key!r}] must be a file name, got {shard!r}"
-            )
-        plain = shard not in ("", ".", "..") and "/" not in shard and "\\" not in shard
-        if not plain or not shard.endswith(".safetensors"):
-            raise CheckpointError(
-                f"{where!r}: weight_map[{key!r}] = {shard!r} is not the name of a .safetensors "
-                "file in the checkpoint directory (paths are not allowed)"
-            )
-        file = index.parent / shard
-        if not file.is_file():
-            raise CheckpointError(
-                f"{where!r}: weight_map[{key!r}] names shard {shard!r}, which does not exist"
-            )
-        files[key] = file
-    return files
-
-
-_HEADER_LIMIT = 100 * 2**20  # safetensors caps headers at 100 MB
-
-
 def _read_bf16(file: Path, key: str) -> np.ndarray:
     """Read the bfloat16 tensor `key` of a safetensors file as a bfloat16 array, from the
     file's header and bytes (safetensors' NumPy framework does not know bfloat16)."""
     try:
         with open(file, "rb") as f:
             header_size = int.from_bytes(f.read(8), "little")
-            if not 0 < header_size <= _HEADER_LIMIT:
+            if not 0 < header_size <= HEADER_LIMIT:
                 raise CheckpointError(f"{str(file)!r}: bad safetensors header size {header_size}")
             entry = json.loads(f.read(header_size))[key]
             begin, end = (int(x) for x in entry["data_offsets"])

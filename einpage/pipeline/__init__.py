@@ -6,7 +6,9 @@
   verify the whole) and `CompiledDevices`;
 * `einpage.pipeline.search`: what compiles – the automatic partitions tried, the search
   for the smallest budget that compiles, the caps on tasks;
-* `einpage.pipeline.refusals`: why a budget is refused, in words (the errors).
+* `einpage.pipeline.refusals`: why a budget is refused, in words (the errors);
+* `einpage.pipeline.weight_files`: weights read where a safetensors checkpoint holds
+  them (a plan with a host tier), and `checkpoint_files`: which files a checkpoint has.
 
 It builds on the program room and the lower packages (taskgraph, memgraph); the rooms
 after it (models, workloads, cli) may import it (`tests/test_imports.py`).

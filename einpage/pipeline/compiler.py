@@ -364,7 +364,7 @@ def _plan_host(
     mg: MemGraph, graph: TaskGraph, host_budget: Any, checkpoint: Any, spill: Any
 ) -> MemGraph:
     """`mg` with its host tier planned (see `compile`)."""
-    from einpage.weight_files import weight_places  # reads files: only when asked
+    from einpage.pipeline.weight_files import weight_places  # reads files: only when asked
 
     if spill is not None and not os.path.isdir(spill):
         raise InputError(f"spill folder {os.fspath(spill)!r} is not a folder")

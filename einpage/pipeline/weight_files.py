@@ -1,0 +1,227 @@
+"""Weights in safetensors files, read where they are (`weight_places`, `save_weights`).
+
+A plan with a host tier (`memgraph.tiers`) reads each weight from its checkpoint file
+when it needs it, at the offset the file's header gives, instead of keeping every weight
+in host memory. `weight_places(path, tg)` reads the header of a safetensors file (or of
+each shard of a checkpoint folder with `model.safetensors.index.json`) and returns, for
+each input of the TaskGraph the file holds under the input's name, where its bytes are
+(`memgraph.tiers.CheckpointPlace`). The header comes from disk, so it is validated before
+any offset is used: its length, its JSON, every entry's dtype, shape and data offsets
+(inside the file, the bytes the dtype and shape need, no two overlapping), and the dtype
+and shape against the program's input of that name. A tensor stored under another name
+or layout than the program's (a Hugging Face checkpoint, whose weights einpage transposes
+on loading) is not read in place: `save_weights` writes the program's own weights, by
+input name, as a safetensors file that can be.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from einpage.errors import CheckpointError
+from einpage.pipeline.checkpoint_files import HEADER_LIMIT, checkpoint_files
+from memgraph.tiers import CheckpointPlace
+from taskgraph import dtypes
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
+
+__all__ = ["weight_places", "save_weights", "read_header", "planned_weights", "SAFETENSORS_DTYPES"]
+
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I8": "int8",
+    "U8": "uint8",
+}
+"""The safetensors dtype codes einpage reads, and its dtype for each."""
+
+_CODES = {dtype: code for code, dtype in SAFETENSORS_DTYPES.items()}
+
+
+Entry = tuple[str, tuple[int, ...], int, int]
+"""A tensor of a safetensors file: dtype, shape, offset of its bytes in the file, bytes."""
+
+
+def read_header(file: str | os.PathLike[str]) -> tuple[dict[str, Entry], int]:
+    """The tensors of a safetensors file – name -> (dtype, shape, offset in the file, bytes)
+    – validated, and the file's size."""
+    where = str(file)
+    try:
+        with open(file, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{where!r} is not a safetensors file: under 8 bytes")
+            length = int.from_bytes(head, "little")
+            if not 2 <= length <= min(HEADER_LIMIT, size - 8):
+                raise CheckpointError(
+                    f"{where!r}: header length {length} does not fit the file ({size} bytes)"
+                )
+            text = f.read(length)
+    except OSError as err:
+        raise CheckpointError(f"cannot read {where!r}: {err}") from None
+    try:
+        header = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{where!r}: the header is not JSON: {err}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where!r}: the header is not a JSON object")
+    start = 8 + length
+    tensors: dict[str, Entry] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        tensors[name] = _entry(where, name, entry, start, size)
+    spans = sorted((at, at + nbytes, name) for name, (_, _, at, nbytes) in tensors.items())
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
+        if begin < end:
+            raise CheckpointError(f"{where!r}: tensors {first!r} and {second!r} overlap")
+    return tensors, size
+
+
+def _entry(where: str, name: str, entry: Any, start: int, size: int) -> Entry:
+    """One header entry, checked: (dtype, shape, offset in the file, bytes)."""
+    if not isinstance(entry, dict) or set(entry) - {"dtype", "shape", "data_offsets"}:
+        raise CheckpointError(f"{where!r}: the header entry of {name!r} is malformed")
+    code, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if code not in SAFETENSORS_DTYPES:
+        raise CheckpointError(
+            f"{where!r}: {name!r} has dtype {code!r}; einpage reads "
+            f"{', '.join(SAFETENSORS_DTYPES)}"
+        )
+    if not _naturals(shape) or not _naturals(offsets, 2) or offsets[0] > offsets[1]:
+        raise CheckpointError(f"{where!r}: {name!r} has a malformed shape or data_offsets")
+    dtype = SAFETENSORS_DTYPES[code]
+    nbytes = math.prod(shape) * dtypes.numpy_dtype(dtype).itemsize
+    if offsets[1] - offsets[0] != nbytes:
+        raise CheckpointError(
+            f"{where!r}: {name!r} is {dtype}{list(shape)} ({nbytes} bytes) but its data_offsets "
+            f"span {offsets[1] - offsets[0]}"
+        )
+    if start + offsets[1] > size:
+        raise CheckpointError(f"{where!r}: {name!r} ends past the end of the file (truncated?)")
+    return dtype, tuple(shape), start + offsets[0], nbytes
+
+
+def _naturals(value: Any, length: int | None = None) -> bool:
+    """Whether `value` is a list of ints >= 0 (of `length` items, when given)."""
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(type(x) is int and x >= 0 for x in value)
+    )
+
+
+def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, CheckpointPlace]:
+    """Where each input of `tg` that the checkpoint at `path` (a safetensors file, or a
+    folder as `save_pretrained` writes one) holds under its name is: file and offset.
+
+    Raises `CheckpointError` for a malformed file, or for a tensor whose dtype or shape is
+    not the input's; inputs the checkpoint does not hold are not in the result (the
+    caller passes them), and a checkpoint that holds none of them is an error.
+    """
+    files = checkpoint_files(Path(path))
+    inputs = {task.op.name: task for task in tg if isinstance(task.op, Input)}
+    headers: dict[Path, tuple[dict[str, Entry], int]] = {}
+    places: dict[str, CheckpointPlace] = {}
+    for name, task in inputs.items():
+        file = files.get(name)
+        if file is None:
+            continue
+        if file not in headers:
+            headers[file] = read_header(file)
+        tensors, size = headers[file]
+        if name not in tensors:
+            raise CheckpointError(f"{str(file)!r} does not hold {name!r}, as its index says")
+        dtype, shape, offset, _ = tensors[name]
+        if (dtype, shape) != (task.dtype, tuple(task.shape)):
+            raise CheckpointError(
+                f"{str(file)!r}: {name!r} is {dtype}{list(shape)}, but the program's input is "
+                f"{task.dtype}{list(task.shape)}"
+            )
+        places[name] = CheckpointPlace(str(Path(file).resolve()), size, offset)
+    if not places:
+        raise CheckpointError(
+            f"the checkpoint at {str(path)!r} holds none of the program's inputs "
+            f"({', '.join(sorted(inputs)[:6])}, ...) under their names; save_weights writes "
+            f"one that does"
+        )
+    return places
+
+
+def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write `weights` (input name -> array) as one safetensors file at `path`, each
+    tensor C-contiguous in its own dtype, in name order; returns the path. The file is
+    written to a temporary name first and renamed, so a failure leaves no partial file."""
+    path = Path(path)
+    entries, offset = {}, 0
+    arrays = []
+    for name in sorted(weights):
+        array = np.ascontiguousarray(weights[name])
+        try:
+            dtype = dtypes.canonical(array.dtype)
+        except Exception:
+            dtype = str(array.dtype)
+        if dtype not in _CODES:
+            raise CheckpointError(
+                f"weight {name!r} has dtype {dtype}; save_weights writes {', '.join(_CODES)}"
+            )
+        entries[name] = {
+            "dtype": _CODES[dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + array.nbytes],
+        }
+        offset += array.nbytes
+        arrays.append(array)
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    partial = path.with_name(path.name + ".partial")
+    try:
+        with open(partial, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for array in arrays:
+                f.write(memoryview(array.reshape(-1).view(np.uint8)))
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def planned_weights(mg: Any) -> dict[str, np.ndarray]:
+    """The weights a plan with a host tier reads from its checkpoint files, read here whole
+    by name (`np.fromfile` at the offsets the plan states, not the runtime's reads): what a
+    reference evaluation of the plan's program needs besides the inputs a run is given."""
+    if mg.tier is None:
+        return {}
+    names = {
+        n.storage: n.name
+        for n in mg.nodes
+        if n.kind.value == "input" and n.storage is not None
+    }
+    arrays = {}
+    for sid, storage in mg.storages.items():
+        if storage.disk is None or storage.kind != "input":
+            continue
+        file = mg.tier.files[storage.disk.file]
+        if os.path.getsize(file.path) != file.nbytes:
+            raise CheckpointError(
+                f"{file.path!r} is {os.path.getsize(file.path)} bytes, the plan says {file.nbytes}"
+            )
+        dtype = dtypes.numpy_dtype(storage.dtype)
+        count = math.prod(storage.shape)
+        array = np.fromfile(file.path, dtype=dtype, count=count, offset=storage.disk.offset)
+        arrays[names[sid]] = array.reshape(storage.shape)
+    return arrays
