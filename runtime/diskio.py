@@ -4,9 +4,11 @@
 allocates anything, and `close()` (or leaving its `with` block) closes them:
 
 * a **checkpoint** is opened read-only, and refused (`DiskError`) unless its size is the
-  one the plan was made for (`DiskFile.nbytes`). Before each read its size is looked at
-  again (`os.fstat`): a file that changed during the run is an error, never a silent
-  wrong answer;
+  one the plan was made for (`DiskFile.nbytes`). Before each read its size and its
+  modification time are looked at again (`os.fstat`): a file written to during the run
+  is an error, not a silent wrong answer. (A file replaced before the run by another of
+  the same size is not caught here; `einpage.pipeline.weight_files` checks headers when
+  planning.)
 * the **spill file** is created in `spill_folder` (which must exist, be a writable
   directory and have room for it: `os.statvfs`) under a fresh name (`einpage-spill-...`,
   `O_CREAT | O_EXCL`, mode 0o600), sized up front (`os.posix_fallocate` where the file
@@ -76,6 +78,7 @@ class DiskFiles:
     tier: HostTier
     fds: list[int] = field(default_factory=list)
     spill_path: str = ""
+    stamps: dict[int, int] = field(default_factory=dict)  # checkpoint index -> mtime (ns)
 
     @classmethod
     def open(cls, tier: HostTier, spill_folder: str | os.PathLike[str] | None) -> DiskFiles:
@@ -95,6 +98,8 @@ class DiskFiles:
                 fd = files._open_checkpoint(file) if file.kind == "checkpoint" else None
                 if fd is None:
                     fd = files._create_spill(folder, file.nbytes)
+                else:
+                    files.stamps[len(files.fds)] = os.fstat(fd).st_mtime_ns
                 files.fds.append(fd)
         except BaseException:
             files.close()
@@ -162,11 +167,16 @@ class DiskFiles:
         """Fill `into` (contiguous bytes) from file `index` at `offset`."""
         file, fd = self._file(index)
         if file.kind == "checkpoint":
-            actual = os.fstat(fd).st_size
-            if actual != file.nbytes:
+            now = os.fstat(fd)
+            if now.st_size != file.nbytes:
                 raise DiskError(
                     f"the checkpoint {file.path!r} changed size during the run: it has "
-                    f"{actual} bytes, the plan was made for {file.nbytes}"
+                    f"{now.st_size} bytes, the plan was made for {file.nbytes}"
+                )
+            if now.st_mtime_ns != self.stamps[index]:
+                raise DiskError(
+                    f"the checkpoint {file.path!r} was written to during the run (its "
+                    f"modification time changed): its weights may not be the ones planned"
                 )
         _check_span(file, offset, into.nbytes)
         view = memoryview(into).cast("B")

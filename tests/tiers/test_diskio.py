@@ -152,6 +152,19 @@ def test_a_checkpoint_that_grows_during_the_run_is_an_error(tmp_path):
     assert "1004 bytes" in str(caught.value) and "1000" in str(caught.value)
 
 
+def test_a_checkpoint_written_in_place_during_the_run_is_an_error(tmp_path):
+    """Same size, other bytes: its modification time gives it away."""
+    ckpt = checkpoint(tmp_path)
+    with DiskFiles.open(tier(DiskFile("checkpoint", 1000, str(ckpt))), None) as files:
+        files.read(0, 0, np.zeros(8, dtype=np.uint8))
+        stamp = os.stat(ckpt).st_mtime_ns
+        with open(ckpt, "r+b") as rewrite:
+            rewrite.write(b"\xff" * 8)
+        os.utime(ckpt, ns=(stamp + 10**9, stamp + 10**9))  # coarse clocks: a second later
+        with pytest.raises(DiskError, match="was written to during the run"):
+            files.read(0, 0, np.zeros(8, dtype=np.uint8))
+
+
 # -- refusals, each leaving nothing behind ------------------------------------------------
 
 
