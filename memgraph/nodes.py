@@ -276,11 +276,16 @@ class DiskFile:
     """A file of a plan's host tier: `kind` (`DISK_FILE_KINDS`), `nbytes` its size (a
     checkpoint's size when planned, checked before and during a run; the size a run
     creates the spill file with), `path` a checkpoint's path ("" for the spill file: the
-    run's spill folder decides where it goes)."""
+    run's spill folder decides where it goes). A checkpoint may state the SHA-256 of its
+    first `head` bytes (`head_sha256`, hex: a safetensors file's header, which says where
+    every tensor is), which a run checks before reading: a file replaced by another of
+    the same size is then refused too."""
 
     kind: str
     nbytes: int
     path: str = ""
+    head: int = 0
+    head_sha256: str = ""
 
     def __str__(self) -> str:
         where = self.path or "in the spill folder"

@@ -166,7 +166,12 @@ def _storage_to_dict(storage: HostStorage) -> dict[str, Any]:
 
 
 def _tier_to_dict(tier: HostTier) -> dict[str, Any]:
-    files = [{"kind": f.kind, "nbytes": f.nbytes, "path": f.path} for f in tier.files]
+    files = []
+    for f in tier.files:
+        entry: dict[str, Any] = {"kind": f.kind, "nbytes": f.nbytes, "path": f.path}
+        if f.head:
+            entry["head"] = [f.head, f.head_sha256]
+        files.append(entry)
     return {"budget": tier.budget, "files": files}
 
 
@@ -356,7 +361,7 @@ def _storages(value: Any, tg: TaskGraph) -> dict[int, HostStorage]:
     table: dict[int, HostStorage] = {}
     for position, entry in enumerate(value):
         path = f"$.storages[{position}]"
-        entry = _object(entry, path, _STORAGE_KEYS | ({"disk"} & entry.keys()))
+        entry = _object(entry, path, _STORAGE_KEYS | _present(entry, "disk"))
         sid = _int(entry["id"], f"{path}.id")
         if sid in table:
             raise _fail(f"{path}.id", f"host#{sid} is listed twice")
@@ -382,6 +387,23 @@ def _disk_place(value: Any, path: str) -> DiskPlace:
     return DiskPlace(_int(value[0], f"{path}[0]"), _int(value[1], f"{path}[1]"))
 
 
+def _present(value: Any, key: str) -> set[str]:
+    """{key} when `value` is an object that has the optional `key`, else nothing."""
+    return {key} if isinstance(value, dict) and key in value else set()
+
+
+def _head(value: Any, path: str, kind: str) -> tuple[int, str]:
+    """A checkpoint's `[bytes, sha256 hex]` of its head, or (0, "") when absent."""
+    if value is None:
+        return 0, ""
+    if kind != "checkpoint" or not isinstance(value, list) or len(value) != 2:
+        raise _fail(path, "expected [bytes, sha256 hex] on a checkpoint")
+    digest = value[1]
+    if not isinstance(digest, str) or len(digest) != 64 or set(digest) - set("0123456789abcdef"):
+        raise _fail(f"{path}[1]", "expected 64 lowercase hex digits")
+    return _int(value[0], f"{path}[0]", 1), digest
+
+
 def _tier(value: Any, storages: dict[int, HostStorage] | None) -> HostTier:
     """The `tier` document: the host budget and the files, each storage's place in one."""
     entry = _object(value, "$.tier", {"budget", "files"})
@@ -391,14 +413,16 @@ def _tier(value: Any, storages: dict[int, HostStorage] | None) -> HostTier:
     files = []
     for k, item in enumerate(entry["files"]):
         path = f"$.tier.files[{k}]"
-        item = _object(item, path, {"kind", "nbytes", "path"})
+        item = _object(item, path, {"kind", "nbytes", "path"} | _present(item, "head"))
         if item["kind"] not in DISK_FILE_KINDS:
             raise _fail(f"{path}.kind", f"expected one of {', '.join(DISK_FILE_KINDS)}")
         if not isinstance(item["path"], str) or (item["kind"] == "checkpoint") != bool(
             item["path"]
         ):
             raise _fail(f"{path}.path", "expected a checkpoint's path, or \"\" for the spill file")
-        files.append(DiskFile(item["kind"], _int(item["nbytes"], f"{path}.nbytes"), item["path"]))
+        head, digest = _head(item.get("head"), f"{path}.head", item["kind"])
+        nbytes = _int(item["nbytes"], f"{path}.nbytes")
+        files.append(DiskFile(item["kind"], nbytes, item["path"], head, digest))
     for storage in (storages or {}).values():
         place = storage.disk
         if place is not None and (

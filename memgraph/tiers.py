@@ -73,11 +73,14 @@ this (a page: what O_DIRECT and GPUDirect Storage ask of buffers and offsets).""
 @dataclass(frozen=True, slots=True)
 class CheckpointPlace:
     """Where a weight's bytes are in a checkpoint file: `offset` in the file at `path`,
-    whose size is `file_nbytes` (a run checks the file still has it)."""
+    whose size is `file_nbytes` (a run checks the file still has it), and optionally the
+    SHA-256 of its first `head` bytes (its header: a run checks it too)."""
 
     path: str
     file_nbytes: int
     offset: int
+    head: int = 0
+    head_sha256: str = ""
 
 
 @dataclass
@@ -287,11 +290,12 @@ def _checkpoint_files(
                 f"weight {node.name!r} ({entry.nbytes} bytes) at offset {place.offset} is not "
                 f"inside {place.path!r} ({place.file_nbytes} bytes)"
             )
+        file = DiskFile("checkpoint", place.file_nbytes, place.path, place.head, place.head_sha256)
         if place.path not in index:
             index[place.path] = len(files)
-            files.append(DiskFile("checkpoint", place.file_nbytes, place.path))
-        elif files[index[place.path]].nbytes != place.file_nbytes:
-            raise PlanError(f"{place.path!r} is given two sizes")
+            files.append(file)
+        elif files[index[place.path]] != file:
+            raise PlanError(f"{place.path!r} is given two sizes or headers")
         places[node.storage] = DiskPlace(index[place.path], place.offset)  # used or not
     return files, places
 

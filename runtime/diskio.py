@@ -6,9 +6,10 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 * a **checkpoint** is opened read-only, and refused (`DiskError`) unless its size is the
   one the plan was made for (`DiskFile.nbytes`). Before each read its size and its
   modification time are looked at again (`os.fstat`): a file written to during the run
-  is an error, not a silent wrong answer. (A file replaced before the run by another of
-  the same size is not caught here; `einpage.pipeline.weight_files` checks headers when
-  planning.)
+  is an error, not a silent wrong answer. When the plan states the SHA-256 of the file's
+  head (`DiskFile.head_sha256`: a safetensors header, which says where every tensor is),
+  it is checked when the file is opened: a file replaced by another of the same size is
+  refused too.
 * the **spill file** is created in `spill_folder` (which must exist, be a writable
   directory and have room for it: `os.statvfs`) under a fresh name (`einpage-spill-...`,
   `O_CREAT | O_EXCL`, mode 0o600), sized up front (`os.posix_fallocate` where the file
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import secrets
 import stat
@@ -121,6 +123,12 @@ class DiskFiles:
             raise DiskError(
                 f"the checkpoint {file.path!r} has {actual} bytes, but the plan was made for "
                 f"{file.nbytes} bytes: plan again for this file"
+            )
+        if file.head and hashlib.sha256(os.pread(fd, file.head, 0)).hexdigest() != file.head_sha256:
+            os.close(fd)
+            raise DiskError(
+                f"the checkpoint {file.path!r} is not the file the plan was made for: its first "
+                f"{file.head} bytes (its header) differ; plan again for this file"
             )
         return fd
 

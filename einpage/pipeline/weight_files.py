@@ -16,6 +16,7 @@ input name, as a safetensors file that can be.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -134,6 +135,7 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
     files = checkpoint_files(Path(path))
     inputs = {task.op.name: task for task in tg if isinstance(task.op, Input)}
     headers: dict[Path, tuple[dict[str, Entry], int]] = {}
+    heads: dict[Path, tuple[int, str]] = {}
     places: dict[str, CheckpointPlace] = {}
     for name, task in inputs.items():
         file = files.get(name)
@@ -141,6 +143,7 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
             continue
         if file not in headers:
             headers[file] = read_header(file)
+            heads[file] = _head_digest(file)
         tensors, size = headers[file]
         if name not in tensors:
             raise CheckpointError(f"{str(file)!r} does not hold {name!r}, as its index says")
@@ -150,7 +153,8 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
                 f"{str(file)!r}: {name!r} is {dtype}{list(shape)}, but the program's input is "
                 f"{task.dtype}{list(task.shape)}"
             )
-        places[name] = CheckpointPlace(str(Path(file).resolve()), size, offset)
+        head, digest = heads[file]
+        places[name] = CheckpointPlace(str(Path(file).resolve()), size, offset, head, digest)
     if not places:
         raise CheckpointError(
             f"the checkpoint at {str(path)!r} holds none of the program's inputs "
@@ -158,6 +162,15 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
             f"one that does"
         )
     return places
+
+
+def _head_digest(file: Path) -> tuple[int, str]:
+    """The bytes of a safetensors file's head (the length and the header: where every
+    tensor is) and their SHA-256, which a run checks the file against."""
+    with open(file, "rb") as f:
+        head = f.read(8)
+        head += f.read(int.from_bytes(head, "little"))
+    return len(head), hashlib.sha256(head).hexdigest()
 
 
 def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:

@@ -5,6 +5,7 @@ it – with nothing left in the spill folder."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -49,8 +50,10 @@ def test_plan_then_run_with_a_host_budget_equals_the_reference(capsys, tmp_path,
     assert re.search(r"host +budget", out) and "weights streamed" in out
     assert "disk_read busy" in out  # simulated on the disk's lane too
     document = json.loads(plan.read_text())
+    head = 8 + int.from_bytes(checkpoint.read_bytes()[:8], "little")
     assert document["tier"]["files"][0] == {
         "kind": "checkpoint", "nbytes": checkpoint.stat().st_size, "path": str(checkpoint),
+        "head": [head, hashlib.sha256(checkpoint.read_bytes()[:head]).hexdigest()],
     }  # fmt: skip
     code, out, err = cli(capsys, "run", plan, "--check", "--spill", spill, "--mode", mode)
     assert code == EXIT_OK, err
@@ -114,3 +117,18 @@ def test_show_says_what_a_program_needs_in_each_tier(capsys):
     page = -(-largest // 4096) * 4096
     assert f"at least {format_bytes(page)}: the largest weight" in out
     assert re.search(rf"disk +{re.escape(format_bytes(total))} of weights in a checkpoint", out)
+
+
+def test_a_checkpoint_rewritten_with_another_header_is_refused(capsys, tmp_path, checkpoint):
+    plan = tmp_path / "plan.json"
+    code, _, err = cli(
+        capsys, "plan", "llama:tiny", "--budget", "50%", "--checkpoint", checkpoint, "-o", plan
+    )
+    assert code == EXIT_OK, err
+    head = json.loads(plan.read_text())["tier"]["files"][0]["head"]
+    assert head[0] == 8 + int.from_bytes(checkpoint.read_bytes()[:8], "little")
+    data = bytearray(checkpoint.read_bytes())
+    data[9] = ord(" ") if data[9] != ord(" ") else ord("\n")  # the header's JSON, same size
+    checkpoint.write_bytes(bytes(data))
+    code, out, err = cli(capsys, "run", plan)
+    assert code != EXIT_OK and "not the file the plan was made for" in err

@@ -284,3 +284,19 @@ def test_an_interruption_while_opening_leaves_nothing(spill_dir, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         DiskFiles.open(tier(DiskFile("spill", 4096)), spill_dir)
     assert os.listdir(spill_dir) == []
+
+
+def test_a_checkpoint_replaced_by_another_of_the_same_size_is_refused(tmp_path):
+    """The plan states the SHA-256 of the file's head (its safetensors header): another
+    file of the same size but another header is refused before anything is read."""
+    import hashlib
+
+    ckpt = checkpoint(tmp_path)
+    head = ckpt.read_bytes()[:64]
+    digest = hashlib.sha256(head).hexdigest()
+    planned = DiskFile("checkpoint", 1000, str(ckpt), 64, digest)
+    with DiskFiles.open(tier(planned), None) as files:  # the same file: accepted
+        files.read(0, 0, np.zeros(8, dtype=np.uint8))
+    ckpt.write_bytes(b"\x01" + ckpt.read_bytes()[1:])  # same size, another head
+    with pytest.raises(DiskError, match="not the file the plan was made for"):
+        DiskFiles.open(tier(planned), None)

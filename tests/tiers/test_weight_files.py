@@ -149,3 +149,20 @@ def test_compile_refuses_a_spill_folder_that_is_not_one_and_a_budget_that_must_s
         ep.compile(prog, "60%", host_budget="50%", spill=tmp_path / "missing")
     with pytest.raises(HostBudgetPlanError, match="give a spill folder"):
         ep.compile(prog, memgraph.min_budget(tg)[0], host_budget="14%", checkpoint=path)
+
+
+@pytest.mark.parametrize(
+    "head, message",
+    [([0, "0" * 64], r"head\[0\]"), ([8, "xyz"], "64 lowercase hex"), ("nope", "bytes, sha256")],
+)
+def test_a_malformed_head_in_a_plan_file_is_refused(tmp_path, head, message):
+    from memgraph.serialize import memgraph_from_json
+
+    tg = llama.prefill_program(llama.PRESETS["tiny"], 1, 8, "float32").build()
+    path = save_weights(weights_of(tg), tmp_path / "m.safetensors")
+    mg = ep.compile(tg, "60%", checkpoint=path).plan
+    document = json.loads(mg.to_json())
+    assert memgraph_from_json(json.dumps(document)).tier == mg.tier  # as written, it loads
+    document["tier"]["files"][0]["head"] = head
+    with pytest.raises(ep.errors.SerializationError, match=message):
+        memgraph_from_json(json.dumps(document))
