@@ -257,6 +257,13 @@ class HostStorage:
         """The box of the whole storage."""
         return HostBox.whole(self.shape, self.dtype)
 
+    @property
+    def tiered(self) -> bool:
+        """Whether a host tier holds it (keeps it in a slot of its arena), in a plan with
+        one: an offloaded or assembled storage, or an input with a place on disk (a
+        checkpoint weight). Any other input is the caller's array."""
+        return self.kind != "input" or self.disk is not None
+
     def __str__(self) -> str:
         dims = ",".join(map(str, self.shape))
         size = format_bytes(self.nbytes)

@@ -45,7 +45,7 @@ from einpage_core.errors import VerificationError
 from memgraph.nodes import HostRegion, HostStorage, HostTier, MemNode, NodeKind
 from memgraph.verify_ranges import LatestFrees, LiveRegions
 
-__all__ = ["RULES", "rule", "HostTierRules", "holds", "check_no_tier"]
+__all__ = ["RULES", "rule", "HostTierRules", "check_no_tier"]
 
 RULES: dict[str, str] = {
     "no tier": "a plan without a host tier names no host slot and no place on disk",
@@ -75,13 +75,6 @@ RULES: dict[str, str] = {
 def rule(name: str) -> str:
     """The tail of a refusal: `[host tier: <the rule>]`."""
     return f" [host tier: {RULES[name]}]"
-
-
-def holds(storage: HostStorage) -> bool:
-    """Whether the host tier holds `storage` (keeps it in a slot of its arena): an offloaded
-    or assembled storage, or an input with a place on disk (a checkpoint weight). Any
-    other input is the caller's array."""
-    return storage.kind != "input" or storage.disk is not None
 
 
 class Verifier(Protocol):
@@ -215,7 +208,7 @@ class HostTierRules:
                 raise self.fail(f"an output on the device names host slot {node.slot}", "held")
             return None
         storage = self.v.listed(node.storage)
-        if not holds(storage):
+        if not storage.tiered:
             if node.slot is not None:
                 raise self.fail(
                     f"names slot {node.slot}, but {storage} is the caller's input (no place "
@@ -234,7 +227,7 @@ class HostTierRules:
             raise self.fail(
                 f"names %{node.tensor}, but {storage} holds %{storage.tensor}", "tensor"
             )
-        if not holds(storage):
+        if not storage.tiered:
             raise self.fail(
                 f"{storage} is the caller's input (no place on disk): the tier does not hold it",
                 "held",

@@ -50,11 +50,7 @@ def tier_held(mg: MemGraph) -> frozenset[int]:
     and output assembled on the host, and every input whose bytes are on disk."""
     if mg.tier is None:
         return frozenset()
-    return frozenset(
-        sid
-        for sid, s in mg.storages.items()
-        if s.kind in ("offload", "assembly") or (s.kind == "input" and s.disk is not None)
-    )
+    return frozenset(sid for sid, s in mg.storages.items() if s.tiered)
 
 
 def disk_inputs(mg: MemGraph) -> dict[str, int]:
