@@ -13,10 +13,11 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 * the **spill file** is created in `spill_folder` (which must exist, be a writable
   directory and have room for it: `os.statvfs`) under a fresh name (`einpage-spill-...`,
   `O_CREAT | O_EXCL`, mode 0o600), sized up front (`os.posix_fallocate` where the file
-  system can, else `ftruncate`), and at once unlinked: the run reads and writes it by its
-  open descriptor, and the system frees its blocks when that closes – however the
-  process ends, a success, a failure, an interruption or a `kill -9`, nothing is left
-  in the folder. Nothing is written outside the spill folder.
+  system can, else `ftruncate`). It is unlinked the moment it is created, before it is
+  sized: the run reads and writes it by its open descriptor, and the system frees its
+  blocks when that closes – however the process ends after that moment, a success, a
+  failure, an interruption or a `kill -9`, nothing is left in the folder. Nothing is
+  written outside the spill folder.
 
 Reads (`os.preadv`) and writes (`os.pwritev`) go straight between a file and bytes of
 the host arena (a NumPy `uint8` array), looping over short transfers; end of file
@@ -147,12 +148,11 @@ class DiskFiles:
             break
         self.spill_path = path
         try:
+            os.unlink(path)  # kept open, gone from the folder: nothing outlives the process
             _size(fd, nbytes, path)
         except BaseException:
             os.close(fd)
             raise
-        finally:
-            os.unlink(path)  # kept open, gone from the folder: nothing outlives the process
         return fd
 
     def close(self) -> None:
