@@ -346,9 +346,6 @@ def _refuse_direct_copies(mg: MemGraph) -> None:
             )
 
 
-_DISK_LANES = {NodeKind.READ: "disk_read", NodeKind.WRITE: "disk_write"}
-
-
 class NodeDurations:
     """How long each node of one plan takes on a cost model – the rule `simulate` uses,
     shared with `memgraph.simulate_multi` – as (stream, seconds, bytes copied).
@@ -376,10 +373,9 @@ class NodeDurations:
                     self.tg, node.tensor
                 )
             return "compute", seconds, 0
-        disk = _DISK_LANES.get(node.kind)
-        if disk is not None:
+        if node.kind in (NodeKind.READ, NodeKind.WRITE):  # on its disk lane (STREAM_OF)
             nbytes = self.storages[node.storage].nbytes
-            return disk, self.model.disk_seconds(nbytes, disk.removeprefix("disk_")), nbytes
+            return node.stream, self.model.disk_seconds(nbytes, node.kind.value), nbytes
         direction = node.copies
         if direction is None:
             return None, 0.0, 0

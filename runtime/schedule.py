@@ -34,7 +34,7 @@ from typing import Any
 
 from einpage_core.errors import BackendError, VerificationError
 from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind
+from memgraph.nodes import STREAM_OF, MemNode, NodeKind
 from memgraph.trace import DISK_STREAMS, STREAMS  # the lane names, defined once
 
 __all__ = [
@@ -75,10 +75,10 @@ def node_stream(node: MemNode, poison: bool = False) -> str | None:
     """
     if node.kind is NodeKind.APPLY:
         return "compute"
-    if node.kind is NodeKind.READ:
-        return "disk_read"
-    if node.kind is NodeKind.WRITE or (node.kind is NodeKind.RELEASE and poison):
-        return "disk_write"
+    if node.kind in (NodeKind.READ, NodeKind.WRITE):
+        return node.stream  # its disk lane
+    if node.kind is NodeKind.RELEASE and poison:
+        return STREAM_OF[NodeKind.WRITE]
     if node.copies is not None:  # a reload, an offload, an input put on the device
         return node.copies
     if node.kind is NodeKind.OUTPUT and node.region is not None:
