@@ -161,9 +161,15 @@ def conform_caller_inputs(mg: MemGraph, inputs: Any, key: Any = None) -> dict[st
     if not isinstance(inputs, Mapping):
         raise InputError(f"inputs must be a mapping of name to array, got {type(inputs).__name__}")
     refuse_disk_inputs(mg, inputs, key)
-    stand_ins = {name: v for name, v in _placeholders(mg, inputs).items() if name in on_disk}
-    conformed = mg.taskgraph.conform_inputs({**stand_ins, **inputs})
+    conformed = mg.taskgraph.conform_inputs({**disk_stand_ins(mg), **inputs})
     return {name: value for name, value in conformed.items() if name not in on_disk}
+
+
+def disk_stand_ins(mg: MemGraph) -> dict[str, Any]:
+    """Stand-ins (the shape and dtype, no data) for the inputs `mg` reads from disk itself,
+    so that what a caller passes is checked with the graph's own checks."""
+    on_disk = disk_inputs(mg)
+    return {name: v for name, v in _placeholders(mg, {}).items() if name in on_disk}
 
 
 def _placeholders(mg: MemGraph, exclude: Mapping[str, Any]) -> dict[str, _Placeholder]:

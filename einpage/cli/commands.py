@@ -44,7 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -112,8 +112,9 @@ from memgraph.multi_serialize import MultiPlanFile
 from memgraph.peer import SENDS
 from memgraph.placement import STRATEGIES
 from memgraph.render import memgraph_selection
+from runtime.session import disk_stand_ins
 from runtime.tiers import disk_inputs
-from taskgraph import TaskGraph, dtypes
+from taskgraph import TaskGraph
 from taskgraph.partition import BlockLimitError
 from taskgraph.render import DEFAULT_MAX_NODES, render_taskgraph
 
@@ -305,7 +306,7 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             arrays, source = run_inputs(args.inputs, args.random_inputs, draw)
             if args.inputs is None:
                 arrays = {k: v for k, v in arrays.items() if k not in on_disk}
-            tg.check_inputs({**arrays, **_stand_ins(tg, on_disk)})
+            tg.check_inputs({**arrays, **disk_stand_ins(mg)})
         with console.stage("staging"):  # the arena, host storage and staging slots
             debug = True if args.sync else None  # None: EINPAGE_SYNC decides
             session = runtime.Session(
@@ -358,17 +359,6 @@ def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         wrote(console, "outputs", args.output)
     raise_on_mismatch(comparisons)
     return EXIT_OK
-
-
-def _stand_ins(tg: TaskGraph, names: Iterable[str]) -> dict[str, np.ndarray]:
-    """Zero-byte arrays of the shapes and dtypes of inputs `names` (read from disk by the
-    plan), so that the inputs a run is given are checked with the graph's own check."""
-    stand_ins = {}
-    for name in names:
-        task = tg[tg.inputs[name]]
-        zero = np.zeros((), dtypes.numpy_dtype(task.dtype))
-        stand_ins[name] = np.broadcast_to(zero, task.shape)
-    return stand_ins
 
 
 def _stage_times(timings: Mapping[str, float], run_seconds: float) -> str:
