@@ -28,7 +28,9 @@ import numpy as np
 
 from einpage.errors import CheckpointError
 from einpage.pipeline.checkpoint_files import HEADER_LIMIT, checkpoint_files
+from memgraph.graph import MemGraph
 from memgraph.tiers import CheckpointPlace
+from runtime.tiers import disk_inputs
 from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
@@ -57,6 +59,13 @@ Entry = tuple[str, tuple[int, ...], int, int]
 def read_header(file: str | os.PathLike[str]) -> tuple[dict[str, Entry], int]:
     """The tensors of a safetensors file – name -> (dtype, shape, offset in the file, bytes)
     – validated, and the file's size."""
+    head, size = _read_head(file)
+    return _tensors(str(file), head, size), size
+
+
+def _read_head(file: str | os.PathLike[str]) -> tuple[bytes, int]:
+    """A safetensors file's head – its 8-byte length and its header, where every tensor
+    is – and the file's size; the length checked against the file."""
     where = str(file)
     try:
         with open(file, "rb") as f:
@@ -69,26 +78,29 @@ def read_header(file: str | os.PathLike[str]) -> tuple[dict[str, Entry], int]:
                 raise CheckpointError(
                     f"{where!r}: header length {length} does not fit the file ({size} bytes)"
                 )
-            text = f.read(length)
+            return head + f.read(length), size
     except OSError as err:
         raise CheckpointError(f"cannot read {where!r}: {err}") from None
+
+
+def _tensors(where: str, head: bytes, size: int) -> dict[str, Entry]:
+    """The header of a safetensors file's `head` parsed and validated (see `read_header`)."""
     try:
-        header = json.loads(text)
+        header = json.loads(head[8:])
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{where!r}: the header is not JSON: {err}") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where!r}: the header is not a JSON object")
-    start = 8 + length
     tensors: dict[str, Entry] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        tensors[name] = _entry(where, name, entry, start, size)
+        tensors[name] = _entry(where, name, entry, len(head), size)
     spans = sorted((at, at + nbytes, name) for name, (_, _, at, nbytes) in tensors.items())
     for (_, end, first), (begin, _, second) in zip(spans, spans[1:], strict=False):
         if begin < end:
             raise CheckpointError(f"{where!r}: tensors {first!r} and {second!r} overlap")
-    return tensors, size
+    return tensors
 
 
 def _entry(where: str, name: str, entry: Any, start: int, size: int) -> Entry:
@@ -134,17 +146,17 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
     """
     files = checkpoint_files(Path(path))
     inputs = {task.op.name: task for task in tg if isinstance(task.op, Input)}
-    headers: dict[Path, tuple[dict[str, Entry], int]] = {}
-    heads: dict[Path, tuple[int, str]] = {}
+    headers: dict[Path, tuple[dict[str, Entry], int, int, str]] = {}
     places: dict[str, CheckpointPlace] = {}
     for name, task in inputs.items():
         file = files.get(name)
         if file is None:
             continue
-        if file not in headers:
-            headers[file] = read_header(file)
-            heads[file] = _head_digest(file)
-        tensors, size = headers[file]
+        if file not in headers:  # each file's head read once: parsed, and its digest kept
+            head, size = _read_head(file)
+            digest = hashlib.sha256(head).hexdigest()
+            headers[file] = (_tensors(str(file), head, size), size, len(head), digest)
+        tensors, size, head_bytes, digest = headers[file]
         if name not in tensors:
             raise CheckpointError(f"{str(file)!r} does not hold {name!r}, as its index says")
         dtype, shape, offset, _ = tensors[name]
@@ -153,8 +165,8 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
                 f"{str(file)!r}: {name!r} is {dtype}{list(shape)}, but the program's input is "
                 f"{task.dtype}{list(task.shape)}"
             )
-        head, digest = heads[file]
-        places[name] = CheckpointPlace(str(Path(file).resolve()), size, offset, head, digest)
+        where = str(Path(file).resolve())
+        places[name] = CheckpointPlace(where, size, offset, head_bytes, digest)
     if not places:
         raise CheckpointError(
             f"the checkpoint at {str(path)!r} holds none of the program's inputs "
@@ -162,15 +174,6 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
             f"one that does"
         )
     return places
-
-
-def _head_digest(file: Path) -> tuple[int, str]:
-    """The bytes of a safetensors file's head (the length and the header: where every
-    tensor is) and their SHA-256, which a run checks the file against."""
-    with open(file, "rb") as f:
-        head = f.read(8)
-        head += f.read(int.from_bytes(head, "little"))
-    return len(head), hashlib.sha256(head).hexdigest()
 
 
 def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
@@ -213,21 +216,13 @@ def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
     return path
 
 
-def planned_weights(mg: Any) -> dict[str, np.ndarray]:
+def planned_weights(mg: MemGraph) -> dict[str, np.ndarray]:
     """The weights a plan with a host tier reads from its checkpoint files, read here whole
     by name (`np.fromfile` at the offsets the plan states, not the runtime's reads): what a
     reference evaluation of the plan's program needs besides the inputs a run is given."""
-    if mg.tier is None:
-        return {}
-    names = {
-        n.storage: n.name
-        for n in mg.nodes
-        if n.kind.value == "input" and n.storage is not None
-    }
     arrays = {}
-    for sid, storage in mg.storages.items():
-        if storage.disk is None or storage.kind != "input":
-            continue
+    for name, sid in disk_inputs(mg).items():
+        storage = mg.storages[sid]
         file = mg.tier.files[storage.disk.file]
         if os.path.getsize(file.path) != file.nbytes:
             raise CheckpointError(
@@ -236,5 +231,5 @@ def planned_weights(mg: Any) -> dict[str, np.ndarray]:
         dtype = dtypes.numpy_dtype(storage.dtype)
         count = math.prod(storage.shape)
         array = np.fromfile(file.path, dtype=dtype, count=count, offset=storage.disk.offset)
-        arrays[names[sid]] = array.reshape(storage.shape)
+        arrays[name] = array.reshape(storage.shape)
     return arrays
