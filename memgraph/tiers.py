@@ -177,7 +177,7 @@ def place_host(
     weights = dict(weights or {})
     storages = _storages(mg, weights)
     budget = read_host_budget(host_budget, storages)
-    files, places = _checkpoint_files(mg, storages, weights)
+    files, places = _checkpoint_table(mg, storages, weights)
     streamed = _first_guess(storages, budget, depth, len(mg.nodes))
     while True:
         occupancies = _occupancies(mg, storages, streamed, depth)
@@ -273,7 +273,7 @@ def _storages(mg: MemGraph, weights: Mapping[str, CheckpointPlace]) -> dict[int,
     return table
 
 
-def _checkpoint_files(
+def _checkpoint_table(
     mg: MemGraph, storages: Mapping[int, _Storage], weights: Mapping[str, CheckpointPlace]
 ) -> tuple[list[DiskFile], dict[int, DiskPlace]]:
     """The checkpoint files (one per path, in order of first use) and each weight's place."""
