@@ -131,8 +131,9 @@ class PlanStats:
     def tier_rows(self) -> list[tuple[str, str]]:
         """What a plan's host tier and disk need (no rows without a tier): the host arena's
         budget and peak; the bytes read from disk, of them from checkpoints and from the
-        spill file; the bytes written; the spill file's size. The one place these are
-        worded: `rows` ends with them, `MemGraph.__str__` says them in its header.
+        spill file; the bytes written; the spill file's size. `rows` ends with them and
+        `MemGraph.__str__` says them in its header (`einpage.compile`'s host row sums
+        them up in a line of its own).
 
         >>> stats = PlanStats(4096, 3072, 3072, 0, 0, 0, 0, 0, 0, 9, 2, host_budget=2048,
         ...                   host_peak_bytes=1024, disk_read_bytes=2048, disk_read_count=2,

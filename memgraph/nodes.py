@@ -158,8 +158,12 @@ class Region:
 @dataclass(frozen=True, slots=True, order=True)
 class HostRegion(Region):
     """The bytes `[offset, offset + size)` of a plan's host arena (`HostTier`): where a
-    host storage is while it is in host memory. A type of its own, so that a host slot
-    is never taken for a device region."""
+    host storage is while it is in host memory. A type of its own, printed `h[...]` and
+    unequal to a `Region` of the same bytes, so that a host slot reads as one.
+
+    >>> HostRegion(0, 4096) == Region(0, 4096), str(HostRegion(0, 4096))
+    (False, 'h[0x00000000, +4.0 KiB)')
+    """
 
     def __str__(self) -> str:
         return f"h[{self.offset:#010x}, +{format_bytes(self.size)})"
