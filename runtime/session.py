@@ -777,7 +777,6 @@ class Session:
                 f"inputs must be a mapping of name to array, got {type(inputs).__name__}"
             )
         _reject_device_arrays(inputs)
-        refuse_disk_inputs(chosen.mg, inputs)
         homes = chosen.layout.homes
         staged = {name: self._staged[k] for name, k in homes.items() if k in self._staged}
         conformed = conform_caller_inputs(chosen.mg, {**staged, **inputs})
