@@ -3,32 +3,14 @@ its outputs equal the reference evaluator's and the plan file it saves loads and
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
-from pathlib import Path
+from readme_blocks import run_section
 
 from memgraph.multi import verify_multi
 from memgraph.multi_serialize import read_multi_json
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
 
 def test_the_several_devices_example_runs_and_equals_the_reference(tmp_path):
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Several devices") :]
-    source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "example.py"
-    script.write_text(source, encoding="utf-8")
-    root = str(README.parent)
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"},
-    )
+    result = run_section("## Several devices", tmp_path)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("<CompiledDevices") and "pipeline on 2 devices" in lines[0]

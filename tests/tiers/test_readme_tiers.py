@@ -5,27 +5,12 @@ generates equal the reference evaluator's."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+from readme_blocks import run_section
 
 
 def test_the_three_tiers_example_runs_and_equals_the_reference(tmp_path):
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("## Three tiers") :]
-    source = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    script = tmp_path / "example.py"
-    script.write_text(source, encoding="utf-8")
-    result = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(README.parent), "PATH": "/usr/bin:/bin"},
-    )
+    result = run_section("## Three tiers", tmp_path)
     assert result.returncode == 0, result.stderr
     tier, host, last = result.stdout.strip().splitlines()
     assert tier.startswith("host tier ") and "checkpoint" in tier and "spill" in tier
