@@ -148,8 +148,9 @@ class HostTierRules:
     # -- the table, before any node ------------------------------------------------
 
     def check_table(self) -> None:
-        """Each place on disk inside its file, of the file kind its storage reads; the
-        spill-file places of two storages apart."""
+        """Each place on disk inside its file, of the file kind its storage reads (a
+        transposed one in a checkpoint, of the storage's bytes); the spill-file places of
+        two storages apart."""
         files = self.tier.files
         spilled: list[tuple[int, int, int, int]] = []  # (file, offset, end, storage)
         for storage in self.storages.values():

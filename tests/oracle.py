@@ -125,8 +125,9 @@ The program (P):
   - (the table, before any node) a place on disk lies inside its file; an input's is
     in a "checkpoint" file, any other storage's in a "spill" file; a transposed place
     (`[file, offset, [rows, cols]]`: the file holds the storage as a (rows, cols)
-    matrix, transposed) is in a checkpoint, and rows * cols elements of the storage's
-    dtype are exactly its bytes; the spill places of two storages share no byte;
+    matrix, transposed) is in a checkpoint, rows and cols are >= 1 and rows * cols
+    elements of the storage's dtype are exactly its bytes; the spill places of two
+    storages share no byte;
   - every `slot` [offset, size] lies inside [0, budget), with at least one byte; an
     offload, reload or host output of a storage the tier holds names a slot, of any
     other storage (or an output on the device) none;
@@ -751,7 +752,8 @@ class _Replay:
                 rows, cols = entry["disk"][2]
                 if kind != "checkpoint":
                     raise self.broken("P6", f"host#{entry['id']} is transposed in a spill file")
-                if rows * cols * DTYPE_TABLE[entry["dtype"]].itemsize != entry["nbytes"]:
+                matrix = rows * cols * DTYPE_TABLE[entry["dtype"]].itemsize
+                if rows < 1 or cols < 1 or matrix != entry["nbytes"]:
                     raise self.broken(
                         "P6", f"host#{entry['id']}'s transposed {rows}x{cols} is not its bytes"
                     )
