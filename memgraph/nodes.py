@@ -306,13 +306,25 @@ class DiskFile:
 @dataclass(frozen=True, slots=True)
 class DiskPlace:
     """Where a host storage's bytes are on disk: at `offset` of file `file` (an index in
-    `HostTier.files`), `HostStorage.nbytes` of them, C-contiguous."""
+    `HostTier.files`), `HostStorage.nbytes` of them, C-contiguous – or, with `transposed`
+    = (rows, cols), as a C-contiguous (rows, cols) matrix whose transpose (cols, rows), in
+    C order, is the storage's bytes (a Hugging Face checkpoint's `o_proj`, `down_proj`;
+    only a checkpoint's place is transposed).
+
+    >>> print(DiskPlace(0, 4096, (64, 128)))
+    file#0@4096 T(64x128)
+    """
 
     file: int
     offset: int
+    transposed: tuple[int, int] | None = None
 
     def __str__(self) -> str:
-        return f"file#{self.file}@{self.offset}"
+        where = f"file#{self.file}@{self.offset}"
+        if self.transposed is None:
+            return where
+        rows, cols = self.transposed
+        return f"{where} T({rows}x{cols})"
 
 
 @dataclass(frozen=True, slots=True)

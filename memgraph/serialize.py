@@ -91,6 +91,7 @@ from memgraph.nodes import (
     NodeKind,
     Region,
 )
+from taskgraph import dtypes
 from taskgraph.dtypes import DTYPES
 from taskgraph.graph import TaskGraph
 from taskgraph.serialize import (
@@ -160,8 +161,11 @@ def _storage_to_dict(storage: HostStorage) -> dict[str, Any]:
         "tensor": storage.tensor,
         "kind": storage.kind,
     }
-    if storage.disk is not None:
-        data["disk"] = [storage.disk.file, storage.disk.offset]
+    place = storage.disk
+    if place is not None:  # [file, offset], and [rows, cols] only when transposed
+        data["disk"] = [place.file, place.offset]
+        if place.transposed is not None:
+            data["disk"].append(list(place.transposed))
     return data
 
 
@@ -382,9 +386,16 @@ def _storages(value: Any, tg: TaskGraph) -> dict[int, HostStorage]:
 
 
 def _disk_place(value: Any, path: str) -> DiskPlace:
-    if not isinstance(value, list) or len(value) != 2:
-        raise _fail(path, f"expected [file, offset], got {value!r}")
-    return DiskPlace(_int(value[0], f"{path}[0]"), _int(value[1], f"{path}[1]"))
+    """`[file, offset]`, or `[file, offset, [rows, cols]]` for a transposed place."""
+    if not isinstance(value, list) or len(value) not in (2, 3):
+        raise _fail(path, f"expected [file, offset] or [file, offset, [rows, cols]], got {value!r}")
+    transposed = None
+    if len(value) == 3:
+        if not isinstance(value[2], list) or len(value[2]) != 2:
+            raise _fail(f"{path}[2]", f"expected [rows, cols] (transposed), got {value[2]!r}")
+        rows, cols = _ints(value[2], f"{path}[2]", 1)
+        transposed = (rows, cols)
+    return DiskPlace(_int(value[0], f"{path}[0]"), _int(value[1], f"{path}[1]"), transposed)
 
 
 def _present(value: Any, key: str) -> set[str]:
@@ -432,6 +443,15 @@ def _tier(value: Any, storages: dict[int, HostStorage] | None) -> HostTier:
                 f"$.storages (host#{storage.id}).disk",
                 f"{place} ({storage.nbytes} bytes) is not inside a file of $.tier.files",
             )
+        if place is not None and place.transposed is not None:
+            rows, cols = place.transposed
+            matrix = rows * cols * dtypes.itemsize(storage.dtype)
+            if matrix != storage.nbytes:
+                raise _fail(
+                    f"$.storages (host#{storage.id}).disk[2]",
+                    f"a transposed ({rows}, {cols}) matrix of {storage.dtype} is {matrix} bytes,"
+                    f" the storage {storage.nbytes}",
+                )
     return HostTier(budget, tuple(files))
 
 

@@ -55,6 +55,7 @@ from einpage_core.errors import HostBudgetPlanError, PlanError
 from einpage_core.units import format_bytes, parse_bytes
 from memgraph.graph import MemGraph
 from memgraph.nodes import DiskFile, DiskPlace, HostRegion, HostTier, MemNode, NodeKind
+from taskgraph import dtypes
 
 __all__ = [
     "CheckpointPlace",
@@ -74,13 +75,16 @@ this (a page: what O_DIRECT and GPUDirect Storage ask of buffers and offsets).""
 class CheckpointPlace:
     """Where a weight's bytes are in a checkpoint file: `offset` in the file at `path`,
     whose size is `file_nbytes` (a run checks the file still has it), and optionally the
-    SHA-256 of its first `head` bytes (its header: a run checks it too)."""
+    SHA-256 of its first `head` bytes (its header: a run checks it too). `transposed` =
+    (rows, cols): the file holds the weight as a (rows, cols) matrix whose transpose, in C
+    order, is the weight's bytes (`memgraph.nodes.DiskPlace`)."""
 
     path: str
     file_nbytes: int
     offset: int
     head: int = 0
     head_sha256: str = ""
+    transposed: tuple[int, int] | None = None
 
 
 @dataclass
@@ -290,14 +294,39 @@ def _checkpoint_table(
                 f"weight {node.name!r} ({entry.nbytes} bytes) at offset {place.offset} is not "
                 f"inside {place.path!r} ({place.file_nbytes} bytes)"
             )
+        transposed = None
+        if place.transposed is not None:
+            transposed = _transposed(node.name, place.transposed, entry.nbytes, entry.dtype)
         file = DiskFile("checkpoint", place.file_nbytes, place.path, place.head, place.head_sha256)
         if place.path not in index:
             index[place.path] = len(files)
             files.append(file)
         elif files[index[place.path]] != file:
             raise PlanError(f"{place.path!r} is given two sizes or headers")
-        places[node.storage] = DiskPlace(index[place.path], place.offset)  # used or not
+        places[node.storage] = DiskPlace(  # used or not
+            index[place.path], place.offset, transposed
+        )
     return files, places
+
+
+def _transposed(name: str, transposed: Any, nbytes: int, dtype: str) -> tuple[int, int]:
+    """`transposed` as a (rows, cols) tuple; `PlanError` unless both are integers >= 1 and
+    the matrix is exactly `nbytes` bytes of `dtype` (the whole weight, nothing more)."""
+    if (
+        not isinstance(transposed, (tuple, list))
+        or len(transposed) != 2
+        or not all(type(n) is int for n in transposed)
+    ):
+        raise PlanError(f"weight {name!r}: transposed must be (rows, cols), got {transposed!r}")
+    rows, cols = transposed
+    itemsize = dtypes.itemsize(dtype)
+    if rows < 1 or cols < 1 or rows * cols * itemsize != nbytes:
+        raise PlanError(
+            f"weight {name!r} is {nbytes} bytes of {dtype}, but its transposed ({rows}, "
+            f"{cols}) matrix is {rows * cols * itemsize} bytes: rows and cols must be >= 1 "
+            f"and the matrix the whole weight"
+        )
+    return rows, cols
 
 
 # -- occupancies and their placement ------------------------------------------------

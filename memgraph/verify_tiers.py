@@ -8,8 +8,9 @@ node by node and hands each node to `HostTierRules.see` after its device checks;
 checks here follow the shared spec of the tier (`RULES`, one sentence each):
 
 * the tier's table, before any node: each place on disk lies inside its file, an input's
-  in a checkpoint file and any other storage's in a spill file, and spill-file places of
-  two storages do not overlap;
+  in a checkpoint file and any other storage's in a spill file, a transposed place only
+  in a checkpoint and its (rows, cols) matrix exactly the storage's bytes, and
+  spill-file places of two storages do not overlap;
 * each node naming a slot: the slot lies inside the host arena `[0, budget)`; copies
   (offload, reload, an output on the host) of a storage the tier holds name its slot, of
   any other storage none;
@@ -44,6 +45,7 @@ from typing import Protocol
 from einpage_core.errors import VerificationError
 from memgraph.nodes import HostRegion, HostStorage, HostTier, MemNode, NodeKind
 from memgraph.verify_ranges import LatestFrees, LiveRegions
+from taskgraph import dtypes
 
 __all__ = ["RULES", "rule", "HostTierRules", "check_no_tier"]
 
@@ -51,7 +53,8 @@ RULES: dict[str, str] = {
     "no tier": "a plan without a host tier names no host slot and no place on disk",
     "place": (
         "a storage read or written has a place on disk, inside its file: an input's in a "
-        "checkpoint file, an offloaded or assembled storage's in a spill file"
+        "checkpoint file, an offloaded or assembled storage's in a spill file; a transposed "
+        "place is a checkpoint's, its matrix exactly the storage's bytes"
     ),
     "spill overlap": "the spill-file places of two storages do not overlap",
     "arena": "every slot lies inside the host arena",
@@ -145,8 +148,9 @@ class HostTierRules:
     # -- the table, before any node ------------------------------------------------
 
     def check_table(self) -> None:
-        """Each place on disk inside its file, of the file kind its storage reads; the
-        spill-file places of two storages apart."""
+        """Each place on disk inside its file, of the file kind its storage reads (a
+        transposed one in a checkpoint, of the storage's bytes); the spill-file places of
+        two storages apart."""
         files = self.tier.files
         spilled: list[tuple[int, int, int, int]] = []  # (file, offset, end, storage)
         for storage in self.storages.values():
@@ -171,6 +175,8 @@ class HostTierRules:
                     f"{storage} ({storage.kind}) is in file#{place.file}, a {file.kind} file",
                     "place",
                 )
+            if place.transposed is not None:
+                self.check_transposed(storage, file.kind)
             if want == "spill" and storage.nbytes:
                 spilled.append(
                     (place.file, place.offset, place.offset + storage.nbytes, storage.id)
@@ -182,6 +188,24 @@ class HostTierRules:
                     f"{self.storages[first]} and {self.storages[second]} overlap in file#{file}",
                     "spill overlap",
                 )
+
+    def check_transposed(self, storage: HostStorage, kind: str) -> None:
+        """A transposed place is in a checkpoint (the runtime writes the spill file in C
+        order), and its (rows, cols) matrix is exactly the storage's bytes."""
+        rows, cols = storage.disk.transposed  # type: ignore[union-attr, misc]
+        if kind != "checkpoint":
+            raise self.fail(
+                f"{storage} is transposed in a {kind} file: only a checkpoint holds a "
+                "transposed matrix",
+                "place",
+            )
+        matrix = rows * cols * dtypes.itemsize(storage.dtype)
+        if rows < 1 or cols < 1 or matrix != storage.nbytes:
+            raise self.fail(
+                f"{storage}: its transposed ({rows}, {cols}) matrix is {matrix} bytes, the "
+                f"storage {storage.nbytes}",
+                "place",
+            )
 
     # -- the replay ------------------------------------------------------------------
 

@@ -22,7 +22,10 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 Reads (`os.preadv`) and writes (`os.pwritev`) go straight between a file and bytes of
 the host arena (a NumPy `uint8` array), looping over short transfers; end of file
 before the bytes a read wants is a `DiskError`. Transfers go through the page cache:
-no `O_DIRECT` (it would need block-aligned offsets, sizes and buffers).
+no `O_DIRECT` (it would need block-aligned offsets, sizes and buffers). A weight a
+checkpoint holds transposed (`DiskPlace.transposed`) is read in blocks of rows into a
+scratch of at most `TRANSPOSE_SCRATCH` bytes and transposed into the arena
+(`DiskFiles.read_transposed`).
 """
 
 from __future__ import annotations
@@ -42,10 +45,14 @@ from einpage_core.errors import DiskError
 from einpage_core.units import format_bytes
 from memgraph.nodes import DiskFile, HostTier
 
-__all__ = ["DiskFiles", "SPILL_PREFIX", "check_spill_folder"]
+__all__ = ["DiskFiles", "SPILL_PREFIX", "TRANSPOSE_SCRATCH", "check_spill_folder"]
 
 SPILL_PREFIX = "einpage-spill-"
 """How a spill file's name begins (the rest: the process id and random hex)."""
+
+TRANSPOSE_SCRATCH = 4 << 20
+"""The most bytes `DiskFiles.read_transposed` holds besides its destination: it reads a
+transposed matrix in blocks of whole rows of at most this many bytes (at least one row)."""
 
 
 def check_spill_folder(folder: str | os.PathLike[str], nbytes: int) -> str:
@@ -200,6 +207,37 @@ class DiskFiles:
                     f"{into.nbytes} bytes at {offset} a read wants"
                 )
             done += got
+
+    def read_transposed(
+        self, index: int, offset: int, rows: int, cols: int, itemsize: int, into: np.ndarray
+    ) -> None:
+        """Fill `into` (contiguous, `rows * cols * itemsize` bytes) with the transpose of
+        the C-contiguous (rows, cols) matrix of `itemsize`-byte elements at `offset` of
+        file `index`: blocks of whole rows, at most `TRANSPOSE_SCRATCH` bytes (at least
+        one row), each read with `read` (its checks, its loop over short reads) into a
+        scratch and its transpose written into the matching columns of `into` seen as a
+        (cols, rows) matrix of unsigned integers of `itemsize` bytes (any dtype, bfloat16
+        too: only bits move)."""
+        if itemsize not in (1, 2, 4, 8) or rows < 1 or cols < 1:
+            raise DiskError(
+                f"a transposed read of a ({rows}, {cols}) matrix of {itemsize}-byte elements: "
+                "rows and cols must be >= 1, elements of 1, 2, 4 or 8 bytes"
+            )
+        if into.nbytes != rows * cols * itemsize:
+            raise DiskError(
+                f"a transposed ({rows}, {cols}) matrix of {itemsize}-byte elements is "
+                f"{rows * cols * itemsize} bytes, but its destination has {into.nbytes}"
+            )
+        word = np.dtype(f"u{itemsize}")
+        target = into.reshape(-1).view(np.uint8).view(word).reshape(cols, rows)
+        row_bytes = cols * itemsize
+        block = max(1, min(rows, TRANSPOSE_SCRATCH // row_bytes))
+        scratch = np.empty(block * row_bytes, dtype=np.uint8)
+        for first in range(0, rows, block):
+            count = min(block, rows - first)
+            part = scratch[: count * row_bytes]
+            self.read(index, offset + first * row_bytes, part)
+            target[:, first : first + count] = part.view(word).reshape(count, cols).T
 
     def write(self, index: int, offset: int, data: np.ndarray) -> None:
         """Write `data` (contiguous bytes) to the spill file `index` at `offset`."""

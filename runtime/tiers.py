@@ -10,9 +10,11 @@ its slot, and the interpreter copies from and to that slot (`Interpreter.slot_vi
 
 `DiskPort` is what the interpreter hands `read`, `write` and `release` nodes to
 (`Interpreter.disk`): a read fills the slot's first `nbytes` bytes from the storage's
-place on disk (`HostStorage.disk`), a write copies them to the spill file, a release
-does nothing – or, when poisoning, fills the slot with `POISON_BYTE`, so that a copy
-from it that was not made to wait reads NaNs. The work runs on the node's stream
+place on disk (`HostStorage.disk`; a matrix the checkpoint holds transposed is
+transposed on the way, through a scratch of at most `runtime.diskio.TRANSPOSE_SCRATCH`
+bytes allocated per read, outside the arena), a write copies them to the spill file, a
+release does nothing – or, when poisoning, fills the slot with `POISON_BYTE`, so that a
+copy from it that was not made to wait reads NaNs. The work runs on the node's stream
 (`disk_read`, `disk_write`; in sequential mode the one stream): on the NumPy backend as
 any other work of a stream (a worker thread in mode "streams"), on CuPy as a host
 function in the CUDA stream's order (`launch_host_func`), whose failure the port keeps
@@ -25,15 +27,17 @@ run refuses one given anyway (`InputError`), rather than silently ignoring it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from einpage_core.errors import BackendError, DiskError, InputError
 from memgraph.graph import MemGraph
-from memgraph.nodes import MemNode, NodeKind
+from memgraph.nodes import HostStorage, MemNode, NodeKind
 from runtime.backend import NodeFailure, Stream
 from runtime.diskio import DiskFiles
+from taskgraph import dtypes
 
 __all__ = [
     "DiskPort",
@@ -153,25 +157,43 @@ class DiskPort:
             )
         return self.arena[slot.offset : slot.offset + nbytes]
 
-    def _place(self, node: MemNode) -> tuple[int, int, int]:
+    def _storage(self, node: MemNode) -> HostStorage:
         storage = self.mg.storages.get(node.storage)
         if storage is None or storage.disk is None:
             raise DiskError(
                 f"n{node.id} ({node.describe()}): host#{node.storage} has no place on disk"
             )
-        return storage.disk.file, storage.disk.offset, storage.nbytes
+        return storage
 
     def read(self, node: MemNode, stream: Stream | None) -> None:
-        """Storage from its place on disk into the slot's first `nbytes` bytes."""
-        index, offset, nbytes = self._place(node)
-        into = self.slot_bytes(node, nbytes)
-        self._submit(node, stream, lambda: self.files.read(index, offset, into))
+        """Storage from its place on disk into the slot's first `nbytes` bytes; a place
+        the checkpoint holds transposed is transposed on the way (`read_transposed`: a
+        read then holds at most `TRANSPOSE_SCRATCH` bytes besides the arena, its scratch,
+        allocated per read)."""
+        storage = self._storage(node)
+        place = storage.disk
+        into = self.slot_bytes(node, storage.nbytes)
+        if place.transposed is None:
+            work = partial(self.files.read, place.file, place.offset, into)
+        else:
+            rows, cols = place.transposed
+            itemsize = dtypes.itemsize(storage.dtype)
+            work = partial(
+                self.files.read_transposed, place.file, place.offset, rows, cols, itemsize, into
+            )
+        self._submit(node, stream, work)
 
     def write(self, node: MemNode, stream: Stream | None) -> None:
         """The slot's first `nbytes` bytes to the storage's place in the spill file."""
-        index, offset, nbytes = self._place(node)
-        data = self.slot_bytes(node, nbytes)
-        self._submit(node, stream, lambda: self.files.write(index, offset, data))
+        storage = self._storage(node)
+        place = storage.disk
+        if place.transposed is not None:
+            raise DiskError(
+                f"n{node.id} ({node.describe()}): host#{storage.id} is transposed on disk "
+                "(a checkpoint's place): only spill places, in C order, are written"
+            )
+        data = self.slot_bytes(node, storage.nbytes)
+        self._submit(node, stream, lambda: self.files.write(place.file, place.offset, data))
 
     def release(self, node: MemNode, stream: Stream | None) -> None:
         """Nothing, unless poisoning: then the whole slot is filled with the poison byte."""

@@ -118,13 +118,16 @@ The program (P):
   plan's question (`verify_multi`), not this one's.
 * P6 a host tier (the document's `"tier"`: a host arena of `budget` bytes and disk
   `files`) holds every storage of kind "offload" or "assembly" and every input storage
-  with a place on disk (`"disk"`: [file, offset]); any other input is the caller's
-  array. Without a tier, no storage has a place on disk and no node names a slot or is a
-  `read`, `write` or `release`. With one:
+  with a place on disk (`"disk"`: [file, offset], or [file, offset, [rows, cols]]); any
+  other input is the caller's array. Without a tier, no storage has a place on disk and
+  no node names a slot or is a `read`, `write` or `release`. With one:
 
   - (the table, before any node) a place on disk lies inside its file; an input's is
-    in a "checkpoint" file, any other storage's in a "spill" file; the spill places of
-    two storages share no byte;
+    in a "checkpoint" file, any other storage's in a "spill" file; a transposed place
+    (`[file, offset, [rows, cols]]`: the file holds the storage as a (rows, cols)
+    matrix, transposed) is in a checkpoint, rows and cols are >= 1 and rows * cols
+    elements of the storage's dtype are exactly its bytes; the spill places of two
+    storages share no byte;
   - every `slot` [offset, size] lies inside [0, budget), with at least one byte; an
     offload, reload or host output of a storage the tier holds names a slot, of any
     other storage (or an output on the device) none;
@@ -737,7 +740,7 @@ class _Replay:
         files = self.tier["files"]
         spill: list[tuple[int, int, int, int]] = []
         for entry in placed:
-            file, offset = entry["disk"]
+            file, offset = entry["disk"][:2]
             if not 0 <= file < len(files):
                 raise self.broken("P6", f"host#{entry['id']} is in file#{file}: no such file")
             if offset < 0 or offset + entry["nbytes"] > files[file]["nbytes"]:
@@ -745,6 +748,15 @@ class _Replay:
             kind = "checkpoint" if entry["kind"] == "input" else "spill"
             if files[file]["kind"] != kind:
                 raise self.broken("P6", f"host#{entry['id']} is not in a {kind} file")
+            if len(entry["disk"]) == 3:  # transposed: [file, offset, [rows, cols]]
+                rows, cols = entry["disk"][2]
+                if kind != "checkpoint":
+                    raise self.broken("P6", f"host#{entry['id']} is transposed in a spill file")
+                matrix = rows * cols * DTYPE_TABLE[entry["dtype"]].itemsize
+                if rows < 1 or cols < 1 or matrix != entry["nbytes"]:
+                    raise self.broken(
+                        "P6", f"host#{entry['id']}'s transposed {rows}x{cols} is not its bytes"
+                    )
             if kind == "spill":
                 spill.append((file, offset, offset + entry["nbytes"], entry["id"]))
         for i, (file, start, end, sid) in enumerate(spill):

@@ -219,7 +219,9 @@ def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Pa
 def planned_weights(mg: MemGraph) -> dict[str, np.ndarray]:
     """The weights a plan with a host tier reads from its checkpoint files, read here whole
     by name (`np.fromfile` at the offsets the plan states, not the runtime's reads): what a
-    reference evaluation of the plan's program needs besides the inputs a run is given."""
+    reference evaluation of the plan's program needs besides the inputs a run is given. A
+    weight the file holds transposed is read as its (rows, cols) matrix and transposed,
+    then given the storage's shape."""
     arrays = {}
     for name, sid in disk_inputs(mg).items():
         storage = mg.storages[sid]
@@ -231,5 +233,7 @@ def planned_weights(mg: MemGraph) -> dict[str, np.ndarray]:
         dtype = dtypes.numpy_dtype(storage.dtype)
         count = math.prod(storage.shape)
         array = np.fromfile(file.path, dtype=dtype, count=count, offset=storage.disk.offset)
+        if storage.disk.transposed is not None:
+            array = np.ascontiguousarray(array.reshape(storage.disk.transposed).T)
         arrays[name] = array.reshape(storage.shape)
     return arrays

@@ -7,6 +7,7 @@ error naming the bytes, never a plan over it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -232,6 +233,14 @@ def test_a_budget_below_the_largest_storage_names_it():
         place_host(mg, largest // 2, checkpoint_of(mg))
 
 
+def transposed_places(mg, transposed):
+    """`checkpoint_of(mg)`, every weight said to be stored `transposed`."""
+    return {
+        name: dataclasses.replace(place, transposed=transposed)
+        for name, place in checkpoint_of(mg).items()
+    }
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -245,6 +254,14 @@ def test_a_budget_below_the_largest_storage_names_it():
             "is not inside",
         ),
         (lambda mg: place_host(place_host(mg, "1MiB"), "1MiB"), "already has a host tier"),
+        (
+            lambda mg: place_host(mg, "1MiB", transposed_places(mg, (1, 3))),
+            r"but its transposed \(1, 3\) matrix is 12 bytes",
+        ),
+        (
+            lambda mg: place_host(mg, "1MiB", transposed_places(mg, (3,))),
+            r"transposed must be \(rows, cols\), got \(3,\)",
+        ),
     ],
 )
 def test_bad_arguments_are_typed_errors(call, message):

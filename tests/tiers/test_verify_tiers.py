@@ -293,6 +293,36 @@ def test_places_on_disk(storage, file, offset, message):
     assert message in str(refused(mg, None, "place"))
 
 
+def transpose(storage: int, rows: int, cols: int):
+    """A change to the spill draft: storage `storage`'s place said to be transposed."""
+
+    def change(d: Draft) -> None:
+        entry = d.storages[storage]
+        place = dataclasses.replace(entry.disk, transposed=(rows, cols))
+        d.storages[storage] = dataclasses.replace(entry, disk=place)
+
+    return change
+
+
+def test_a_transposed_checkpoint_place_of_the_storages_bytes_verifies():
+    mg, _ = spill_mutant(transpose(0, 8, 8))  # w: 64 float32, 256 bytes
+    verify(mg)
+    assert oracle.judge(mg.to_json()).accepted
+
+
+@pytest.mark.parametrize(
+    "storage, rows, cols, message",
+    [
+        (0, 3, 7, "its transposed (3, 7) matrix is 84 bytes, the storage 256"),
+        (0, 16, 8, "its transposed (16, 8) matrix is 512 bytes, the storage 256"),
+        (1, 8, 8, "is transposed in a spill file: only a checkpoint holds"),
+    ],
+)
+def test_a_transposed_place_of_other_bytes_or_in_a_spill_file(storage, rows, cols, message):
+    mg, _ = spill_mutant(transpose(storage, rows, cols))
+    assert message in str(refused(mg, None, "place"))
+
+
 def test_spill_places_do_not_overlap():
     def change(d: Draft) -> None:
         d.storages[2] = HostStorage(2, (64,), "float32", 256, 5, "offload", DiskPlace(1, 128))
