@@ -19,8 +19,13 @@ run, and its peak resident set during the run (VmHWM, reset before the run). The
 weights are drawn and written by a process of their own too. For comparison, the row "two
 tiers" runs the same program planned without a host tier (the same device arena) in
 sequential mode, the caller holding every weight in host memory, as before host tiers.
-A last process computes the reference, `taskgraph.evaluate` on the weights read whole
-(safetensors), and the chosen token ids of every run must equal it. The weights are read
+The row "HF folder" writes the same weights as a Hugging Face `save_pretrained` folder
+would hold them (their keys, `o_proj`/`down_proj` transposed, a `config.json`) and
+generates from it with `einpage.workloads.generate.generate(folder, ...,
+plan=Planning(host_budget="1GiB", spill=...))` in a process of its own: the weights read
+in place (the transposed ones transposed back as they are read); its time and peak
+include planning. A last process computes the reference, `taskgraph.evaluate` on the
+weights read whole (safetensors), and the chosen token ids of every run must equal it. The weights are read
 with `os.preadv` into the host arena, so the file's pages in the kernel's cache are not
 part of the resident set.
 
@@ -145,6 +150,48 @@ def _child(args: argparse.Namespace) -> None:
         save_weights(weights, folder / "model.safetensors")
         print(json.dumps({"weight_bytes": sum(a.nbytes for a in weights.values())}))
         return
+    if args.child == "hf-weights":  # the same weights as Hugging Face lays them out
+        from einpage.cli.generate import random_weights
+        from einpage.weight_files import save_weights
+
+        cfg = QUICK_CONFIG if meta["quick"] else RUN_CONFIG
+        weights = random_weights(cfg, "float32", 0)
+        hf = folder / "hf"
+        hf.mkdir(exist_ok=True)
+        save_weights(_hf_tensors(cfg, weights), hf / "model.safetensors")
+        (hf / "config.json").write_text(json.dumps(_hf_config(cfg)))
+        print(json.dumps({"folder": str(hf)}))
+        return
+    if args.child == "generate":
+        from einpage.workloads.generate import Planning, Running, generate
+
+        tokens = np.load(folder / "inputs.npz")["tokens"]
+        _reset_peak_rss()  # the peak of planning and running, not of importing
+        before = _rss_now()
+        started = time.perf_counter()
+        out = generate(
+            folder / "hf", tokens, NEW, meta["device"], eos=(),
+            plan=Planning(host_budget=meta["host"], spill=folder / "spill"),
+            run=Running(backend="numpy", mode="sequential"),
+        )  # fmt: skip
+        seconds = time.perf_counter() - started
+        stats = out.plan.plan.stats
+        left = sorted(p.name for p in (folder / "spill").iterdir())
+        print(
+            json.dumps(
+                {
+                    "ids": out.new_ids.tolist(),
+                    "seconds": seconds,
+                    "rss_before_run": before,
+                    "peak_rss": _peak_rss(),
+                    "spill_left": left,
+                    "host_budget": stats.host_budget,
+                    "host_peak": stats.host_peak_bytes,
+                    "disk_read_bytes": stats.disk_read_bytes,
+                }
+            )
+        )
+        return
     if args.child == "reference":
         import safetensors.numpy
 
@@ -184,6 +231,37 @@ def _child(args: argparse.Namespace) -> None:
             }
         )
     )
+
+
+def _hf_tensors(cfg: llama.LlamaConfig, weights: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The program's `weights` as a Hugging Face checkpoint holds them: each under its
+    key, in its shape, `o_proj` and `down_proj` transposed (`WeightSpec`)."""
+    tensors = {}
+    for spec in cfg.weight_specs():
+        array = weights[spec.name]
+        if spec.transpose:
+            array = np.ascontiguousarray(array.reshape(spec.source_shape[::-1]).T)
+        tensors[spec.key] = array.reshape(spec.source_shape)
+    return tensors
+
+
+def _hf_config(cfg: llama.LlamaConfig) -> dict[str, Any]:
+    """A `config.json` that `LlamaConfig.from_hf` reads back as `cfg`."""
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "intermediate_size": cfg.intermediate_size,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+    }
 
 
 def _spawn(folder: Path, child: str, mode: str | None = None) -> dict[str, Any]:
@@ -230,6 +308,11 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
         runs[mode]["equal"] = runs[mode]["ids"] == reference["ids"]
     two_tiers = _spawn(work, "two-tiers", "sequential")
     two_tiers["equal"] = two_tiers["ids"] == reference["ids"]
+    meta.update(device=device, host=host)
+    (work / "meta.json").write_text(json.dumps(meta))
+    _spawn(work, "hf-weights")
+    hf = _spawn(work, "generate")
+    hf["equal"] = hf["ids"] == reference["ids"]
     s = mg.stats
     return {
         "model": cfg.name,
@@ -248,6 +331,7 @@ def real_run(quick: bool, folder: Path | None) -> dict[str, Any]:
         "reference_ids": reference["ids"],
         "runs": runs,
         "two_tiers": two_tiers,
+        "hugging_face": hf,
         "folder": str(work),
     }
 
@@ -267,6 +351,7 @@ def print_run(result: dict[str, Any]) -> None:
     print(f"{'mode':<11} {'equal':>5} {'run s':>7} {'RSS before run':>15} {'peak RSS':>10} "
           f"{'peak - before':>14}")  # fmt: skip
     rows = [*result["runs"].items(), ("two tiers", result["two_tiers"])]
+    rows.append(("HF folder", result["hugging_face"]))
     for mode, run in rows:
         print(
             f"{mode:<11} {str(run['equal']):>5} {run['seconds']:>7.1f} "
@@ -387,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="OUT.json", help="write every figure")
     parser.add_argument("--folder", help="run: where the checkpoint and spill folder go")
     parser.add_argument(
-        "--child", choices=["weights", "einpage", "two-tiers", "reference"], help=argparse.SUPPRESS
+        "--child",
+        choices=["weights", "einpage", "two-tiers", "reference", "hf-weights", "generate"],
+        help=argparse.SUPPRESS,
     )
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -398,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "run":
         result: Any = real_run(args.quick, Path(args.folder) if args.folder else None)
         print_run(result)
-        runs = [*result["runs"].values(), result["two_tiers"]]
+        runs = [*result["runs"].values(), result["two_tiers"], result["hugging_face"]]
         ok = all(run["equal"] and not run["spill_left"] for run in runs)
     else:
         result = simulate_tables(args.quick)

@@ -5,6 +5,7 @@
                      [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
                      [--run --backend B] [--dtype D] [--quant int8|int4] [--devices N [--ray]]
                      [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
+                     [--host-budget SIZE] [--spill DIR]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
@@ -29,6 +30,11 @@ with `--way steps`, the prefill and each decode program; `--budget` is each devi
 read against its own graph, or one per device comma-separated), prints each device's
 plan, and with `--run` runs every device in this process, or each in a Ray actor with
 `--ray`; `-o` writes each plan's file for several devices (`einpage run FILE --check [--ray]`).
+`--host-budget SIZE` plans host memory too (`memgraph.tiers`; one device, the unrolled
+way): a `--checkpoint`'s weights are read where they are in its safetensors files when
+the plan needs them (LLaMA, Qwen2, Mistral: GPT-2's fused attention weights and a GGUF
+file are not read in place), and what does not fit is written to a spill file in
+`--spill DIR` during the run.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from einpage.workloads.generate import (
     checkpoint_tokenizer,
     choose_dtype,
     generate,
+    reads_in_place,
     resolve_model,
     run_weights,
     unpadded,
@@ -277,6 +284,19 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         help="with --devices N and --run: run each device in a Ray actor of a local Ray "
         "instance (pip install 'einpage[cluster]'), not a thread of this process",
     )
+    gen.add_argument(
+        "--host-budget",
+        metavar="SIZE",
+        help="plan host memory too, within SIZE (16GiB, or a percentage of what the host "
+        "would hold): a --checkpoint's weights read where they are in its safetensors when "
+        "needed, what does not fit spilled to --spill DIR (one device, --way unrolled)",
+    )
+    gen.add_argument(
+        "--spill",
+        metavar="DIR",
+        help="the folder a run writes its spill file in (created at the start, removed at "
+        "once: nothing is left), for what does not fit --host-budget",
+    )
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
@@ -345,13 +365,16 @@ def _planning(args: argparse.Namespace, console: Console) -> Planning:
         devices=args.devices,
         strategy=args.strategy,
         sends=args.sends,
+        host_budget=args.host_budget,
+        spill=args.spill,
     )
 
 
 def _check_devices(args: argparse.Namespace) -> None:
     """What --devices and --ray refuse before any work: --ray without devices to place
-    or without --run, --mode streams on several devices, and the pictures, which draw
-    one device's plan (not built for several, as for `einpage plan --devices`)."""
+    or without --run, --host-budget or --spill on several devices or with step plans,
+    --mode streams on several devices, and the pictures, which draw one device's plan
+    (not built for several, as for `einpage plan --devices`)."""
     if args.ray and args.devices == 1:
         raise InputError(
             "--ray runs a generation placed on several devices: give --devices N (N > 1); "
@@ -359,6 +382,17 @@ def _check_devices(args: argparse.Namespace) -> None:
         )
     if args.ray and not args.run:
         raise InputError("--ray says where --run runs the generation: give --run too")
+    tier = [f"--{n.replace('_', '-')}" for n in ("host_budget", "spill") if getattr(args, n)]
+    if tier and args.devices > 1:
+        raise InputError(
+            f"{' and '.join(tier)} plan the host memory of one device; on --devices "
+            f"{args.devices} a host tier is not built"
+        )
+    if tier and args.way != "unrolled":
+        raise InputError(
+            f"{' and '.join(tier)} plan host memory for --way unrolled (a plan with a host "
+            "tier runs alone; step plans share their session: not built)"
+        )
     if args.devices == 1:
         return
     if args.mode == "streams":
@@ -507,10 +541,11 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
         if args.run:
             with console.stage("running"):
                 dtype = planned.spec.dtype
+                in_place = reads_in_place(planned.plan)
                 made = "read from the checkpoint" if checkpoint else "drawn at random"
-                check_run_memory(planned.plan, running.backend, made)  # before drawing any
+                check_run_memory(planned.plan, running.backend, None if in_place else made)
                 weights = None if checkpoint else random_weights(cfg, dtype, args.seed)
-                values = run_weights(planned.spec, weights, checkpoint)
+                values = {} if in_place else run_weights(planned.spec, weights, checkpoint)
                 plan = planned.plan
                 if isinstance(plan, ON_DEVICES):
                     plan = plan.on(running.runner)
@@ -648,7 +683,10 @@ def _print_run(
             f"{planned.plan.devices} devices, each in {how}, backend {running.backend!r} "
             f"each ({running.mode or 'ready'} order)"
         )
-    rows = [("backend", where), ("weights", "random (a preset)" if random else "checkpoint")]
+    weights = "random (a preset)" if random else "checkpoint"
+    if reads_in_place(planned.plan):
+        weights = "checkpoint, read in place by the host tier"
+    rows = [("backend", where), ("weights", weights)]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
     tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)

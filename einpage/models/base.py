@@ -89,15 +89,26 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from einpage.models.checkpoint import Source, open_source, read_hf_config, require_hf_config
+from einpage.models.checkpoint import (
+    SafetensorsSource,
+    Source,
+    open_source,
+    read_hf_config,
+    require_hf_config,
+)
 from einpage.models.errors import (
+    CheckpointError,
     ConfigError,
     ConfigMismatchError,
     ModelError,
     UnsupportedConfigError,
 )
 from einpage.models.weights import WeightSpec, check_layer_count, load_weights, resolve_prefix
+from einpage.pipeline.weight_files import Stored, weight_places
+from memgraph.tiers import CheckpointPlace
 from taskgraph import dtypes
+from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
 
 if TYPE_CHECKING:
     from einpage.models.common import Decoder
@@ -109,6 +120,7 @@ __all__ = [
     "ModelFamily",
     "weights_from_state_dict",
     "weights_from_safetensors",
+    "checkpoint_places",
     "hf_getter",
     "check_positive_int",
     "check_positive_float",
@@ -344,8 +356,46 @@ def weights_from_safetensors(
         return _load(cfg, source, dtype)
 
 
+def checkpoint_places(
+    cfg: ModelConfig, path: str | os.PathLike[str], tg: TaskGraph
+) -> dict[str, CheckpointPlace]:
+    """Where each weight input of `tg` (a program of `cfg`) is in the safetensors
+    checkpoint at `path` (as `save_pretrained` writes it), for a plan with a host tier
+    to read it in place (`einpage.compile(..., checkpoint=)`): the family's Hugging Face
+    names and layouts (`ModelConfig.weight_specs`; `o_proj` and `down_proj` stored
+    transposed, read transposed back). The checkpoint is checked against `cfg` as
+    `weights_from_safetensors` checks it; a weight it stores as part of a fused tensor
+    (GPT-2's `c_attn`: queries, keys and values side by side) cannot be read in place
+    (`CheckpointError`, naming it), nor one in another dtype than the program's."""
+    on_disk = read_hf_config(path)
+    if on_disk is not None:
+        check_same_config(cfg, type(cfg).from_hf(on_disk), path)
+    with SafetensorsSource(path) as source:
+        prefix = _checked_prefix(cfg, source)
+        where = source.where
+    inputs = {task.op.name for task in tg if isinstance(task.op, Input)}
+    specs = [spec for spec in cfg.weight_specs(prefix) if spec.name in inputs]
+    fused = [spec for spec in specs if spec.part is not None]
+    if fused:
+        raise CheckpointError(
+            f"{where}: {fused[0].key!r} holds several of the program's weights side by side "
+            f"({', '.join(s.name for s in fused[:3])}, ...), which a plan cannot read in "
+            "place; write the program's weights with einpage.weight_files.save_weights and "
+            "plan with that file"
+        )
+    stored = {spec.name: Stored(spec.key, spec.source_shape, spec.transpose) for spec in specs}
+    return weight_places(path, tg, stored)
+
+
 def _load(cfg: ModelConfig, source: Source, dtype: Any) -> dict[str, np.ndarray]:
     """Check `source` against `cfg` (sizes, layers, a tied head), then read the weights."""
+    prefix = _checked_prefix(cfg, source)
+    return load_weights(cfg.weight_specs(prefix), source, dtypes.canonical(dtype))
+
+
+def _checked_prefix(cfg: ModelConfig, source: Source) -> str:
+    """The prefix of `source`'s keys, after checking `source` against `cfg` (sizes,
+    layers, a tied head)."""
     layout, where = cfg.hf_layout, source.where
     keys = source.keys()
     prefix = resolve_prefix(keys, layout.embedding, layout.prefixes, where)
@@ -361,7 +411,7 @@ def _load(cfg: ModelConfig, source: Source, dtype: Any) -> dict[str, np.ndarray]
         head, embed = source.read(layout.lm_head), source.read(prefix + layout.embedding)
         if head.shape != embed.shape or not np.array_equal(head, embed):
             raise cfg.untied_head_error(where)
-    return load_weights(cfg.weight_specs(prefix), source, dtypes.canonical(dtype))
+    return prefix
 
 
 # -- the family record ---------------------------------------------------------------

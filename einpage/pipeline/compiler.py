@@ -77,9 +77,10 @@ from einpage_core.progress import ProgressCallback, ProgressReport
 from einpage_core.units import BudgetFormatError, format_bytes, format_count, parse_bytes
 from memgraph import MemGraph, NodeKind, PlanOptions, VerifyReport
 from memgraph.budgets import BudgetReading, min_budget, read_budget
-from memgraph.tiers import place_host
+from memgraph.tiers import CheckpointPlace, place_host
 from runtime.workspace import declare_workspaces
 from taskgraph.graph import TaskGraph
+from taskgraph.nodes import Input
 from taskgraph.partition import DEFAULT_BUDGET_FRACTION
 
 __all__ = [
@@ -285,7 +286,7 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     max_blocks: int | None = MAX_AUTO_BLOCKS,
     progress: ProgressCallback | None = None,
     host_budget: int | str | None = None,
-    checkpoint: str | os.PathLike[str] | None = None,
+    checkpoint: str | os.PathLike[str] | Mapping[str, CheckpointPlace] | None = None,
     spill: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Compiled:
@@ -295,7 +296,9 @@ def compile(  # the name shadows the builtin here, as `torch.compile` does
     (`memgraph.tiers.place_host`): within `host_budget` (bytes, a size string, or a
     percentage of what the host would hold; default "100%": all kept), the weights the
     safetensors `checkpoint` holds under their input names read from it where they are
-    (`einpage.weight_files`), and, when `spill` names a folder, what does not fit the host
+    (`einpage.weight_files`; or `checkpoint` is the places themselves, input name ->
+    `memgraph.tiers.CheckpointPlace`, as `einpage.models.base.checkpoint_places` finds a
+    Hugging Face checkpoint's), and, when `spill` names a folder, what does not fit the host
     written to a spill file there at run time (without it, a plan that would have to
     spill is a `HostBudgetPlanError`).
 
@@ -368,9 +371,27 @@ def _plan_host(
 
     if spill is not None and not os.path.isdir(spill):
         raise InputError(f"spill folder {os.fspath(spill)!r} is not a folder")
-    weights = weight_places(checkpoint, graph) if checkpoint is not None else {}
+    if isinstance(checkpoint, Mapping):
+        weights = _given_places(checkpoint, graph)
+    else:
+        weights = weight_places(checkpoint, graph) if checkpoint is not None else {}
     budget = "100%" if host_budget is None else host_budget
     return place_host(mg, budget, weights, spill=spill is not None)
+
+
+def _given_places(places: Mapping[Any, Any], graph: TaskGraph) -> dict[str, CheckpointPlace]:
+    """`compile(checkpoint=)` given as places (input name -> `CheckpointPlace`, as
+    `einpage.models.checkpoint_places` finds them), each checked to name an input."""
+    inputs = {task.op.name for task in graph if isinstance(task.op, Input)}
+    for name, place in places.items():
+        if not isinstance(place, CheckpointPlace):
+            raise PlanError(
+                f"checkpoint= maps {name!r} to {type(place).__name__}; it takes a path or a "
+                "mapping of input name to memgraph.tiers.CheckpointPlace"
+            )
+        if name not in inputs:
+            raise PlanError(f"checkpoint= places {name!r}, which is not an input of the program")
+    return dict(places)
 
 
 def _taskgraph(source: Any) -> TaskGraph:

@@ -9,9 +9,11 @@ each input of the TaskGraph the file holds under the input's name, where its byt
 any offset is used: its length, its JSON, every entry's dtype, shape and data offsets
 (inside the file, the bytes the dtype and shape need, no two overlapping), and the dtype
 and shape against the program's input of that name. A tensor stored under another name
-or layout than the program's (a Hugging Face checkpoint, whose weights einpage transposes
-on loading) is not read in place: `save_weights` writes the program's own weights, by
-input name, as a safetensors file that can be.
+or as the transpose of the program's matrix (a Hugging Face checkpoint) is read in place
+as `Stored` says (`weight_places(path, tg, stored)`; the models room states each family's
+names and layouts: `einpage.models.base.checkpoint_places`); one in another dtype than
+the program's, or fused with others (GPT-2's attention), is not: `save_weights` writes
+the program's own weights, by input name, as a safetensors file that can be.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,14 @@ from taskgraph import dtypes
 from taskgraph.graph import TaskGraph
 from taskgraph.nodes import Input
 
-__all__ = ["weight_places", "save_weights", "read_header", "planned_weights", "SAFETENSORS_DTYPES"]
+__all__ = [
+    "Stored",
+    "weight_places",
+    "save_weights",
+    "read_header",
+    "planned_weights",
+    "SAFETENSORS_DTYPES",
+]
 
 SAFETENSORS_DTYPES = {
     "F64": "float64",
@@ -136,37 +146,65 @@ def _naturals(value: Any, length: int | None = None) -> bool:
     )
 
 
-def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, CheckpointPlace]:
-    """Where each input of `tg` that the checkpoint at `path` (a safetensors file, or a
-    folder as `save_pretrained` writes one) holds under its name is: file and offset.
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """How a checkpoint stores one program input: as its tensor `key` of `shape` and,
+    when `transposed`, as the transpose of the input's matrix (2-D: a Hugging Face
+    LLaMA's `o_proj` and `down_proj`), which a run transposes back as it reads it
+    (`memgraph.nodes.DiskPlace.transposed`)."""
 
-    Raises `CheckpointError` for a malformed file, or for a tensor whose dtype or shape is
-    not the input's; inputs the checkpoint does not hold are not in the result (the
-    caller passes them), and a checkpoint that holds none of them is an error.
+    key: str
+    shape: tuple[int, ...]
+    transposed: bool = False
+
+
+def weight_places(
+    path: str | os.PathLike[str], tg: TaskGraph, stored: Mapping[str, Stored] | None = None
+) -> dict[str, CheckpointPlace]:
+    """Where each input of `tg` that the checkpoint at `path` (a safetensors file, or a
+    folder as `save_pretrained` writes one) holds is: file, offset and layout. Without
+    `stored`, an input is the tensor of its own name, in its own shape; with it, only the
+    inputs `stored` names are placed, each as it says (the models room states a family's
+    Hugging Face names and layouts: `einpage.models.checkpoint_places`).
+
+    Raises `CheckpointError` for a malformed file, a tensor `stored` names that is not
+    there, or one whose dtype or shape is not the input's; inputs the checkpoint does not
+    hold are not in the result (the caller passes them), and a checkpoint that holds none
+    of them is an error.
     """
     files = checkpoint_files(Path(path))
     inputs = {task.op.name: task for task in tg if isinstance(task.op, Input)}
     headers: dict[Path, tuple[dict[str, Entry], int, int, str]] = {}
     places: dict[str, CheckpointPlace] = {}
     for name, task in inputs.items():
-        file = files.get(name)
-        if file is None:
+        if stored is None:
+            how = Stored(name, tuple(task.shape))
+        elif name in stored:
+            how = stored[name]
+        else:
             continue
+        file = files.get(how.key)
+        if file is None:
+            if stored is None:
+                continue
+            raise CheckpointError(
+                f"the checkpoint at {str(path)!r} has no tensor {how.key!r} (the program's "
+                f"input {name!r})"
+            )
         if file not in headers:  # each file's head read once: parsed, and its digest kept
             head, size = _read_head(file)
             digest = hashlib.sha256(head).hexdigest()
             headers[file] = (_tensors(str(file), head, size), size, len(head), digest)
         tensors, size, head_bytes, digest = headers[file]
-        if name not in tensors:
-            raise CheckpointError(f"{str(file)!r} does not hold {name!r}, as its index says")
-        dtype, shape, offset, _ = tensors[name]
-        if (dtype, shape) != (task.dtype, tuple(task.shape)):
-            raise CheckpointError(
-                f"{str(file)!r}: {name!r} is {dtype}{list(shape)}, but the program's input is "
-                f"{task.dtype}{list(task.shape)}"
-            )
+        if how.key not in tensors:
+            raise CheckpointError(f"{str(file)!r} does not hold {how.key!r}, as its index says")
+        dtype, shape, offset, _ = tensors[how.key]
+        _check_stored(str(file), name, how, dtype, shape, task)
         where = str(Path(file).resolve())
-        places[name] = CheckpointPlace(where, size, offset, head_bytes, digest)
+        layout = (shape[0], shape[1]) if how.transposed else None
+        places[name] = CheckpointPlace(
+            where, size, offset, head_bytes, digest, transposed=layout
+        )
     if not places:
         raise CheckpointError(
             f"the checkpoint at {str(path)!r} holds none of the program's inputs "
@@ -174,6 +212,26 @@ def weight_places(path: str | os.PathLike[str], tg: TaskGraph) -> dict[str, Chec
             f"one that does"
         )
     return places
+
+
+def _check_stored(
+    file: str, name: str, how: Stored, dtype: str, shape: tuple[int, ...], task: Any
+) -> None:
+    """`CheckpointError` unless tensor `how.key` of `file` (`dtype`, `shape`) holds input
+    `name` (`task`) as `how` says: the input's dtype, `how.shape`, the input's elements;
+    a transposed one 2-D."""
+    said = f"{str(file)!r}: {how.key!r} is {dtype}{list(shape)}"
+    if how.key != name:
+        said += f" (the program's input {name!r})"
+    if dtype != task.dtype:
+        raise CheckpointError(
+            f"{said}, but the program's input is {task.dtype}: a weight is read in place "
+            f"in the dtype the file stores; plan in {dtype}"
+        )
+    if shape != tuple(how.shape) or math.prod(shape) != math.prod(task.shape):
+        raise CheckpointError(f"{said}, but the program's input is {task.dtype}{list(task.shape)}")
+    if how.transposed and len(shape) != 2:
+        raise CheckpointError(f"{said}: only a 2-D tensor can be read transposed")
 
 
 def save_weights(weights: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:

@@ -39,7 +39,10 @@ The rest is said by three records, each checked once, when made:
 * `plan=Planning(way, bucket_pages, chunk_steps, cost_model, options, devices)`: how it
   is planned (`einpage.workloads.generation.Planning`); `devices=N` places the
   generation on N devices (a pipeline, the budget read per device: the unrolled plan as
-  a `DevicesPlan`, step plans as a `DevicesStepPlans`);
+  a `DevicesPlan`, step plans as a `DevicesStepPlans`); `host_budget=` and `spill=` plan
+  host memory too (`memgraph.tiers`): the weights of a checkpoint folder read where
+  they are, when the plan needs them, and what does not fit the host budget written to
+  a spill file in the folder `spill` (one device, the unrolled way);
 * `run=Running(backend, mode, runner)`: how it runs (`runner` "ray": the devices of a
   placed generation as Ray actors); `run=None` only plans (no weights needed).
 
@@ -59,7 +62,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +105,7 @@ from einpage.workloads.stop import Stopping, checkpoint_stopping, kept_stats, ru
 from einpage_core.host import available_memory
 from einpage_core.units import format_bytes
 from runtime.schedule import resolve_mode
+from runtime.tiers import disk_inputs
 from taskgraph import dtypes
 
 __all__ = [
@@ -123,6 +127,7 @@ __all__ = [
     "unpadded",
     "quantized_weight_bytes",
     "run_weights",
+    "reads_in_place",
     "file_quantization",
 ]
 
@@ -519,6 +524,33 @@ def checkpoint_tokenizer(checkpoint: Path) -> Any:
     return text.find_tokenizer(checkpoint)
 
 
+def reads_in_place(plan: Any) -> bool:
+    """Whether a generation's `plan` reads its weights from their checkpoint itself (an
+    unrolled plan whose host tier places them there: `runtime.tiers.disk_inputs`), so a
+    run is given none of them: the checkpoint's places cover every weight input of the
+    program (`einpage.models.base.checkpoint_places`)."""
+    return isinstance(plan, UnrolledPlan) and bool(disk_inputs(plan.plan))
+
+
+def _tier_checkpoint(plan: Planning, weights: Any, checkpoint: Path | None) -> Planning:
+    """`plan` with the checkpoint its host tier reads weights from in place: none asked
+    (no host tier, or `Planning.checkpoint` given), the `weights` path given, else the
+    model's folder when the weights come from it; `GenerationError` for a GGUF file,
+    which is not read in place (not built)."""
+    if not plan.tiered or plan.checkpoint is not None:
+        return plan
+    source = weights if isinstance(weights, str | os.PathLike) else None
+    if weights is None:
+        source = checkpoint
+    if source is not None and is_gguf(source):
+        raise GenerationError(
+            f"a host tier reads a safetensors checkpoint's weights where they are; reading "
+            f"a GGUF file's ({str(source)!r}) in place is not built: plan without "
+            "host_budget/spill, or convert the model to a save_pretrained folder"
+        )
+    return plan if source is None else replace(plan, checkpoint=source)
+
+
 def generate(
     model: Any,
     prompt: Any = None,
@@ -615,6 +647,7 @@ def generate(
         )
     if run is not None:
         _weights_source(cfg, weights, checkpoint)  # checked before anything is planned
+    plan = _tier_checkpoint(plan, weights, checkpoint)
     dtype, _ = choose_dtype(dtype, checkpoint)
     quant = file_quantization(checkpoint, quant)
     spec = GenerationSpec(
@@ -627,9 +660,10 @@ def generate(
     stats = planned.stats()
     if run is None:
         return Generation(spec, planned, stats, prompt_lengths=spec.lengths)
-    reads = weights is None or isinstance(weights, str | os.PathLike)
+    in_place = reads_in_place(planned)
+    reads = (weights is None or isinstance(weights, str | os.PathLike)) and not in_place
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
-    values = run_weights(spec, weights, checkpoint)
+    values = {} if in_place else run_weights(spec, weights, checkpoint)
     out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
     full = np.concatenate([ids, out.new_ids], axis=1)
     stats = kept_stats(planned, stats, out)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -62,7 +63,7 @@ import numpy as np
 
 import memgraph
 import runtime
-from einpage.models.base import ModelConfig, ModelFamily
+from einpage.models.base import ModelConfig, ModelFamily, checkpoint_places
 from einpage.models.decode import Sampling
 from einpage.models.errors import GenerationBudgetError, GenerationError
 from einpage.models.generation import (
@@ -199,6 +200,14 @@ class Planning:
     * `sends`: how tensors travel between several devices (`memgraph.peer.SENDS`): "host"
       (the default: staged through host memory) or "direct" (device to device wherever
       `memgraph.peer.direct_sends` proves it safe; for every plan, unrolled or step).
+    * `host_budget`, `spill`, `checkpoint`: host memory planned as a budget too
+      (`einpage.compile`'s keywords of the same names, `memgraph.tiers`): within
+      `host_budget` (bytes, a size string, a percentage), the weights read where they are
+      in the safetensors `checkpoint` (a `save_pretrained` folder: the family's Hugging
+      Face layout, `einpage.models.base.checkpoint_places`; `generate` gives its model's
+      folder), what does not fit written to a spill file in the folder `spill` during the
+      run. Built for one device, the unrolled way (a plan with a host tier runs alone in
+      its session, so step plans cannot share one).
 
     >>> Planning(way="steps", chunk_steps=8, options={"eviction": "lru"}).compile_options()
     {'outputs': 'host', 'eviction': 'lru', 'cost_model': 'h100-pcie5'}
@@ -212,6 +221,14 @@ class Planning:
     devices: int = 1
     strategy: str = "pipeline"
     sends: str = "host"
+    host_budget: int | str | None = None
+    spill: str | os.PathLike[str] | None = None
+    checkpoint: str | os.PathLike[str] | None = None
+
+    @property
+    def tiered(self) -> bool:
+        """Whether host memory is planned too (a host budget, spill folder or checkpoint)."""
+        return any(x is not None for x in (self.host_budget, self.spill, self.checkpoint))
 
     def __post_init__(self) -> None:
         if self.way not in WAYS:
@@ -268,6 +285,7 @@ class Planning:
                     f"devices={self.devices} (einpage.compile_devices plans them); it takes "
                     f"{', '.join(DEVICES_OPTIONS)}"
                 )
+        self._check_tier()
         planner = {k: v for k, v in self.options.items() if k in PLANNER_OPTIONS}
         try:
             memgraph.PlanOptions(**planner, cost_model=self.cost_model)
@@ -275,12 +293,55 @@ class Planning:
             raise GenerationError(f"Planning: {err}") from err
         object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
 
+    def _check_tier(self) -> None:
+        """The host tier's fields: of the right types, and only where built."""
+        if self.host_budget is not None and (
+            isinstance(self.host_budget, bool) or not isinstance(self.host_budget, int | str)
+        ):
+            raise GenerationError(
+                f"Planning: host_budget must be bytes or a size string ('16GiB', '50%'), got "
+                f"{self.host_budget!r}"
+            )
+        for name in ("spill", "checkpoint"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str | os.PathLike):
+                raise GenerationError(
+                    f"Planning: {name} must be a path, got {type(value).__name__}"
+                )
+        if not self.tiered:
+            return
+        given = ", ".join(
+            f"{n}=" for n in ("host_budget", "spill", "checkpoint") if getattr(self, n) is not None
+        )
+        if self.devices > 1:
+            raise GenerationError(
+                f"Planning: {given} plans host memory for one device; a host tier on "
+                f"{self.devices} devices is not built"
+            )
+        if self.way != "unrolled":
+            raise GenerationError(
+                f"Planning: {given} plans host memory for the unrolled way: a plan with a "
+                "host tier runs alone in its session, which step plans share (not built); "
+                "give way='unrolled'"
+            )
+
     def compile_options(self, step_plans: bool | None = None) -> dict[str, Any]:
         """The keywords every plan's `einpage.compile` gets: `STEP_OPTIONS` when planning
         step plans (by default when `way` is "steps"), then `options`, then the cost
-        model."""
+        model, and the host budget and spill folder when given (the checkpoint's places
+        are found against the program: `plan_generation`)."""
         steps = self.way == "steps" if step_plans is None else step_plans
-        return {**(STEP_OPTIONS if steps else {}), **self.options, "cost_model": self.cost_model}
+        tier = {
+            name: value
+            for name, value in (("host_budget", self.host_budget), ("spill", self.spill))
+            if value is not None
+        }
+        return {
+            **(STEP_OPTIONS if steps else {}),
+            **self.options,
+            "cost_model": self.cost_model,
+            **tier,
+        }
 
     def devices_options(self) -> dict[str, Any]:
         """The keywords `einpage.compile_devices` gets with `devices` > 1: `options`, then
@@ -818,15 +879,19 @@ class UnrolledPlan:
         run_seed: int = 0,
     ) -> GenerationOutput:
         """Generate from the prompt `tokens` [batch, prompt_len] with the program's
-        `weights`; `seed` draws the sampling noise (None: the spec's `Sampling.seed`; a
-        plan can be run again with other noise), `run_seed` orders a random-mode run."""
+        `weights` (but those a plan with a host tier reads from its checkpoint itself:
+        `runtime.tiers.disk_inputs`, refused if given; its spill file goes to the folder
+        it was compiled with); `seed` draws the sampling noise (None: the spec's
+        `Sampling.seed`; a plan can be run again with other noise), `run_seed` orders a
+        random-mode run."""
         spec = self.spec
         ids = _check_prompt(spec, tokens)
         inputs = generation_inputs(
             spec.family, spec.cfg, ids, spec.new_tokens, spec.dtype, weights, spec.gumbel(seed),
             spec.lengths,
         )  # fmt: skip
-        with runtime.Session(self.plan, backend, mode=mode) as session:
+        spill = self.compiled.spill
+        with runtime.Session(self.plan, backend, mode=mode, spill=spill) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
 
@@ -1582,8 +1647,10 @@ def plan_generation(
         chunks, programs, first_step, keys = _step_programs(spec, planning)
     graphs = {name: program.build() for name, program in programs.items()}
     reading = read_generation_budget(spec, graphs, budget, planning)
-    seconds = time.perf_counter() - started
     options = planning.compile_options()
+    if planning.checkpoint is not None:
+        options["checkpoint"] = _checkpoint_places(spec, planning.checkpoint, graphs["unrolled"])
+    seconds = time.perf_counter() - started
     compiled = {}
     for name, tg in graphs.items():
         compiled[name], plan_seconds = _compile(tg, reading, name, first_step[name], options)
@@ -1592,6 +1659,21 @@ def plan_generation(
         return UnrolledPlan(spec, compiled["unrolled"], seconds, planning)
     decoders = {key: compiled[name] for name, key in keys.items()}
     return StepPlans(spec, compiled["prefill"], decoders, chunks, seconds, planning)
+
+
+def _checkpoint_places(
+    spec: GenerationSpec, checkpoint: str | os.PathLike[str], tg: TaskGraph
+) -> dict[str, Any]:
+    """Where `tg`'s weights are in `checkpoint`, for its plan to read them in place
+    (`checkpoint_places`); a quantized generation's weights are made on the host, so
+    they are in no checkpoint (`GenerationError`)."""
+    if spec.quant is not None:
+        raise GenerationError(
+            "Planning(checkpoint=...): the weights of a quantized generation are quantized "
+            "on the host, so a plan cannot read them from the checkpoint; plan it without "
+            "quant, or without a checkpoint (the weights then given to the run)"
+        )
+    return checkpoint_places(spec.cfg, checkpoint, tg)
 
 
 def _step_programs(

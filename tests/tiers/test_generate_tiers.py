@@ -1,0 +1,248 @@
+"""Generation with a host tier: a Hugging Face checkpoint's weights read where they are.
+
+`generate(folder, ..., plan=Planning(host_budget=, spill=))` and `einpage generate
+--checkpoint DIR --host-budget SIZE --spill DIR` plan host memory too: the weights are
+read from the `save_pretrained` folder's safetensors at the offsets its header gives –
+`o_proj` and `down_proj`, which Hugging Face stores transposed, transposed back as they
+are read – and never loaded whole. The reference is transformers' own greedy `generate`
+on the model that was saved; the plan is checked to read every weight from the file,
+and a small host budget to read weights more than once (streamed, not kept).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from gguf_files import hf_model, write_gguf  # noqa: E402
+from hf_models import hf_gpt2, hf_llama  # noqa: E402
+
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
+from einpage.errors import CheckpointError, GenerationError  # noqa: E402
+from einpage.models import llama  # noqa: E402
+from einpage.pipeline import compile as compile_program  # noqa: E402
+from einpage.workloads.generate import Running, generate, reads_in_place  # noqa: E402
+from einpage.workloads.generation import GenerationSpec, Planning  # noqa: E402
+from einpage_core.errors import PlanError  # noqa: E402
+from memgraph.tiers import CheckpointPlace  # noqa: E402
+from runtime.tiers import disk_inputs  # noqa: E402
+
+PROMPT = np.array([[3, 14, 15, 9, 26], [5, 35, 8, 1, 32]])
+NEW = 5
+
+
+def hf_greedy(model, ids: np.ndarray, new_tokens: int) -> np.ndarray:
+    """transformers' greedy generation of `new_tokens` after `ids` (never stopping early:
+    einpage's generations here are given `eos=()`, the model's eos id 2 being a likely
+    token)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.from_numpy(ids),
+            attention_mask=torch.ones(ids.shape, dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=model.config.vocab_size,  # no id: never stops
+            pad_token_id=0,
+        )
+    return out.numpy()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """{variant: (folder, model)}: the tiny LLaMAs of `hf_models` saved by save_pretrained."""
+    made = {}
+    for variant in ("mha", "gqa-tied"):
+        folder = tmp_path_factory.mktemp(f"llama-{variant}")
+        model = hf_llama(variant)
+        model.save_pretrained(folder)
+        made[variant] = (folder, model)
+    return made
+
+
+def weight_bytes(out) -> int:
+    return sum(out.plan.plan.storages[sid].nbytes for sid in disk_inputs(out.plan.plan).values())
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa-tied"])
+@pytest.mark.parametrize("host_budget", ["100%", "35%"])
+def test_generate_reads_a_hugging_face_checkpoint_in_place(saved, tmp_path, variant, host_budget):
+    folder, model = saved[variant]
+    want = hf_greedy(model, PROMPT, NEW)
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget=host_budget, spill=tmp_path),
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.ids, want)
+    mg = out.plan.plan
+    assert reads_in_place(out.plan)
+    assert set(disk_inputs(mg)) == set(out.spec.cfg.weight_shapes())  # every weight
+    places = {name: mg.storages[sid].disk for name, sid in disk_inputs(mg).items()}
+    transposed = {name for name, place in places.items() if place.transposed is not None}
+    assert transposed == {f"layers.{i}.{w}" for i in range(2) for w in ("attn.wo", "mlp.w_down")}
+    stats = mg.stats
+    assert stats.host_peak_bytes <= stats.host_budget
+    if host_budget == "35%":  # streamed: weights read again before later uses
+        assert stats.checkpoint_read_bytes > weight_bytes(out)
+    else:  # all kept: each read once
+        assert stats.checkpoint_read_bytes == weight_bytes(out)
+
+
+@pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
+def test_every_runtime_mode_reads_the_same_tokens(saved, tmp_path, mode):
+    folder, model = saved["mha"]
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path), run=Running(mode=mode),
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+
+
+def test_a_bfloat16_checkpoint_is_read_in_its_own_dtype(tmp_path):
+    """A bfloat16 checkpoint is planned in bfloat16 (its config's dtype) and read as
+    stored: the tokens are those of the same generation with the weights in memory."""
+    folder = tmp_path / "bf16"
+    copy.deepcopy(hf_llama("gqa-tied")).to(torch.bfloat16).save_pretrained(folder)
+    kept = generate(folder, PROMPT, NEW, "60%", page_size=4, eos=())
+    tiered = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path),
+    )  # fmt: skip
+    assert tiered.spec.dtype == "bfloat16" and reads_in_place(tiered.plan)
+    np.testing.assert_array_equal(tiered.ids, kept.ids)
+
+
+def test_qwen2_biases_are_read_in_place(tmp_path):
+    model = hf_model("qwen2", hidden=64, ffn=96, seed=3)
+    model.save_pretrained(tmp_path / "qwen2")
+    ids = np.array([[1, 7, 30, 4]])
+    out = generate(
+        tmp_path / "qwen2", ids, 4, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="40%", spill=tmp_path),
+    )  # fmt: skip
+    assert "layers.0.attn.bq" in disk_inputs(out.plan.plan)
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 4))
+
+
+def test_weights_given_in_memory_are_not_read_from_the_checkpoint(saved, tmp_path):
+    """weights= a mapping: the host tier holds only what the plan offloads; the weights
+    are the caller's arrays."""
+    folder, model = saved["mha"]
+    cfg = llama.LlamaConfig.from_checkpoint(folder)
+    weights = llama.weights_from_state_dict(cfg, model.state_dict())
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(), weights=weights,
+        plan=Planning(host_budget="100%", spill=tmp_path),
+    )  # fmt: skip
+    assert not reads_in_place(out.plan) and out.plan.plan.tier is not None
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+
+
+# -- what is refused -------------------------------------------------------------
+
+
+def test_gpt2_fused_attention_weights_are_refused_by_name(tmp_path):
+    hf_gpt2("base").save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(CheckpointError, match=r"c_attn\.weight.*side by side.*save_weights"):
+        generate(tmp_path / "gpt2", PROMPT, 3, "60%", plan=Planning(host_budget="50%"), run=None)
+
+
+def test_a_checkpoint_in_another_dtype_than_the_plan_is_refused(saved):
+    folder, _ = saved["mha"]
+    with pytest.raises(CheckpointError, match=r"is float32.*program's input is bfloat16.*float32"):
+        generate(
+            folder, PROMPT, 3, "60%", dtype="bfloat16", plan=Planning(host_budget="50%"),
+            run=None,
+        )  # fmt: skip
+
+
+def test_a_quantized_generation_cannot_read_its_weights_in_place(saved):
+    folder, _ = saved["mha"]
+    with pytest.raises(GenerationError, match="quantized on the host"):
+        generate(folder, PROMPT, 3, "60%", quant="int8", plan=Planning(host_budget="50%"), run=None)
+
+
+def test_a_gguf_file_is_not_read_in_place(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", hf_model("llama", hidden=64, ffn=96), "llama")
+    with pytest.raises(GenerationError, match="GGUF.*not built"):
+        generate(path, np.array([[1, 2, 3]]), 2, "60%", plan=Planning(host_budget="50%"), run=None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"way": "steps", "host_budget": "1GiB"}, "host_budget=.*unrolled"),
+        ({"devices": 2, "spill": "/tmp"}, "spill=.*one device"),
+        ({"host_budget": 1.5}, "host_budget must be bytes or a size"),
+        ({"checkpoint": 7}, "checkpoint must be a path"),
+    ],
+)
+def test_planning_refuses_a_host_tier_where_it_is_not_built(fields, said):
+    with pytest.raises(GenerationError, match=said):
+        Planning(**fields)
+
+
+def test_compile_takes_places_only_of_its_inputs():
+    spec = GenerationSpec(llama.FAMILY, llama.PRESETS["tiny"], 1, 4, 2, "float32", 4)
+    tg = spec.generation_program().build()
+    place = CheckpointPlace("/nowhere.safetensors", 1 << 20, 8)
+    with pytest.raises(PlanError, match="'no.such', which is not an input"):
+        compile_program(tg, "100%", checkpoint={"no.such": place})
+    with pytest.raises(PlanError, match="maps 'embed' to tuple"):
+        compile_program(tg, "100%", checkpoint={"embed": ("/x", 8)})
+
+
+# -- the command line -----------------------------------------------------------
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_generates_with_a_host_tier_and_writes_a_plan_run_can_check(
+    saved, tmp_path, capsys
+):
+    folder, model = saved["gqa-tied"]
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    plan = tmp_path / "plan.json"
+    code, out, err = cli(
+        capsys, "generate", "--checkpoint", folder, "--budget", "60%", "--host-budget", "35%",
+        "--spill", spill, "--prompt-len", 5, "--new-tokens", NEW, "--page-size", 4, "--run",
+        "--backend", "numpy", "-o", plan, "--ignore-eos",
+    )  # fmt: skip
+    assert code == EXIT_OK, err
+    assert "checkpoint, read in place by the host tier" in out
+    prompt = np.random.default_rng(0).integers(0, 96, (1, 5))  # the CLI's random prompt
+    want = hf_greedy(model, prompt, NEW)[0]
+    line = " ".join(map(str, want[:5])) + " | " + " ".join(map(str, want[5:]))
+    assert line in out
+    assert list(spill.iterdir()) == []  # the spill file leaves nothing
+    code, out, err = cli(capsys, "run", plan, "--spill", spill, "--check", "--backend", "numpy")
+    assert code == EXIT_OK, err
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (("--devices", "2"), "one device"),
+        (("--way", "steps"), "--way unrolled"),
+    ],
+)
+def test_cli_refuses_a_host_tier_where_it_is_not_built(saved, capsys, extra, said):
+    folder, _ = saved["mha"]
+    code, _, err = cli(
+        capsys, "generate", "--checkpoint", folder, "--budget", "60%", "--host-budget", "1GiB",
+        *extra,
+    )  # fmt: skip
+    assert code == EXIT_BAD_INPUT
+    assert said in err
