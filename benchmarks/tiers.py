@@ -25,9 +25,9 @@ generates from it with `einpage.workloads.generate.generate(folder, ...,
 plan=Planning(host_budget="1GiB", spill=...))` in a process of its own: the weights read
 in place (the transposed ones transposed back as they are read); its time and peak
 include planning. A last process computes the reference, `taskgraph.evaluate` on the
-weights read whole (safetensors), and the chosen token ids of every run must equal it. The weights are read
-with `os.preadv` into the host arena, so the file's pages in the kernel's cache are not
-part of the resident set.
+weights read whole (safetensors), and the chosen token ids of every run must equal it.
+The weights are read with `os.preadv` into the host arena, so the file's pages in the
+kernel's cache are not part of the resident set.
 
 **simulate** – `memgraph.simulate` of plans made by `einpage.compile` and
 `memgraph.tiers.place_host` (weights at made-up offsets of one checkpoint file: planning
