@@ -22,6 +22,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from cpu_cuda import CXX  # noqa: E402
+from cuda_streams import StandInCupyBackend  # noqa: E402
 from gguf_files import hf_model, write_gguf  # noqa: E402
 from hf_models import hf_gpt2, hf_llama  # noqa: E402
 from test_llama_variants import hf_model as variant_model  # noqa: E402
@@ -263,3 +266,19 @@ def test_cli_refuses_a_host_tier_where_it_is_not_built(saved, capsys, extra, sai
     )  # fmt: skip
     assert code == EXIT_BAD_INPUT
     assert said in err
+
+
+def test_the_cupy_backend_reads_a_checkpoint_in_place_too(saved, tmp_path):
+    """On the CuPy backend (its CPU stand-in: no GPU here) the reads, transposed ones
+    included, are host functions in their stream's order into a pinned host arena."""
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) for the stand-in's kernels")
+    folder, model = saved["mha"]
+    backend = StandInCupyBackend(delay=5e-4)
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path),
+        run=Running(backend=backend, mode="streams"),
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+    assert out.reports[-1].backend == "cupy-standin"
