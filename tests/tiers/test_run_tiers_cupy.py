@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from cpu_cuda import CXX  # noqa: E402
-from cuda_streams import StandInCupyBackend, StandInStream  # noqa: E402
+from cuda_streams import CUDARuntimeError, StandInCupyBackend, StandInStream  # noqa: E402
 from plans import reference_plan  # noqa: E402
 from run_tier_plans import tier_plan  # noqa: E402
 from test_run_tiers import arrays, case, checkpoint_of, mlp, reference  # noqa: E402, F401
@@ -91,3 +91,19 @@ def test_a_release_that_does_not_wait_for_its_reload_is_caught_on_cupy(tmp_path)
         )  # fmt: skip
         wrong += not np.array_equal(got["y"], expected)
     assert wrong > 0
+
+
+def test_the_stand_in_runs_host_functions_in_order_and_forbids_cuda_calls_in_them():
+    """What the tests above lean on: a host function runs after the work queued before it
+    and before the work after it, and a CUDA call inside it fails (cudaErrorNotPermitted)."""
+    cp = StandInCupyBackend(delay=1e-3).cp
+    stream = cp.cuda.Stream(non_blocking=True)
+    order = []
+    stream.submit(lambda: order.append("before"))
+    stream.launch_host_func(order.append, "host function")
+    stream.submit(lambda: order.append("after"))
+    stream.synchronize()
+    assert order == ["before", "host function", "after"]
+    stream.launch_host_func(lambda _: stream.submit(lambda: None), None)
+    with pytest.raises(CUDARuntimeError, match="cudaErrorNotPermitted"):
+        stream.synchronize()
