@@ -209,7 +209,8 @@ def weight_places(
         raise CheckpointError(
             f"the checkpoint at {str(path)!r} holds none of the program's inputs "
             f"({', '.join(sorted(inputs)[:6])}, ...) under their names; save_weights writes "
-            f"one that does"
+            "one that does (a Hugging Face folder is read in place by a generation, which "
+            "knows its family's names: einpage generate --checkpoint DIR --host-budget SIZE)"
         )
     return places
 

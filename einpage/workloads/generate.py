@@ -536,7 +536,13 @@ def _tier_checkpoint(plan: Planning, weights: Any, checkpoint: Path | None) -> P
     """`plan` with the checkpoint its host tier reads weights from in place: none asked
     (no host tier, or `Planning.checkpoint` given), the `weights` path given, else the
     model's folder when the weights come from it; `GenerationError` for a GGUF file,
-    which is not read in place (not built)."""
+    which is not read in place (not built), and for weights given as arrays besides a
+    checkpoint to read them from."""
+    if plan.checkpoint is not None and isinstance(weights, Mapping):
+        raise GenerationError(
+            f"weights= are given, and Planning(checkpoint={str(plan.checkpoint)!r}) reads "
+            "the weights from that checkpoint: give one of them"
+        )
     if not plan.tiered or plan.checkpoint is not None:
         return plan
     source = weights if isinstance(weights, str | os.PathLike) else None

@@ -10,7 +10,8 @@ calls, asynchronously as a GPU does:
   memptr)` is a NumPy view there (whose `.data.ptr` is its address, as a CuPy array's);
 * `cuda.Stream(non_blocking=True)` is a worker thread with a queue; `Event.record`
   enqueues a marker, `Stream.wait_event` makes the worker wait for it, `synchronize`
-  waits for the queue; `cuda.PinnedMemory` is host memory whose allocations are
+  waits for the queue, `launch_host_func` queues a host function (in which a CUDA call
+  fails, as CUDA forbids it); `cuda.PinnedMemory` is host memory whose allocations are
   recorded;
 * `runtime.memcpyAsync` / `memcpy2DAsync` are queued on their stream and happen later,
   after a random delay (`delay` seconds at most, from `seed`);
@@ -61,6 +62,7 @@ class CUDARuntimeError(RuntimeError):
         "range is already mapped",
         713: "cudaErrorHostMemoryNotRegistered: pointer does not correspond to a "
         "registered memory region",
+        800: "cudaErrorNotPermitted: operation not permitted (a CUDA call in a host function)",
     }
 
     def __init__(self, status: int):
@@ -68,13 +70,20 @@ class CUDARuntimeError(RuntimeError):
         self.status = status
 
 
+HOST_FUNCTION = threading.local()
+"""`active` while a stream's worker runs a host function (`launch_host_func`)."""
+
+
 class Context:
-    """The CUDA context's sticky error: once set, every call raises it."""
+    """The CUDA context's sticky error: once set, every call raises it. A call from a host
+    function fails too, as CUDA forbids it (`cudaErrorNotPermitted`)."""
 
     def __init__(self) -> None:
         self.error: CUDARuntimeError | None = None
 
     def check(self) -> None:
+        if getattr(HOST_FUNCTION, "active", False):
+            raise CUDARuntimeError(800)
         if self.error is not None:
             raise CUDARuntimeError(self.error.status)
 
@@ -121,6 +130,20 @@ class StandInStream:
             job()
             return
         self.queue.put(job)
+
+    def launch_host_func(self, callback, arg) -> None:
+        """`Stream.launch_host_func`: `callback(arg)` runs on the host in the stream's
+        order – after the work queued before it, before the work queued after it – and
+        makes no CUDA call (one fails, as on a GPU)."""
+
+        def job() -> None:
+            HOST_FUNCTION.active = True
+            try:
+                callback(arg)
+            finally:
+                HOST_FUNCTION.active = False
+
+        self.submit(job)
 
     def wait_event(self, event: StandInEvent) -> None:
         def wait() -> None:  # a lost context ends the wait: the event will never come

@@ -22,8 +22,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+from cpu_cuda import CXX  # noqa: E402
+from cuda_streams import StandInCupyBackend  # noqa: E402
 from gguf_files import hf_model, write_gguf  # noqa: E402
 from hf_models import hf_gpt2, hf_llama  # noqa: E402
+from test_llama_variants import hf_model as variant_model  # noqa: E402
 
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
 from einpage.errors import CheckpointError, GenerationError  # noqa: E402
@@ -119,16 +123,21 @@ def test_a_bfloat16_checkpoint_is_read_in_its_own_dtype(tmp_path):
     np.testing.assert_array_equal(tiered.ids, kept.ids)
 
 
-def test_qwen2_biases_are_read_in_place(tmp_path):
-    model = hf_model("qwen2", hidden=64, ffn=96, seed=3)
-    model.save_pretrained(tmp_path / "qwen2")
-    ids = np.array([[1, 7, 30, 4]])
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_the_other_llama_families_are_read_in_place(tmp_path, kind):
+    """Qwen2 (query, key and value biases; a tied head) and Mistral (its LLaMA layout;
+    the 10 positions here within its sliding window of 12, as einpage plans it)."""
+    model = variant_model(kind)
+    model.save_pretrained(tmp_path / kind)
+    ids = np.array([[1, 7, 30, 4, 9, 17]])
     out = generate(
-        tmp_path / "qwen2", ids, 4, "60%", page_size=4, eos=(),
+        tmp_path / kind, ids, 5, "60%", page_size=4, eos=(),
         plan=Planning(host_budget="40%", spill=tmp_path),
     )  # fmt: skip
-    assert "layers.0.attn.bq" in disk_inputs(out.plan.plan)
-    np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 4))
+    assert reads_in_place(out.plan)
+    if kind == "qwen2":
+        assert "layers.0.attn.bq" in disk_inputs(out.plan.plan)
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, ids, 5))
 
 
 def test_weights_given_in_memory_are_not_read_from_the_checkpoint(saved, tmp_path):
@@ -146,6 +155,17 @@ def test_weights_given_in_memory_are_not_read_from_the_checkpoint(saved, tmp_pat
 
 
 # -- what is refused -------------------------------------------------------------
+
+
+def test_weights_given_besides_a_checkpoint_to_read_are_refused(saved):
+    folder, model = saved["mha"]
+    cfg = llama.LlamaConfig.from_checkpoint(folder)
+    weights = llama.weights_from_state_dict(cfg, model.state_dict())
+    with pytest.raises(GenerationError, match="weights= are given, and Planning.checkpoint"):
+        generate(
+            folder, PROMPT, 3, "60%", weights=weights,
+            plan=Planning(host_budget="50%", checkpoint=folder),
+        )  # fmt: skip
 
 
 def test_gpt2_fused_attention_weights_are_refused_by_name(tmp_path):
@@ -246,3 +266,19 @@ def test_cli_refuses_a_host_tier_where_it_is_not_built(saved, capsys, extra, sai
     )  # fmt: skip
     assert code == EXIT_BAD_INPUT
     assert said in err
+
+
+def test_the_cupy_backend_reads_a_checkpoint_in_place_too(saved, tmp_path):
+    """On the CuPy backend (its CPU stand-in: no GPU here) the reads, transposed ones
+    included, are host functions in their stream's order into a pinned host arena."""
+    if CXX is None:
+        pytest.skip("no host C++ compiler (g++) for the stand-in's kernels")
+    folder, model = saved["mha"]
+    backend = StandInCupyBackend(delay=5e-4)
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path),
+        run=Running(backend=backend, mode="streams"),
+    )  # fmt: skip
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+    assert out.reports[-1].backend == "cupy-standin"
