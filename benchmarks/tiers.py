@@ -1,7 +1,7 @@
 """Three tiers (device, host, disk): a real run whose weights exceed the host budget, and
 simulated LLaMA-65B/70B generation and a 405B-shaped prefill over an NVMe.
 
-Run: `python benchmarks/tiers.py run [--json out.json]` (the real run: 3 GB of disk, 42 s
+Run: `python benchmarks/tiers.py run [--json out.json]` (the real run: 6 GB of disk, 77 s
 measured on two shared cores), `python benchmarks/tiers.py simulate [--json out.json]`
 (the simulated tables: 400 s, planning the 70B-class generations most of it), or
 `--quick` with either (tiny shapes: a smoke test, seconds).

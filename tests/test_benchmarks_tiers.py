@@ -1,5 +1,6 @@
 """benchmarks/tiers.py runs end to end in its quick mode (so the script cannot rot): the
-real run's every mode equals the reference, leaves no spill file and reports its memory;
+real run's every mode, and the generation from the same weights as a Hugging Face
+folder, equals the reference, leaves no spill file and reports its memory;
 the simulated rows' numbers hang together (tokens/s from the seconds, no plan faster than
 its bound, a tier's plan reading from disk and none without one)."""
 
@@ -39,6 +40,9 @@ def test_the_quick_real_run_equals_the_reference_in_every_mode(bench, tmp_path, 
         assert 0 < run["rss_before_run"] <= run["peak_rss"]
     assert result["host_peak"] <= result["host_budget"]
     assert result["disk_read_bytes"] >= result["weight_bytes"]  # every weight read at least once
+    hf = result["hugging_face"]  # the same weights as a save_pretrained folder, in place
+    assert hf["equal"] and hf["ids"] == result["reference_ids"] and hf["spill_left"] == []
+    assert hf["host_peak"] <= hf["host_budget"] and hf["disk_read_bytes"] >= result["weight_bytes"]
     assert "reference ids" in capsys.readouterr().out
 
 
