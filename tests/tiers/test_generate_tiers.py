@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")  # test_generate_api, whose hf_greedy is reused, needs it
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
@@ -27,6 +28,7 @@ from cpu_cuda import CXX  # noqa: E402
 from cuda_streams import StandInCupyBackend  # noqa: E402
 from gguf_files import hf_model, write_gguf  # noqa: E402
 from hf_models import hf_gpt2, hf_llama  # noqa: E402
+from test_generate_api import hf_greedy  # noqa: E402  (never stops: eos is no id)
 from test_llama_variants import hf_model as variant_model  # noqa: E402
 
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
@@ -41,22 +43,6 @@ from runtime.tiers import disk_inputs  # noqa: E402
 
 PROMPT = np.array([[3, 14, 15, 9, 26], [5, 35, 8, 1, 32]])
 NEW = 5
-
-
-def hf_greedy(model, ids: np.ndarray, new_tokens: int) -> np.ndarray:
-    """transformers' greedy generation of `new_tokens` after `ids` (never stopping early:
-    einpage's generations here are given `eos=()`, the model's eos id 2 being a likely
-    token)."""
-    with torch.no_grad():
-        out = model.generate(
-            torch.from_numpy(ids),
-            attention_mask=torch.ones(ids.shape, dtype=torch.long),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            eos_token_id=model.config.vocab_size,  # no id: never stops
-            pad_token_id=0,
-        )
-    return out.numpy()
 
 
 @pytest.fixture(scope="module")
