@@ -651,9 +651,9 @@ def generate(
             f"stop={list(stopping.strings)!r}: stop strings need a tokenizer to read the "
             "text; give a text prompt (or messages) with a tokenizer, or stop at ids (eos=)"
         )
-    if run is not None:
-        _weights_source(cfg, weights, checkpoint)  # checked before anything is planned
     plan = _tier_checkpoint(plan, weights, checkpoint)
+    if run is not None and plan.checkpoint is None:  # else the plan reads them itself
+        _weights_source(cfg, weights, checkpoint)  # checked before anything is planned
     dtype, _ = choose_dtype(dtype, checkpoint)
     quant = file_quantization(checkpoint, quant)
     spec = GenerationSpec(

@@ -140,6 +140,19 @@ def test_weights_given_in_memory_are_not_read_from_the_checkpoint(saved, tmp_pat
     np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
 
 
+def test_a_config_planned_with_a_checkpoint_to_read_needs_no_weights(saved, tmp_path):
+    """generate(cfg, ..., plan=Planning(checkpoint=folder)): the run reads the folder's
+    weights in place, so none are given."""
+    folder, model = saved["mha"]
+    cfg = llama.LlamaConfig.from_checkpoint(folder)
+    out = generate(
+        cfg, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path, checkpoint=folder),
+    )  # fmt: skip
+    assert reads_in_place(out.plan)
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+
+
 # -- what is refused -------------------------------------------------------------
 
 
