@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 import einpage as ep
 import memgraph
@@ -44,13 +45,6 @@ needs_dot = pytest.mark.skipif(find_dot() is None, reason="Graphviz's dot is not
 
 SMALL_MLP = ["mlp", "--batch", "256"]  # 2.2 MiB streaming minimum: plans and runs in ms
 TINY_LLAMA = ["llama:tiny", "--seq", "64"]
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    """Run `einpage ARGV`; return (exit code, stdout, stderr)."""
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def assert_one_error(err: str, *needles: str) -> None:

@@ -10,18 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import cli
 
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_STDOUT_CLOSED, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_STDOUT_CLOSED
 from einpage.cli.files import atomic_output, check_output
 from einpage_core.errors import InputError
 
 SMALL_MLP = ["mlp", "--batch", "256"]
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_INFEASIBLE, EXIT_OK, main
 
 TINY = ["generate", "llama:tiny", "--batch", "2", "--prompt-len", "9", "--new-tokens", "4"]
-
-
-def cli(capsys, *argv: str) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("way", ["unrolled", "steps"])

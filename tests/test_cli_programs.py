@@ -7,9 +7,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 import taskgraph
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK
 from einpage.cli.presets import (
     PRESETS,
     ProgramSourceError,
@@ -18,12 +19,6 @@ from einpage.cli.presets import (
     random_inputs,
 )
 from einpage.errors import SerializationError
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def write(tmp_path, name: str, source: str):

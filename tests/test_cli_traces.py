@@ -8,19 +8,14 @@ import json
 import pickle
 
 import pytest
+from cli_runner import cli
 
 import memgraph
-from einpage.cli.commands import EXIT_OK, main
+from einpage.cli.commands import EXIT_OK
 from memgraph.snapshot import replay_peak
 from memgraph.trace import STREAMS, read_chrome_trace
 
 TINY_LLAMA = ["llama:tiny", "--seq", "64"]
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def lanes(path) -> set[str]:

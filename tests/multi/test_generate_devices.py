@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,7 +27,7 @@ from test_generate_api import hf_greedy  # noqa: E402
 from test_ragged import hf_reference, left_padded, model_of, prompts_of  # noqa: E402
 
 import taskgraph  # noqa: E402
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK  # noqa: E402
 from einpage.cli.generate import random_weights  # noqa: E402
 from einpage.models import gpt2, llama  # noqa: E402
 from einpage.models.decode import Sampling  # noqa: E402
@@ -287,12 +288,6 @@ def test_a_budget_per_device_needs_several_devices():
 
 
 # -- the command line --------------------------------------------------------------------
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def printed_tokens(out: str) -> tuple[np.ndarray, np.ndarray]:

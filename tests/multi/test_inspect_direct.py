@@ -15,6 +15,7 @@ import re
 from dataclasses import replace
 
 import pytest
+from cli_runner import cli
 
 import einpage as ep
 from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
@@ -242,12 +243,6 @@ def test_a_folded_layer_names_the_links_it_sends_and_receives(tensor):
 
 
 # -- the command line ----------------------------------------------------------------------
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

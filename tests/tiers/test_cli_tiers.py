@@ -11,17 +11,12 @@ import re
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 import memgraph
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK
 from einpage.models import llama
 from einpage.weight_files import save_weights
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import cli
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,7 +32,7 @@ from hf_models import hf_gpt2, hf_llama  # noqa: E402
 from test_generate_api import hf_greedy  # noqa: E402  (never stops: eos is no id)
 from test_llama_variants import hf_model as variant_model  # noqa: E402
 
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main  # noqa: E402
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK  # noqa: E402
 from einpage.errors import CheckpointError, GenerationError  # noqa: E402
 from einpage.models import llama  # noqa: E402
 from einpage.pipeline import compile as compile_program  # noqa: E402
@@ -219,12 +220,6 @@ def test_compile_takes_places_only_of_its_inputs():
 
 
 # -- the command line -----------------------------------------------------------
-
-
-def cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_cli_generates_with_a_host_tier_and_writes_a_plan_run_can_check(

@@ -10,6 +10,7 @@ import json
 import math
 
 import pytest
+from cli_runner import cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tier_plans import (
@@ -25,7 +26,7 @@ from tier_plans import (
 import memgraph
 import memgraph.cost as cost_module
 import memgraph.graph as graph_module
-from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK, main
+from einpage.cli.commands import EXIT_BAD_INPUT, EXIT_OK
 from einpage_core.errors import EinpageError, PlanError
 from memgraph.cost import DEFAULT_DISK, DISKS, PRESETS, CostModel, Disk, get_cost_model
 from memgraph.multi import DevicePart, DevicePlan, MultiPlan, PlacedGraph
@@ -384,12 +385,6 @@ def test_the_tier_rows_say_what_each_tier_needs():
     assert device_plan().stats.tier_rows() == []
     assert "host budget" not in dict(device_plan().stats.rows())
     assert SLOT_H.size == KIB
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 def test_stats_prints_each_tier_and_the_disk_lanes(capsys, tmp_path):
