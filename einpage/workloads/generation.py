@@ -854,14 +854,18 @@ class UnrolledPlan:
         )
 
     def stats(self, cost_model: str | CostModel | None = None) -> GenerationStats:
-        """What the plan costs on `cost_model` (by default the one it was planned for)."""
+        """What the plan costs on `cost_model` (by default the one it was planned for); a
+        plan with a host tier over a disk too (the cost model's, else
+        `memgraph.cost.DEFAULT_DISK`), which the stats' cost model names
+        ("h100-pcie5+nvme-pcie4")."""
         cost_model = self.planning.cost_model if cost_model is None else cost_model
+        sim = memgraph.simulate(self.plan, cost_model)
         return GenerationStats(
             way=self.way,
             tokens=self.spec.tokens,
             planning_seconds=self.planning_seconds,
-            simulated_seconds=_simulate(self.plan, cost_model),
-            cost_model=cost_model,
+            simulated_seconds=sim.makespan,
+            cost_model=sim.cost_model.name if self.plan.tier is not None else cost_model,
             transfers=Transfers.of(self.plan),
             plans=1,
             tasks=len(self.compiled.graph),

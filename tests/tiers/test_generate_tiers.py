@@ -78,6 +78,8 @@ def test_generate_reads_a_hugging_face_checkpoint_in_place(saved, tmp_path, vari
     places = {name: mg.storages[sid].disk for name, sid in disk_inputs(mg).items()}
     transposed = {name for name, place in places.items() if place.transposed is not None}
     assert transposed == {f"layers.{i}.{w}" for i in range(2) for w in ("attn.wo", "mlp.w_down")}
+    assert out.stats.cost_model == "h100-pcie5+nvme-pcie4"  # simulated over a disk too
+    assert out.stats.simulated_seconds >= mg.stats.disk_read_bytes / 7e9
     stats = mg.stats
     assert stats.host_peak_bytes <= stats.host_budget
     if host_budget == "35%":  # streamed: weights read again before later uses
