@@ -278,3 +278,19 @@ def test_the_cupy_backend_reads_a_checkpoint_in_place_too(saved, tmp_path):
     )  # fmt: skip
     np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
     assert out.reports[-1].backend == "cupy-standin"
+
+
+def test_a_sharded_checkpoint_is_read_in_place_from_each_shard(saved, tmp_path):
+    """A checkpoint saved in shards (`model.safetensors.index.json`, as large models are):
+    each weight read from the shard the index names."""
+    _, model = saved["gqa-tied"]
+    folder = tmp_path / "sharded"
+    model.save_pretrained(folder, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    out = generate(
+        folder, PROMPT, NEW, "60%", page_size=4, eos=(),
+        plan=Planning(host_budget="35%", spill=tmp_path),
+    )  # fmt: skip
+    files = [f for f in out.plan.plan.tier.files if f.kind == "checkpoint"]
+    assert len(files) > 1  # several shards read
+    np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
