@@ -502,6 +502,11 @@ class Session:
         release; before anything is allocated."""
         self.disk_files: DiskFiles | None = None
         tiered = [mg for mg in self.plans.values() if mg.tier is not None]
+        if direct_io and not tiered:
+            raise InputError(
+                "direct_io=True moves a host tier's disk bytes with O_DIRECT, and this plan "
+                "has no host tier (no disk files): leave it out"
+            )
         if tiered:
             self.disk_files = DiskFiles.open(tiered[0].tier, spill, direct=direct_io)
             acquired.callback(self.disk_files.close)

@@ -33,7 +33,7 @@ import taskgraph
 from einpage.cli.commands import EXIT_OK
 from einpage.models import llama
 from einpage.weight_files import read_header, save_weights
-from einpage_core.errors import DiskError, HostBudgetPlanError
+from einpage_core.errors import DiskError, HostBudgetPlanError, InputError
 from memgraph.nodes import DiskFile, HostTier
 from memgraph.tiers import CheckpointPlace, place_host
 from runtime import diskio
@@ -422,3 +422,13 @@ def test_einpage_run_with_direct_io_checks_ok(capsys, folder):
     assert "O_DIRECT for 2 of 2 files" in out and not re.search(r" 0 B written", out)
     assert " ok" in out.split("check against the reference")[1]
     assert list(spill.iterdir()) == []
+
+
+def test_direct_io_on_a_plan_without_a_host_tier_is_refused():
+    """Nothing to move with O_DIRECT: said, not silently ignored."""
+    prog = ep.Program("plain")
+    x = prog.input("x", (4, 4))
+    prog.output(x @ x, "y")
+    mg = memgraph.plan(prog.build(), 1 << 20)
+    with pytest.raises(InputError, match="no host tier"):
+        runtime.run(mg, {"x": np.ones((4, 4), np.float32)}, backend="numpy", direct_io=True)
