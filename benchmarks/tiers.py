@@ -4,7 +4,8 @@ simulated LLaMA-65B/70B generation and a 405B-shaped prefill over an NVMe.
 Run: `python benchmarks/tiers.py run [--json out.json]` (the real run: 6 GB of disk, 77 s
 measured on two shared cores), `python benchmarks/tiers.py simulate [--json out.json]`
 (the simulated tables: 400 s, planning the 70B-class generations most of it), or
-`--quick` with either (tiny shapes: a smoke test, seconds).
+`--quick` with any (tiny shapes: a smoke test, seconds); `python benchmarks/tiers.py
+direct` (10 s) compares buffered and O_DIRECT transfers (below).
 
 **run** – a LLaMA-shaped model (hidden 2048, 14 layers, 16 heads, 4 K/V heads, MLP 5632,
 vocabulary 32,000: 762 M parameters, 3.05 GB of float32 weights) with random weights
@@ -28,6 +29,13 @@ include planning. A last process computes the reference, `taskgraph.evaluate` on
 weights read whole (safetensors), and the chosen token ids of every run must equal it.
 The weights are read with `os.preadv` into the host arena, so the file's pages in the
 kernel's cache are not part of the resident set.
+
+**direct** – a chain of 8 matmuls of 2560×2560 float32 weights (200 MiB in one
+safetensors file) streamed under a 64 MiB host budget, run four times with buffered
+transfers and four times with `direct_io=True` (O_DIRECT), alternating, each from a cold
+page cache (the file's pages dropped with `posix_fadvise` first: nothing system-wide): the
+growth of the kernel's page cache (`Cached:` in /proc/meminfo) during each run beside its
+growth while idle for as long, and the time; outputs against `taskgraph.evaluate`.
 
 **simulate** – `memgraph.simulate` of plans made by `einpage.compile` and
 `memgraph.tiers.place_host` (weights at made-up offsets of one checkpoint file: planning
@@ -360,6 +368,104 @@ def print_run(result: dict[str, Any]) -> None:
         )
 
 
+# -- O_DIRECT against the page cache ----------------------------------------------------
+
+
+def _page_cache_bytes() -> int:
+    """The kernel's page cache now, in bytes (`Cached:` of /proc/meminfo)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Cached:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no Cached: in /proc/meminfo")
+
+
+def _evict(path: Path) -> None:
+    """Drop this file's pages from the page cache (written back first): a cold read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def direct_run(quick: bool, folder: Path | None) -> dict[str, Any]:
+    """A chain of matmuls whose weights stream from a checkpoint under a small host budget,
+    run with buffered and with O_DIRECT transfers in turn, each from a cold page cache:
+    how much the page cache grew during each run, beside how much it grows idle for as
+    long (the machine's own noise), and the time; outputs against `taskgraph.evaluate`."""
+    import runtime
+    import taskgraph
+    from einpage.weight_files import save_weights
+
+    layers, width, rounds = (2, 256, 2) if quick else (8, 2560, 4)
+    prog = ep.Program("chain")
+    x = prog.input("x", (4, width))
+    h = x
+    for i in range(layers):
+        h = ep.gelu(h @ prog.input(f"w{i}", (width, width), role="weight"))
+    prog.output(h, "y")
+    rng = np.random.default_rng(0)
+    weights = {
+        f"w{i}": (rng.standard_normal((width, width)) / np.sqrt(width)).astype("float32")
+        for i in range(layers)
+    }
+    xs = {"x": rng.standard_normal((4, width)).astype("float32")}
+    work = Path(folder or tempfile.mkdtemp(prefix="einpage-direct-"))
+    (work / "spill").mkdir(parents=True, exist_ok=True)
+    path = save_weights(weights, work / "chain.safetensors")
+    host = "512KiB" if quick else "64MiB"
+    mg = ep.compile(prog, "100%streaming", host_budget=host, checkpoint=path).plan
+    expected = taskgraph.evaluate(mg.taskgraph, {**weights, **xs})["y"]
+    runs = []
+    for turn in range(rounds):
+        for direct in (False, True) if turn % 2 == 0 else (True, False):
+            _evict(path)
+            before = _page_cache_bytes()
+            started = time.perf_counter()
+            with runtime.Session(mg, "numpy", mode="streams", direct_io=direct) as session:
+                y = session.run(xs)["y"]
+                flags = session.last.disk_direct
+            seconds = time.perf_counter() - started
+            grew = _page_cache_bytes() - before
+            idle = _page_cache_bytes()
+            time.sleep(seconds)
+            runs.append(
+                {
+                    "direct_io": direct,
+                    "files_direct": list(flags),
+                    "seconds": seconds,
+                    "page_cache_growth": grew,
+                    "idle_growth": _page_cache_bytes() - idle,
+                    "equal": bool(np.allclose(y, expected, rtol=1e-5, atol=1e-6)),
+                }
+            )
+    return {
+        "checkpoint_bytes": path.stat().st_size,
+        "host_budget": mg.tier.budget,
+        "disk_read_bytes": mg.stats.disk_read_bytes,
+        "runs": runs,
+        "folder": str(work),
+    }
+
+
+def print_direct(result: dict[str, Any]) -> None:
+    print(
+        f"checkpoint {format_bytes(result['checkpoint_bytes'])}, host budget "
+        f"{format_bytes(result['host_budget'])}, {format_bytes(result['disk_read_bytes'])} "
+        "read per run, each run from a cold page cache"
+    )
+    print(f"{'transfers':<10} {'direct files':>12} {'equal':>5} {'run s':>6} "
+          f"{'page cache +':>13} {'idle +':>10}")  # fmt: skip
+    for run in result["runs"]:
+        kind = "O_DIRECT" if run["direct_io"] else "buffered"
+        files = f"{sum(run['files_direct'])} of {len(run['files_direct'])}"
+        print(
+            f"{kind:<10} {files:>12} {str(run['equal']):>5} {run['seconds']:>6.2f} "
+            f"{format_bytes(run['page_cache_growth']):>13} {format_bytes(run['idle_growth']):>10}"
+        )
+
+
 # -- the simulated tables ----------------------------------------------------------------
 
 
@@ -467,7 +573,9 @@ def simulate_tables(quick: bool) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="?", choices=["run", "simulate"], default="simulate")
+    parser.add_argument(
+        "what", nargs="?", choices=["run", "direct", "simulate"], default="simulate"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
     parser.add_argument("--json", metavar="OUT.json", help="write every figure")
     parser.add_argument("--folder", help="run: where the checkpoint and spill folder go")
@@ -487,6 +595,10 @@ def main(argv: list[str] | None = None) -> int:
         print_run(result)
         runs = [*result["runs"].values(), result["two_tiers"], result["hugging_face"]]
         ok = all(run["equal"] and not run["spill_left"] for run in runs)
+    elif args.what == "direct":
+        result = direct_run(args.quick, Path(args.folder) if args.folder else None)
+        print_direct(result)
+        ok = all(run["equal"] for run in result["runs"])
     else:
         result = simulate_tables(args.quick)
         print()

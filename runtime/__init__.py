@@ -15,7 +15,8 @@ operands and output, for the planner to place (`runtime.workspace`).
 A plan with a host tier (`memgraph.tiers`) runs alone, with `run(mg, inputs, spill=FOLDER)`
 or `Session(mg, spill=FOLDER)`: its weights are read from their checkpoint (not passed),
 what it spills goes to a spill file in FOLDER, removed when the run ends, and its host
-storages live in one host arena (`runtime.tiers`, `runtime.diskio`).
+storages live in one host arena (`runtime.tiers`, `runtime.diskio`); `direct_io=True`
+moves its disk bytes with `O_DIRECT` where the file system allows, bypassing the page cache.
 
 A plan for several devices (`memgraph.multi.MultiPlan`) runs in one process with
 `run_devices(mp, inputs)` (a thread and an arena per device, links between them,

@@ -21,11 +21,19 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 
 Reads (`os.preadv`) and writes (`os.pwritev`) go straight between a file and bytes of
 the host arena (a NumPy `uint8` array), looping over short transfers; end of file
-before the bytes a read wants is a `DiskError`. Transfers go through the page cache:
-no `O_DIRECT` (it would need block-aligned offsets, sizes and buffers). A weight a
-checkpoint holds transposed (`DiskPlace.transposed`) is read in blocks of rows into a
-scratch of at most `TRANSPOSE_SCRATCH` bytes and transposed into the arena
-(`DiskFiles.read_transposed`).
+before the bytes a read wants is a `DiskError`. By default transfers go through the page
+cache: a machine with free memory reads a re-read checkpoint faster from it.
+`DiskFiles.open(..., direct=True)` also opens each file with `O_DIRECT`, keeping the page
+cache out of the way (the host memory a run takes is then what the plan says, not that
+plus the checkpoint's cached pages); a file whose file system refuses it (`EINVAL`) stays
+buffered, and `DiskFiles.direct` says which are direct. A direct transfer moves whole
+blocks of `DIRECT_ALIGNMENT` bytes at aligned offsets through an aligned bounce buffer of
+at most `DIRECT_BOUNCE` bytes (one per direction): a read reads the aligned window around
+the wanted bytes and copies them out; a write copies the data in, zero-pads it to a whole
+block and needs an aligned offset (the spill places `memgraph.tiers` makes are), the
+spill file being sized to whole blocks. A weight a checkpoint holds transposed
+(`DiskPlace.transposed`) is read in blocks of rows into a scratch of at most
+`TRANSPOSE_SCRATCH` bytes and transposed into the arena (`DiskFiles.read_transposed`).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import hashlib
 import os
 import secrets
 import stat
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +54,14 @@ from einpage_core.errors import DiskError
 from einpage_core.units import format_bytes
 from memgraph.nodes import DiskFile, HostTier
 
-__all__ = ["DiskFiles", "SPILL_PREFIX", "TRANSPOSE_SCRATCH", "check_spill_folder"]
+__all__ = [
+    "DIRECT_ALIGNMENT",
+    "DIRECT_BOUNCE",
+    "DiskFiles",
+    "SPILL_PREFIX",
+    "TRANSPOSE_SCRATCH",
+    "check_spill_folder",
+]
 
 SPILL_PREFIX = "einpage-spill-"
 """How a spill file's name begins (the rest: the process id and random hex)."""
@@ -53,6 +69,14 @@ SPILL_PREFIX = "einpage-spill-"
 TRANSPOSE_SCRATCH = 4 << 20
 """The most bytes `DiskFiles.read_transposed` holds besides its destination: it reads a
 transposed matrix in blocks of whole rows of at most this many bytes (at least one row)."""
+
+DIRECT_ALIGNMENT = 4096
+"""What an `O_DIRECT` transfer's file offset, length and buffer address are multiples of
+(the logical block size of common disks and file systems; 4096 covers 512 too)."""
+
+DIRECT_BOUNCE = 4 << 20
+"""The most bytes of each of a `DiskFiles`'s two aligned bounce buffers (reads, writes:
+they run on different streams), through which its direct transfers go in chunks."""
 
 
 def check_spill_folder(folder: str | os.PathLike[str], nbytes: int) -> str:
@@ -81,19 +105,29 @@ def check_spill_folder(folder: str | os.PathLike[str], nbytes: int) -> str:
 
 @dataclass
 class DiskFiles:
-    """The open files of a run, by index in `tier.files` (`fds`); `spill_path` is the
-    name the spill file was created under, for messages (it is unlinked at once; "" when
-    the tier has none)."""
+    """The open files of a run, by index in `tier.files` (`fds`: buffered descriptors;
+    `direct_fds`: the `O_DIRECT` descriptor of each file, or None where it is buffered);
+    `spill_path` is the name the spill file was created under, for messages (it is
+    unlinked at once; "" when the tier has none)."""
 
     tier: HostTier
     fds: list[int] = field(default_factory=list)
     spill_path: str = ""
     stamps: dict[int, int] = field(default_factory=dict)  # checkpoint index -> mtime (ns)
+    direct_fds: list[int | None] = field(default_factory=list)
+    bounce: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # "read", "write"
+    locks: dict[str, threading.Lock] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, tier: HostTier, spill_folder: str | os.PathLike[str] | None) -> DiskFiles:
-        """Every file of `tier` open (see the module docstring); on any failure – or an
-        interruption – what was opened is closed and the spill file removed again."""
+    def open(
+        cls,
+        tier: HostTier,
+        spill_folder: str | os.PathLike[str] | None,
+        direct: bool = False,
+    ) -> DiskFiles:
+        """Every file of `tier` open (see the module docstring); with `direct`, each also
+        with `O_DIRECT` where its file system allows. On any failure – or an interruption –
+        what was opened is closed and the spill file removed again."""
         files = cls(tier)
         try:
             folder = ""
@@ -105,16 +139,43 @@ class DiskFiles:
                     )
                 folder = check_spill_folder(spill_folder, tier.spill_bytes)
             for file in tier.files:
-                fd = files._open_checkpoint(file) if file.kind == "checkpoint" else None
-                if fd is None:
-                    fd = files._create_spill(folder, file.nbytes)
-                else:
+                if file.kind == "checkpoint":
+                    fd = files._open_checkpoint(file)
                     files.stamps[len(files.fds)] = os.fstat(fd).st_mtime_ns
-                files.fds.append(fd)
+                    files.fds.append(fd)
+                    files.direct_fds.append(None)
+                    if direct:
+                        files.direct_fds[-1] = _open_direct(file.path, os.O_RDONLY, fd, file)
+                else:
+                    fd, direct_fd = files._create_spill(folder, file.nbytes, direct)
+                    files.fds.append(fd)
+                    files.direct_fds.append(direct_fd)
+            files._make_bounce()
         except BaseException:
             files.close()
             raise
         return files
+
+    @property
+    def direct(self) -> tuple[bool, ...]:
+        """Whether each file (by index in `tier.files`) is read and written with `O_DIRECT`."""
+        return tuple(fd is not None for fd in self.direct_fds)
+
+    def _make_bounce(self) -> None:
+        """The aligned bounce buffers direct transfers need: one for reads when any file is
+        direct, one for writes when the spill file is; each at most `DIRECT_BOUNCE` bytes
+        (whole blocks), and no larger than the largest direct file."""
+        limit = max(DIRECT_ALIGNMENT, DIRECT_BOUNCE - DIRECT_BOUNCE % DIRECT_ALIGNMENT)
+        largest = {"read": 0, "write": 0}
+        for file, direct_fd in zip(self.tier.files, self.direct_fds, strict=True):
+            if direct_fd is not None:
+                largest["read"] = max(largest["read"], file.nbytes)
+                if file.kind == "spill":
+                    largest["write"] = file.nbytes
+        for direction, nbytes in largest.items():
+            if nbytes:
+                self.bounce[direction] = _aligned_buffer(min(limit, _blocks(nbytes)))
+                self.locks[direction] = threading.Lock()
 
     def _open_checkpoint(self, file: DiskFile) -> int:
         try:
@@ -140,7 +201,10 @@ class DiskFiles:
             )
         return fd
 
-    def _create_spill(self, folder: str, nbytes: int) -> int:
+    def _create_spill(self, folder: str, nbytes: int, direct: bool) -> tuple[int, int | None]:
+        """The spill file's descriptor and, with `direct`, its `O_DIRECT` one (None where
+        the file system refuses it), opened by name before the name is unlinked – at once
+        after; a direct spill file is sized to whole blocks, for padded writes."""
         if self.spill_path:
             raise DiskError("a plan has one spill file, this one lists two")
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
@@ -154,20 +218,29 @@ class DiskFiles:
                 raise DiskError(f"the spill file cannot be created in {folder!r}: {err}") from err
             break
         self.spill_path = path
+        direct_fd: int | None = None
         try:
-            os.unlink(path)  # kept open, gone from the folder: nothing outlives the process
-            _size(fd, nbytes, path)
+            try:
+                if direct:
+                    direct_fd = _open_direct(path, os.O_RDWR, fd, DiskFile("spill", nbytes))
+            finally:
+                os.unlink(path)  # kept open, gone from the folder: nothing outlives the process
+            _size(fd, nbytes if direct_fd is None else _blocks(nbytes), path)
         except BaseException:
             os.close(fd)
+            if direct_fd is not None:
+                os.close(direct_fd)
             raise
-        return fd
+        return fd, direct_fd
 
     def close(self) -> None:
         """Close every file (the spill file's blocks are freed then; safe to call again)."""
         fds, self.fds = self.fds, []
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        direct_fds, self.direct_fds = self.direct_fds, []
+        for fd in [*fds, *direct_fds]:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.spill_path = ""
 
     def __enter__(self) -> DiskFiles:
@@ -179,7 +252,8 @@ class DiskFiles:
     # -- transfers ---------------------------------------------------------------
 
     def read(self, index: int, offset: int, into: np.ndarray) -> None:
-        """Fill `into` (contiguous bytes) from file `index` at `offset`."""
+        """Fill `into` (contiguous bytes) from file `index` at `offset` (a checkpoint's
+        size and modification time looked at first)."""
         file, fd = self._file(index)
         if file.kind == "checkpoint":
             now = os.fstat(fd)
@@ -195,6 +269,10 @@ class DiskFiles:
                 )
         _check_span(file, offset, into.nbytes)
         view = memoryview(into).cast("B")
+        direct_fd = self.direct_fds[index]
+        if direct_fd is not None:
+            self._read_direct(file, direct_fd, offset, view)
+            return
         done = 0
         while done < len(view):
             try:
@@ -246,6 +324,10 @@ class DiskFiles:
             raise DiskError(f"a write into {_name(file)}: only the spill file is written")
         _check_span(file, offset, data.nbytes)
         view = memoryview(data).cast("B")
+        direct_fd = self.direct_fds[index]
+        if direct_fd is not None:
+            self._write_direct(file, direct_fd, offset, view)
+            return
         done = 0
         while done < len(view):
             try:
@@ -253,10 +335,112 @@ class DiskFiles:
             except OSError as err:
                 raise DiskError(f"writing {_name(file)} at {offset + done} failed: {err}") from err
 
+    def _read_direct(self, file: DiskFile, fd: int, offset: int, view: memoryview) -> None:
+        """`view` from `fd` (`O_DIRECT`) at `offset`: the aligned window around it read in
+        chunks of the read bounce buffer, the wanted bytes of each copied out. A read that
+        stops short at the file's end is fine once the wanted bytes came."""
+        end = offset + len(view)
+        if end == offset:
+            return
+        with self.locks["read"]:
+            bounce = memoryview(self.bounce["read"])
+            at = offset - offset % DIRECT_ALIGNMENT
+            while at < end:
+                want = min(len(bounce), _blocks(end) - at)
+                filled = 0
+                while filled < want:
+                    try:
+                        got = os.preadv(fd, [bounce[filled:want]], at + filled)
+                    except OSError as err:
+                        raise DiskError(
+                            f"reading {_name(file)} at {at + filled} failed (O_DIRECT): {err}"
+                        ) from err
+                    filled += got
+                    if got == 0 or filled % DIRECT_ALIGNMENT:
+                        break  # the file's end: what follows would not be aligned
+                low, high = max(at, offset), min(at + filled, end)
+                if high < min(at + want, end):
+                    raise DiskError(
+                        f"{_name(file)} ended at {at + filled} bytes, before the "
+                        f"{len(view)} bytes at {offset} a read wants"
+                    )
+                view[low - offset : high - offset] = bounce[low - at : high - at]
+                at += want
+
+    def _write_direct(self, file: DiskFile, fd: int, offset: int, view: memoryview) -> None:
+        """`view` to `fd` (`O_DIRECT`) at `offset`, which must be aligned: in chunks of the
+        write bounce buffer, the last zero-padded to whole blocks (the padding stays inside
+        the place's last block, which no other place shares)."""
+        if offset % DIRECT_ALIGNMENT:
+            raise DiskError(
+                f"a direct write of {len(view)} bytes at {offset} of {_name(file)}: direct "
+                f"writes go to places at multiples of {DIRECT_ALIGNMENT} bytes (as "
+                "memgraph.tiers places them); run this plan without direct I/O"
+            )
+        if not len(view):
+            return
+        with self.locks["write"]:
+            bounce = self.bounce["write"]
+            chunk = len(bounce)
+            for start in range(0, len(view), chunk):
+                part = view[start : start + chunk]
+                padded = _blocks(len(part))
+                memoryview(bounce)[: len(part)] = part
+                bounce[len(part) : padded] = 0
+                done = 0
+                while done < padded:
+                    at = offset + start + done
+                    try:
+                        done += os.pwritev(fd, [memoryview(bounce)[done:padded]], at)
+                    except OSError as err:
+                        raise DiskError(
+                            f"writing {_name(file)} at {at} failed (O_DIRECT): {err}"
+                        ) from err
+
     def _file(self, index: int) -> tuple[DiskFile, int]:
         if not 0 <= index < len(self.fds):
             raise DiskError(f"file#{index} is not an open file of this run ({len(self.fds)} open)")
         return self.tier.files[index], self.fds[index]
+
+
+def _open_direct(path: str, flags: int, buffered: int, file: DiskFile) -> int | None:
+    """A second descriptor of the file open as `buffered`, with `O_DIRECT`; None where
+    the platform or the file system refuses it (`EINVAL`, as tmpfs may)."""
+    o_direct = getattr(os, "O_DIRECT", 0)
+    if not o_direct:
+        return None
+    try:
+        fd = os.open(path, flags | o_direct | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            return None
+        raise DiskError(f"{_name(file)} cannot be opened with O_DIRECT: {err}") from err
+    try:
+        same = _identity(os.fstat(fd)) == _identity(os.fstat(buffered))
+    except BaseException:
+        os.close(fd)
+        raise
+    if not same:
+        os.close(fd)
+        raise DiskError(f"{_name(file)} was replaced by another file while it was opened")
+    return fd
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
+
+
+def _blocks(nbytes: int) -> int:
+    """`nbytes` rounded up to whole blocks of `DIRECT_ALIGNMENT` bytes."""
+    return -(-nbytes // DIRECT_ALIGNMENT) * DIRECT_ALIGNMENT
+
+
+def _aligned_buffer(nbytes: int) -> np.ndarray:
+    """`nbytes` bytes whose address is a multiple of `DIRECT_ALIGNMENT`: a view of a
+    slightly larger array (which it keeps alive)."""
+    raw = np.empty(nbytes + DIRECT_ALIGNMENT, dtype=np.uint8)
+    skip = -raw.ctypes.data % DIRECT_ALIGNMENT
+    return raw[skip : skip + nbytes]
 
 
 def _size(fd: int, nbytes: int, path: str) -> None:

@@ -57,3 +57,15 @@ def test_the_quick_simulated_rows_hang_together(bench, tmp_path, capsys):
         assert (row["host"] is None) == (row["disk_read_bytes"] == 0)
     text = capsys.readouterr().out
     assert "| quick b2 |" in text and "DeepNVMe" in text
+
+
+def test_the_quick_direct_run_equals_the_reference_both_ways(bench, tmp_path, capsys):
+    out = tmp_path / "direct.json"
+    code = bench.main(["direct", "--quick", "--folder", str(tmp_path / "work"), "--json", str(out)])
+    assert code == 0
+    runs = json.loads(out.read_text())["result"]["runs"]
+    assert {run["direct_io"] for run in runs} == {False, True}
+    for run in runs:
+        assert run["equal"]
+        assert run["direct_io"] or not any(run["files_direct"])  # buffered: no file direct
+    assert "O_DIRECT" in capsys.readouterr().out

@@ -41,6 +41,7 @@ def test_spill_file_is_created_private_sized_and_unlinked_at_once(tmp_path, spil
     ckpt = checkpoint(tmp_path)
     t = tier(DiskFile("checkpoint", 1000, str(ckpt)), DiskFile("spill", 8192))
     files = DiskFiles.open(t, spill_dir)
+    assert files.direct == (False, False) and not files.bounce  # buffered unless asked
     assert os.listdir(spill_dir) == []  # open by its descriptor only
     assert os.path.dirname(files.spill_path) == str(spill_dir)
     assert os.path.basename(files.spill_path).startswith(SPILL_PREFIX)
