@@ -5,7 +5,7 @@
                      [--top-k K] [--seed S] [--way unrolled|steps] [--page-size 64]
                      [--run --backend B] [--dtype D] [--quant int8|int4] [--devices N [--ray]]
                      [--chat | --messages FILE.json] [--stop TEXT] [--ignore-eos]
-                     [--host-budget SIZE] [--spill DIR]
+                     [--host-budget SIZE] [--spill DIR [--direct-io]]
                      [-o plan.json] [--render plan.svg] [--memory-map map.png]
 
 MODEL is a model preset, `family:size` (`llama:7b`, `gpt2:tiny`, ...: `einpage presets`);
@@ -297,6 +297,13 @@ def add_generate(commands: Any, common: argparse.ArgumentParser) -> None:
         help="the folder a run writes its spill file in (created at the start, removed at "
         "once: nothing is left), for what does not fit --host-budget",
     )
+    gen.add_argument(
+        "--direct-io",
+        action="store_true",
+        help="with --host-budget/--spill and --run: read and write the disk files with "
+        "O_DIRECT where the file system allows, keeping the page cache out of the run's "
+        "memory (default: through the page cache)",
+    )
     gen.add_argument("--run", action="store_true", help="execute the plan and print the tokens")
     gen.add_argument("--backend", choices=("auto", "numpy", "cupy"), default="auto")
     gen.add_argument("--mode", choices=("sequential", "streams", "random"), help="run order")
@@ -387,6 +394,11 @@ def _check_devices(args: argparse.Namespace) -> None:
         raise InputError(
             f"{' and '.join(tier)} plan the host memory of one device; on --devices "
             f"{args.devices} a host tier is not built"
+        )
+    if args.direct_io and not (tier and args.run):
+        raise InputError(
+            "--direct-io says how --run moves a host tier's disk bytes: give --host-budget "
+            "(or --spill) and --run too"
         )
     if tier and args.way != "unrolled":
         raise InputError(
@@ -511,7 +523,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
     stopping = checkpoint_stopping(checkpoint, () if args.ignore_eos else None, args.stop)
     sampling = _sampling(args)
     planning = _planning(args, console)
-    running = Running(args.backend, args.mode, "ray" if args.ray else "local")
+    running = Running(args.backend, args.mode, "ray" if args.ray else "local", args.direct_io)
     budget = parse_budgets(args.budget) if args.devices > 1 else args.budget
     with console.stages(2 + bool(args.run) + bool(args.render) + bool(args.memory_map)):
         with console.stage("preparing the prompt"):
@@ -553,6 +565,7 @@ def cmd_generate(args: argparse.Namespace, console: Console) -> int:
                 ids, _ = padded(prompt, cfg.vocab_size)  # left padded as generate did
                 ran = run_stopping(
                     plan, values, ids, stopping, tokenizer, running.backend, running.mode,
+                    running.direct_io,
                 )  # fmt: skip
                 seconds = time.perf_counter() - started
             _print_run(planned, ran, seconds, checkpoint is None, console, running)
@@ -689,6 +702,12 @@ def _print_run(
     rows = [("backend", where), ("weights", weights)]
     if report is not None and report.memory.get("device_peak_bytes") is not None:
         rows.append(("device memory", format_bytes(report.memory["device_peak_bytes"])))
+    if report is not None and report.disk_direct:
+        direct = sum(report.disk_direct)
+        how = f"O_DIRECT for {direct} of {len(report.disk_direct)} files" if direct else (
+            "through the page cache"
+        )  # fmt: skip
+        rows.append(("disk transfers", how))
     tokens, stats = ran.tokens, kept_stats(planned.plan, planned.stats, ran)
     if tokens < planned.spec.tokens:
         kept = ", ".join(map(str, ran.new_lengths))

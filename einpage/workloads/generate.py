@@ -144,7 +144,7 @@ class Running:
     None: the backend's own). `generate(..., run=None)` plans without running.
 
     >>> Running(backend="auto", mode="streams")
-    Running(backend='auto', mode='streams', runner='local')
+    Running(backend='auto', mode='streams', runner='local', direct_io=False)
     """
 
     backend: Any = "numpy"
@@ -154,6 +154,10 @@ class Running:
     (`einpage.pipeline.RUNNERS`): "local" (a thread and an arena per device, in this
     process) or "ray" (a Ray actor per device: `pip install 'einpage[cluster]'`). One
     device runs in this process, "local"."""
+    direct_io: bool = False
+    """A generation planned with a host tier (`Planning(host_budget=...)`) moves its disk
+    bytes with O_DIRECT where the file system allows, keeping the page cache out of the
+    way (`runtime.Session(direct_io=)`); off: through the page cache."""
 
     def __post_init__(self) -> None:
         if self.runner not in RUNNERS:
@@ -172,6 +176,10 @@ class Running:
                 resolve_mode(self.mode, "sequential")
             except EinpageError as err:
                 raise GenerationError(f"Running: {err}") from err
+        if not isinstance(self.direct_io, bool):
+            raise GenerationError(
+                f"Running: direct_io must be True or False, got {self.direct_io!r}"
+            )
 
 
 DEFAULT_PLANNING = Planning()
@@ -626,6 +634,11 @@ def generate(
             "devices (each device runs its nodes one at a time): mode None, 'sequential' "
             "or 'random'"
         )
+    if run is not None and run.direct_io and not plan.tiered:
+        raise GenerationError(
+            "run=Running(direct_io=True) moves a host tier's disk bytes with O_DIRECT: plan "
+            "one with plan=Planning(host_budget=..., spill=...)"
+        )
     if run is not None and run.runner != "local" and plan.devices == 1:
         raise GenerationError(
             f"run=Running(runner={run.runner!r}) runs a generation placed on several "
@@ -670,7 +683,9 @@ def generate(
     reads = (weights is None or isinstance(weights, str | os.PathLike)) and not in_place
     check_run_memory(planned, run.backend, "read from the checkpoint" if reads else None)
     values = {} if in_place else run_weights(spec, weights, checkpoint)
-    out = run_stopping(planned, values, ids, stopping, used, run.backend, run.mode)
+    out = run_stopping(
+        planned, values, ids, stopping, used, run.backend, run.mode, run.direct_io
+    )
     full = np.concatenate([ids, out.new_ids], axis=1)
     stats = kept_stats(planned, stats, out)
     return Generation(

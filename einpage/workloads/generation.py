@@ -881,11 +881,13 @@ class UnrolledPlan:
         backend: Any = "numpy",
         mode: str | None = None,
         run_seed: int = 0,
+        direct_io: bool = False,
     ) -> GenerationOutput:
         """Generate from the prompt `tokens` [batch, prompt_len] with the program's
         `weights` (but those a plan with a host tier reads from its checkpoint itself:
         `runtime.tiers.disk_inputs`, refused if given; its spill file goes to the folder
-        it was compiled with); `seed` draws the sampling noise (None: the spec's
+        it was compiled with, its disk bytes move with O_DIRECT when `direct_io`:
+        `runtime.Session`); `seed` draws the sampling noise (None: the spec's
         `Sampling.seed`; a plan can be run again with other noise), `run_seed` orders a
         random-mode run."""
         spec = self.spec
@@ -895,7 +897,9 @@ class UnrolledPlan:
             spec.lengths,
         )  # fmt: skip
         spill = self.compiled.spill
-        with runtime.Session(self.plan, backend, mode=mode, spill=spill) as session:
+        with runtime.Session(
+            self.plan, backend, mode=mode, spill=spill, direct_io=direct_io
+        ) as session:
             out = session.run(inputs, seed=run_seed)
             return GenerationOutput(out["ids"], out.get("logits"), (session.last,))
 

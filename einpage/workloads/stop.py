@@ -231,18 +231,22 @@ def run_stopping(
     tokenizer: Any = None,
     backend: Any = "numpy",
     mode: str | None = None,
+    direct_io: bool = False,
 ) -> Stopped:
     """Run `plan` on `prompt` [batch, prompt_len] with `stopping` applied (module
     docstring): step plans end once every sequence has stopped; an unrolled plan runs
     whole, then its tokens after each stop are masked. In a ragged batch (the plan's
     `spec.pads`) each sequence's left padding is left out of its text and its stop
-    strings' search."""
+    strings' search. `direct_io`: an unrolled plan with a host tier moves its disk bytes
+    with O_DIRECT (`UnrolledPlan.run`)."""
     prompt = np.asarray(prompt)
     pads = plan.spec.pads or (0,) * prompt.shape[0]
     prompts = [row[pad:] for row, pad in zip(prompt, pads, strict=True)]
     watch = StopWatch(stopping, prompts, tokenizer)
     if isinstance(plan, StepPlans) and stopping.active:
         out = plan.run(weights, prompt, backend=backend, mode=mode, until=watch.update)
+    elif direct_io:  # only a plan with a host tier, unrolled, has disk files
+        out = plan.run(weights, prompt, backend=backend, mode=mode, direct_io=True)
     else:
         out = plan.run(weights, prompt, backend=backend, mode=mode)
     made = out.ids.shape[1]

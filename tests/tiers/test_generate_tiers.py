@@ -12,6 +12,7 @@ and a small host budget to read weights more than once (streamed, not kept).
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -89,13 +90,18 @@ def test_generate_reads_a_hugging_face_checkpoint_in_place(saved, tmp_path, vari
 
 
 @pytest.mark.parametrize("mode", ["sequential", "streams", "random"])
-def test_every_runtime_mode_reads_the_same_tokens(saved, tmp_path, mode):
+@pytest.mark.parametrize("direct_io", [False, True])
+def test_every_runtime_mode_reads_the_same_tokens(saved, tmp_path, mode, direct_io):
+    """Buffered and, where the file system allows it (the report says), O_DIRECT."""
     folder, model = saved["mha"]
     out = generate(
         folder, PROMPT, NEW, "60%", page_size=4, eos=(),
-        plan=Planning(host_budget="35%", spill=tmp_path), run=Running(mode=mode),
+        plan=Planning(host_budget="35%", spill=tmp_path),
+        run=Running(mode=mode, direct_io=direct_io),
     )  # fmt: skip
     np.testing.assert_array_equal(out.ids, hf_greedy(model, PROMPT, NEW))
+    if not direct_io:
+        assert not any(out.reports[-1].disk_direct)
 
 
 def test_a_bfloat16_checkpoint_is_read_in_its_own_dtype(tmp_path):
@@ -197,6 +203,14 @@ def test_a_gguf_file_is_not_read_in_place(tmp_path):
         generate(path, np.array([[1, 2, 3]]), 2, "60%", plan=Planning(host_budget="50%"), run=None)
 
 
+def test_direct_io_without_a_host_tier_is_refused(saved):
+    folder, _ = saved["mha"]
+    with pytest.raises(GenerationError, match=r"direct_io=True.*Planning\(host_budget"):
+        generate(folder, PROMPT, 3, "60%", run=Running(direct_io=True))
+    with pytest.raises(GenerationError, match="direct_io must be True or False"):
+        Running(direct_io="yes")
+
+
 @pytest.mark.parametrize(
     ("fields", "said"),
     [
@@ -234,10 +248,11 @@ def test_cli_generates_with_a_host_tier_and_writes_a_plan_run_can_check(
     code, out, err = cli(
         capsys, "generate", "--checkpoint", folder, "--budget", "60%", "--host-budget", "35%",
         "--spill", spill, "--prompt-len", 5, "--new-tokens", NEW, "--page-size", 4, "--run",
-        "--backend", "numpy", "-o", plan, "--ignore-eos",
+        "--backend", "numpy", "-o", plan, "--ignore-eos", "--direct-io",
     )  # fmt: skip
     assert code == EXIT_OK, err
     assert "checkpoint, read in place by the host tier" in out
+    assert re.search(r"disk transfers +(O_DIRECT for \d of \d files|through the page cache)", out)
     prompt = np.random.default_rng(0).integers(0, 96, (1, 5))  # the CLI's random prompt
     want = hf_greedy(model, prompt, NEW)[0]
     line = " ".join(map(str, want[:5])) + " | " + " ".join(map(str, want[5:]))
@@ -252,6 +267,7 @@ def test_cli_generates_with_a_host_tier_and_writes_a_plan_run_can_check(
     [
         (("--devices", "2"), "one device"),
         (("--way", "steps"), "--way unrolled"),
+        (("--direct-io",), "--direct-io says how --run"),
     ],
 )
 def test_cli_refuses_a_host_tier_where_it_is_not_built(saved, capsys, extra, said):
