@@ -27,9 +27,7 @@ if not runtime.cupy_usable():
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(TESTS / "tiers"), str(TESTS / "models")]
-from plans import reference_plan  # noqa: E402
-from run_tier_plans import tier_plan, write_checkpoint  # noqa: E402
-from test_run_tiers import arrays, mlp, reference  # noqa: E402
+from test_run_tiers import case, reference  # noqa: E402, F401  (the fixture is used)
 
 from memgraph.nodes import NodeKind  # noqa: E402
 from runtime.cupy_backend import CupyBackend  # noqa: E402
@@ -50,22 +48,9 @@ class Counting(CupyBackend):
         return super().allocate_host(nbytes)
 
 
-@pytest.fixture
-def case(tmp_path):
-    """The MLP with both weights read from a checkpoint, its hidden layer spilled, its
-    output on the host (as tests/tiers/test_run_tiers.py's `case`)."""
-    weights, xs = arrays()
-    path = tmp_path / "model.safetensors"
-    offsets = write_checkpoint(path, weights)
-    base = reference_plan(mlp(), offload=frozenset({4}), outputs_to_host=True)
-    spill = tmp_path / "spill"
-    spill.mkdir()
-    return tier_plan(base, path, offsets), spill, weights, xs
-
-
 @pytest.mark.parametrize("poison", [False, True])
 @pytest.mark.parametrize("mode", ["sequential", "streams"])
-def test_a_tier_plan_runs_to_the_reference_on_the_gpu(case, mode, poison):
+def test_a_tier_plan_runs_to_the_reference_on_the_gpu(case, mode, poison):  # noqa: F811
     mg, spill, weights, xs = case
     assert any(n.kind is NodeKind.WRITE for n in mg.nodes)  # spills, then reads back
     backend = Counting()

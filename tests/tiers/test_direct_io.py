@@ -14,9 +14,6 @@ import fcntl
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -265,35 +262,6 @@ def test_a_direct_spill_file_is_unlinked_at_once_and_sized_to_whole_blocks(folde
     assert os.listdir(spill) == []
 
 
-def test_a_killed_process_with_direct_writes_leaves_nothing(folder):
-    """`kill -9` after direct writes: the spill file was unlinked when it was made."""
-    spill = folder / "spill"
-    spill.mkdir()
-    script = (
-        "import sys\n"
-        "import numpy as np\n"
-        "from memgraph.nodes import DiskFile, HostTier\n"
-        "from runtime.diskio import DiskFiles\n"
-        "files = DiskFiles.open(HostTier(1 << 20, (DiskFile('spill', 1 << 20),)), sys.argv[1],"
-        " direct=True)\n"
-        "assert files.direct == (True,)\n"
-        "files.write(0, 8192, np.ones(10000, dtype=np.uint8))\n"
-        "print('open', flush=True)\n"
-        "sys.stdin.read()\n"
-    )
-    root = str(Path(__file__).resolve().parents[2])
-    child = subprocess.Popen(
-        [sys.executable, "-c", script, str(spill)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": root},
-    )  # fmt: skip
-    assert child.stdout.readline().strip() == "open"
-    child.send_signal(signal.SIGKILL)
-    child.wait(timeout=30)
-    assert child.returncode == -signal.SIGKILL
-    assert os.listdir(spill) == []
-
-
 @pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError(errno.EACCES, "Permission denied")])
 def test_a_failure_opening_the_direct_descriptor_leaves_nothing(folder, monkeypatch, failure):
     """The spill file's O_DIRECT descriptor is opened by name before the name is unlinked:
@@ -312,24 +280,6 @@ def test_a_failure_opening_the_direct_descriptor_leaves_nothing(folder, monkeypa
     expected = KeyboardInterrupt if failure is KeyboardInterrupt else DiskError
     with pytest.raises(expected):
         DiskFiles.open(HostTier(1 << 20, (DiskFile("spill", 4096),)), spill, direct=True)
-    assert os.listdir(spill) == []
-
-
-@pytest.mark.parametrize("mode", MODES)
-def test_a_checkpoint_that_grows_during_a_direct_run_is_an_error(case, monkeypatch, mode):
-    mg, _, xs, spill = case
-    real = os.preadv
-    path = mg.tier.files[0].path
-
-    def preadv_then_grow(fd, buffers, offset):
-        got = real(fd, buffers, offset)
-        with open(path, "ab") as grow:
-            grow.write(b"x")
-        return got
-
-    monkeypatch.setattr(os, "preadv", preadv_then_grow)
-    with pytest.raises(DiskError, match="changed size during the run"):
-        runtime.run(mg, xs, backend="numpy", mode=mode, spill=spill, direct_io=True)
     assert os.listdir(spill) == []
 
 

@@ -53,20 +53,24 @@ def test_spill_file_is_created_private_sized_and_unlinked_at_once(tmp_path, spil
     files.close()  # again: nothing to do
 
 
-def test_a_killed_process_leaves_nothing_in_the_spill_folder(spill_dir):
-    """`kill -9` runs no cleanup: the spill file was unlinked when it was made."""
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_killed_process_leaves_nothing_in_the_spill_folder(spill_dir, direct):
+    """`kill -9` runs no cleanup: the spill file was unlinked when it was made (with
+    `O_DIRECT`, right after its second descriptor was opened by name)."""
     script = (
-        "import os, sys\n"
+        "import sys\n"
+        "import numpy as np\n"
         "from memgraph.nodes import DiskFile, HostTier\n"
         "from runtime.diskio import DiskFiles\n"
-        "files = DiskFiles.open(HostTier(1 << 20, (DiskFile('spill', 1 << 20),)), sys.argv[1])\n"
-        "os.pwrite(files.fds[0], b'x' * 4096, 0)\n"
+        "files = DiskFiles.open(HostTier(1 << 20, (DiskFile('spill', 1 << 20),)), sys.argv[1],"
+        " direct=sys.argv[2] == 'direct')\n"
+        "files.write(0, 8192, np.ones(10000, dtype=np.uint8))\n"
         "print('open', flush=True)\n"
         "sys.stdin.read()\n"
     )
     root = str(Path(__file__).resolve().parents[2])
     child = subprocess.Popen(
-        [sys.executable, "-c", script, str(spill_dir)],
+        [sys.executable, "-c", script, str(spill_dir), "direct" if direct else "buffered"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": root},
     )  # fmt: skip

@@ -171,8 +171,10 @@ def test_a_checkpoint_of_another_size_is_refused_before_anything_runs(case, tmp_
     assert os.listdir(spill) == []
 
 
+@pytest.mark.parametrize("direct_io", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_a_checkpoint_that_grows_during_the_run_is_an_error(case, monkeypatch, mode):
+def test_a_checkpoint_that_grows_during_the_run_is_an_error(case, monkeypatch, mode, direct_io):
+    """Buffered, and with O_DIRECT (where the file system allows it; else buffered)."""
     mg, spill, _, xs = case
     real = os.preadv
     path = mg.tier.files[0].path
@@ -185,7 +187,7 @@ def test_a_checkpoint_that_grows_during_the_run_is_an_error(case, monkeypatch, m
 
     monkeypatch.setattr(os, "preadv", preadv_then_grow)
     with pytest.raises(DiskError, match="changed size during the run"):
-        runtime.run(mg, xs, backend="numpy", mode=mode, spill=spill)
+        runtime.run(mg, xs, backend="numpy", mode=mode, spill=spill, direct_io=direct_io)
     assert os.listdir(spill) == []
 
 
