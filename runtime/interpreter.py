@@ -36,7 +36,7 @@ from memgraph.graph import MemGraph
 from memgraph.nodes import HostBox, HostRegion, MemNode, NodeKind, Region
 from runtime.backend import Backend, Stream
 from runtime.hostmem import HOST_ALIGNMENT, HostLayout, HostSlot
-from runtime.tiers import tier_held
+from runtime.tiers import slot_bytes, tier_held
 
 __all__ = ["HostSlot", "HostLayout", "Interpreter", "POISON_BYTE", "HOST_ALIGNMENT", "arena_bytes"]
 
@@ -168,18 +168,13 @@ class Interpreter:
                     f"host#{storage} is in host slot {slot}, but this run has no host arena "
                     "(a plan with a host tier runs only in a session that allocated it)"
                 )
-            if entry.nbytes > slot.size or slot.offset < 0 or slot.end > arena.nbytes:
-                raise BackendError(
-                    f"host#{storage} ({entry.nbytes} bytes) in slot {slot} does not fit (in "
-                    f"the host arena of {arena.nbytes} bytes)"
-                )
-            raw = arena[slot.offset : slot.offset + entry.nbytes]
+            raw = slot_bytes(arena, slot, entry.nbytes, f"host#{storage}")
             view = self._slot_views[key] = raw.view(entry.dtype).reshape(entry.shape)
         return view
 
-    def output_host(self, node: MemNode) -> np.ndarray:
-        """The host array of an output on the host: its slot of the host arena, or its
-        storage's place."""
+    def host_array(self, node: MemNode) -> np.ndarray:
+        """The host array of the storage a node copies or outputs: its slot of the host
+        arena when the node names one, else the storage's place."""
         if node.slot is not None:
             return self.slot_view(node.slot, node.storage)
         return self.host_view(node.storage)
@@ -237,10 +232,7 @@ class Interpreter:
         storage = self.mg.storages.get(node.storage)
         if storage is None:
             raise BackendError(f"host#{node.storage} is not in the plan's table of host storages")
-        box = node.box if node.box is not None else storage.box
-        if node.slot is not None:
-            return self.slot_view(node.slot, node.storage), box
-        return self.host_view(node.storage), box
+        return self.host_array(node), node.box if node.box is not None else storage.box
 
     def free(self, node: MemNode, stream: Stream | None) -> None:
         """Nothing to do, unless poisoning: then the region is filled with `POISON_BYTE`."""

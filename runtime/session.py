@@ -859,7 +859,7 @@ class Session:
             if node is None:
                 raise BackendError(f"the plan never produces output {name!r}")
             if node.storage is not None:
-                value = interp.output_host(node).reshape(task.shape)
+                value = interp.host_array(node).reshape(task.shape)
                 outputs[name] = np.array(value, copy=True)
             elif self.backend.host_staging:
                 outputs[name] = np.array(interp.results[name], copy=True)

@@ -34,7 +34,7 @@ import numpy as np
 
 from einpage_core.errors import BackendError, DiskError, InputError
 from memgraph.graph import MemGraph
-from memgraph.nodes import HostStorage, MemNode, NodeKind
+from memgraph.nodes import HostRegion, HostStorage, MemNode, NodeKind
 from runtime.backend import NodeFailure, Stream
 from runtime.diskio import DiskFiles
 from taskgraph import dtypes
@@ -44,6 +44,7 @@ __all__ = [
     "tier_held",
     "disk_inputs",
     "host_arena_bytes",
+    "slot_bytes",
     "refuse_disk_inputs",
     "refuse_tier_plan",
 ]
@@ -76,6 +77,17 @@ def host_arena_bytes(mg: MemGraph) -> int:
         return 0
     top = max((n.slot.end for n in mg.nodes if n.slot is not None), default=0)
     return min(mg.tier.budget, max(1, top))
+
+
+def slot_bytes(arena: np.ndarray, slot: HostRegion, nbytes: int, who: str) -> np.ndarray:
+    """The first `nbytes` bytes of `slot` of the host `arena`; `BackendError` (its message
+    starting with `who`) when they are not inside the slot and the slot inside the arena."""
+    if nbytes > slot.size or slot.offset < 0 or slot.end > arena.nbytes:
+        raise BackendError(
+            f"{who}: {nbytes} bytes in {slot} do not fit (in the host arena of "
+            f"{arena.nbytes} bytes)"
+        )
+    return arena[slot.offset : slot.offset + nbytes]
 
 
 def refuse_disk_inputs(mg: MemGraph, names: Any, key: Any = None) -> None:
@@ -147,15 +159,9 @@ class DiskPort:
 
     def slot_bytes(self, node: MemNode, nbytes: int) -> np.ndarray:
         """The first `nbytes` bytes of the node's slot of the arena."""
-        slot = node.slot
-        if slot is None:
+        if node.slot is None:
             raise BackendError(f"n{node.id} ({node.describe()}) names no host slot")
-        if nbytes > slot.size or slot.offset < 0 or slot.end > self.arena.nbytes:
-            raise BackendError(
-                f"n{node.id}: {nbytes} bytes in {slot} do not fit (in the host arena of "
-                f"{self.arena.nbytes} bytes)"
-            )
-        return self.arena[slot.offset : slot.offset + nbytes]
+        return slot_bytes(self.arena, node.slot, nbytes, f"n{node.id}")
 
     def _storage(self, node: MemNode) -> HostStorage:
         storage = self.mg.storages.get(node.storage)
