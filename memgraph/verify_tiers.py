@@ -326,20 +326,21 @@ class HostTierRules:
             return
         occupancy.fillers.append(node.id)
 
-    def on_reload(self, node: MemNode) -> None:
-        if self.held(node) is None:
-            return
+    def use(self, node: MemNode) -> _Occupancy:
+        """The node reads its storage's slot: after everything that filled it, and one of
+        its users (a release waits for them all)."""
         occupancy = self.occupancy(node)
         self.after_fillers(occupancy)
         occupancy.users.append(node.id)
+        return occupancy
+
+    def on_reload(self, node: MemNode) -> None:
+        if self.held(node) is not None:
+            self.use(node)
 
     def on_output(self, node: MemNode) -> None:
-        if self.held(node) is None:
-            return
-        occupancy = self.occupancy(node)
-        self.after_fillers(occupancy)
-        occupancy.users.append(node.id)
-        occupancy.output = node.id
+        if self.held(node) is not None:
+            self.use(node).output = node.id
 
     def on_read(self, node: MemNode) -> None:
         storage = self.tier_storage(node)
@@ -363,9 +364,7 @@ class HostTierRules:
         file = self.tier.files[place.file]
         if file.kind != "spill":
             raise self.fail(f"writes {storage} into file#{place.file}, {file}", "checkpoint")
-        occupancy = self.occupancy(node)
-        self.after_fillers(occupancy)
-        occupancy.users.append(node.id)
+        self.use(node)
         self.written[storage.id] = node.id
 
     def on_release(self, node: MemNode) -> None:
