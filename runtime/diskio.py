@@ -328,12 +328,7 @@ class DiskFiles:
         if direct_fd is not None:
             self._write_direct(file, direct_fd, offset, view)
             return
-        done = 0
-        while done < len(view):
-            try:
-                done += os.pwritev(fd, [view[done:]], offset + done)
-            except OSError as err:
-                raise DiskError(f"writing {_name(file)} at {offset + done} failed: {err}") from err
+        _write_all(file, fd, offset, view)
 
     def _read_direct(self, file: DiskFile, fd: int, offset: int, view: memoryview) -> None:
         """`view` from `fd` (`O_DIRECT`) at `offset`: the aligned window around it read in
@@ -387,20 +382,25 @@ class DiskFiles:
                 padded = _blocks(len(part))
                 memoryview(bounce)[: len(part)] = part
                 bounce[len(part) : padded] = 0
-                done = 0
-                while done < padded:
-                    at = offset + start + done
-                    try:
-                        done += os.pwritev(fd, [memoryview(bounce)[done:padded]], at)
-                    except OSError as err:
-                        raise DiskError(
-                            f"writing {_name(file)} at {at} failed (O_DIRECT): {err}"
-                        ) from err
+                _write_all(file, fd, offset + start, memoryview(bounce)[:padded], " (O_DIRECT)")
 
     def _file(self, index: int) -> tuple[DiskFile, int]:
         if not 0 <= index < len(self.fds):
             raise DiskError(f"file#{index} is not an open file of this run ({len(self.fds)} open)")
         return self.tier.files[index], self.fds[index]
+
+
+def _write_all(file: DiskFile, fd: int, offset: int, view: memoryview, how: str = "") -> None:
+    """All of `view` to `fd` at `offset`, looping over short writes; a failure is a
+    `DiskError` naming the file, the offset and `how` it was written."""
+    done = 0
+    while done < len(view):
+        try:
+            done += os.pwritev(fd, [view[done:]], offset + done)
+        except OSError as err:
+            raise DiskError(
+                f"writing {_name(file)} at {offset + done} failed{how}: {err}"
+            ) from err
 
 
 def _open_direct(path: str, flags: int, buffered: int, file: DiskFile) -> int | None:
