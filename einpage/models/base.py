@@ -349,9 +349,7 @@ def weights_from_safetensors(
     once from the dtype it is stored in (a bfloat16 checkpoint read as bfloat16 is never
     widened). A `config.json` beside the weights must describe the same model as `cfg`
     (`ConfigMismatchError` otherwise)."""
-    on_disk = read_hf_config(path)
-    if on_disk is not None:
-        check_same_config(cfg, type(cfg).from_hf(on_disk), path)
+    _check_config_beside(cfg, path)
     with open_source(path) as source:
         return _load(cfg, source, dtype)
 
@@ -367,9 +365,7 @@ def checkpoint_places(
     `weights_from_safetensors` checks it; a weight it stores as part of a fused tensor
     (GPT-2's `c_attn`: queries, keys and values side by side) cannot be read in place
     (`CheckpointError`, naming it), nor one in another dtype than the program's."""
-    on_disk = read_hf_config(path)
-    if on_disk is not None:
-        check_same_config(cfg, type(cfg).from_hf(on_disk), path)
+    _check_config_beside(cfg, path)
     with SafetensorsSource(path) as source:
         prefix = _checked_prefix(cfg, source)
         where = source.where
@@ -385,6 +381,14 @@ def checkpoint_places(
         )
     stored = {spec.name: Stored(spec.key, spec.source_shape, spec.transpose) for spec in specs}
     return weight_places(path, tg, stored)
+
+
+def _check_config_beside(cfg: ModelConfig, path: str | os.PathLike[str]) -> None:
+    """`ConfigMismatchError` when a `config.json` beside the checkpoint at `path` describes
+    another model than `cfg` (none there: nothing to check)."""
+    on_disk = read_hf_config(path)
+    if on_disk is not None:
+        check_same_config(cfg, type(cfg).from_hf(on_disk), path)
 
 
 def _load(cfg: ModelConfig, source: Source, dtype: Any) -> dict[str, np.ndarray]:
