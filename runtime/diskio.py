@@ -22,10 +22,10 @@ allocates anything, and `close()` (or leaving its `with` block) closes them:
 Reads (`os.preadv`) and writes (`os.pwritev`) go straight between a file and bytes of
 the host arena (a NumPy `uint8` array), looping over short transfers; end of file
 before the bytes a read wants is a `DiskError`. By default transfers go through the page
-cache: a machine with free memory reads a re-read checkpoint faster from it.
-`DiskFiles.open(..., direct=True)` also opens each file with `O_DIRECT`, keeping the page
-cache out of the way (the host memory a run takes is then what the plan says, not that
-plus the checkpoint's cached pages); a file whose file system refuses it (`EINVAL`) stays
+cache: a machine with free memory can read a re-read checkpoint faster from it.
+`DiskFiles.open(..., direct=True)` also opens each file with `O_DIRECT`, so that the run's
+transfers do not fill the page cache with the checkpoint's pages (`benchmarks/tiers.py
+direct` measures it); a file whose file system refuses it (`EINVAL`) stays
 buffered, and `DiskFiles.direct` says which are direct. A direct transfer moves whole
 blocks of `DIRECT_ALIGNMENT` bytes at aligned offsets through an aligned bounce buffer of
 at most `DIRECT_BOUNCE` bytes (one per direction): a read reads the aligned window around
